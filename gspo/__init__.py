@@ -1,0 +1,3 @@
+"""gspo-rl: the `gspo` command line."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The learner: pure losses, advantages, the training loop and the weight broadcast."""

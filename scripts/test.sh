@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up everything (scripts/setup.sh), then run the whole test suite. Extra args go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,1 @@
+"""The rollout server: inference engines, the HTTP API and the Redis schema."""
