@@ -1,0 +1,101 @@
+"""The engine interface: what the rollout server needs from an inference engine.
+
+One engine fronts one model. Requests are token ids in, token ids + log-probabilities out; the
+server does all tokenisation and chat templating, so both engines see exactly the same tokens.
+
+Log-probabilities are those of the distribution actually sampled from: after temperature
+(``log_softmax(logits / temperature)``). Top-p / top-k truncation is applied when asked for,
+but the returned log-probabilities are then those of the truncated, renormalised distribution
+only if the engine says so in ``Engine.logprobs_after_truncation``; training rollouts use the
+defaults top_p = 1 and top_k = 0 (off), where the question does not arise.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one completion (one sample: the server fans out ``n``)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    stop: tuple[str, ...] = ()  # stop strings, matched on the decoded completion
+    stop_token_ids: tuple[int, ...] = ()  # e.g. EOS / end-of-turn; the token is kept
+    seed: int | None = None
+    top_logprobs: int = 0  # also return the k most likely tokens at each step
+
+
+@dataclass
+class Completion:
+    """One sampled completion. All lists have one entry per generated token."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # log p(token) under the sampled distribution (after temperature)
+    policy_versions: list[int]  # the engine's policy version when each token was sampled
+    finish_reason: FinishReason
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    stop_string: str | None = None  # the stop string that ended it, if any
+
+
+@dataclass
+class EngineStats:
+    """Point-in-time engine numbers for /metrics and /health."""
+
+    running: int = 0  # requests being decoded
+    waiting: int = 0  # requests queued
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Engine(abc.ABC):
+    """An inference engine. All methods are called from the server's event loop."""
+
+    name: str
+    model_path: str
+    max_model_len: int
+
+    @property
+    @abc.abstractmethod
+    def policy_version(self) -> int:
+        """Version of the weights currently loaded (0 = the weights it started with)."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model; return when ready to generate."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Release everything; abort requests in flight."""
+
+    @abc.abstractmethod
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
+        """Sample one completion. Concurrent calls must be batched together by the engine."""
+
+    @abc.abstractmethod
+    async def pause(self) -> None:
+        """Stop scheduling new decode steps; requests in flight wait (not aborted)."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Undo ``pause``."""
+
+    @abc.abstractmethod
+    async def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Load (a subset of) named parameters in Hugging Face checkpoint names, then set the
+        policy version. Callers pause first; tokens sampled after this carry ``version``."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """Current load, for metrics."""

@@ -1,0 +1,196 @@
+"""Every Redis key name, and the msgpack records stored under them.
+
+Keys (``{p}`` is the configurable prefix, default ``gspo``; every key carries a TTL or is
+trimmed after acknowledgement, so memory stays bounded in a long run):
+
+- ``{p}:rollout:{rollout_id}``: string, one msgpack ``RolloutRecord`` (see ``pack_rollout``).
+- ``{p}:group:{group_id}``: hash, the group's state: ``size`` (rollouts expected), ``state``
+  (open | complete | published | dropped | expired), ``metadata`` (msgpack), ``created_at``,
+  ``deadline`` (unix seconds after which it expires), ``n_rewarded``.
+- ``{p}:group:{group_id}:rollouts``: list of rollout ids in the group, in creation order.
+- ``{p}:group:{group_id}:rewards``: hash rollout_id -> msgpack {"reward", "turn_rewards"}.
+- ``{p}:groups:deadlines``: sorted set group_id -> deadline (for the expiry sweeper).
+- ``{p}:groups:complete``: set of group ids whose last reward arrived but which are not yet
+  published (the finaliser, or the sweeper after a crash, publishes them).
+- ``{p}:stream:ready``: stream of ready groups (field ``group`` = msgpack ``ReadyGroup``).
+- ``{p}:counters``: hash of monotonically increasing counters (published, dropped_*, ...).
+- ``{p}:servers``: hash server_id -> msgpack registration; ``{p}:server:{id}:alive`` heartbeat
+  key with a short TTL.
+- ``{p}:learner:state``: hash, the learner's policy version and step.
+
+Numeric arrays travel as little-endian bytes (int32 token ids and versions, float32
+log-probabilities, uint8 masks): packing and unpacking them costs a memcpy, not a Python loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+DEFAULT_PREFIX = "gspo"
+READY_STREAM_FIELD = "group"
+LEARNER_CONSUMER_GROUP = "learners"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names under one prefix. The only place in the code base that spells a key."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def rollout(self, rollout_id: str) -> str:
+        return f"{self.prefix}:rollout:{rollout_id}"
+
+    def group(self, group_id: str) -> str:
+        return f"{self.prefix}:group:{group_id}"
+
+    def group_rollouts(self, group_id: str) -> str:
+        return f"{self.prefix}:group:{group_id}:rollouts"
+
+    def group_rewards(self, group_id: str) -> str:
+        return f"{self.prefix}:group:{group_id}:rewards"
+
+    @property
+    def deadlines(self) -> str:
+        return f"{self.prefix}:groups:deadlines"
+
+    @property
+    def complete(self) -> str:
+        return f"{self.prefix}:groups:complete"
+
+    @property
+    def ready_stream(self) -> str:
+        return f"{self.prefix}:stream:ready"
+
+    @property
+    def counters(self) -> str:
+        return f"{self.prefix}:counters"
+
+    @property
+    def servers(self) -> str:
+        return f"{self.prefix}:servers"
+
+    def server_alive(self, server_id: str) -> str:
+        return f"{self.prefix}:server:{server_id}:alive"
+
+    @property
+    def learner_state(self) -> str:
+        return f"{self.prefix}:learner:state"
+
+
+@dataclass
+class RolloutRecord:
+    """One episode's trajectory: everything the learner needs, in token space.
+
+    ``token_ids`` is the whole sequence the model saw and wrote (prompt, model turns, tool and
+    user turns, template tokens). ``loss_mask`` is 1 on tokens the model sampled, 0 elsewhere;
+    ``logprobs`` and ``versions`` hold the behavior log-probability and the policy version of
+    each sampled token (0.0 and -1 where the mask is 0). ``turns`` lists the ``[start, end)``
+    token spans of the model's turns (one span for a single-turn rollout).
+    """
+
+    rollout_id: str
+    group_id: str
+    token_ids: np.ndarray  # int32 [L]
+    loss_mask: np.ndarray  # uint8 [L]
+    logprobs: np.ndarray  # float32 [L]
+    versions: np.ndarray  # int32 [L]
+    prompt_len: int  # tokens before the first model token
+    turns: list[tuple[int, int]] = field(default_factory=list)
+    finish_reason: str = "length"
+    created_at: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completion_token_ids(self) -> np.ndarray:
+        return self.token_ids[self.prompt_len:]
+
+    def min_version(self) -> int:
+        sampled = self.versions[self.loss_mask.astype(bool)]
+        return int(sampled.min()) if sampled.size else -1
+
+
+def pack_rollout(r: RolloutRecord) -> bytes:
+    return msgpack.packb({
+        "rollout_id": r.rollout_id,
+        "group_id": r.group_id,
+        "token_ids": np.ascontiguousarray(r.token_ids, dtype="<i4").tobytes(),
+        "loss_mask": np.ascontiguousarray(r.loss_mask, dtype="u1").tobytes(),
+        "logprobs": np.ascontiguousarray(r.logprobs, dtype="<f4").tobytes(),
+        "versions": np.ascontiguousarray(r.versions, dtype="<i4").tobytes(),
+        "prompt_len": r.prompt_len,
+        "turns": [list(t) for t in r.turns],
+        "finish_reason": r.finish_reason,
+        "created_at": r.created_at,
+        "metadata": r.metadata,
+    })
+
+
+def rollout_from_dict(d: dict[str, Any]) -> RolloutRecord:
+    return RolloutRecord(
+        rollout_id=d["rollout_id"],
+        group_id=d["group_id"],
+        token_ids=np.frombuffer(d["token_ids"], dtype="<i4"),
+        loss_mask=np.frombuffer(d["loss_mask"], dtype="u1"),
+        logprobs=np.frombuffer(d["logprobs"], dtype="<f4"),
+        versions=np.frombuffer(d["versions"], dtype="<i4"),
+        prompt_len=int(d["prompt_len"]),
+        turns=[(int(a), int(b)) for a, b in d.get("turns", [])],
+        finish_reason=d.get("finish_reason", "length"),
+        created_at=float(d.get("created_at", 0.0)),
+        metadata=d.get("metadata", {}),
+    )
+
+
+def unpack_rollout(data: bytes) -> RolloutRecord:
+    return rollout_from_dict(msgpack.unpackb(data))
+
+
+@dataclass
+class ReadyGroup:
+    """A complete group, as published on the ready stream and read by the learner.
+
+    ``rewards[i]``, ``advantages[i]`` and ``turn_rewards[i]`` belong to ``rollouts[i]``;
+    advantages come from ``learner.losses.group_advantages`` over the group's rewards.
+    """
+
+    group_id: str
+    rollouts: list[RolloutRecord]
+    rewards: list[float]
+    advantages: list[float]
+    turn_rewards: list[list[float] | None]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    published_at: float = 0.0
+
+    def min_version(self) -> int:
+        """The oldest policy version of any sampled token in the group (for staleness)."""
+        versions = [v for v in (r.min_version() for r in self.rollouts) if v >= 0]
+        return min(versions) if versions else -1
+
+
+def pack_ready_group(g: ReadyGroup) -> bytes:
+    return msgpack.packb({
+        "group_id": g.group_id,
+        "metadata": g.metadata,
+        "published_at": g.published_at,
+        "rewards": g.rewards,
+        "advantages": g.advantages,
+        "turn_rewards": g.turn_rewards,
+        "rollouts": [msgpack.unpackb(pack_rollout(r)) for r in g.rollouts],
+    })
+
+
+def unpack_ready_group(data: bytes) -> ReadyGroup:
+    d = msgpack.unpackb(data)
+    return ReadyGroup(
+        group_id=d["group_id"],
+        rollouts=[rollout_from_dict(r) for r in d["rollouts"]],
+        rewards=[float(x) for x in d["rewards"]],
+        advantages=[float(x) for x in d["advantages"]],
+        turn_rewards=d["turn_rewards"],
+        metadata=d.get("metadata", {}),
+        published_at=float(d.get("published_at", 0.0)),
+    )
