@@ -99,6 +99,7 @@ class RolloutRecord:
     logprobs: np.ndarray  # float32 [L]
     versions: np.ndarray  # int32 [L]
     prompt_len: int  # tokens before the first model token
+    temperature: float = 1.0  # the learner recomputes log_softmax(logits / temperature)
     turns: list[tuple[int, int]] = field(default_factory=list)
     finish_reason: str = "length"
     created_at: float = 0.0
@@ -122,6 +123,7 @@ def pack_rollout(r: RolloutRecord) -> bytes:
         "logprobs": np.ascontiguousarray(r.logprobs, dtype="<f4").tobytes(),
         "versions": np.ascontiguousarray(r.versions, dtype="<i4").tobytes(),
         "prompt_len": r.prompt_len,
+        "temperature": r.temperature,
         "turns": [list(t) for t in r.turns],
         "finish_reason": r.finish_reason,
         "created_at": r.created_at,
@@ -138,6 +140,7 @@ def rollout_from_dict(d: dict[str, Any]) -> RolloutRecord:
         logprobs=np.frombuffer(d["logprobs"], dtype="<f4"),
         versions=np.frombuffer(d["versions"], dtype="<i4"),
         prompt_len=int(d["prompt_len"]),
+        temperature=float(d.get("temperature", 1.0)),
         turns=[(int(a), int(b)) for a, b in d.get("turns", [])],
         finish_reason=d.get("finish_reason", "length"),
         created_at=float(d.get("created_at", 0.0)),

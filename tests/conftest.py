@@ -1,0 +1,117 @@
+"""Shared fixtures: real parts on free ports, cleaned up after each test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before port {port} opened")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open within {timeout}s")
+
+
+@dataclass
+class RedisServer:
+    """A real redis-server on a free port with its own data directory."""
+
+    dir: Path
+    port: int = field(default_factory=free_port)
+    appendonly: bool = False
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server not found: run scripts/setup.sh")
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+                "--save", "", "--daemonize", "no", "--loglevel", "warning",
+                "--logfile", str(self.dir / "redis.log")]
+        if self.appendonly:
+            args += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        else:
+            args += ["--appendonly", "no"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, self.proc)
+
+    def stop(self, hard: bool = False) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if hard:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def restart(self, hard: bool = False) -> None:
+        self.stop(hard=hard)
+        self.start()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server for one test (no persistence)."""
+    d = tmp_path / "redis"
+    d.mkdir()
+    server = RedisServer(dir=d)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_aof_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server with AOF (appendfsync everysec), restartable in the test."""
+    d = tmp_path / "redis-aof"
+    d.mkdir()
+    server = RedisServer(dir=d, appendonly=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    have_gpu = torch.cuda.is_available()
+    for item in items:
+        if "gpu" in item.keywords and not have_gpu:
+            item.add_marker(skip_gpu)
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
