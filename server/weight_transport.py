@@ -1,0 +1,183 @@
+"""The data plane of the weight broadcast: a process group and bucketed tensor broadcasts.
+
+Rank 0 is the learner; ranks 1..N are the engine workers of every registered rollout server.
+HTTP carries the control messages (``JoinRequest``, ``UpdateRequest``); this module moves the
+bytes. Both sides import it, so the bucket plan is computed identically on each.
+
+Why not ``torch.distributed.init_process_group``: it creates the one process-wide default
+group, which cannot be rebuilt when servers join or leave, and which a learner running under
+``torchrun`` already uses for data parallelism. A ``ProcessGroupGloo`` / ``ProcessGroupNCCL``
+built directly over a ``TCPStore`` can be created and dropped at will. Every collective has the
+group's timeout: a dead rank raises instead of hanging.
+
+Tensors travel in buckets: consecutive tensors of one dtype are flattened into one buffer of at
+most ``bucket_bytes`` (a larger tensor gets a bucket of its own), so the number of collective
+calls is the number of buckets, not of tensors.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, Field
+
+Backend = Literal["gloo", "nccl"]
+DEFAULT_BUCKET_BYTES = 64 * 2**20
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
+    "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+class TensorMeta(BaseModel):
+    """Name (Hugging Face checkpoint name), dtype and shape of one broadcast tensor."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.torch_dtype).element_size()
+
+
+class JoinRequest(BaseModel):
+    """Learner -> server: join the broadcast group ``epoch`` as ``rank`` of ``world_size``."""
+
+    master_addr: str
+    master_port: int = Field(gt=0, lt=65536)
+    rank: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    backend: Backend = "gloo"
+    epoch: int = Field(ge=0)
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+
+class UpdateRequest(BaseModel):
+    """Learner -> server: receive these tensors over group ``epoch``, load them as ``version``."""
+
+    epoch: int = Field(ge=0)
+    version: int = Field(ge=0)
+    tensors: list[TensorMeta] = Field(min_length=1)
+    bucket_bytes: int = Field(default=DEFAULT_BUCKET_BYTES, gt=0)
+
+
+def tensor_metas(named: Iterable[tuple[str, torch.Tensor]]) -> list[TensorMeta]:
+    inverse = {v: k for k, v in _DTYPES.items()}
+    out = []
+    for name, t in named:
+        if t.dtype not in inverse:
+            raise ValueError(f"{name}: dtype {t.dtype} cannot be broadcast")
+        out.append(TensorMeta(name=name, dtype=inverse[t.dtype], shape=list(t.shape)))
+    return out
+
+
+def plan_buckets(metas: Sequence[TensorMeta], bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``metas`` per bucket: consecutive, one dtype, at most ``bucket_bytes``."""
+    buckets: list[list[int]] = []
+    size = 0
+    for i, m in enumerate(metas):
+        same_dtype = bool(buckets) and metas[buckets[-1][0]].dtype == m.dtype
+        if not buckets or not same_dtype or size + m.nbytes > bucket_bytes:
+            buckets.append([i])
+            size = m.nbytes
+        else:
+            buckets[-1].append(i)
+            size += m.nbytes
+    return buckets
+
+
+def make_process_group(
+    backend: Backend,
+    master_addr: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    epoch: int,
+    timeout_s: float,
+    store: dist.TCPStore | None = None,
+) -> dist.ProcessGroup:
+    """Build (blocking until every rank arrives, at most ``timeout_s``) one broadcast group.
+
+    Rank 0 passes the ``TCPStore`` it hosts (``host_store``); other ranks connect to it. Each
+    rebuild uses a fresh ``epoch`` so keys of an abandoned group never collide.
+    """
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(master_addr, master_port, world_size=None, is_master=False,
+                              timeout=timeout, wait_for_workers=False)
+    prefixed = dist.PrefixStore(f"gspo-weights/{epoch}", store)
+    if backend == "nccl":
+        pg: dist.ProcessGroup = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    else:
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    return pg
+
+
+def host_store(master_addr: str, master_port: int, timeout_s: float) -> dist.TCPStore:
+    """The rendezvous store, hosted by rank 0 (the learner)."""
+    return dist.TCPStore(master_addr, master_port, world_size=None, is_master=True,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def _broadcast(pg: dist.ProcessGroup, buf: torch.Tensor, timeout_s: float) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    opts.timeout = datetime.timedelta(seconds=timeout_s)
+    work = pg.broadcast([buf], opts)
+    if not work.wait(datetime.timedelta(seconds=timeout_s)):
+        raise TimeoutError(f"weight broadcast did not finish within {timeout_s}s")
+
+
+def send_tensors(
+    pg: dist.ProcessGroup,
+    named: Sequence[tuple[str, torch.Tensor]],
+    bucket_bytes: int,
+    timeout_s: float,
+    device: torch.device | str = "cpu",
+) -> int:
+    """Rank 0: broadcast ``named`` bucket by bucket. Returns the number of bytes sent."""
+    metas = tensor_metas(named)
+    sent = 0
+    for idx in plan_buckets(metas, bucket_bytes):
+        parts = [named[i][1].detach().to(device).reshape(-1) for i in idx]
+        buf = parts[0] if len(parts) == 1 else torch.cat(parts)
+        _broadcast(pg, buf.contiguous(), timeout_s)
+        sent += buf.numel() * buf.element_size()
+    return sent
+
+
+def receive_tensors(
+    pg: dist.ProcessGroup,
+    metas: Sequence[TensorMeta],
+    bucket_bytes: int,
+    timeout_s: float,
+    device: torch.device | str = "cpu",
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Ranks >= 1: receive the buckets of ``metas``; yields ``(name, tensor)`` in order."""
+    for idx in plan_buckets(metas, bucket_bytes):
+        dtype = metas[idx[0]].torch_dtype
+        buf = torch.empty(sum(metas[i].numel for i in idx), dtype=dtype, device=device)
+        _broadcast(pg, buf, timeout_s)
+        offset = 0
+        for i in idx:
+            m = metas[i]
+            yield m.name, buf[offset:offset + m.numel].view(m.shape)
+            offset += m.numel
