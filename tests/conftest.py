@@ -104,6 +104,22 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 model with tied embeddings (made locally, seed 0)."""
+    from server.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-tied"), seed=0, tie_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_untied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 model with separate input and output embeddings (seed 1)."""
+    from server.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-untied"), seed=1, tie_embeddings=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
