@@ -13,11 +13,17 @@ defaults top_p = 1 and top_k = 0 (off), where the question does not arise.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from server.weight_transport import JoinRequest, UpdateRequest
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -99,3 +105,45 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats:
         """Current load, for metrics."""
+
+    # ------------------------------------------------------------------ weight broadcast
+    # Default: this server process itself takes one rank of the learner's broadcast group,
+    # receives every bucket, then loads. Engines whose weights live in other processes (vLLM
+    # workers) override both methods so that their workers take the ranks.
+
+    _weight_pg: dist.ProcessGroup | None = None
+    _weight_epoch: int | None = None
+
+    def weight_ranks(self) -> int:
+        """How many ranks of the broadcast group this engine takes."""
+        return 1
+
+    async def join_weight_group(self, req: JoinRequest) -> None:
+        from server.weight_transport import make_process_group
+
+        self._weight_pg = None
+        self._weight_pg = await asyncio.to_thread(
+            make_process_group, req.backend, req.master_addr, req.master_port, req.rank,
+            req.world_size, req.epoch, req.timeout_s)
+        self._weight_epoch = req.epoch
+
+    async def receive_weights(self, req: UpdateRequest, timeout_s: float) -> None:
+        """Receive every tensor first, then pause, load and resume: a broadcast that fails
+        half-way leaves the engine on its old weights, never on a mix."""
+        from server.weight_transport import receive_tensors
+
+        if self._weight_pg is None or req.epoch != self._weight_epoch:
+            raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
+                               f"(member of {self._weight_epoch})")
+        pg = self._weight_pg
+        tensors = await asyncio.to_thread(
+            lambda: list(receive_tensors(pg, req.tensors, req.bucket_bytes, timeout_s)))
+        await self.pause()
+        try:
+            await self.load_weights(tensors, req.version)
+        finally:
+            await self.resume()
+
+    def leave_weight_group(self) -> None:
+        self._weight_pg = None
+        self._weight_epoch = None

@@ -1,0 +1,213 @@
+"""The sending side of the weight broadcast: the learner is rank 0, every live server's engine
+takes the next ranks.
+
+One push:
+1. read the live servers from Redis (heartbeats); if the set changed since the last push, or
+   the last push failed, rebuild the group: host a fresh ``TCPStore``, ask every server to join
+   epoch ``e`` over HTTP (admin key) while rank 0 joins too;
+2. post ``/admin/weights/update`` to every server and broadcast the buckets at the same time;
+3. a server whose HTTP call fails or times out is dropped and logged; the group is rebuilt
+   without it and the push retried once, so the live servers end on the new version.
+
+Every wait is bounded: HTTP calls by ``timeout_s``, collectives by the group's timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+import redis
+import torch
+import torch.distributed as dist
+
+from server.redis_schema import Keys
+from server.registry import ServerInfo, live_servers
+from server.weight_transport import (
+    DEFAULT_BUCKET_BYTES,
+    Backend,
+    host_store,
+    make_process_group,
+    send_tensors,
+    tensor_metas,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BroadcastReport:
+    """What one push did."""
+
+    version: int
+    servers: list[str] = field(default_factory=list)  # ids that loaded the version
+    dropped: list[str] = field(default_factory=list)  # ids dropped during this push
+    bytes_sent: int = 0
+    seconds: float = 0.0
+    rebuilt: bool = False
+    ok: bool = False  # every live server that was kept loaded the version
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Hugging Face checkpoint names of the parameters to send.
+
+    ``named_parameters`` lists a tied output layer once (as the input embedding): the engines
+    re-tie on load. Buffers (rotary caches) are derived, never trained: not sent.
+    """
+    return [(n, p.detach()) for n, p in model.named_parameters()]
+
+
+class BroadcastSync:
+    """Pushes the learner's weights to every live rollout server."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys = Keys(),
+        *,
+        admin_key: str | None = None,
+        master_addr: str = "127.0.0.1",
+        backend: Backend = "gloo",
+        timeout_s: float = 60.0,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
+        self.client, self.keys = client, keys
+        self.master_addr, self.backend = master_addr, backend
+        self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
+        headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s + 10))
+        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="weight-sync")
+        self.members: list[ServerInfo] = []
+        self.pg: dist.ProcessGroup | None = None
+        self.epoch = 0
+        self.device = "cuda" if backend == "nccl" else "cpu"
+
+    # ---------------------------------------------------------------- group membership
+
+    def _rebuild(self, servers: Sequence[ServerInfo]) -> bool:
+        """New group over ``servers``. False if it did not form (a server never arrived)."""
+        self.pg = None
+        self.members = []
+        if not servers:
+            return True
+        self.epoch += 1
+        port = _free_port()
+        world = 1 + sum(s.ranks for s in servers)
+        store = host_store(self.master_addr, port, self.timeout_s)
+        futures: list[tuple[ServerInfo, Future[httpx.Response]]] = []
+        rank = 1
+        for s in servers:
+            body = {"master_addr": self.master_addr, "master_port": port, "rank": rank,
+                    "world_size": world, "backend": self.backend, "epoch": self.epoch,
+                    "timeout_s": self.timeout_s}
+            futures.append((s, self.pool.submit(self.http.post, f"{s.url}/admin/weights/join",
+                                                json=body)))
+            rank += s.ranks
+        try:
+            pg = make_process_group(self.backend, self.master_addr, port, 0, world, self.epoch,
+                                    self.timeout_s, store=store)
+        except Exception as exc:
+            log.warning("weight group epoch %d failed to form: %s", self.epoch, exc)
+            pg = None
+        if pg is None or not self._all_ok(futures, "join"):
+            return False
+        self.pg, self.members = pg, list(servers)
+        return True
+
+    def _all_ok(self, futures: list[tuple[ServerInfo, Future[httpx.Response]]],
+                what: str) -> bool:
+        ok = True
+        for s, fut in futures:
+            try:
+                resp = fut.result(timeout=self.timeout_s + 15)
+                if resp.status_code != 200:
+                    raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+            except Exception as exc:
+                log.warning("server %s (%s) failed to %s: %s", s.server_id, s.url, what, exc)
+                ok = False
+        return ok
+
+    def _unresponsive(self, servers: Sequence[ServerInfo]) -> list[str]:
+        """After a failed round, the culprits: servers whose /health does not answer 200."""
+        def healthy(s: ServerInfo) -> bool:
+            try:
+                return self.http.get(f"{s.url}/health", timeout=5.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        verdicts = list(self.pool.map(healthy, servers))
+        return [s.server_id for s, ok in zip(servers, verdicts, strict=True) if not ok]
+
+    # ---------------------------------------------------------------- push
+
+    def push(self, model: torch.nn.Module, version: int) -> BroadcastReport:
+        """Send ``model``'s weights as ``version`` to every live server (bounded in time).
+
+        Up to three rounds: a round that fails drops the servers that stopped answering and
+        rebuilds the group among the others.
+        """
+        t0 = time.perf_counter()
+        report = BroadcastReport(version=version)
+        named = named_weights(model)
+        excluded: set[str] = set()
+        for _round in range(3):
+            servers = [s for s in live_servers(self.client, self.keys)
+                       if s.server_id not in excluded]
+            ids = [s.server_id for s in servers]
+            if self.pg is None or ids != [m.server_id for m in self.members]:
+                report.rebuilt = True
+                if not self._rebuild(servers):
+                    self._drop(self._unresponsive(servers), excluded, report)
+                    continue
+            if not self.members:
+                report.ok = True
+                break
+            if self._send(named, version, report):
+                report.servers, report.ok = [m.server_id for m in self.members], True
+                break
+            self._drop(self._unresponsive(self.members), excluded, report)
+            self.pg, self.members = None, []
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    @staticmethod
+    def _drop(ids: list[str], excluded: set[str], report: BroadcastReport) -> None:
+        for sid in ids:
+            log.warning("dropping server %s from the weight broadcast", sid)
+        excluded.update(ids)
+        report.dropped.extend(ids)
+
+    def _send(self, named: list[tuple[str, torch.Tensor]], version: int,
+              report: BroadcastReport) -> bool:
+        assert self.pg is not None
+        metas = [m.model_dump() for m in tensor_metas(named)]
+        body = {"epoch": self.epoch, "version": version, "tensors": metas,
+                "bucket_bytes": self.bucket_bytes, "timeout_s": self.timeout_s}
+        futures = [(s, self.pool.submit(self.http.post, f"{s.url}/admin/weights/update",
+                                        json=body)) for s in self.members]
+        sent_ok = True
+        try:
+            report.bytes_sent += send_tensors(self.pg, named, self.bucket_bytes, self.timeout_s,
+                                              self.device)
+        except Exception as exc:
+            log.warning("broadcast of version %d failed: %s", version, exc)
+            sent_ok = False
+        return self._all_ok(futures, "load weights") and sent_ok
+
+    def close(self) -> None:
+        self.pg = None
+        self.members = []
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.http.close()

@@ -1,0 +1,79 @@
+"""Control plane of the weight broadcast (admin key): join the group, receive, pause, resume.
+
+The learner drives these; the tensors themselves move over the process group
+(server/weight_transport.py). Every handler is bounded by the request's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
+
+from server.engines.base import Engine
+from server.errors import APIError
+from server.weight_transport import JoinRequest, UpdateRequest
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+
+def _engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+EngineDep = Annotated[Engine, Depends(_engine)]
+
+
+class VersionResponse(BaseModel):
+    policy_version: int
+    paused: bool = False
+
+
+class UpdateBody(UpdateRequest):
+    timeout_s: float = 120.0
+    """Upper bound for receiving every bucket."""
+
+
+@router.post("/weights/join", response_model=VersionResponse)
+async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
+    """Join broadcast group ``epoch`` (blocks until every rank has joined, or times out)."""
+    try:
+        await asyncio.wait_for(engine.join_weight_group(req), timeout=req.timeout_s + 5)
+    except (TimeoutError, RuntimeError) as exc:
+        engine.leave_weight_group()
+        raise APIError(504, f"could not join weight group epoch {req.epoch}: {exc}",
+                       "weight_sync_error") from exc
+    return VersionResponse(policy_version=engine.policy_version)
+
+
+@router.post("/weights/update", response_model=VersionResponse)
+async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
+    """Receive the tensors the learner broadcasts, load them, bump the policy version."""
+    if req.version < engine.policy_version:  # equal: a retried round, loading again is harmless
+        raise APIError(409, f"version {req.version} is older than the loaded "
+                       f"{engine.policy_version}", "stale_version")
+    try:
+        await asyncio.wait_for(engine.receive_weights(req, req.timeout_s),
+                               timeout=req.timeout_s + 5)
+    except (TimeoutError, RuntimeError) as exc:
+        engine.leave_weight_group()  # the group is broken: the learner rebuilds it
+        log.warning("weight update %s failed: %s", req.version, exc)
+        raise APIError(504, f"weight update to version {req.version} failed: {exc}",
+                       "weight_sync_error") from exc
+    return VersionResponse(policy_version=engine.policy_version)
+
+
+@router.post("/pause", response_model=VersionResponse)
+async def pause(engine: EngineDep) -> VersionResponse:
+    await engine.pause()
+    return VersionResponse(policy_version=engine.policy_version, paused=True)
+
+
+@router.post("/resume", response_model=VersionResponse)
+async def resume(engine: EngineDep) -> VersionResponse:
+    await engine.resume()
+    return VersionResponse(policy_version=engine.policy_version)
