@@ -1,0 +1,148 @@
+"""The learner's configuration: one typed model, loadable from TOML, overridable from the CLI.
+
+Precedence, lowest first: field defaults, the TOML file, keyword overrides (the CLI flags a
+user actually passed; ``None`` means "not passed"). Invalid values fail at construction with a
+pydantic ``ValidationError`` that names the field, before any model or Redis connection.
+
+TOML layout: top-level keys are the fields below; the loss is a ``[loss]`` table
+(``kind = "gspo"``, ``clip_low = ...``). A CLI ``--loss grpo`` override changes only
+``loss.kind`` and keeps the other keys of the table.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from learner.losses import LossConfig
+from server.redis_schema import DEFAULT_PREFIX
+
+OldLogprobsMode = Literal["behavior", "recompute"]
+
+
+class LearnerConfig(BaseModel):
+    """Everything the learner process needs. Field docstrings are the reference."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    # ---------------------------------------------------------------- model and wiring
+    model: str
+    """Path of the Hugging Face model directory to start from (or resume's fallback)."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding the ready-group stream, the counters and the learner state."""
+    key_prefix: str = DEFAULT_PREFIX
+    """Prefix of every Redis key (``server.redis_schema.Keys``); must match the servers'."""
+    consumer: str = "learner-0"
+    """Consumer name in the Redis consumer group; keep it stable across restarts."""
+
+    # ---------------------------------------------------------------- the objective
+    loss: LossConfig = Field(default_factory=LossConfig)
+    """The objective (``kind`` gspo | gspo_token | grpo | sapo) and its constants."""
+    old_logprobs: OldLogprobsMode = "behavior"
+    """pi_old: "behavior" uses the servers' sampling logprobs (paper 5.4, no extra pass);
+    "recompute" recomputes pi_prox at the start of each step and weights each sequence by a
+    truncated sequence-level importance weight (decoupled off-policy correction)."""
+    is_weight_cap: float = Field(default=2.0, gt=0.0)
+    """Truncation C of the recompute-mode weight ``min(exp(mean_t(lp_prox - lp_beh)), C)``."""
+    max_staleness: int | None = Field(default=None, ge=0)
+    """Groups whose oldest token is more than this many policy versions old are dropped
+    (counted). ``None``: keep everything."""
+
+    # ---------------------------------------------------------------- batching
+    groups_per_step: int = Field(default=8, ge=1)
+    """Groups read from the queue per training step (one policy version per step)."""
+    minibatches: int = Field(default=1, ge=1)
+    """The step's batch is split into this many minibatches; each is one optimizer step."""
+    micro_batch_tokens: int = Field(default=16384, ge=1)
+    """Padded-token budget (rows x longest row) of one forward/backward; gradients of the
+    microbatches of a minibatch accumulate. Bounds activation memory, not the maths."""
+
+    # ---------------------------------------------------------------- optimiser
+    lr: float = Field(default=1e-6, gt=0.0)
+    """AdamW learning rate (after warm-up)."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear learning-rate warm-up, in optimizer steps."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2)."""
+    adam_eps: float = Field(default=1e-8, gt=0.0)
+    """AdamW epsilon."""
+    grad_clip: float | None = Field(default=1.0, gt=0.0)
+    """Max global gradient norm per optimizer step; ``None`` disables clipping."""
+
+    # ---------------------------------------------------------------- runtime
+    device: str = "auto"
+    """"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1", ..."""
+    bf16_autocast: bool = False
+    """On CUDA, run forward passes under bf16 autocast (weights and optimiser stay float32)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (less memory, ~30% more compute)."""
+    seed: int = 0
+    """Seeds torch, numpy and random at start (restored from the checkpoint on resume)."""
+    max_steps: int | None = Field(default=None, ge=1)
+    """Stop after this many training steps (counting steps before a resume). ``None``: never."""
+    read_timeout_s: float = Field(default=5.0, gt=0.0)
+    """Longest wait for a full batch; a partial batch after it is trained as it is, an empty
+    one is waited for again (the loop checks for a stop signal between waits)."""
+
+    # ---------------------------------------------------------------- checkpoints and sync
+    save_dir: str | None = None
+    """Checkpoint directory (Hugging Face format per step). ``None``: no checkpoints, and
+    groups are acknowledged right after training (at-least-once is then lost on a crash)."""
+    save_every: int = Field(default=50, ge=1)
+    """Checkpoint every k steps (and on a graceful stop); acks follow each checkpoint."""
+    keep_last: int = Field(default=3, ge=1)
+    """Checkpoints kept on disk; older ones are deleted after a new one is durable."""
+    resume: bool = False
+    """Resume from the newest complete checkpoint in ``save_dir`` (fresh start if none)."""
+    sync_every: int = Field(default=1, ge=1)
+    """Push weights to the rollout servers every k steps."""
+
+    # ---------------------------------------------------------------- metrics
+    metrics_jsonl: str | None = None
+    """Append one JSON line of metrics per step here (default: ``save_dir/metrics.jsonl``)."""
+    tensorboard_dir: str | None = None
+    """Write TensorBoard scalars here when tensorboard is installed."""
+    console: bool = True
+    """Print one line per step to the terminal."""
+
+    @model_validator(mode="after")
+    def _check(self) -> LearnerConfig:
+        if self.resume and self.save_dir is None:
+            raise ValueError("resume=True needs save_dir")
+        return self
+
+    @property
+    def metrics_path(self) -> Path | None:
+        if self.metrics_jsonl is not None:
+            return Path(self.metrics_jsonl)
+        return None if self.save_dir is None else Path(self.save_dir) / "metrics.jsonl"
+
+    @classmethod
+    def from_toml(cls, path: str | Path | None = None, **overrides: Any) -> LearnerConfig:
+        """Fields from the TOML file at ``path`` (optional), then ``overrides`` that are not
+        ``None``. ``loss`` may be overridden by a kind string or a dict of loss fields."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        return cls.model_validate(merge_overrides(data, overrides))
+
+
+def merge_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``data`` updated with the non-``None`` overrides; a loss override merges into the table."""
+    out = dict(data)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "loss":
+            table = dict(out.get("loss") or {})
+            table.update({"kind": value} if isinstance(value, str) else dict(value))
+            out["loss"] = table
+        else:
+            out[key] = value
+    return out

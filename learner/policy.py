@@ -1,0 +1,175 @@
+"""The trained policy: a Hugging Face causal LM and the log-probabilities of sampled tokens.
+
+``token_logprobs`` returns ``logprobs_BT`` aligned with ``tokens_BT``: entry ``t`` (t >= 1) is
+``log_softmax(logits[t-1] / temperature)[tokens[t]]``, exactly what the rollout servers record
+as behavior log-probabilities (after temperature, no top-p/top-k); entry 0 is 0.
+
+Memory: the ``[B, T, V]`` logits are the largest tensor of a step. Three things keep them lean:
+
+1. Only positions from the first trained token on get logits (``logits_to_keep``): prompts
+   shared by a group cost hidden states, not vocabulary projections.
+2. ``_SelectedLogprob`` computes ``x[target] - logsumexp(x)`` with ``x = logits / T`` in row
+   chunks and keeps only the logits (no float32 copy, no scaled copy, no ``[.., V]``
+   log-softmax) for backward, where ``d/dx = onehot - softmax(x)`` is rebuilt chunk by chunk.
+   A plain ``log_softmax(logits.float() / t).gather(..)`` keeps two to three ``[B, T, V]``
+   float32 tensors alive instead of one.
+3. Optional gradient checkpointing and bf16 autocast on CUDA.
+
+Dropout is switched off: an importance ratio compares the learner's function with the
+sampler's, and the sampler never drops units.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# Row chunk of the logprob kernel: about 2**26 float32 elements (256 MiB) at a time.
+_CHUNK_ELEMS = 2**26
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" -> CUDA when available, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class _SelectedLogprob(torch.autograd.Function):
+    """``log_softmax(logits / t)[target]`` for ``[N, V]`` logits, without ``[N, V]`` temporaries
+    beyond one chunk; returns float32 ``[N]`` (float64 for float64 logits)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        logits_NV: torch.Tensor,
+        targets_N: torch.Tensor,
+        temperature_N: torch.Tensor,
+    ) -> torch.Tensor:
+        n, v = logits_NV.shape
+        ft = torch.promote_types(logits_NV.dtype, torch.float32)  # float64 stays (gradcheck)
+        out_N = torch.empty(n, dtype=ft, device=logits_NV.device)
+        lse_N = torch.empty_like(out_N)
+        step = max(1, _CHUNK_ELEMS // max(v, 1))
+        for a in range(0, n, step):
+            # Out of place: .to() is a no-op (no copy) when the dtype already matches.
+            x = logits_NV[a:a + step].to(ft) / temperature_N[a:a + step, None]
+            lse_N[a:a + step] = torch.logsumexp(x, dim=-1)
+            out_N[a:a + step] = x.gather(1, targets_N[a:a + step, None]).squeeze(1)
+        out_N -= lse_N
+        ctx.save_for_backward(logits_NV, targets_N, temperature_N, lse_N)
+        return out_N
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_N: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None]:
+        logits_NV, targets_N, temperature_N, lse_N = ctx.saved_tensors  # type: ignore[attr-defined]
+        grad_NV = torch.empty_like(logits_NV)
+        n, v = logits_NV.shape
+        step = max(1, _CHUNK_ELEMS // max(v, 1))
+        for a in range(0, n, step):
+            t = temperature_N[a:a + step, None]
+            g = grad_N[a:a + step, None].to(lse_N.dtype)
+            # d/dx_j [x_target - lse(x)] = 1[j = target] - softmax(x)_j ;  dx/dlogits = 1/t
+            p = (logits_NV[a:a + step].to(lse_N.dtype) / t).sub_(lse_N[a:a + step, None]).exp_()
+            p.mul_(-g).scatter_add_(1, targets_N[a:a + step, None], g).div_(t)
+            grad_NV[a:a + step] = p
+        return grad_NV, None, None
+
+
+def selected_logprobs(
+    logits_BKV: torch.Tensor, targets_BK: torch.Tensor, temperature_B: torch.Tensor
+) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` at ``targets``: float32 ``[B, K]``."""
+    b, k, v = logits_BKV.shape
+    temp_N = temperature_B.to(torch.float32)[:, None].expand(b, k).reshape(-1)
+    out_N = _SelectedLogprob.apply(logits_BKV.reshape(b * k, v), targets_BK.reshape(-1), temp_N)
+    return out_N.view(b, k)
+
+
+def _disable_dropout(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    cfg = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop",
+                 "attn_pdrop"):
+        if cfg is not None and isinstance(getattr(cfg, name, None), float):
+            setattr(cfg, name, 0.0)
+
+
+class Policy:
+    """A causal LM in float32 with a memory-lean ``token_logprobs``."""
+
+    def __init__(self, model: nn.Module, device: torch.device, bf16_autocast: bool = False):
+        self.model = model
+        self.device = device
+        self.bf16_autocast = bf16_autocast and device.type == "cuda"
+        _disable_dropout(model)
+        model.train()  # gradient checkpointing is active only in train mode; dropout is off
+        self._has_logits_to_keep = "logits_to_keep" in inspect.signature(
+            model.forward).parameters
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        device: str = "auto",
+        bf16_autocast: bool = False,
+        gradient_checkpointing: bool = False,
+    ) -> Policy:
+        """Load a Hugging Face model directory in float32 on ``device``."""
+        from transformers import AutoModelForCausalLM
+
+        dev = resolve_device(device)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        model.to(dev)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+        return cls(model, dev, bf16_autocast=bf16_autocast)
+
+    def _autocast(self):  # noqa: ANN202 - a context manager
+        if self.bf16_autocast:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def token_logprobs(
+        self,
+        tokens_BT: torch.Tensor,
+        attention_BT: torch.Tensor,
+        temperature_B: torch.Tensor,
+        mask_BT: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Float32 ``[B, T]`` log-probs of ``tokens_BT[:, t]`` given ``tokens_BT[:, :t]``.
+
+        With ``mask_BT`` only columns from the first trained token on are computed; the others
+        are 0. Differentiable when grad is enabled. Inputs may live on the CPU.
+        """
+        dev = self.device
+        tokens_BT = tokens_BT.to(dev, non_blocking=True)
+        attention_BT = attention_BT.to(dev, non_blocking=True)
+        temperature_B = temperature_B.to(dev, torch.float32, non_blocking=True)
+        B, T = tokens_BT.shape
+        first = 1  # first target column that needs a logit
+        if mask_BT is not None:
+            cols = (mask_BT[:, 1:] > 0).any(0).nonzero()
+            first = 1 + int(cols[0]) if cols.numel() else T
+        if first >= T:
+            return torch.zeros(B, T, dtype=torch.float32, device=dev)
+        keep = T - first  # logits of input positions first-1 .. T-2
+        kwargs: dict = {"use_cache": False}
+        if self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        with self._autocast():
+            out = self.model(input_ids=tokens_BT[:, :-1], attention_mask=attention_BT[:, :-1],
+                             **kwargs)
+        logits = out.logits[:, -keep:]
+        lp_BK = selected_logprobs(logits, tokens_BT[:, first:], temperature_B)
+        pad = torch.zeros(B, first, dtype=torch.float32, device=dev)
+        return torch.cat([pad, lp_BK], dim=1)
