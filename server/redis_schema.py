@@ -4,9 +4,14 @@ Keys (``{p}`` is the configurable prefix, default ``gspo``; every key carries a 
 trimmed after acknowledgement, so memory stays bounded in a long run):
 
 - ``{p}:rollout:{rollout_id}``: string, one msgpack ``RolloutRecord`` (see ``pack_rollout``).
+- ``{p}:rollout:{rollout_id}:group``: string, the rollout's group id, same TTL as the rollout
+  (lets the reward script find the group without unpacking the record: Redis's Lua msgpack
+  cannot decode the binary arrays).
 - ``{p}:group:{group_id}``: hash, the group's state: ``size`` (rollouts expected), ``state``
   (open | complete | published | dropped | expired), ``metadata`` (msgpack), ``created_at``,
-  ``deadline`` (unix seconds after which it expires), ``n_rewarded``.
+  ``deadline`` (unix seconds after which it expires), ``n_rewarded``; once closed also
+  ``completed_at``, ``partial`` (1: finalised at expiry with the rewarded rollouts it had),
+  ``stream_id`` (published) or ``drop_reason`` (dropped / expired).
 - ``{p}:group:{group_id}:rollouts``: list of rollout ids in the group, in creation order.
 - ``{p}:group:{group_id}:rewards``: hash rollout_id -> msgpack {"reward", "turn_rewards"}.
 - ``{p}:groups:deadlines``: sorted set group_id -> deadline (for the expiry sweeper).
@@ -43,6 +48,9 @@ class Keys:
 
     def rollout(self, rollout_id: str) -> str:
         return f"{self.prefix}:rollout:{rollout_id}"
+
+    def rollout_group(self, rollout_id: str) -> str:
+        return f"{self.prefix}:rollout:{rollout_id}:group"
 
     def group(self, group_id: str) -> str:
         return f"{self.prefix}:group:{group_id}"

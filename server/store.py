@@ -1,0 +1,360 @@
+"""A group's life in Redis: created, rollouts recorded, rewarded, completed, published once.
+
+```
+create_group -> open --record_rollout (x size)--> open --post_rewards (last one)--> complete
+open --deadline, >= min rewarded--> complete (partial)      open --deadline--> expired
+complete --finisher (advantages, XADD)--> published | dropped (zero variance)
+```
+
+Why two steps for "complete" and "published": the reward script (Lua, atomic) only records
+the reward and flips ``open -> complete``; the advantages are computed here in Python
+(``learner.losses.group_advantages``), and a second script appends the group to the ready
+stream only if its state is still ``complete``, moving it to ``published`` in the same step.
+A process that dies between the two leaves the group in the ``complete`` set, where the
+sweeper (``run_sweeper``) finds and publishes it: exactly once, crash or not.
+
+Memory stays bounded: an open group's keys expire ``finished_ttl_s`` after its deadline (the
+sweeper acts at the deadline); once a group is published, dropped or expired, its keys and
+its rollouts are shortened to ``finished_ttl_s`` (long enough for duplicate rewards to get a
+200 and late ones a 410); the stream is trimmed by the reader after acknowledgement.
+
+Requires a client with ``decode_responses=False`` (records are binary msgpack).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import redis.asyncio as aioredis
+import redis.exceptions
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
+from server.store_finish import build_finish
+from server.store_scripts import (
+    CREATE_GROUP,
+    EXPIRE_DUE,
+    FINISH_GROUP,
+    POST_REWARDS,
+    RECORD_ROLLOUT,
+)
+
+logger = logging.getLogger(__name__)
+
+_MARK = "\x00"
+
+
+class QueueConfig(BaseModel):
+    """How long groups wait for rewards and what happens to groups that cannot be trained."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group_ttl_s: float = Field(default=600.0, gt=0)
+    """Seconds after its creation a group that is not complete expires."""
+    min_rewarded_to_finalise: int = Field(default=2, ge=1)
+    """At expiry, a group with at least this many rewarded rollouts is published with them
+    (partial); one with fewer is dropped (counted as ``groups_expired_dropped``)."""
+    drop_zero_variance: bool = True
+    """Drop groups whose rewards are all equal (all advantages 0: no learning signal)."""
+    rollout_ttl_s: float = Field(default=3600.0, gt=0)
+    """Lifetime of a rollout record from its last write while its group is open (never less
+    than the group's own keys)."""
+    finished_ttl_s: float = Field(default=600.0, gt=0)
+    """How long a published / dropped / expired group's keys and rollouts stay, so that a
+    repeated reward gets a 200, a late one a 410, and ``GET /v1/groups/{id}`` its state."""
+    stuck_complete_s: float = Field(default=5.0, ge=0)
+    """The sweeper publishes a group left ``complete`` this long (its finisher died)."""
+    sweep_limit: int = Field(default=500, ge=1)
+    """Due groups handled per sweep pass (bounds the time one script blocks Redis)."""
+    max_group_size: int = Field(default=4096, ge=1)
+    """Largest accepted group."""
+    advantage_eps: float = Field(default=1e-6, gt=0)
+    """``eps`` of ``group_advantages``: (r - mean) / (std + eps)."""
+    scale_advantages: bool = True
+    """Divide by the group's std (False: only centre, Dr. GRPO style)."""
+
+
+class StoreError(Exception):
+    """A request the store refuses; ``code`` is machine-readable, ``status`` the HTTP status."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RewardItem:
+    rollout_id: str
+    reward: float
+    turn_rewards: list[float] | None = None
+
+
+@dataclass
+class RewardResult:
+    """One item's outcome. ``status``: stored | duplicate | unknown_rollout | conflict |
+    expired | closed | not_applied (valid, but another item of the call failed)."""
+
+    rollout_id: str
+    status: str
+    group_id: str | None = None
+    group_complete: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("stored", "duplicate")
+
+
+@dataclass
+class RewardsOutcome:
+    results: list[RewardResult]
+    applied: bool  # False: at least one item failed and nothing of the call was written
+
+
+@dataclass
+class GroupView:
+    group_id: str
+    state: str
+    size: int
+    n_rewarded: int
+    created_at: float
+    deadline: float
+    metadata: dict[str, Any]
+    rollout_ids: list[str]
+    rewards: dict[str, dict[str, Any]]  # rollout_id -> {"reward", "turn_rewards"}
+    partial: bool
+    stream_id: str | None
+    drop_reason: str | None
+
+
+def pack_reward(reward: float, turn_rewards: Sequence[float] | None) -> bytes:
+    """Canonical bytes for a reward, compared byte for byte by the reward script (so a repeat
+    with equal values is a duplicate). ``+ 0.0`` folds -0.0 into 0.0."""
+    turns = None if turn_rewards is None else [float(t) + 0.0 for t in turn_rewards]
+    return msgpack.packb({"reward": float(reward) + 0.0, "turn_rewards": turns})
+
+
+def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
+    """An asyncio client that retries briefly on connection errors (Redis restarting): every
+    store operation is idempotent, so a retried script that had already run is harmless."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+
+    return aioredis.Redis.from_url(
+        url, decode_responses=False, max_connections=max_connections,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=5),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+        socket_connect_timeout=2.0, socket_timeout=10.0, health_check_interval=10,
+    )
+
+
+def _tpl(fn: Callable[[str], str]) -> list[str]:
+    """``Keys`` method -> [head, tail] so a script can build the key of an id it looked up."""
+    head, tail = fn(_MARK).split(_MARK)
+    return [head, tail]
+
+
+def _s(v: bytes | str | None) -> str | None:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+_CLOSED_STATUS = {"expired": ("expired", 410), "gone": ("expired", 410)}
+
+
+class RolloutStore:
+    """Every operation on groups and rollouts in Redis (see the module docstring)."""
+
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys = Keys(), config: QueueConfig = QueueConfig()
+    ) -> None:
+        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("RolloutStore needs a Redis client with decode_responses=False")
+        self.redis = redis
+        self.keys = keys
+        self.config = config
+        self._create = redis.register_script(CREATE_GROUP)
+        self._record = redis.register_script(RECORD_ROLLOUT)
+        self._rewards = redis.register_script(POST_REWARDS)
+        self._finish = redis.register_script(FINISH_GROUP)
+        self._expire = redis.register_script(EXPIRE_DUE)
+        k = keys
+        self._t_rollout, self._t_map = _tpl(k.rollout), _tpl(k.rollout_group)
+        self._t_group, self._t_list = _tpl(k.group), _tpl(k.group_rollouts)
+        self._t_rewards = _tpl(k.group_rewards)
+        self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
+
+    async def create_group(
+        self, group_id: str, size: int, metadata: dict[str, Any] | None = None
+    ) -> None:
+        """Opens a group of ``size`` rollouts. Idempotent for the same size (a retried
+        request); ``StoreError`` 409 if the id exists with another size."""
+        if not 1 <= size <= self.config.max_group_size:
+            raise StoreError(422, "invalid_group_size",
+                             f"group size must be in [1, {self.config.max_group_size}]")
+        res = await self._create(
+            keys=[self.keys.group(group_id), self.keys.deadlines, self.keys.counters],
+            args=[group_id, size, msgpack.packb(metadata or {}), self.config.group_ttl_s,
+                  self._finished_ttl],
+        )
+        if int(res) < 0:
+            raise StoreError(409, "group_exists", f"group {group_id!r} exists with another size")
+
+    async def record_rollout(self, record: RolloutRecord) -> None:
+        """Stores the rollout and appends its id to its group's list (once: recording the same
+        rollout again replaces its record, e.g. a multi-turn episode that grew)."""
+        k, rid, gid = self.keys, record.rollout_id, record.group_id
+        res = _s(await self._record(
+            keys=[k.group(gid), k.group_rollouts(gid), k.group_rewards(gid), k.rollout(rid),
+                  k.rollout_group(rid)],
+            args=[gid, rid, pack_rollout(record), math.ceil(self.config.rollout_ttl_s)],
+        ))
+        errors = {
+            "unknown_group": (404, f"unknown group {gid!r}"),
+            "group_closed": (410, f"group {gid!r} no longer accepts rollouts"),
+            "rollout_rewarded": (409, f"rollout {rid!r} already has a reward"),
+            "rollout_in_other_group": (409, f"rollout {rid!r} belongs to another group"),
+            "group_full": (409, f"group {gid!r} already has all its rollouts"),
+        }
+        if res in errors:
+            status, message = errors[res]
+            raise StoreError(status, res, message)
+
+    async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
+        """Records rewards, all or nothing (one script checks every item, then writes them),
+        then publishes the groups they completed. See ``server/routes/rewards.py``."""
+        packed: dict[str, bytes] = {}
+        in_call_conflict: set[str] = set()
+        for it in items:
+            p = pack_reward(it.reward, it.turn_rewards)
+            if packed.setdefault(it.rollout_id, p) != p:
+                in_call_conflict.add(it.rollout_id)
+        if in_call_conflict:
+            return RewardsOutcome([
+                RewardResult(it.rollout_id,
+                             "conflict" if it.rollout_id in in_call_conflict else "not_applied")
+                for it in items], applied=False)
+        args: list[Any] = [*self._t_map, *self._t_group, *self._t_rewards, len(packed)]
+        for rid, p in packed.items():
+            args += [rid, p]
+        statuses, gids, completed = await self._rewards(
+            keys=[self.keys.counters, self.keys.complete, self.keys.deadlines], args=args)
+        by_rid = {rid: (_s(st) or "", _s(g) or None)
+                  for rid, st, g in zip(packed, statuses, gids, strict=True)}
+        done = {_s(g) for g in completed}
+        applied = all(st in ("ok", "duplicate") for st, _ in by_rid.values())
+        results = []
+        for it in items:
+            st, gid = by_rid[it.rollout_id]
+            results.append(RewardResult(it.rollout_id, _item_status(st, applied), gid,
+                                        applied and gid in done))
+        for gid in done:
+            await self._finish_safely(str(gid))
+        return RewardsOutcome(results, applied)
+
+    async def _finish_safely(self, group_id: str) -> None:
+        """Publishes a group whose rewards are stored; on a Redis error the group stays in the
+        ``complete`` set for the sweeper: the rewards are safe, so the caller still gets 2xx."""
+        try:
+            await self.finish_group(group_id)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            logger.warning("publishing group %s deferred to the sweeper: %s", group_id, e)
+
+    async def finish_group(self, group_id: str) -> str | None:
+        """Computes advantages and publishes (or drops) a ``complete`` group; returns the
+        stream id, 'dropped', or None if the group was not complete (already handled)."""
+        decision = await build_finish(self.redis, self.keys, self.config, group_id)
+        if decision is None:
+            return None
+        mode, payload, reason = decision
+        k = self.keys
+        res = await self._finish(
+            keys=[k.group(group_id), k.group_rollouts(group_id), k.group_rewards(group_id),
+                  k.complete, k.ready_stream, k.counters],
+            args=[group_id, mode, payload, reason, self._finished_ttl, READY_STREAM_FIELD,
+                  *self._t_rollout, *self._t_map],
+        )
+        return _s(res)
+
+    async def sweep_once(self) -> dict[str, int]:
+        """One pass: expires due groups (publishing those with enough rewards) and publishes
+        groups left ``complete`` longer than ``stuck_complete_s``. Returns what it did."""
+        c, k = self.config, self.keys
+        due = await self._expire(
+            keys=[k.deadlines, k.complete, k.counters],
+            args=[*self._t_group, *self._t_list, *self._t_rewards, *self._t_rollout,
+                  *self._t_map, c.min_rewarded_to_finalise, self._finished_ttl, c.sweep_limit],
+        )
+        done = {"expired_finalised": len(due), "stuck_published": 0}
+        for gid in due:
+            await self.finish_group(_s(gid) or "")
+        secs, micros = await self.redis.time()
+        now = secs + micros / 1e6
+        async for raw in self.redis.sscan_iter(k.complete, count=500):
+            gid = _s(raw) or ""
+            completed_at = await self.redis.hget(k.group(gid), "completed_at")
+            if completed_at is None:
+                await self.redis.srem(k.complete, gid)  # its keys expired: nothing to publish
+            elif now - float(completed_at) >= c.stuck_complete_s:
+                done["stuck_published"] += await self.finish_group(gid) is not None
+        return done
+
+    async def run_sweeper(self, interval_s: float = 1.0) -> None:
+        """Background task: ``sweep_once`` every ``interval_s`` until cancelled. Redis errors
+        are logged and retried next pass (the server stays up while Redis restarts)."""
+        while True:
+            try:
+                await self.sweep_once()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+                logger.warning("sweeper: redis unavailable: %s", e)
+            except redis.exceptions.ResponseError as e:
+                logger.error("sweeper: redis error: %s", e)
+            await asyncio.sleep(interval_s)
+
+    async def get_group(self, group_id: str) -> GroupView | None:
+        k = self.keys
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(k.group(group_id))
+            pipe.lrange(k.group_rollouts(group_id), 0, -1)
+            pipe.hgetall(k.group_rewards(group_id))
+            h, rids, rewards = await pipe.execute()
+        if not h:
+            return None
+        h = {_s(a): _s(b) if a != b"metadata" else b for a, b in h.items()}
+        return GroupView(
+            group_id=group_id, state=h["state"], size=int(h["size"]),
+            n_rewarded=int(h.get("n_rewarded") or 0), created_at=float(h["created_at"]),
+            deadline=float(h["deadline"]), metadata=msgpack.unpackb(h["metadata"]),
+            rollout_ids=[_s(r) or "" for r in rids],
+            rewards={_s(r) or "": msgpack.unpackb(v) for r, v in rewards.items()},
+            partial=h.get("partial") == "1", stream_id=h.get("stream_id"),
+            drop_reason=h.get("drop_reason"),
+        )
+
+    async def counters(self) -> dict[str, int]:
+        raw = await self.redis.hgetall(self.keys.counters)
+        return {_s(a) or "": int(b) for a, b in raw.items()}
+
+
+def _item_status(script_status: str, applied: bool) -> str:
+    if script_status == "ok":
+        return "stored" if applied else "not_applied"
+    if script_status == "duplicate":
+        return "duplicate" if applied else "not_applied"
+    if script_status.startswith("closed:"):
+        state = script_status.split(":", 1)[1]
+        return _CLOSED_STATUS.get(state, ("closed", 410))[0]
+    return script_status
+
+
+def status_http_code(status: str) -> int:
+    """HTTP status of one item's outcome."""
+    return {"stored": 200, "duplicate": 200, "unknown_rollout": 404, "conflict": 409,
+            "expired": 410, "closed": 410}.get(status, 200)
+

@@ -1,0 +1,191 @@
+"""The Lua scripts behind ``server.store``: every multi-key change of a group is one script.
+
+A Lua script runs atomically in Redis, so a reward, its duplicate/conflict check, the group's
+reward count and the open -> complete transition cannot interleave with another process's
+reward for the same group. Publishing is a second script that appends to the ready stream
+only while the group's state is ``complete`` and moves it to ``published`` in the same step:
+however many processes (request handlers, sweepers) try to publish a group, one XADD happens.
+
+Key names are never spelled here: scripts that find a group id inside Redis build its keys
+from ``head .. id .. tail`` templates that ``server.store`` derives from ``Keys``. Because
+those keys are not declared in ``KEYS``, the scripts need a standalone (or managed,
+non-cluster) Redis; a Redis Cluster would need every key of a group in one hash slot.
+
+Times come from Redis's ``TIME`` so that every server process shares one clock. Keys of a
+finished group are shortened with ``EXPIRE ... LT`` (never extended) to ``finished_ttl``.
+"""
+
+from __future__ import annotations
+
+# Shared helpers, prepended to the scripts that need them.
+_COMMON = """
+local function now_s()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function shorten(key, ttl)
+  redis.call('EXPIRE', key, ttl, 'LT')
+end
+-- Shortens the TTL of a finished group's keys and of its rollouts to ttl seconds.
+local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl)
+  for _, rid in ipairs(redis.call('LRANGE', rolk, 0, -1)) do
+    shorten(r_head .. rid .. r_tail, ttl)
+    shorten(m_head .. rid .. m_tail, ttl)
+  end
+  shorten(gk, ttl)
+  shorten(rolk, ttl)
+  shorten(rewk, ttl)
+end
+"""
+
+# KEYS: group, deadlines, counters. ARGV: group_id, size, metadata, group_ttl, finished_ttl.
+# Returns 1 created, 0 already exists with the same size, -1 exists with another size.
+CREATE_GROUP = _COMMON + """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HGET', KEYS[1], 'size') == ARGV[2] then return 0 end
+  return -1
+end
+local now = now_s()
+local deadline = now + tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 'size', ARGV[2], 'state', 'open', 'metadata', ARGV[3],
+  'created_at', tostring(now), 'deadline', tostring(deadline), 'n_rewarded', 0)
+redis.call('EXPIREAT', KEYS[1], math.ceil(deadline + tonumber(ARGV[5])))
+redis.call('ZADD', KEYS[2], deadline, ARGV[1])
+redis.call('HINCRBY', KEYS[3], 'groups_created', 1)
+return 1
+"""
+
+# KEYS: group, group rollouts, group rewards, rollout, rollout->group.
+# ARGV: group_id, rollout_id, packed record, rollout_ttl.
+# A rollout may be recorded again (a multi-turn episode grows) until it has a reward.
+RECORD_ROLLOUT = _COMMON + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 'unknown_group' end
+if state ~= 'open' then return 'group_closed' end
+if redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then return 'rollout_rewarded' end
+local owner = redis.call('GET', KEYS[5])
+if owner and owner ~= ARGV[1] then return 'rollout_in_other_group' end
+local group_exp = redis.call('EXPIRETIME', KEYS[1])
+local result = 'updated'
+if not owner then
+  local size = tonumber(redis.call('HGET', KEYS[1], 'size'))
+  if redis.call('LLEN', KEYS[2]) >= size then return 'group_full' end
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call('EXPIREAT', KEYS[2], group_exp)
+  result = 'created'
+end
+local exp = math.max(math.ceil(now_s() + tonumber(ARGV[4])), group_exp)
+redis.call('SET', KEYS[4], ARGV[3], 'EXAT', exp)
+redis.call('SET', KEYS[5], ARGV[1], 'EXAT', exp)
+return result
+"""
+
+# KEYS: counters, complete set, deadlines.
+# ARGV: m_head, m_tail (rollout->group), g_head, g_tail (group), w_head, w_tail (rewards),
+#       n, then n pairs (rollout_id, packed reward).
+# All items are checked first; if any fails nothing is written. Returns {statuses, group ids,
+# completed group ids}. Status: ok | duplicate | unknown_rollout | conflict | closed:<state>.
+POST_REWARDS = _COMMON + """
+local n = tonumber(ARGV[7])
+local statuses, gids = {}, {}
+local all_ok = true
+for i = 1, n do
+  local rid, packed = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
+  local gid = redis.call('GET', ARGV[1] .. rid .. ARGV[2])
+  local status
+  if not gid then
+    status = 'unknown_rollout'
+    gid = ''
+  else
+    local prev = redis.call('HGET', ARGV[5] .. gid .. ARGV[6], rid)
+    local state = redis.call('HGET', ARGV[3] .. gid .. ARGV[4], 'state')
+    if prev then
+      if prev == packed then status = 'duplicate' else status = 'conflict' end
+    elseif not state then status = 'closed:gone'
+    elseif state ~= 'open' then status = 'closed:' .. state
+    else status = 'ok' end
+  end
+  if status ~= 'ok' and status ~= 'duplicate' then all_ok = false end
+  statuses[i], gids[i] = status, gid
+end
+local completed = {}
+if not all_ok then return {statuses, gids, completed} end
+local stored, dups, now = 0, 0, nil
+for i = 1, n do
+  if statuses[i] == 'duplicate' then dups = dups + 1 else
+    local rid, packed, gid = ARGV[6 + 2 * i], ARGV[7 + 2 * i], gids[i]
+    local gk, wk = ARGV[3] .. gid .. ARGV[4], ARGV[5] .. gid .. ARGV[6]
+    redis.call('HSET', wk, rid, packed)
+    redis.call('EXPIREAT', wk, redis.call('EXPIRETIME', gk))
+    stored = stored + 1
+    local count = redis.call('HINCRBY', gk, 'n_rewarded', 1)
+    if count >= tonumber(redis.call('HGET', gk, 'size')) then
+      now = now or now_s()
+      redis.call('HSET', gk, 'state', 'complete', 'completed_at', tostring(now))
+      redis.call('SADD', KEYS[2], gid)
+      redis.call('ZREM', KEYS[3], gid)
+      completed[#completed + 1] = gid
+    end
+  end
+end
+if stored > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_stored', stored) end
+if dups > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_duplicate', dups) end
+return {statuses, gids, completed}
+"""
+
+# KEYS: group, group rollouts, group rewards, complete set, ready stream, counters.
+# ARGV: group_id, mode (publish | drop), payload, drop reason, finished_ttl, stream field,
+#       r_head, r_tail (rollout), m_head, m_tail (rollout->group).
+# Returns the stream id (publish), 'dropped', or nil when the group is not 'complete'
+# (someone else already published or dropped it: exactly once).
+FINISH_GROUP = _COMMON + """
+if redis.call('HGET', KEYS[1], 'state') ~= 'complete' then return false end
+local result
+if ARGV[2] == 'publish' then
+  result = redis.call('XADD', KEYS[5], '*', ARGV[6], ARGV[3])
+  redis.call('HSET', KEYS[1], 'state', 'published', 'stream_id', result)
+  redis.call('HINCRBY', KEYS[6], 'groups_published', 1)
+  if redis.call('HGET', KEYS[1], 'partial') == '1' then
+    redis.call('HINCRBY', KEYS[6], 'groups_published_partial', 1)
+  end
+else
+  redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', ARGV[4])
+  redis.call('HINCRBY', KEYS[6], 'groups_dropped_' .. ARGV[4], 1)
+  result = 'dropped'
+end
+redis.call('SREM', KEYS[4], ARGV[1])
+expire_group(KEYS[1], KEYS[2], KEYS[3], ARGV[7], ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[5]))
+return result
+"""
+
+# KEYS: deadlines, complete set, counters.
+# ARGV: g_head, g_tail, l_head, l_tail (rollouts list), w_head, w_tail (rewards),
+#       r_head, r_tail, m_head, m_tail, min_rewarded, finished_ttl, limit.
+# Open groups past their deadline: with >= min_rewarded rewards -> 'complete' (partial=1),
+# returned for the caller to publish; otherwise -> 'expired'. Returns the ids to publish.
+EXPIRE_DUE = _COMMON + """
+local now = now_s()
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[13]))
+local finalise = {}
+for _, gid in ipairs(due) do
+  redis.call('ZREM', KEYS[1], gid)
+  local gk = ARGV[1] .. gid .. ARGV[2]
+  local st = redis.call('HMGET', gk, 'state', 'n_rewarded')
+  if st[1] == 'open' then
+    if tonumber(st[2]) >= tonumber(ARGV[11]) then
+      redis.call('HSET', gk, 'state', 'complete', 'partial', 1, 'completed_at', tostring(now))
+      redis.call('SADD', KEYS[2], gid)
+      redis.call('HINCRBY', KEYS[3], 'groups_expired_finalised', 1)
+      finalise[#finalise + 1] = gid
+    else
+      redis.call('HSET', gk, 'state', 'expired', 'drop_reason', 'expired')
+      redis.call('HINCRBY', KEYS[3], 'groups_expired_dropped', 1)
+      expire_group(gk, ARGV[3] .. gid .. ARGV[4], ARGV[5] .. gid .. ARGV[6],
+        ARGV[7], ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[12]))
+    end
+  elseif not st[1] then
+    redis.call('HINCRBY', KEYS[3], 'groups_expired_lost', 1)
+  end
+end
+return finalise
+"""
