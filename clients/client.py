@@ -1,0 +1,230 @@
+"""HTTP clients for the rollout server's native routes (rollouts, groups, rewards).
+
+Chat completions go through the official ``openai`` client (see clients/examples); these
+clients cover what the OpenAI API has no word for. Retries: connection errors, timeouts and
+502/503/504 are retried with exponential backoff; 4xx never are. Rewards are idempotent on
+the server (the same reward again is a 200 that changes nothing), so a retried reward post
+whose first attempt did land is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from clients.errors import ServerUnavailable, error_for_status
+
+_RETRY_STATUS = {502, 503, 504}
+
+
+@dataclass
+class Rollout:
+    """One sampled completion of a group."""
+
+    rollout_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_version: int = 0
+
+
+@dataclass
+class RolloutGroup:
+    """The answer to ``POST /v1/rollouts``: ``n`` samples of one prompt."""
+
+    group_id: str
+    rollouts: list[Rollout]
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RolloutGroup:
+        rollouts = [Rollout(rollout_id=r["rollout_id"], text=r.get("text", ""),
+                            token_ids=r.get("token_ids", []), logprobs=r.get("logprobs", []),
+                            finish_reason=r.get("finish_reason", ""),
+                            policy_version=int(r.get("policy_version", 0)))
+                    for r in d["rollouts"]]
+        return cls(group_id=d["group_id"], rollouts=rollouts,
+                   prompt_token_ids=d.get("prompt_token_ids", []))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter; ``attempts`` includes the first try."""
+
+    attempts: int = 5
+    base_delay_s: float = 0.2
+    max_delay_s: float = 5.0
+
+    def delays(self) -> Iterator[float]:
+        for i in range(self.attempts - 1):
+            yield min(self.max_delay_s, self.base_delay_s * 2**i) * (0.5 + random.random())
+
+
+def _reward_items(rewards: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    items = []
+    for r in rewards:
+        item = {"rollout_id": r["rollout_id"], "reward": float(r["reward"])}
+        if r.get("turn_rewards") is not None:
+            item["turn_rewards"] = [float(x) for x in r["turn_rewards"]]
+        items.append(item)
+    return items
+
+
+def _rollouts_body(prompt: str | None, messages: list[dict[str, Any]] | None,
+                   prompt_token_ids: list[int] | None, n: int,
+                   metadata: dict[str, Any] | None, sampling: dict[str, Any]) -> dict[str, Any]:
+    given = [x is not None for x in (prompt, messages, prompt_token_ids)]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of prompt, messages, prompt_token_ids")
+    body: dict[str, Any] = {"n": n, **sampling}
+    if prompt is not None:
+        body["prompt"] = prompt
+    elif messages is not None:
+        body["messages"] = messages
+    else:
+        body["prompt_token_ids"] = prompt_token_ids
+    if metadata:
+        body["metadata"] = metadata
+    return body
+
+
+def _parse(resp: httpx.Response) -> Any:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = resp.text
+    if resp.status_code >= 400:
+        raise error_for_status(resp.status_code, body)
+    return body
+
+
+class GSPOClient:
+    """Synchronous client. ``api_key`` is the server's ``/v1`` Bearer key, if it has one."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 120.0,
+                 retry: RetryPolicy = RetryPolicy()) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self.retry = retry
+        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+
+    def _request(self, method: str, path: str, json: Any = None) -> Any:
+        delays = self.retry.delays()
+        while True:
+            try:
+                resp = self.http.request(method, path, json=json)
+                if resp.status_code not in _RETRY_STATUS:
+                    return _parse(resp)
+                err: Exception = error_for_status(resp.status_code, resp.text)
+            except httpx.TransportError as exc:
+                err = exc
+            delay = next(delays, None)
+            if delay is None:
+                raise ServerUnavailable(f"{method} {path} failed after retries: {err}") from err
+            time.sleep(delay)
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/health")
+
+    def rollouts(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
+                 prompt_token_ids: list[int] | None = None, n: int = 8,
+                 metadata: dict[str, Any] | None = None, **sampling: Any) -> RolloutGroup:
+        """Sample ``n`` completions of one prompt as one group (``POST /v1/rollouts``)."""
+        body = _rollouts_body(prompt, messages, prompt_token_ids, n, metadata, sampling)
+        return RolloutGroup.from_json(self._request("POST", "/v1/rollouts", body))
+
+    def open_group(self, size: int, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Open ``size`` multi-turn episodes (``POST /v1/groups``): group_id and rollout_ids."""
+        return self._request("POST", "/v1/groups", {"size": size, "metadata": metadata or {}})
+
+    def post_reward(self, rollout_id: str, reward: float,
+                    turn_rewards: Sequence[float] | None = None) -> Any:
+        return self.post_rewards([{"rollout_id": rollout_id, "reward": reward,
+                                   "turn_rewards": turn_rewards}])
+
+    def post_rewards(self, rewards: Sequence[dict[str, Any]]) -> Any:
+        """Post several rewards in one call; safe to retry (idempotent on the server)."""
+        return self._request("POST", "/v1/rewards", _reward_items(rewards))
+
+    def group(self, group_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/groups/{group_id}")
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> GSPOClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncGSPOClient:
+    """The asyncio twin of ``GSPOClient``: same methods, awaitable."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 120.0,
+                 retry: RetryPolicy = RetryPolicy(), max_connections: int = 64) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.retry = retry
+        limits = httpx.Limits(max_connections=max_connections)
+        self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s,
+                                      limits=limits)
+
+    async def _request(self, method: str, path: str, json: Any = None) -> Any:
+        delays = self.retry.delays()
+        while True:
+            try:
+                resp = await self.http.request(method, path, json=json)
+                if resp.status_code not in _RETRY_STATUS:
+                    return _parse(resp)
+                err: Exception = error_for_status(resp.status_code, resp.text)
+            except httpx.TransportError as exc:
+                err = exc
+            delay = next(delays, None)
+            if delay is None:
+                raise ServerUnavailable(f"{method} {path} failed after retries: {err}") from err
+            await asyncio.sleep(delay)
+
+    async def health(self) -> dict[str, Any]:
+        return await self._request("GET", "/health")
+
+    async def rollouts(self, *, prompt: str | None = None,
+                       messages: list[dict[str, Any]] | None = None,
+                       prompt_token_ids: list[int] | None = None, n: int = 8,
+                       metadata: dict[str, Any] | None = None, **sampling: Any) -> RolloutGroup:
+        body = _rollouts_body(prompt, messages, prompt_token_ids, n, metadata, sampling)
+        return RolloutGroup.from_json(await self._request("POST", "/v1/rollouts", body))
+
+    async def open_group(self, size: int,
+                         metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        return await self._request("POST", "/v1/groups",
+                                   {"size": size, "metadata": metadata or {}})
+
+    async def post_rewards(self, rewards: Sequence[dict[str, Any]]) -> Any:
+        return await self._request("POST", "/v1/rewards", _reward_items(rewards))
+
+    async def post_reward(self, rollout_id: str, reward: float,
+                          turn_rewards: Sequence[float] | None = None) -> Any:
+        return await self.post_rewards([{"rollout_id": rollout_id, "reward": reward,
+                                         "turn_rewards": turn_rewards}])
+
+    async def group(self, group_id: str) -> dict[str, Any]:
+        return await self._request("GET", f"/v1/groups/{group_id}")
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> AsyncGSPOClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

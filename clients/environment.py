@@ -1,0 +1,171 @@
+"""Environments: where tasks come from, how episodes run, how they are scored.
+
+Two shapes:
+
+- ``SingleTurnEnvironment``: one prompt, ``group_size`` samples through ``POST /v1/rollouts``,
+  one score per sample. Implement ``sample_task``, ``prompt`` and ``score``.
+- ``MultiTurnEnvironment``: ``group_size`` episodes opened with ``POST /v1/groups``; each
+  episode talks to the server through the official ``openai`` client, passing its
+  ``rollout_id`` with every chat completion (``session.extra_body``), and returns a reward
+  (plus optional per-turn rewards). Implement ``sample_task`` and ``episode``.
+
+``run_groups`` / ``arun_groups`` drive either shape with bounded concurrency and post the
+rewards. A scoring function that raises stops the run: errors are never turned into a reward.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from clients.client import AsyncGSPOClient, RetryPolicy
+
+
+@dataclass
+class EpisodeResult:
+    """The outcome of one episode: a final reward and, optionally, one reward per model turn."""
+
+    reward: float
+    turn_rewards: list[float] | None = None
+
+
+@dataclass
+class EpisodeSession:
+    """What an episode needs to talk to the server as itself."""
+
+    base_url: str
+    rollout_id: str
+    group_id: str
+    model: str = "default"
+    api_key: str | None = None
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.base_url.rstrip('/')}/v1"
+
+    @property
+    def extra_body(self) -> dict[str, Any]:
+        """Pass as ``extra_body=`` to ``client.chat.completions.create``."""
+        return {"rollout_id": self.rollout_id}
+
+
+@dataclass
+class GroupOutcome:
+    """One finished group: its id, the rewards posted, and the environment's task."""
+
+    group_id: str
+    rewards: list[float]
+    task: Any = None
+    texts: list[str] = field(default_factory=list)
+
+
+class SingleTurnEnvironment(abc.ABC):
+    """One prompt, ``group_size`` samples, a score per sample."""
+
+    group_size: int = 8
+    sampling: dict[str, Any] = {"temperature": 1.0, "max_tokens": 32}
+
+    @abc.abstractmethod
+    def sample_task(self, rng: random.Random) -> Any:
+        """A task (anything: the prompt's ingredients and the answer key)."""
+
+    @abc.abstractmethod
+    def prompt(self, task: Any) -> str | list[dict[str, Any]]:
+        """A raw prompt string, or chat messages (rendered with the model's chat template)."""
+
+    @abc.abstractmethod
+    def score(self, task: Any, completion: str) -> float:
+        """The reward of one completion. Raise on a broken task; never return 0.0 for one."""
+
+
+class MultiTurnEnvironment(abc.ABC):
+    """``group_size`` episodes of one task, each driven through the openai client."""
+
+    group_size: int = 4
+
+    @abc.abstractmethod
+    def sample_task(self, rng: random.Random) -> Any:
+        """A task shared by the episodes of one group."""
+
+    @abc.abstractmethod
+    async def episode(self, task: Any, session: EpisodeSession) -> EpisodeResult | float:
+        """Run one episode (any number of chat completions with ``session.extra_body``)."""
+
+
+Environment = SingleTurnEnvironment | MultiTurnEnvironment
+
+
+async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
+                     model: str = "default") -> GroupOutcome:
+    """Sample (or play) one group, score it, post its rewards."""
+    if isinstance(env, SingleTurnEnvironment):
+        p = env.prompt(task)
+        kwargs: dict[str, Any] = {"prompt": p} if isinstance(p, str) else {"messages": p}
+        group = await client.rollouts(n=env.group_size, **kwargs, **env.sampling)
+        texts = [r.text for r in group.rollouts]
+        rewards = [float(env.score(task, t)) for t in texts]
+        await client.post_rewards([{"rollout_id": r.rollout_id, "reward": x}
+                                   for r, x in zip(group.rollouts, rewards, strict=True)])
+        return GroupOutcome(group_id=group.group_id, rewards=rewards, task=task, texts=texts)
+    opened = await client.open_group(env.group_size)
+    sessions = [EpisodeSession(base_url=client.base_url, rollout_id=rid,
+                               group_id=opened["group_id"], model=model, api_key=client.api_key)
+                for rid in opened["rollout_ids"]]
+    results = await asyncio.gather(*(env.episode(task, s) for s in sessions))
+    outcomes = [r if isinstance(r, EpisodeResult) else EpisodeResult(float(r)) for r in results]
+    await client.post_rewards([
+        {"rollout_id": s.rollout_id, "reward": o.reward, "turn_rewards": o.turn_rewards}
+        for s, o in zip(sessions, outcomes, strict=True)])
+    return GroupOutcome(group_id=opened["group_id"], rewards=[o.reward for o in outcomes],
+                        task=task)
+
+
+async def arun_groups(
+    env: Environment,
+    client: AsyncGSPOClient,
+    num_groups: int | None,
+    *,
+    concurrency: int = 4,
+    seed: int = 0,
+    model: str = "default",
+    on_group: Callable[[GroupOutcome], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> list[GroupOutcome]:
+    """Run ``num_groups`` groups (forever if None, until ``stop`` is set), ``concurrency`` at a
+    time. The first exception cancels the rest and propagates."""
+    rng = random.Random(seed)
+    outcomes: list[GroupOutcome] = []
+    started = 0
+    stop = stop or asyncio.Event()
+
+    async def worker() -> None:
+        nonlocal started
+        while not stop.is_set() and (num_groups is None or started < num_groups):
+            started += 1
+            outcome = await arun_group(env, client, env.sample_task(rng), model)
+            outcomes.append(outcome)
+            if on_group is not None:
+                on_group(outcome)
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(concurrency):
+            tg.create_task(worker())
+    return outcomes
+
+
+def run_groups(env: Environment, base_url: str, num_groups: int, *,
+               api_key: str | None = None, concurrency: int = 4, seed: int = 0,
+               model: str = "default", retry: RetryPolicy = RetryPolicy(),
+               on_group: Callable[[GroupOutcome], None] | None = None) -> list[GroupOutcome]:
+    """Synchronous entry point: runs ``arun_groups`` on a fresh event loop."""
+
+    async def main() -> list[GroupOutcome]:
+        async with AsyncGSPOClient(base_url, api_key=api_key, retry=retry) as client:
+            return await arun_groups(env, client, num_groups, concurrency=concurrency,
+                                     seed=seed, model=model, on_group=on_group)
+
+    return asyncio.run(main())
