@@ -35,6 +35,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.errors import APIError
 from server.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
 from server.store_finish import build_finish
 from server.store_scripts import (
@@ -80,14 +81,12 @@ class QueueConfig(BaseModel):
     """Divide by the group's std (False: only centre, Dr. GRPO style)."""
 
 
-class StoreError(Exception):
-    """A request the store refuses; ``code`` is machine-readable, ``status`` the HTTP status."""
+class StoreError(APIError):
+    """A request the store refuses; ``code`` is machine-readable, ``status`` the HTTP status.
+    An ``APIError``, so routes can let it propagate: it renders as the JSON error."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+        super().__init__(status, message, code=code)
 
 
 @dataclass(frozen=True)

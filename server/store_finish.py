@@ -70,8 +70,11 @@ async def build_finish(
     rewards_G = [float(rewards[r]["reward"]) for r in rewarded]
     if config.drop_zero_variance and max(rewards_G) == min(rewards_G):
         return ("drop", b"", "zero_variance")
-    advantages_G = group_advantages(
-        rewards_G, eps=config.advantage_eps, scale=config.scale_advantages).tolist()
+    try:
+        advantages_G = group_advantages(
+            rewards_G, eps=config.advantage_eps, scale=config.scale_advantages).tolist()
+    except ValueError:  # cannot happen for API-validated rewards; never block the sweeper
+        return ("drop", b"", "invalid_rewards")
     payload = ready_group_bytes(
         group_id, msgpack.unpackb(h.get(b"metadata") or msgpack.packb({})), time.time(),
         rewards_G, advantages_G, [rewards[r]["turn_rewards"] for r in rewarded], packed)
