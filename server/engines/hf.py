@@ -1,0 +1,391 @@
+"""The plain transformers engine: continuous batching on one model, exact log-probabilities.
+
+No extra install, runs anywhere torch runs (float32 on CPU by default), and is the reference
+the vLLM engine is checked against. One scheduler thread owns the model and the running batch;
+the event loop only queues requests and awaits futures, so it is never blocked by torch.
+
+Each scheduler iteration, under the step lock: admit waiting requests up to
+``max_batch_size`` (prefill them as one left-padded batch, sample their first token and merge
+their KV cache into the running batch), then run one decode step for every running row.
+Finished or cancelled rows are evicted at once and fully padded cache columns are dropped, so
+requests join and leave the running batch between steps (continuous batching).
+
+``pause`` makes the scheduler wait between steps; ``load_weights`` copies tensors under the
+step lock, so weights never change inside a step, and every token records the policy version
+of the step that sampled it.
+
+Log-probabilities: ``log_softmax(logits / T)`` at the sampled token, before top-p / top-k
+truncation (``logprobs_after_truncation = False``); greedy requests (T = 0) report them under
+T = 1. Stop strings are matched on the decoded completion; the token that completes a stop
+string is kept (the server trims the text). Only ``stop_token_ids`` end a completion on a token:
+there is no implicit EOS, the server passes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from server.engines import hf_batch
+from server.engines.base import Completion, Engine, EngineStats, FinishReason, SamplingParams
+
+log = logging.getLogger(__name__)
+LOCK_TIMEOUT_S = 120.0  # longest wait for a running step before pause / load_weights give up
+IDLE_POLL_S = 0.5  # the scheduler re-checks its flags at least this often
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    future: asyncio.Future[Completion]
+    loop: asyncio.AbstractEventLoop
+    generator: torch.Generator
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    cancelled: bool = False
+
+    def resolve(self, reason: FinishReason, stop_string: str | None = None) -> None:
+        done = Completion(
+            token_ids=self.token_ids, logprobs=self.logprobs, policy_versions=self.versions,
+            finish_reason=reason, stop_string=stop_string,
+            top_logprobs=self.top if self.params.top_logprobs > 0 else None,
+        )
+        # RuntimeError: the event loop is closed, nobody is waiting any more
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(_set_result, self.future, done)
+
+    def fail(self, exc: BaseException) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(_set_exception, self.future, exc)
+
+
+def _set_result(fut: asyncio.Future[Completion], value: Completion) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Completion], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class HFEngine(Engine):
+    """transformers + torch engine with continuous batching (see the module docstring)."""
+
+    name = "hf"
+    logprobs_after_truncation = False
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        max_batch_size: int = 64,
+        device: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        max_model_len: int | None = None,
+    ) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.model_path = str(model_path)
+        self.max_batch_size = max_batch_size
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = dtype
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        config = AutoConfig.from_pretrained(self.model_path)
+        self.vocab_size = int(config.vocab_size)
+        limit = int(config.max_position_embeddings)
+        self.max_model_len = min(max_model_len or limit, limit)
+        pad = self.tokenizer.pad_token_id
+        self._pad_id = int(pad if pad is not None else 0)
+        self.model: torch.nn.Module | None = None
+        self._version = 0
+        self._cond = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._waiting: deque[_Request] = deque()
+        self._rows: list[_Request] = []
+        self._paused = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._counters = {"max_batch_size_observed": 0.0, "decode_steps": 0.0,
+                          "prefills": 0.0, "tokens_generated": 0.0}
+        # running-batch tensors, owned by the scheduler thread
+        self._cache = None
+        self._mask_BT: torch.Tensor | None = None
+        self._pending_B: torch.Tensor | None = None  # last sampled token, not yet in the cache
+        self._pos_B: torch.Tensor | None = None  # position id of the pending token
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self.model = await asyncio.to_thread(self._load_model)
+        self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+        self._thread.start()
+
+    def _load_model(self) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=self.dtype, attn_implementation="sdpa"
+        )
+        return model.to(self.device).eval()
+
+    async def shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, LOCK_TIMEOUT_S)
+        with self._cond:  # normally the thread did this; not if it is stuck in a step
+            leftover = list(self._waiting) + list(self._rows)
+            self._waiting.clear()
+        for req in leftover:
+            req.resolve("abort")
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
+        self._validate(prompt_token_ids, params)
+        loop = asyncio.get_running_loop()
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        req = _Request(list(prompt_token_ids), params, loop.create_future(), loop, gen)
+        with self._cond:
+            if self._stopping or self._thread is None or self._error is not None:
+                raise RuntimeError(f"engine is not running (error: {self._error!r})")
+            self._waiting.append(req)
+            self._cond.notify_all()
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            req.cancelled = True  # the scheduler drops it before its next step
+            raise
+
+    def _validate(self, prompt: list[int], p: SamplingParams) -> None:
+        if not prompt:
+            raise ValueError("prompt_token_ids must not be empty")
+        if any(not 0 <= int(t) < self.vocab_size for t in prompt):
+            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size})")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is "
+                             f"{self.max_model_len} (prompt + at least one new token)")
+        if p.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if p.temperature < 0 or not 0 < p.top_p <= 1 or p.top_k < 0 or p.top_logprobs < 0:
+            raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
+                             "top_logprobs >= 0")
+
+    # ------------------------------------------------------------------ control
+
+    async def pause(self) -> None:
+        """Returns once no step is running; the scheduler then waits until ``resume``."""
+        with self._cond:
+            self._paused = True
+        await asyncio.to_thread(self._wait_for_step)
+
+    async def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def _wait_for_step(self) -> None:
+        if not self._step_lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise TimeoutError(f"a decode step did not finish within {LOCK_TIMEOUT_S}s")
+        self._step_lock.release()
+
+    async def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Copy named tensors (HF checkpoint names) into the model between steps, then set
+        the version. All names and shapes are checked before anything is copied. With tied
+        embeddings the output layer is the embedding tensor, so it follows either name."""
+        items = list(weights)
+        await asyncio.to_thread(self._load_weights_sync, items, int(version))
+
+    def _load_weights_sync(self, items: list[tuple[str, torch.Tensor]], version: int) -> None:
+        if self.model is None:
+            raise RuntimeError("engine not started")
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        for name, tensor in items:
+            if name not in params:
+                raise KeyError(f"unknown parameter {name!r}")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)}, expected "
+                                 f"{tuple(params[name].shape)}")
+        if not self._step_lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise TimeoutError(f"a decode step did not finish within {LOCK_TIMEOUT_S}s")
+        try:
+            with torch.no_grad():
+                for name, tensor in items:
+                    params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
+            self._version = version
+        finally:
+            self._step_lock.release()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self._rows), waiting=len(self._waiting),
+                           extra=dict(self._counters))
+
+    # ------------------------------------------------------------------ scheduler thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and (
+                        self._paused or not (self._waiting or self._rows)
+                    ):
+                        self._cond.wait(timeout=IDLE_POLL_S)
+                    if self._stopping:
+                        break
+                with self._step_lock, torch.inference_mode():
+                    if not self._paused:  # pause() may have won the race for the lock
+                        self._step()
+        except BaseException as exc:  # a failed step fails every request, loudly
+            log.exception("hf engine scheduler failed")
+            with self._cond:
+                self._error = exc
+                doomed = list(self._waiting) + self._rows
+                self._waiting.clear()
+                self._rows = []
+            for req in doomed:
+                req.fail(RuntimeError(f"engine failed: {exc!r}"))
+            return
+        with self._cond:
+            doomed = list(self._waiting) + self._rows
+            self._waiting.clear()
+            self._rows = []
+        for req in doomed:
+            req.resolve("abort")
+
+    def _step(self) -> None:
+        self._evict([r.cancelled for r in self._rows])
+        with self._cond:
+            room = self.max_batch_size - len(self._rows)
+            admit: list[_Request] = []
+            while self._waiting and len(admit) < room:
+                req = self._waiting.popleft()
+                if not req.cancelled:
+                    admit.append(req)
+        if admit:
+            self._prefill(admit)
+        if self._rows:
+            self._decode()
+
+    def _prefill(self, reqs: list[_Request]) -> None:
+        from transformers import DynamicCache
+
+        assert self.model is not None
+        ids_BT, mask_BT, pos_BT = hf_batch.left_pad([r.prompt for r in reqs], self._pad_id,
+                                                    self.device)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._counters["prefills"] += 1
+        pos_B = pos_BT[:, -1] + 1
+        if self._cache is None or not self._rows:
+            self._cache, self._mask_BT, self._pos_B = out.past_key_values, mask_BT, pos_B
+            self._pending_B = torch.zeros_like(pos_B)
+            self._rows = []
+        else:
+            assert self._mask_BT is not None and self._pos_B is not None
+            assert self._pending_B is not None
+            self._mask_BT = hf_batch.merge(self._cache, self._mask_BT, out.past_key_values,
+                                           mask_BT)
+            self._pos_B = torch.cat([self._pos_B, pos_B])
+            self._pending_B = torch.cat([self._pending_B, torch.zeros_like(pos_B)])
+        start = len(self._rows)
+        self._rows = self._rows + reqs
+        self._sample(out.logits[:, -1], offset=start)
+
+    def _decode(self) -> None:
+        assert self.model is not None and self._mask_BT is not None
+        assert self._pending_B is not None and self._pos_B is not None
+        self._counters["max_batch_size_observed"] = max(
+            self._counters["max_batch_size_observed"], float(len(self._rows)))
+        self._counters["decode_steps"] += 1
+        self._mask_BT = torch.nn.functional.pad(self._mask_BT, (0, 1), value=1)
+        out = self.model(input_ids=self._pending_B[:, None], attention_mask=self._mask_BT,
+                         position_ids=self._pos_B[:, None], past_key_values=self._cache,
+                         use_cache=True)
+        self._cache = out.past_key_values
+        self._pos_B = self._pos_B + 1
+        self._sample(out.logits[:, -1], offset=0)
+
+    def _sample(self, logits_BV: torch.Tensor, offset: int) -> None:
+        """Sample for rows ``offset..``, record the tokens, then evict finished rows."""
+        assert self._pending_B is not None
+        rows = self._rows[offset:]
+        got = hf_batch.sample_rows(logits_BV, [r.params for r in rows],
+                                   [r.generator for r in rows])
+        self._pending_B[offset:] = torch.tensor(got.token_ids, device=self.device)
+        self._counters["tokens_generated"] += len(rows)
+        finished = [False] * offset
+        for i, req in enumerate(rows):
+            req.token_ids.append(got.token_ids[i])
+            req.logprobs.append(got.logprobs[i])
+            req.versions.append(self._version)
+            top = got.top_logprobs[i]
+            if top is not None:
+                req.top.append(top)
+            finished.append(self._check_finished(req))
+        self._evict(finished)
+
+    def _check_finished(self, req: _Request) -> bool:
+        p = req.params
+        if req.token_ids[-1] in p.stop_token_ids:
+            req.resolve("stop")
+            return True
+        if p.stop:
+            longest = max(len(s) for s in p.stop)
+            tail = self.tokenizer.decode(req.token_ids[-(4 * longest + 4):])
+            hit = next((s for s in p.stop if s and s in tail), None)
+            if hit is not None:
+                req.resolve("stop", stop_string=hit)
+                return True
+        if len(req.token_ids) >= p.max_tokens or (
+            len(req.prompt) + len(req.token_ids) >= self.max_model_len
+        ):
+            req.resolve("length")
+            return True
+        return False
+
+    def _evict(self, drop: list[bool]) -> None:
+        """Remove rows flagged in ``drop`` and cache columns no remaining row attends to."""
+        if not any(drop):
+            return
+        keep = [i for i, d in enumerate(drop) if not d]
+        self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._cache = self._mask_BT = self._pending_B = self._pos_B = None
+            return
+        assert self._mask_BT is not None and self._pending_B is not None
+        assert self._pos_B is not None
+        keep_B = torch.tensor(keep, device=self.device)
+        hf_batch.select_rows(self._cache, keep_B)
+        self._mask_BT, self._pending_B = self._mask_BT[keep_B], self._pending_B[keep_B]
+        self._pos_B = self._pos_B[keep_B]
+        used_T = self._mask_BT.any(dim=0)
+        first = int(torch.nonzero(used_T)[0]) if bool(used_T.any()) else 0
+        hf_batch.drop_left_columns(self._cache, first)
+        self._mask_BT = self._mask_BT[:, first:]

@@ -1,0 +1,144 @@
+"""Tensor helpers of the transformers engine: per-row sampling and KV-cache surgery.
+
+Shape letters: B rows of the running batch, V vocabulary, T cache columns, H heads, D head dim.
+
+The batch is left-aligned by padding: every row's cache ends at the last column, rows that
+joined later or have shorter prompts carry masked (zero) columns on the left. Position ids come
+from each row's count of real tokens, so padding changes neither positions nor (beyond float
+rounding) log-probabilities. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from server.engines.base import SamplingParams
+
+
+@dataclass
+class StepSample:
+    """What one sampling step produced for each row."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+def truncate_logprobs(logp_V: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """Set tokens outside the top-k / nucleus to -inf (sampling only; not renormalised, which
+    sampling does not need)."""
+    out_V = logp_V
+    if 0 < top_k < logp_V.shape[-1]:
+        kth = torch.topk(logp_V, top_k).values[-1]
+        out_V = out_V.masked_fill(logp_V < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_V, order_V = torch.sort(out_V, descending=True)
+        probs_V = torch.softmax(sorted_V, dim=-1)
+        before_V = torch.cumsum(probs_V, dim=-1) - probs_V  # mass strictly before each token
+        drop_sorted_V = before_V >= top_p
+        drop_sorted_V[0] = False  # always keep the most likely token
+        drop_V = torch.empty_like(drop_sorted_V).scatter_(0, order_V, drop_sorted_V)
+        out_V = out_V.masked_fill(drop_V, float("-inf"))
+    return out_V
+
+
+def sample_rows(
+    logits_BV: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator],
+) -> StepSample:
+    """Sample one token per row with its own parameters and generator.
+
+    The reported log-probability is ``log_softmax(logits / T)`` at the sampled token, before
+    any top-p / top-k truncation; greedy rows (T = 0) report it under T = 1. Sampling uses the
+    exponential-race form of Gumbel-max (argmax p_i / E_i, E_i ~ Exp(1) from the row's seeded
+    generator), so a seed gives the same token even if batching perturbs logits by rounding.
+    """
+    logits_BV = logits_BV.float()
+    temps_B = torch.tensor(
+        [p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits_BV.device
+    )
+    logp_BV = torch.log_softmax(logits_BV / temps_B[:, None], dim=-1)
+    tokens: list[int] = []
+    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
+        if p.temperature == 0:
+            tokens.append(int(torch.argmax(logits_BV[row])))
+            continue
+        trunc_V = truncate_logprobs(logp_BV[row], p.top_p, p.top_k)
+        noise_V = torch.empty_like(trunc_V).exponential_(generator=gen)
+        tokens.append(int(torch.argmax(trunc_V - noise_V.log())))
+    idx_B = torch.tensor(tokens, device=logits_BV.device)
+    chosen_B = logp_BV.gather(-1, idx_B[:, None]).squeeze(-1)
+    tops: list[list[tuple[int, float]] | None] = []
+    for row, p in enumerate(params):
+        if p.top_logprobs <= 0:
+            tops.append(None)
+            continue
+        vals, ids = torch.topk(logp_BV[row], min(p.top_logprobs, logp_BV.shape[-1]))
+        tops.append(list(zip(ids.tolist(), vals.tolist(), strict=True)))
+    return StepSample(tokens, chosen_B.tolist(), tops)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded input ids, attention mask and position ids (from the mask) of prompts."""
+    width = max(len(p) for p in prompts)
+    ids_BT = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask_BT = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids_BT[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
+        mask_BT[row, width - len(prompt):] = 1
+    pos_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+    return ids_BT.to(device), mask_BT.to(device), pos_BT.to(device)
+
+
+def _layers(cache: DynamicCache) -> list:
+    layers = getattr(cache, "layers", None)
+    if layers is None or any(not hasattr(layer, "keys") for layer in layers):
+        raise TypeError("expected a DynamicCache of full-attention layers")
+    return layers
+
+
+def select_rows(cache: DynamicCache, rows_B: torch.Tensor) -> None:
+    """Keep only the given batch rows of the cache (in place)."""
+    for layer in _layers(cache):
+        layer.keys = layer.keys[rows_B]
+        layer.values = layer.values[rows_B]
+
+
+def drop_left_columns(cache: DynamicCache, n: int) -> None:
+    """Drop the first ``n`` cache columns (in place): columns masked out in every row."""
+    if n <= 0:
+        return
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, n:]
+        layer.values = layer.values[:, :, n:]
+
+
+def _pad_left(x_BHTD: torch.Tensor, n: int) -> torch.Tensor:
+    if n == 0:
+        return x_BHTD
+    b, h, _, d = x_BHTD.shape
+    return torch.cat([x_BHTD.new_zeros((b, h, n, d)), x_BHTD], dim=2)
+
+
+def merge(
+    cache_a: DynamicCache, mask_a: torch.Tensor, cache_b: DynamicCache, mask_b: torch.Tensor
+) -> torch.Tensor:
+    """Append the rows of ``cache_b`` to ``cache_a`` (in place), left-padding the shorter one
+    with masked zero columns. Returns the merged attention mask."""
+    ta, tb = mask_a.shape[1], mask_b.shape[1]
+    width = max(ta, tb)
+    for la, lb in zip(_layers(cache_a), _layers(cache_b), strict=True):
+        la.keys = torch.cat([_pad_left(la.keys, width - ta), _pad_left(lb.keys, width - tb)])
+        la.values = torch.cat(
+            [_pad_left(la.values, width - ta), _pad_left(lb.values, width - tb)]
+        )
+    return torch.cat([
+        torch.nn.functional.pad(mask_a, (width - ta, 0)),
+        torch.nn.functional.pad(mask_b, (width - tb, 0)),
+    ])
