@@ -1,0 +1,130 @@
+"""Helpers for the queue tests: rollouts, an event loop in a thread, a real uvicorn app.
+
+The API tests serve a minimal FastAPI app (the reward and group routers, the error handlers,
+a ``RolloutStore`` made in the lifespan) with real uvicorn on a free port, on an event loop
+in a background thread; the test drives it over HTTP and sets up groups through the same
+loop's store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import numpy as np
+import uvicorn
+from fastapi import FastAPI
+
+from server.errors import install_error_handlers
+from server.redis_schema import Keys, RolloutRecord
+from server.routes import groups, rewards
+from server.store import QueueConfig, RolloutStore, make_redis
+from tests.conftest import free_port, wait_for_port
+
+T = TypeVar("T")
+
+
+def make_rollout(
+    rollout_id: str, group_id: str, n_tokens: int = 16, prompt_len: int = 4, version: int = 0,
+    seed: int = 0,
+) -> RolloutRecord:
+    """A rollout whose sampled tokens (after the prompt) all carry policy ``version``."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(n_tokens, np.uint8)
+    mask[prompt_len:] = 1
+    versions = np.where(mask == 1, version, -1).astype(np.int32)
+    logprobs = np.where(mask == 1, -rng.random(n_tokens), 0.0).astype(np.float32)
+    return RolloutRecord(
+        rollout_id=rollout_id, group_id=group_id,
+        token_ids=rng.integers(0, 50_000, n_tokens).astype(np.int32), loss_mask=mask,
+        logprobs=logprobs, versions=versions, prompt_len=prompt_len,
+        turns=[(prompt_len, n_tokens)], finish_reason="stop",
+    )
+
+
+class LoopThread:
+    """An asyncio loop running in a daemon thread; ``run`` waits for a coroutine (bounded)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+def make_app(redis_url: str, config: QueueConfig, keys: Keys, max_body_bytes: int,
+             sweeper_interval_s: float | None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = make_redis(redis_url)
+        app.state.store = RolloutStore(client, keys, config)
+        task = None
+        if sweeper_interval_s is not None:
+            task = asyncio.create_task(app.state.store.run_sweeper(sweeper_interval_s))
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await client.aclose()
+
+    app = FastAPI(lifespan=lifespan)
+    install_error_handlers(app, max_body_bytes=max_body_bytes)
+    app.include_router(rewards.router)
+    app.include_router(groups.router)
+    return app
+
+
+class ApiServer:
+    """The minimal app under real uvicorn, on a free port, in a ``LoopThread``."""
+
+    def __init__(self, redis_url: str, config: QueueConfig | None = None,
+                 keys: Keys | None = None, max_body_bytes: int = 1 << 20,
+                 sweeper_interval_s: float | None = None) -> None:
+        self.port = free_port()
+        self.app = make_app(redis_url, config or QueueConfig(), keys or Keys(), max_body_bytes,
+                            sweeper_interval_s)
+        self.loop = LoopThread()
+        self.server = uvicorn.Server(uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"))
+        self._serving = asyncio.run_coroutine_threadsafe(self.server.serve(), self.loop.loop)
+        wait_for_port(self.port, timeout=20)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def store(self) -> RolloutStore:
+        return self.app.state.store
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """Runs a coroutine on the server's loop (where ``store``'s client lives)."""
+        return self.loop.run(coro, timeout)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self._serving.result(timeout=20)
+        self.loop.close()
+
+
+async def open_group(store: RolloutStore, group_id: str, size: int, n_tokens: int = 16,
+                     version: int = 0, n_recorded: int | None = None) -> list[str]:
+    """Creates a group and records ``n_recorded`` (default all) rollouts; returns their ids."""
+    await store.create_group(group_id, size, {"prompt": group_id})
+    ids = [f"{group_id}-r{i}" for i in range(size if n_recorded is None else n_recorded)]
+    for i, rid in enumerate(ids):
+        await store.record_rollout(make_rollout(rid, group_id, n_tokens, version=version,
+                                                seed=i))
+    return ids
