@@ -1,0 +1,123 @@
+"""The rollout server's app factory: one engine, one Redis, the HTTP API in front of them.
+
+``create_app(settings)`` builds the app; everything with a lifetime (the engine, the Redis
+pool, the store, the sweeper and the registry heartbeat) is created in ``lifespan`` and put
+on ``app.state``, in that order, and torn down in reverse. Routes reach it through the
+``Annotated`` dependencies of ``server.deps``.
+
+Route guards: ``/health`` and ``/metrics`` are open; every ``/v1`` route requires the API key
+(when one is set); ``/admin`` routes (weights) require the separate admin key.
+
+Engines are pluggable (``settings.engine``) and imported only when chosen, so the hf engine
+never imports vLLM. Tests and benchmarks may pass an engine in; the app starts and shuts it
+down like one it built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI
+
+from server.chat import TokenTexts
+from server.deps import require_admin_key, require_api_key
+from server.engines.base import Engine
+from server.errors import install_error_handlers
+from server.metrics import RequestMetricsMiddleware, ServerMetrics
+from server.redis_schema import Keys
+from server.registry import ServerInfo, heartbeat_loop
+from server.routes import admin, chat, completions, groups, health, metrics, rewards, rollouts
+from server.settings import ServerSettings
+from server.store import RolloutStore, make_redis
+
+log = logging.getLogger(__name__)
+SHUTDOWN_TIMEOUT_S = 10.0
+
+
+def build_engine(settings: ServerSettings) -> Engine:
+    """The engine ``settings.engine`` names (imported here, only when chosen)."""
+    if settings.engine == "hf":
+        from server.engines.hf import HFEngine
+
+        return HFEngine(settings.model, max_batch_size=settings.max_batch_size,
+                        device=settings.device)
+    from server.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine(settings.model, max_batch_size=settings.max_batch_size)
+
+
+def load_tokenizer(engine: Engine) -> Any:
+    """The engine's own tokenizer when it has one (same object, same ids), else the model's."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(engine.model_path)
+    return tokenizer
+
+
+def advertised_url(settings: ServerSettings) -> str:
+    """The base URL the learner uses to reach this server's admin routes."""
+    if settings.advertise_url:
+        return settings.advertise_url.rstrip("/")
+    host = settings.host if settings.host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+    return f"http://{host}:{settings.port}"
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await asyncio.wait_for(task, SHUTDOWN_TIMEOUT_S)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: ServerSettings = app.state.settings
+    engine: Engine = app.state.injected_engine or build_engine(settings)
+    redis = make_redis(settings.redis_url)
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        await redis.ping()  # fail at start-up, not at the first rollout
+        keys = Keys(settings.key_prefix)
+        store = RolloutStore(redis, keys, settings.queue)
+        await engine.start()
+        app.state.engine, app.state.redis, app.state.keys, app.state.store = (
+            engine, redis, keys, store)
+        app.state.tokenizer = load_tokenizer(engine)
+        app.state.token_texts = TokenTexts(app.state.tokenizer)
+        tasks.append(asyncio.create_task(store.run_sweeper(settings.sweep_interval_s)))
+        info = ServerInfo(server_id=settings.server_id, url=advertised_url(settings),
+                          engine=engine.name, model=settings.model_name,
+                          ranks=engine.weight_ranks())
+        tasks.append(asyncio.create_task(heartbeat_loop(redis, keys, info)))
+        log.info("serving %s (%s engine) as %r", engine.model_path, engine.name,
+                 settings.model_name)
+        yield
+    finally:
+        for task in reversed(tasks):
+            await _cancel(task)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(engine.shutdown(), SHUTDOWN_TIMEOUT_S)
+        await redis.aclose()
+
+
+def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAPI:
+    """The rollout server's FastAPI app (see the module docstring)."""
+    app = FastAPI(title="gspo-rl rollout server", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.injected_engine = engine
+    app.state.metrics = ServerMetrics()
+    install_error_handlers(app, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)  # outermost
+    app.include_router(health.router)
+    app.include_router(metrics.router)
+    api_guard = [Depends(require_api_key)]
+    for module in (chat, completions, rollouts, rewards, groups):
+        app.include_router(module.router, dependencies=api_guard)
+    app.include_router(admin.router, dependencies=[Depends(require_admin_key)])
+    return app

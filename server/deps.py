@@ -1,0 +1,86 @@
+"""FastAPI dependencies: what a route may ask for, all taken from ``app.state`` (created in the
+app's lifespan, never lazily), and the two keys that guard the routes.
+
+Two keys, two roles: ``api_key`` lets environments sample and post rewards (every ``/v1``
+route); ``admin_key`` lets the learner replace the weights (``/admin``). Keys are compared in
+constant time. With no ``admin_key`` configured, admin routes are open only when the API key
+is unset too (a local single-user setup); otherwise they are closed, never open to holders of
+the API key.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
+
+from server.chat import TokenTexts
+from server.engines.base import Engine
+from server.errors import APIError
+from server.metrics import ServerMetrics
+from server.settings import ServerSettings
+
+_bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <key>")
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def get_settings(request: Request) -> ServerSettings:
+    return request.app.state.settings
+
+
+def get_engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def get_store(request: Request) -> Any:
+    return request.app.state.store
+
+
+def get_tokenizer(request: Request) -> Any:
+    return request.app.state.tokenizer
+
+
+def get_token_texts(request: Request) -> TokenTexts:
+    return request.app.state.token_texts
+
+
+def get_metrics(request: Request) -> ServerMetrics:
+    return request.app.state.metrics
+
+
+SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
+StoreDep = Annotated[Any, Depends(get_store)]
+TokenizerDep = Annotated[Any, Depends(get_tokenizer)]
+TokenTextsDep = Annotated[TokenTexts, Depends(get_token_texts)]
+MetricsDep = Annotated[ServerMetrics, Depends(get_metrics)]
+
+
+def _check_bearer(credentials: HTTPAuthorizationCredentials | None, key: SecretStr,
+                  what: str) -> None:
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None:
+        raise APIError(401, f"missing {what}: send the header 'Authorization: Bearer <key>'",
+                       code="missing_api_key", headers=challenge)
+    if not secrets.compare_digest(credentials.credentials.encode(),
+                                  key.get_secret_value().encode()):
+        raise APIError(401, f"invalid {what}", code="invalid_api_key", headers=challenge)
+
+
+def require_api_key(settings: SettingsDep, credentials: BearerDep) -> None:
+    """Guards every ``/v1`` route when ``api_key`` is set."""
+    if settings.api_key is not None:
+        _check_bearer(credentials, settings.api_key, "API key")
+
+
+def require_admin_key(settings: SettingsDep, credentials: BearerDep) -> None:
+    """Guards weight-update and admin routes with the separate admin key."""
+    if settings.admin_key is not None:
+        _check_bearer(credentials, settings.admin_key, "admin key")
+    elif settings.api_key is not None:
+        raise APIError(403, "admin routes are disabled: this server has an API key but no "
+                            "admin key (set GSPO_ADMIN_KEY / --admin-key)",
+                       code="admin_disabled")

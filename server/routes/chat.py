@@ -1,0 +1,129 @@
+"""``POST /v1/chat/completions``: OpenAI chat, with tool calls, recorded as a group of n.
+
+The multi-turn seam: ``chat_prompt`` turns a request into prompt token ids and
+``server.sampling.sample_group`` samples and records them as a new group. A multi-turn
+episode (a request carrying the ``rollout_id`` of an episode opened with ``POST /v1/groups``)
+swaps these two: the prompt is the episode's token trajectory so far plus only the new
+messages' tokens, and the sample is appended to that rollout as one more turn instead of
+opening a group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter
+
+from server.api_models import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    FunctionCallOut,
+    ToolCallOut,
+)
+from server.chat import TokenTexts, completion_text, end_token_ids, parse_tool_calls
+from server.chat import render_chat_prompt as render
+from server.deps import (
+    EngineDep,
+    MetricsDep,
+    SettingsDep,
+    StoreDep,
+    TokenizerDep,
+    TokenTextsDep,
+)
+from server.engines.base import Engine
+from server.errors import APIError
+from server.formatting import chat_logprobs, usage
+from server.sampling import (
+    GroupResult,
+    Sample,
+    check_model,
+    check_prompt_ids,
+    first_version,
+    plan_generation,
+    reject_unsupported,
+    sample_group,
+)
+from server.settings import ServerSettings
+
+router = APIRouter(tags=["chat"])
+ROUTE = "chat"
+
+
+def check_chat_options(body: ChatCompletionRequest) -> tuple[bool, int]:
+    """Rejects what this server cannot honour; returns (parse tool calls?, top_logprobs)."""
+    reject_unsupported(stream=body.stream, presence_penalty=body.presence_penalty,
+                       frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias)
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs=true", code="invalid_parameter")
+    fmt = (body.response_format or {}).get("type", "text")
+    if fmt != "text":
+        raise APIError(400, f"response_format {fmt!r} is not supported: only 'text'",
+                       code="unsupported_parameter")
+    choice = body.tool_choice
+    if choice not in (None, "auto", "none"):
+        raise APIError(400, f"tool_choice {choice!r} is not supported: 'auto' or 'none' (the "
+                            "server does not constrain decoding)", code="unsupported_parameter")
+    return bool(body.tools) and choice != "none", body.top_logprobs or 0
+
+
+async def chat_prompt(body: ChatCompletionRequest, tokenizer: Any,
+                      settings: ServerSettings) -> list[int]:
+    """Prompt token ids for a chat request: the chat template over the messages and tools
+    (in a worker thread: templating a long conversation must not stall the event loop)."""
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    ids = await asyncio.to_thread(render, tokenizer, messages, tools,
+                                  settings.sanitize_control_tokens)
+    return check_prompt_ids(ids, len(tokenizer))
+
+
+def _choice(index: int, sample: Sample, prompt_ids: list[int], tokenizer: Any,
+            texts: TokenTexts, engine: Engine, with_tools: bool,
+            top_k: int | None) -> ChatChoice:
+    c = sample.completion
+    text = completion_text(tokenizer, c, end_token_ids(tokenizer))
+    content, calls = parse_tool_calls(text) if with_tools else (text, [])
+    tool_calls = [ToolCallOut(id=t.id, function=FunctionCallOut(name=t.name,
+                                                                arguments=t.arguments))
+                  for t in calls] or None
+    return ChatChoice(
+        index=index,
+        message=AssistantMessage(content=content, tool_calls=tool_calls),
+        finish_reason="tool_calls" if tool_calls else c.finish_reason,
+        logprobs=chat_logprobs(texts, c, top_k) if top_k is not None else None,
+        rollout_id=sample.rollout_id, token_ids=c.token_ids, prompt_token_ids=prompt_ids,
+        policy_version=first_version(c, engine), policy_versions=c.policy_versions,
+    )
+
+
+def chat_response(result: GroupResult, body: ChatCompletionRequest, tokenizer: Any,
+                  texts: TokenTexts, engine: Engine, settings: ServerSettings,
+                  with_tools: bool, top_k: int) -> ChatCompletionResponse:
+    k = top_k if body.logprobs else None
+    choices = [_choice(i, s, result.prompt_token_ids, tokenizer, texts, engine, with_tools, k)
+               for i, s in enumerate(result.samples)]
+    return ChatCompletionResponse(id=f"chatcmpl-{result.group_id}", created=int(time.time()),
+                                  model=settings.model_name, choices=choices,
+                                  usage=usage(result), group_id=result.group_id)
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+async def chat_completions(
+    body: ChatCompletionRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
+    tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,
+) -> ChatCompletionResponse:
+    """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group."""
+    check_model(body.model, settings)
+    with_tools, top_k = check_chat_options(body)
+    prompt_ids = await chat_prompt(body, tokenizer, settings)
+    plan = plan_generation(
+        body, prompt_token_ids=prompt_ids,
+        max_tokens=body.max_completion_tokens or body.max_tokens, top_logprobs=top_k,
+        stop_token_ids=end_token_ids(tokenizer), engine=engine, settings=settings,
+        route=ROUTE)
+    result = await sample_group(engine, store, plan, metrics, settings.server_id)
+    return chat_response(result, body, tokenizer, texts, engine, settings, with_tools, top_k)

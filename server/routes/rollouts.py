@@ -1,0 +1,92 @@
+"""``POST /v1/rollouts``: the native group call, ``n`` samples of one prompt.
+
+The environment gets back the group id and, per rollout, its id, tokens, behavior
+log-probabilities and policy versions; it then posts one reward per rollout
+(``POST /v1/rewards``). The prompt is exactly one of raw text, chat messages (templated with
+``tools``) or token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter
+
+from server.api_models import RolloutOut, RolloutRequest, RolloutResponse
+from server.chat import completion_text, end_token_ids, render_chat_prompt
+from server.deps import (
+    EngineDep,
+    MetricsDep,
+    SettingsDep,
+    StoreDep,
+    TokenizerDep,
+    TokenTextsDep,
+)
+from server.errors import APIError
+from server.formatting import rollout_top_logprobs, usage
+from server.sampling import (
+    check_model,
+    check_prompt_ids,
+    first_version,
+    plan_generation,
+    sample_group,
+)
+from server.settings import ServerSettings
+
+router = APIRouter(tags=["rollouts"])
+ROUTE = "rollouts"
+
+
+async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
+                         settings: ServerSettings) -> list[int]:
+    given = [name for name in ("prompt", "messages", "prompt_token_ids")
+             if getattr(body, name) is not None]
+    if len(given) != 1:
+        raise APIError(400, "send exactly one of prompt, messages, prompt_token_ids (got "
+                            f"{', '.join(given) or 'none'})", code="invalid_prompt")
+    if body.tools and body.messages is None:
+        raise APIError(400, "tools need messages (they are rendered by the chat template)",
+                       code="invalid_prompt")
+    if body.messages is not None:
+        if not body.messages:
+            raise APIError(400, "messages is empty", code="empty_prompt")
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        ids = await asyncio.to_thread(render_chat_prompt, tokenizer, messages, tools,
+                                      settings.sanitize_control_tokens)
+    elif body.prompt is not None:
+        ids = await asyncio.to_thread(tokenizer.encode, body.prompt)
+    else:
+        ids = list(body.prompt_token_ids or [])
+    return check_prompt_ids(ids, len(tokenizer))
+
+
+@router.post("/v1/rollouts", response_model=RolloutResponse)
+async def rollouts(
+    body: RolloutRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
+    tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,
+) -> RolloutResponse:
+    """Samples a group of ``n`` rollouts of one prompt and records it in Redis."""
+    check_model(body.model, settings)
+    prompt_ids = await rollout_prompt(body, tokenizer, settings)
+    stop_ids = end_token_ids(tokenizer)
+    plan = plan_generation(body, prompt_token_ids=prompt_ids, max_tokens=body.max_tokens,
+                           top_logprobs=body.top_logprobs, stop_token_ids=stop_ids,
+                           engine=engine, settings=settings, route=ROUTE)
+    result = await sample_group(engine, store, plan, metrics, settings.server_id)
+    out = [
+        RolloutOut(
+            rollout_id=s.rollout_id, text=completion_text(tokenizer, s.completion, stop_ids),
+            token_ids=s.completion.token_ids, logprobs=s.completion.logprobs,
+            policy_version=first_version(s.completion, engine),
+            policy_versions=s.completion.policy_versions,
+            finish_reason=s.completion.finish_reason,
+            top_logprobs=(rollout_top_logprobs(texts, s.completion, body.top_logprobs)
+                          if body.top_logprobs else None),
+        )
+        for s in result.samples
+    ]
+    return RolloutResponse(group_id=result.group_id, model=settings.model_name,
+                           prompt_token_ids=result.prompt_token_ids, rollouts=out,
+                           usage=usage(result))

@@ -1,0 +1,108 @@
+"""The rollout server's settings: one pydantic-settings class, from env vars and CLI flags.
+
+Precedence, lowest first: field defaults, ``GSPO_*`` environment variables (``GSPO_API_KEY``,
+``GSPO_REDIS_URL``, ...), keyword arguments (the ``gspo serve`` flags a user actually passed).
+Unsafe or inconsistent values fail at construction, before a model is loaded or Redis is
+touched: an admin key equal to the API key would let every environment push weights.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from server.redis_schema import DEFAULT_PREFIX
+from server.store import QueueConfig
+
+EngineKind = Literal["hf", "vllm"]
+
+
+def _default_server_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ServerSettings(BaseSettings):
+    """Everything one rollout server process needs. Field docstrings are the reference."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GSPO_", env_nested_delimiter="__", extra="forbid",
+        use_attribute_docstrings=True, frozen=True,
+    )
+
+    # ---------------------------------------------------------------- model and engine
+    model: str
+    """Path of the Hugging Face model directory to serve (config, tokenizer, safetensors)."""
+    engine: EngineKind = "hf"
+    """Inference engine: "hf" (plain transformers, no extra install) or "vllm"."""
+    served_model_name: str = ""
+    """The name clients put in ``model``; empty: the model directory's name."""
+    device: str | None = None
+    """Torch device for the hf engine ("cpu", "cuda", "cuda:1"); None: the engine's choice."""
+    max_batch_size: int = Field(default=64, ge=1)
+    """Most sequences the engine decodes together (the engine batches concurrent requests)."""
+
+    # ---------------------------------------------------------------- network and auth
+    host: str = "127.0.0.1"
+    """Interface uvicorn binds to. 0.0.0.0 exposes the server: set an API key then."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port uvicorn listens on (0: any free port)."""
+    api_key: SecretStr | None = None
+    """Bearer token every ``/v1`` route requires (environments hold it). None: open."""
+    admin_key: SecretStr | None = None
+    """Separate Bearer token for weight-update and admin routes (the learner holds it). None:
+    admin routes are open only if ``api_key`` is None too (a local, single-user setup)."""
+    advertise_url: str | None = None
+    """Base URL the learner uses to reach this server (registered in Redis); None:
+    ``http://{host}:{port}`` (the host's name when bound to all interfaces)."""
+    server_id: str = Field(default_factory=_default_server_id)
+    """This server's id in the Redis server registry (default: hostname-pid)."""
+
+    # ---------------------------------------------------------------- queue (Redis)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis that stores rollouts and groups (``server.redis_schema`` lists the keys)."""
+    key_prefix: str = DEFAULT_PREFIX
+    """Prefix of every Redis key; servers and the learner of one run must agree on it."""
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    """Group lifetimes and finalisation rules, passed to ``RolloutStore`` as they are (env:
+    ``GSPO_QUEUE__GROUP_TTL_S=600``; CLI: ``--group-ttl-s``)."""
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    """How often the sweeper expires overdue groups and publishes stuck complete ones."""
+
+    # ---------------------------------------------------------------- request limits
+    max_n: int = Field(default=64, ge=1)
+    """Most samples one request may ask for (``n``); a group is one request's samples."""
+    max_tokens: int = Field(default=4096, ge=1)
+    """Most tokens one sample may generate; also the default when a request names none
+    (then further capped by what the context leaves after the prompt)."""
+    max_top_logprobs: int = Field(default=20, ge=0)
+    """Most alternatives per token a request may ask for (``top_logprobs``/``logprobs``)."""
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Request bodies larger than this are refused with a 413 before they are parsed."""
+    sanitize_control_tokens: bool = True
+    """Chat templating encodes control tokens (``<|im_end|>``...) found inside message
+    contents as plain text, so a user message cannot forge a turn boundary."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        if self.admin_key is not None and self.api_key is not None and (
+            self.admin_key.get_secret_value() == self.api_key.get_secret_value()
+        ):
+            raise ValueError("admin_key must differ from api_key: environments would hold "
+                             "the key that replaces the model's weights")
+        if self.max_n > self.queue.max_group_size:
+            raise ValueError(f"max_n ({self.max_n}) is over the queue's max_group_size "
+                             f"({self.queue.max_group_size}): such groups could not be stored")
+        for name, key in (("api_key", self.api_key), ("admin_key", self.admin_key)):
+            if key is not None and not key.get_secret_value().strip():
+                raise ValueError(f"{name} is empty: leave it unset to disable it")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The name clients must send in ``model``."""
+        return self.served_model_name or Path(self.model.rstrip("/")).name
