@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from server.errors import install_error_handlers
 from server.redis_schema import Keys, RolloutRecord
 from server.routes import groups, rewards
-from server.store import QueueConfig, RolloutStore, make_redis
+from server.store import QueueConfig, RewardItem, RolloutStore, make_redis
 from tests.conftest import free_port, wait_for_port
 
 T = TypeVar("T")
@@ -128,3 +128,25 @@ async def open_group(store: RolloutStore, group_id: str, size: int, n_tokens: in
         await store.record_rollout(make_rollout(rid, group_id, n_tokens, version=version,
                                                 seed=i))
     return ids
+
+
+async def publish_groups(redis_url: str, group_ids: list[str], size: int = 4,
+                         version: int = 0, n_tokens: int = 16,
+                         keys: Keys | None = None) -> list[str]:
+    """Creates, fills and rewards groups (distinct rewards) so that each is published, in
+    order; returns their stream ids."""
+    client = make_redis(redis_url)
+    try:
+        store = RolloutStore(client, keys or Keys())
+        stream_ids = []
+        for gid in group_ids:
+            ids = await open_group(store, gid, size, n_tokens=n_tokens, version=version)
+            outcome = await store.post_rewards(
+                [RewardItem(rid, float(i)) for i, rid in enumerate(ids)])
+            assert outcome.applied and outcome.results[-1].group_complete
+            view = await store.get_group(gid)
+            assert view is not None and view.stream_id is not None
+            stream_ids.append(view.stream_id)
+        return stream_ids
+    finally:
+        await client.aclose()

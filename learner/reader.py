@@ -1,0 +1,227 @@
+"""The learner's side of the ready-group stream: batches of groups, a staleness bound, and
+acknowledgement only after the step that used them is committed.
+
+Exactly-once training across learner crashes (the protocol this reader is built for):
+
+1. ``read_batch`` delivers groups through the consumer group ``learners``; a delivered group
+   stays *pending* (in Redis's pending entries list) until acknowledged.
+2. The learner trains, and at each checkpoint saves the stream ids of the groups trained since
+   the previous checkpoint (the "reader position") *in the checkpoint*, then calls ``ack``.
+3. After a crash, the learner loads the last checkpoint, calls ``ack`` with the ids it saved
+   (a no-op if the crash came after the ack: ``ack`` is idempotent), and reads on. The first
+   ``read_batch`` of a new reader returns every entry still pending in the consumer group
+   (``claim_all_on_start``: they were delivered after the checkpoint, and their updates died
+   with the process), oldest first, before new entries. So every group is in exactly one
+   committed step: none lost, none trained twice.
+
+Entries left pending by *another* consumer idle longer than ``claim_idle_s`` are claimed as
+well (a second learner replacing a dead one under a new name). Pending entries of this reader
+are never redelivered to it while it runs (they belong to steps not yet checkpointed).
+
+Groups older than ``max_staleness`` policy versions (``current_version - min_version``) are
+acknowledged and dropped on read, and counted (``groups_dropped_stale`` in the counters hash).
+
+After each ``ack`` the stream is trimmed (``XTRIM MINID``) below the oldest entry that some
+consumer group still needs (its oldest pending entry, or the first not yet delivered), so the
+stream holds only unread and in-flight groups. With no consumer group yet, nothing is trimmed:
+groups published before the first learner starts wait for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import redis
+
+from server.redis_schema import (
+    LEARNER_CONSUMER_GROUP,
+    READY_STREAM_FIELD,
+    Keys,
+    ReadyGroup,
+    unpack_ready_group,
+)
+
+logger = logging.getLogger(__name__)
+
+_CLAIM_PAGE = 100
+
+
+@dataclass
+class Batch:
+    groups: list[ReadyGroup]
+    entry_ids: list[str]  # stream ids, same order as groups
+    dropped_stale: int  # dropped (and acked) while assembling this batch
+    staleness: list[int]  # current_version - group.min_version() per group
+    reclaimed: int = 0  # how many of the groups were redelivered pending entries
+    dropped_malformed: list[str] = field(default_factory=list)  # ids acked as unreadable
+
+
+def _id(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class GroupReader:
+    """Reads ``ReadyGroup`` records for the learner (synchronous redis-py client)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys = Keys(),
+        consumer: str = "learner-0",
+        max_staleness: int | None = None,
+        group: str = LEARNER_CONSUMER_GROUP,
+        claim_all_on_start: bool = True,
+        claim_idle_s: float = 300.0,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.consumer = consumer
+        self.max_staleness = max_staleness
+        self.group = group
+        self.claim_idle_s = claim_idle_s
+        self._stream = keys.ready_stream
+        self._startup_claim = claim_all_on_start
+        self._cursor = "-"  # where the startup claim goes on (pending ids, ascending)
+        self._ensure_group()
+
+    def _ensure_group(self) -> None:
+        """Creates the consumer group at id 0: groups published before the first learner
+        started are read too."""
+        try:
+            self.client.xgroup_create(self._stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    def read_batch(self, n_groups: int, current_version: int, timeout_s: float) -> Batch:
+        """Up to ``n_groups`` groups: reclaimed pending entries first, then new ones, blocking
+        at most ``timeout_s`` in all (fewer groups, possibly none, when it runs out)."""
+        if n_groups < 1:
+            raise ValueError("n_groups must be >= 1")
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        batch = Batch(groups=[], entry_ids=[], dropped_stale=0, staleness=[])
+        reclaimed = self._claim(n_groups)
+        self._take(batch, reclaimed, current_version)
+        batch.reclaimed = len(batch.groups)
+        while len(batch.groups) < n_groups:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            res = self.client.xreadgroup(
+                self.group, self.consumer, {self._stream: ">"},
+                count=n_groups - len(batch.groups),
+                # 0 would block forever; 1 s slices stay under any sane socket timeout
+                block=min(remaining_ms, 1000) if remaining_ms > 0 else None,
+            )
+            entries = res[0][1] if res else []
+            if entries:
+                self._take(batch, entries, current_version)
+            elif remaining_ms <= 0 or time.monotonic() >= deadline:
+                break
+        return batch
+
+    def _take(self, batch: Batch, entries: list, current_version: int) -> None:
+        """Decodes entries into ``batch``; stale and unreadable ones are acked and counted."""
+        drop: list[str] = []
+        stale = 0
+        for raw_id, fields in entries:
+            entry_id = _id(raw_id)
+            data = (fields or {}).get(READY_STREAM_FIELD.encode()) if fields else None
+            try:
+                group = unpack_ready_group(data) if data is not None else None
+            except Exception:  # a corrupt record must not stop the learner: ack, count, log
+                logger.exception("unreadable ready-group entry %s", entry_id)
+                group = None
+            if group is None:
+                batch.dropped_malformed.append(entry_id)
+                drop.append(entry_id)
+                continue
+            min_v = group.min_version()
+            staleness = current_version - min_v if min_v >= 0 else 0
+            if self.max_staleness is not None and staleness > self.max_staleness:
+                stale += 1
+                drop.append(entry_id)
+                continue
+            batch.groups.append(group)
+            batch.entry_ids.append(entry_id)
+            batch.staleness.append(staleness)
+        batch.dropped_stale += stale
+        if drop:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.xack(self._stream, self.group, *drop)
+                if stale:
+                    pipe.hincrby(self.keys.counters, "groups_dropped_stale", stale)
+                pipe.execute()
+
+    def _claim(self, limit: int) -> list:
+        """Pending entries to redeliver, oldest first, at most ``limit``: on startup every
+        pending entry of the consumer group; later those of other consumers idle longer than
+        ``claim_idle_s``. Entries deleted from the stream are acked and skipped."""
+        if self._startup_claim:
+            rows = self.client.xpending_range(self._stream, self.group, self._cursor, "+", limit)
+            if len(rows) < limit:
+                self._startup_claim = False  # everything pending at startup is now ours
+            if rows:
+                self._cursor = f"({_id(rows[-1]['message_id'])}"  # exclusive: next page
+        else:
+            idle_ms = int(self.claim_idle_s * 1000)
+            rows = [r for r in self.client.xpending_range(
+                self._stream, self.group, "-", "+", _CLAIM_PAGE, idle=idle_ms)
+                if _id(r["consumer"]) != self.consumer][:limit]
+        if not rows:
+            return []
+        ids = [_id(r["message_id"]) for r in rows]
+        claimed = self.client.xclaim(self._stream, self.group, self.consumer, 0, ids)
+        got = {_id(i) for i, _ in claimed}
+        gone = [i for i in ids if i not in got]
+        if gone:  # trimmed or deleted while pending: nothing to train
+            self.client.xack(self._stream, self.group, *gone)
+        claimed.sort(key=lambda e: _id_key(_id(e[0])))
+        return claimed
+
+    def ack(self, entry_ids: Sequence[str]) -> None:
+        """Acknowledges entries (idempotent: acking twice, or an unknown id, is a no-op), then
+        trims the stream below what every consumer group still needs."""
+        if entry_ids:
+            newly = int(self.client.xack(self._stream, self.group, *entry_ids))
+            if newly:
+                self.client.hincrby(self.keys.counters, "groups_acked", newly)
+        self.trim()
+
+    def trim(self) -> int:
+        """``XTRIM MINID`` at the oldest id any consumer group still needs; returns how many
+        entries were removed."""
+        groups = self.client.xinfo_groups(self._stream)
+        if not groups:
+            return 0
+        needed: list[tuple[int, int]] = []
+        for g in groups:
+            name = _id(g["name"])
+            if int(g["pending"]) > 0:
+                oldest = self.client.xpending_range(self._stream, name, "-", "+", 1)
+                if oldest:
+                    needed.append(_id_key(_id(oldest[0]["message_id"])))
+                    continue
+            ms, seq = _id_key(_id(g["last-delivered-id"]))
+            needed.append((ms, seq + 1))  # everything up to last-delivered is acked
+        ms, seq = min(needed)
+        return int(self.client.xtrim(self._stream, minid=f"{ms}-{seq}", approximate=False))
+
+    def pending_ids(self) -> list[str]:
+        """Ids delivered to this consumer and not yet acknowledged, oldest first."""
+        out: list[str] = []
+        start = "-"
+        while True:
+            rows = self.client.xpending_range(self._stream, self.group, start, "+", 1000,
+                                              consumername=self.consumer)
+            out += [_id(r["message_id"]) for r in rows]
+            if len(rows) < 1000:
+                return out
+            ms, seq = _id_key(out[-1])
+            start = f"{ms}-{seq + 1}"
