@@ -1,0 +1,209 @@
+"""RolloutStore against a real Redis: lifecycle, errors, record format, crash recovery, TTLs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+import pytest
+import redis.asyncio as aioredis
+
+from server.redis_schema import Keys, pack_ready_group, unpack_ready_group
+from server.store import (
+    QueueConfig,
+    RewardItem,
+    RolloutStore,
+    StoreError,
+    make_redis,
+    pack_reward,
+)
+from tests.queue_helpers import make_rollout, open_group
+
+KEYS = Keys()
+
+
+def run(url: str, fn: Callable[[RolloutStore], Awaitable[Any]],
+        config: QueueConfig | None = None, store_cls: type[RolloutStore] = RolloutStore) -> Any:
+    async def main() -> Any:
+        client = make_redis(url)
+        try:
+            return await asyncio.wait_for(fn(store_cls(client, KEYS, config or QueueConfig())), 60)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+async def stream(store: RolloutStore) -> list[tuple[bytes, bytes]]:
+    return [(i, f[b"group"]) for i, f in await store.redis.xrange(KEYS.ready_stream)]
+
+
+def test_create_group_is_idempotent_and_checks_size(redis_url: str) -> None:
+    async def body(store: RolloutStore) -> None:
+        await store.create_group("g", 4, {"a": 1})
+        await store.create_group("g", 4)  # a retried request
+        with pytest.raises(StoreError) as e:
+            await store.create_group("g", 5)
+        assert e.value.status == 409 and e.value.code == "group_exists"
+        for bad in (0, -1, 5000):
+            with pytest.raises(StoreError) as e:
+                await store.create_group(f"bad{bad}", bad)
+            assert e.value.status == 422
+        view = await store.get_group("g")
+        assert view is not None and view.state == "open" and view.metadata == {"a": 1}
+        assert (await store.counters())["groups_created"] == 1
+
+    run(redis_url, body)
+
+
+def test_record_rollout_errors_and_rerecording(redis_url: str) -> None:
+    async def body(store: RolloutStore) -> None:
+        with pytest.raises(StoreError) as e:
+            await store.record_rollout(make_rollout("x", "nope"))
+        assert (e.value.status, e.value.code) == (404, "unknown_group")
+        ids = await open_group(store, "g", 2)
+        with pytest.raises(StoreError) as e:
+            await store.record_rollout(make_rollout("third", "g"))
+        assert (e.value.status, e.value.code) == (409, "group_full")
+        await store.create_group("h", 2)
+        with pytest.raises(StoreError) as e:
+            await store.record_rollout(make_rollout(ids[0], "h"))
+        assert e.value.code == "rollout_in_other_group"
+        longer = make_rollout(ids[0], "g", n_tokens=40)  # a multi-turn episode grew
+        await store.record_rollout(longer)
+        assert (await store.get_group("g")).rollout_ids == ids  # type: ignore[union-attr]
+        await store.post_rewards([RewardItem(ids[0], 1.0)])
+        with pytest.raises(StoreError) as e:
+            await store.record_rollout(longer)
+        assert (e.value.status, e.value.code) == (409, "rollout_rewarded")
+        await store.post_rewards([RewardItem(ids[1], 0.0)])  # completes and publishes "g"
+        with pytest.raises(StoreError) as e:
+            await store.record_rollout(make_rollout("late", "g"))
+        assert (e.value.status, e.value.code) == (410, "group_closed")
+        ((_, data),) = await stream(store)
+        assert len(unpack_ready_group(data).rollouts[0].token_ids) == 40
+
+    run(redis_url, body)
+
+
+def test_published_record_is_exactly_pack_ready_group(redis_url: str) -> None:
+    async def body(store: RolloutStore) -> None:
+        ids = await open_group(store, "g", 3, n_tokens=50, version=7)
+        await store.post_rewards([RewardItem(ids[0], 1.0, [0.25, 0.75]),
+                                  RewardItem(ids[1], -2.5), RewardItem(ids[2], 0.5)])
+        ((_, data),) = await stream(store)
+        group = unpack_ready_group(data)
+        assert pack_ready_group(group) == data  # byte for byte the contract's layout
+        assert group.metadata == {"prompt": "g"} and group.min_version() == 7
+        assert group.turn_rewards == [[0.25, 0.75], None, None]
+        assert abs(sum(group.advantages)) < 1e-5
+
+    run(redis_url, body)
+
+
+def test_zero_variance_groups_are_dropped_and_counted(redis_url: str) -> None:
+    async def body(store: RolloutStore) -> None:
+        ids = await open_group(store, "flat", 3)
+        out = await store.post_rewards([RewardItem(i, 1.0) for i in ids])
+        assert out.applied and out.results[-1].group_complete
+        view = await store.get_group("flat")
+        assert view is not None and (view.state, view.drop_reason) == ("dropped", "zero_variance")
+        assert await stream(store) == []
+        assert (await store.counters())["groups_dropped_zero_variance"] == 1
+
+    run(redis_url, body)
+
+    async def keep(store: RolloutStore) -> None:
+        ids = await open_group(store, "flat2", 2)
+        await store.post_rewards([RewardItem(i, 0.0) for i in ids])
+        ((_, data),) = await stream(store)
+        assert unpack_ready_group(data).advantages == [0.0, 0.0]
+
+    run(redis_url, keep, QueueConfig(drop_zero_variance=False))
+
+
+class DiesAfterRewardScript(RolloutStore):
+    """A process that dies right after the reward script completed a group (before it
+    publishes): the group is left in the ``complete`` set."""
+
+    async def _finish_safely(self, group_id: str) -> None:
+        return None
+
+
+def test_group_left_complete_by_a_crash_is_published_once(redis_url: str) -> None:
+    async def crash(store: RolloutStore) -> None:
+        ids = await open_group(store, "g", 2)
+        out = await store.post_rewards([RewardItem(ids[0], 0.0), RewardItem(ids[1], 1.0)])
+        assert out.results[1].group_complete
+        assert await store.redis.smembers(KEYS.complete) == {b"g"}
+
+    run(redis_url, crash, store_cls=DiesAfterRewardScript)
+
+    async def recover(store: RolloutStore) -> None:
+        assert (await store.sweep_once())["stuck_published"] == 0  # not stuck long enough yet
+        fast = RolloutStore(store.redis, KEYS, QueueConfig(stuck_complete_s=0))
+        results = await asyncio.gather(fast.sweep_once(), fast.sweep_once(),
+                                       *[fast.finish_group("g") for _ in range(8)])
+        assert len(await stream(store)) == 1  # many racing finishers, one XADD
+        published = [x for x in results[2:] if x not in (None, "dropped")]
+        stuck = sum(x["stuck_published"] for x in results[:2])
+        assert len(published) + stuck == 1
+        assert await store.redis.smembers(KEYS.complete) == set()
+        assert (await store.counters())["groups_published"] == 1
+
+    run(redis_url, recover)
+
+
+def test_run_sweeper_expires_groups_and_is_cancellable(redis_url: str) -> None:
+    async def body(store: RolloutStore) -> None:
+        await open_group(store, "g", 2)
+        task = asyncio.create_task(store.run_sweeper(interval_s=0.01))
+        for _ in range(2000):  # bounded wait for the 50 ms deadline and a sweep
+            view = await store.get_group("g")
+            if view is not None and view.state != "open":
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+        assert view is not None and view.state == "expired"
+        assert await store.redis.zcard(KEYS.deadlines) == 0
+        assert (await store.counters())["groups_expired_dropped"] == 1
+
+    run(redis_url, body, QueueConfig(group_ttl_s=0.05))
+
+
+def test_every_key_has_a_ttl_and_finished_groups_shrink(redis_url: str) -> None:
+    async def body(store: RolloutStore) -> None:
+        ids = await open_group(store, "g", 3)
+        await store.post_rewards([RewardItem(ids[0], 1.0)])
+        r = store.redis
+        for key in [KEYS.group("g"), KEYS.group_rollouts("g"), KEYS.group_rewards("g"),
+                    KEYS.rollout(ids[0]), KEYS.rollout_group(ids[0])]:
+            assert 600 <= await r.ttl(key) <= 3600 + 1, key
+        await store.post_rewards([RewardItem(ids[1], 0.0), RewardItem(ids[2], 0.5)])
+        for key in [KEYS.group("g"), KEYS.group_rollouts("g"), KEYS.group_rewards("g"),
+                    *[KEYS.rollout(i) for i in ids], *[KEYS.rollout_group(i) for i in ids]]:
+            assert 0 < await r.ttl(key) <= 20, key
+        async for key in r.scan_iter("*"):
+            if key.decode() not in (KEYS.counters, KEYS.ready_stream, KEYS.deadlines):
+                assert await r.ttl(key) > 0, key
+
+    run(redis_url, body, QueueConfig(group_ttl_s=600, finished_ttl_s=20))
+
+
+def test_reward_bytes_are_canonical() -> None:
+    assert pack_reward(-0.0, None) == pack_reward(0.0, None)
+    assert pack_reward(1, [2]) == pack_reward(1.0, [2.0])
+    assert pack_reward(1.0, []) != pack_reward(1.0, None)
+    assert msgpack.unpackb(pack_reward(0.5, [1.0])) == {"reward": 0.5, "turn_rewards": [1.0]}
+
+
+def test_rejects_a_decoding_client(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    with pytest.raises(ValueError, match="decode_responses"):
+        RolloutStore(client)
