@@ -1,0 +1,171 @@
+"""Durable, atomic learner checkpoints in Hugging Face format.
+
+Layout of ``save_dir``::
+
+    step-00000012/              one complete checkpoint; loadable by from_pretrained as is
+      config.json, model.safetensors, generation_config.json, tokenizer files (copied)
+      trainer_state.pt          optimiser + LR schedule state, RNG states (torch.save)
+      learner_state.json        step, policy version, reader position, counters
+    .tmp-step-00000012-<pid>/   a checkpoint being written (removed on the next start)
+
+Atomicity: everything is written into a temporary directory, every file and the directory are
+fsynced, then one ``rename`` publishes it, and the parent directory is fsynced. A crash at any
+point leaves either the previous set of checkpoints or the new one, never half of one; a
+checkpoint directory without ``learner_state.json`` is never listed.
+
+The reader position is the list of ready-stream entry ids trained since the previous
+checkpoint. They are acknowledged only after this checkpoint is durable, and acknowledged
+again (idempotent) on resume: see ``learner.loop`` for the exactly-once argument.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "learner_state.json"
+TRAINER_FILE = "trainer_state.pt"
+_DIR_RE = re.compile(r"^step-(\d{8,})$")
+# Tokenizer files that save_pretrained of the model does not write.
+_TOKENIZER_GLOBS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*",
+                    "merges.txt", "*.model", "chat_template*")
+
+
+@dataclass
+class LearnerState:
+    """The scalar state of a learner at a checkpoint."""
+
+    step: int  # training steps done
+    version: int  # policy version of the saved weights
+    entry_ids: list[str] = field(default_factory=list)  # trained since the previous checkpoint
+    groups_trained: int = 0
+    created_at: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Checkpoint:
+    """A complete checkpoint on disk."""
+
+    path: Path
+    state: LearnerState
+
+    def trainer_state(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+        # Our own file (optimiser state holds numpy RNG arrays): not weights_only.
+        return torch.load(self.path / TRAINER_FILE, map_location=map_location,
+                          weights_only=False)
+
+
+def capture_rng() -> dict[str, Any]:
+    rng: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                           "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def restore_rng(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            _fsync_path(Path(dirpath) / f)
+        _fsync_path(Path(dirpath))
+
+
+def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+    """Copy the tokenizer files of model directory ``src`` into ``dst``; returns their names."""
+    copied: list[str] = []
+    for pattern in _TOKENIZER_GLOBS:
+        for f in sorted(src.glob(pattern)):
+            if f.is_file() and not (dst / f.name).exists():
+                shutil.copy2(f, dst / f.name)
+                copied.append(f.name)
+    return copied
+
+
+def save_checkpoint(
+    save_dir: str | Path,
+    model: torch.nn.Module,
+    trainer_state: dict[str, Any],
+    state: LearnerState,
+    tokenizer_src: str | Path | None = None,
+    keep_last: int = 3,
+) -> Path:
+    """Write a checkpoint for ``state.step`` atomically; delete all but the newest
+    ``keep_last``. Returns the checkpoint's directory."""
+    root = Path(save_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{state.step:08d}"
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer_src is not None:
+        copy_tokenizer(Path(tokenizer_src), tmp)
+    torch.save({**trainer_state, "rng": capture_rng()}, tmp / TRAINER_FILE)
+    state.created_at = time.time()
+    (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+    _fsync_tree(tmp)
+    final = root / name
+    if final.exists():  # only after a crash that left the same step behind
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_path(root)
+    for old in list_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(old.path, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(save_dir: str | Path) -> list[Checkpoint]:
+    """Complete checkpoints, oldest first."""
+    root = Path(save_dir)
+    if not root.is_dir():
+        return []
+    out: list[Checkpoint] = []
+    for d in root.iterdir():
+        if _DIR_RE.match(d.name) and (d / STATE_FILE).is_file():
+            out.append(Checkpoint(d, LearnerState(**json.loads((d / STATE_FILE).read_text()))))
+    return sorted(out, key=lambda c: c.state.step)
+
+
+def load_latest(save_dir: str | Path) -> Checkpoint | None:
+    """The newest complete checkpoint, or ``None``."""
+    cps = list_checkpoints(save_dir)
+    return cps[-1] if cps else None
+
+
+def remove_partial(save_dir: str | Path) -> list[str]:
+    """Delete temporary directories left by a crash mid-save; returns their names."""
+    root = Path(save_dir)
+    if not root.is_dir():
+        return []
+    gone = [d.name for d in root.iterdir() if d.is_dir() and d.name.startswith(".tmp-step-")]
+    for n in gone:
+        shutil.rmtree(root / n, ignore_errors=True)
+    return gone

@@ -1,0 +1,167 @@
+"""Per-step learner metrics: one terminal line, one JSON line, TensorBoard scalars (optional).
+
+A step record is a flat dict of floats plus a few structured fields:
+
+- ``staleness``: histogram ``{"0": n, "1": m, ...}`` of the trained groups' staleness
+  (policy versions between the group's oldest sampled token and the weights it trains).
+- ``dropped``: totals by reason from the Redis counters hash (``dropped_stale``,
+  ``dropped_expired``, ...), plus ``dropped_stale_step``: groups the reader dropped this step.
+- ``time_wait_s`` / ``time_compute_s`` / ``time_sync_s`` / ``time_checkpoint_s``: where the
+  step's wall time went (waiting for data vs computing vs pushing weights vs saving).
+- ``group_ids`` / ``entry_ids``: what was trained (the JSONL is also the audit log of
+  exactly-once training; see ``trained_history``).
+
+TensorBoard is used when ``torch.utils.tensorboard`` imports (it needs the ``tensorboard``
+package, an optional install); otherwise the JSONL is the machine-readable record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from server.redis_schema import Keys, ReadyGroup
+
+log = logging.getLogger(__name__)
+
+
+def staleness_histogram(staleness: Iterable[int]) -> dict[str, int]:
+    """Counts per staleness value, keys as strings (JSON object keys), sorted."""
+    c = Counter(int(s) for s in staleness)
+    return {str(k): c[k] for k in sorted(c)}
+
+
+def reward_stats(groups: Sequence[ReadyGroup]) -> dict[str, float]:
+    rewards = [float(r) for g in groups for r in g.rewards]
+    if not rewards:
+        return {}
+    mean = sum(rewards) / len(rewards)
+    var = sum((r - mean) ** 2 for r in rewards) / len(rewards)
+    return {"reward_mean": mean, "reward_std": math.sqrt(var),
+            "reward_max": max(rewards), "reward_min": min(rewards)}
+
+
+def read_drop_counters(client: redis.Redis, keys: Keys) -> dict[str, int]:
+    """``dropped_*`` totals from the counters hash (0 keys when Redis has none yet)."""
+    raw = client.hgetall(keys.counters)
+    out: dict[str, int] = {}
+    for k, v in raw.items():
+        name = k.decode() if isinstance(k, bytes) else str(k)
+        if name.startswith("dropped"):
+            out[name] = int(float(v))
+    return dict(sorted(out.items()))
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 1e4 else f"{x:.0f}"
+
+
+def console_line(rec: dict[str, Any]) -> str:
+    """One compact line per step for the terminal."""
+    g = rec.get
+    parts = [f"step {rec['step']} v{rec['version']}",
+             f"groups {g('groups', 0)}",
+             f"reward {_fmt(g('reward_mean', float('nan')))}",
+             f"loss {_fmt(g('loss', float('nan')))}",
+             f"clip {_fmt(g('clip_fraction', 0.0))} (lo {_fmt(g('clip_low_fraction', 0.0))} "
+             f"hi {_fmt(g('clip_high_fraction', 0.0))})",
+             f"|log s| {_fmt(g('abs_log_ratio_mean', 0.0))}",
+             f"gnorm {_fmt(g('grad_norm', 0.0))}",
+             f"tok/s {_fmt(g('tokens_per_s', 0.0))}",
+             f"stale {g('staleness', {})}",
+             f"dropped {sum((g('dropped') or {}).values())}",
+             f"wait {g('time_wait_s', 0.0):.2f}s compute {g('time_compute_s', 0.0):.2f}s "
+             f"sync {g('time_sync_s', 0.0):.2f}s"]
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Writes each step record to the enabled sinks. Never raises on a sink failure after
+    construction: metrics must not stop training (failures are logged once)."""
+
+    def __init__(self, jsonl_path: Path | None = None, tensorboard_dir: str | None = None,
+                 console: bool = True) -> None:
+        self.jsonl_path = jsonl_path
+        self._jsonl = None
+        if jsonl_path is not None:
+            jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(jsonl_path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived
+        self._console = None
+        if console:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self._tb = None
+        if tensorboard_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(tensorboard_dir)
+            except ImportError:
+                log.warning("tensorboard is not installed: no TensorBoard scalars")
+        self._warned = False
+
+    def log(self, rec: dict[str, Any]) -> None:
+        try:
+            if self._jsonl is not None:
+                self._jsonl.write(json.dumps(rec, default=float) + "\n")
+                self._jsonl.flush()
+            if self._console is not None:
+                self._console.print(console_line(rec), markup=False)
+            if self._tb is not None:
+                self._tensorboard(rec)
+        except (OSError, ValueError) as exc:
+            if not self._warned:
+                log.warning("metrics sink failed: %s", exc)
+                self._warned = True
+
+    def event(self, rec: dict[str, Any]) -> None:
+        """A non-step record (run start, resume, stop): JSONL only."""
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(rec, default=float) + "\n")
+            self._jsonl.flush()
+
+    def _tensorboard(self, rec: dict[str, Any]) -> None:
+        assert self._tb is not None
+        step = int(rec["step"])
+        for k, v in rec.items():
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                self._tb.add_scalar(f"learner/{k}", v, step)
+        for k, v in (rec.get("staleness") or {}).items():
+            self._tb.add_scalar(f"staleness/{k}", v, step)
+        for k, v in (rec.get("dropped") or {}).items():
+            self._tb.add_scalar(f"dropped/{k}", v, step)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def trained_history(jsonl_path: Path) -> list[dict[str, Any]]:
+    """The step records of the surviving model's history.
+
+    Each run writes a ``start`` record with ``resumed_from`` (the checkpoint step it loaded,
+    0 for a fresh start). Steps logged by an earlier run after that step died with its process
+    (their updates were never checkpointed), so they are cut when the next run starts.
+    """
+    history: list[dict[str, Any]] = []
+    with open(jsonl_path, encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("event") == "start":
+                keep = int(rec.get("resumed_from", 0))
+                history = [h for h in history if h["step"] <= keep]
+            elif "step" in rec and rec.get("event", "step") == "step":
+                history.append(rec)
+    return history

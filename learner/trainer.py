@@ -1,0 +1,203 @@
+"""One training step: a list of ready groups in, AdamW updates and metrics out.
+
+A step is one policy version. Its rollouts are planned by ``learner.batching`` into ``M``
+minibatches; each minibatch is one optimizer step (PPO/GSPO style: several updates per rollout
+batch, the clip band keeping the later ones close to pi_old). Microbatches inside a
+minibatch accumulate gradients, each scaled so the sum is the minibatch's
+seq-mean-token-mean loss (see ``MicroBatch.loss_scale``).
+
+pi_old, by ``LearnerConfig.old_logprobs``:
+
+- "behavior": the servers' sampling log-probabilities (GSPO paper, section 5.4).
+- "recompute": pi_prox, recomputed here without grad at the start of the step, before any
+  update of this step; each sequence's loss is multiplied by the detached, truncated
+  sequence-level importance weight ``min(exp(mean_t(lp_prox - lp_behavior)), C)`` (decoupled
+  PPO). With ``M = 1`` the ratio is then exactly 1 in the single update.
+
+Safety: a minibatch whose gradient norm is not finite is skipped (counted in
+``skipped_updates``) rather than written into the weights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from learner.batching import (
+    AdvantageFn,
+    MicroBatch,
+    MiniBatch,
+    Plan,
+    plan_step,
+    sequence_advantage,
+)
+from learner.config import LearnerConfig
+from learner.losses import policy_loss
+from learner.policy import Policy
+from server.redis_schema import ReadyGroup
+
+# Loss metrics averaged over tokens vs over sequences when minibatches are combined.
+_TOKEN_WEIGHTED = ("clip_fraction", "clip_low_fraction", "clip_high_fraction", "gate_mean")
+_SEQ_WEIGHTED = ("ratio_mean", "abs_log_ratio_mean")
+
+
+def truncated_is_weights(
+    prox_BT: torch.Tensor, behavior_BT: torch.Tensor, mask_BT: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """``min(exp(mean_t(prox - behavior)), cap)`` per row over trained tokens; 1 for rows
+    without any. Clamped in log space, so a huge ratio cannot overflow."""
+    keep = mask_BT > 0
+    n = keep.sum(-1)
+    log_w = torch.where(keep, prox_BT - behavior_BT, 0.0).sum(-1) / n.clamp(min=1)
+    return torch.where(n > 0, log_w.clamp(max=math.log(cap)).exp(), 1.0)
+
+
+class Trainer:
+    """Owns the optimiser; ``step`` trains on one batch of groups."""
+
+    def __init__(
+        self, policy: Policy, config: LearnerConfig,
+        advantage_fn: AdvantageFn = sequence_advantage,
+    ) -> None:
+        self.policy, self.config, self.advantage_fn = policy, config, advantage_fn
+        params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.params = params
+        self.optimizer = torch.optim.AdamW(
+            params, lr=config.lr, betas=config.betas, eps=config.adam_eps,
+            weight_decay=config.weight_decay)
+        warmup = config.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
+
+    # ---------------------------------------------------------------- state
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    # ---------------------------------------------------------------- the step
+
+    def step(self, groups: Sequence[ReadyGroup]) -> dict[str, float]:
+        """Train on ``groups``; returns float metrics (see ``_combine``)."""
+        t0 = time.perf_counter()
+        plan = plan_step(groups, self.config.minibatches, self.config.micro_batch_tokens,
+                         self.advantage_fn)
+        metrics: dict[str, float] = {}
+        if self.config.old_logprobs == "recompute":
+            metrics.update(self._recompute(plan))
+        per_mb = [self._optimizer_step(mb) for mb in plan.minibatches]
+        if self.policy.device.type == "cuda":
+            torch.cuda.synchronize(self.policy.device)
+        seconds = time.perf_counter() - t0
+        metrics.update(self._combine(per_mb))
+        metrics.update(
+            compute_s=seconds, rollouts=plan.n_rollouts, tokens=plan.n_tokens,
+            trained_tokens=plan.n_trained_tokens, padding_fraction=plan.padding_fraction,
+            tokens_per_s=plan.n_tokens / max(seconds, 1e-9),
+            trained_tokens_per_s=plan.n_trained_tokens / max(seconds, 1e-9),
+            lr=self.scheduler.get_last_lr()[0],
+        )
+        return metrics
+
+    def _device_batch(self, m: MicroBatch) -> dict[str, torch.Tensor]:
+        dev = self.policy.device
+        return {"tokens": m.tokens_BT.to(dev), "attention": m.attention_BT.to(dev),
+                "temperature": m.temperature_B.to(dev), "mask": m.mask_BT.to(dev),
+                "behavior": m.behavior_BT.to(dev), "advantages": m.advantages.to(dev)}
+
+    @torch.no_grad()
+    def _recompute(self, plan: Plan) -> dict[str, float]:
+        """pi_prox for every microbatch (before any update) and the truncated IS weights."""
+        w_sum, n_rows, n_capped, abs_lr = 0.0, 0, 0, 0.0
+        for mb in plan.minibatches:
+            for m in mb.micro:
+                d = self._device_batch(m)
+                prox = self.policy.token_logprobs(d["tokens"], d["attention"],
+                                                  d["temperature"], d["mask"])
+                m.old_BT = prox
+                w = truncated_is_weights(prox, d["behavior"], d["mask"],
+                                         self.config.is_weight_cap)
+                m.is_weights_B = w
+                valid = d["mask"].sum(-1) > 0
+                w_sum += float(w[valid].sum())
+                n_capped += int((w[valid] >= self.config.is_weight_cap).sum())
+                n_rows += int(valid.sum())
+                keep = d["mask"] > 0
+                n_tok = keep.sum(-1).clamp(min=1)
+                abs_lr += float((torch.where(keep, prox - d["behavior"], 0.0).sum(-1)
+                                 / n_tok).abs()[valid].sum())
+        n = max(n_rows, 1)
+        return {"is_weight_mean": w_sum / n, "is_weight_capped_fraction": n_capped / n,
+                "prox_behavior_abs_log_ratio": abs_lr / n}
+
+    def _optimizer_step(self, mb: MiniBatch) -> dict[str, float]:
+        """Accumulate the minibatch's gradient over its microbatches, clip, step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        acc: dict[str, float] = {"loss": 0.0, "num_sequences": 0.0, "num_tokens": 0.0}
+        for m in mb.micro:
+            if m.n_valid == 0:
+                continue
+            d = self._device_batch(m)
+            lp = self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
+                                            d["mask"])
+            old = m.old_BT if m.old_BT is not None else d["behavior"]
+            out = policy_loss(lp, old, d["advantages"], d["mask"], self.config.loss,
+                              is_weights=m.is_weights_B)
+            (out.loss * m.loss_scale).backward()
+            _accumulate(acc, out.metrics, m.loss_scale)
+        if acc["num_sequences"] == 0:
+            return {}
+        clip = self.config.grad_clip if self.config.grad_clip is not None else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        acc["grad_norm"] = grad_norm
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()
+        else:
+            acc["skipped"] = 1.0
+        self.optimizer.zero_grad(set_to_none=True)
+        return acc
+
+    @staticmethod
+    def _combine(per_mb: list[dict[str, float]]) -> dict[str, float]:
+        """Step metrics from the minibatches': loss and grad norm averaged over minibatches,
+        ratios and clip fractions weighted by the sequences / tokens they cover."""
+        done = [m for m in per_mb if m]
+        if not done:
+            return {"optimizer_steps": 0.0}
+        n_seq = sum(m["num_sequences"] for m in done)
+        n_tok = sum(m["num_tokens"] for m in done)
+        out = {
+            "loss": sum(m["loss"] for m in done) / len(done),
+            "grad_norm": sum(m["grad_norm"] for m in done) / len(done),
+            "grad_norm_max": max(m["grad_norm"] for m in done),
+            "optimizer_steps": float(sum(1 for m in done if "skipped" not in m)),
+            "skipped_updates": float(sum(1 for m in done if "skipped" in m)),
+        }
+        for k in _TOKEN_WEIGHTED:
+            if k + "@tok" in done[0]:
+                out[k] = sum(m[k + "@tok"] for m in done) / max(n_tok, 1)
+        for k in _SEQ_WEIGHTED:
+            if k + "@seq" in done[0]:
+                out[k] = sum(m[k + "@seq"] for m in done) / max(n_seq, 1)
+        return out
+
+
+def _accumulate(acc: dict[str, float], metrics: dict[str, float], loss_scale: float) -> None:
+    """Add one microbatch's loss metrics: the loss scaled, the rest as weighted sums."""
+    n_seq, n_tok = metrics["num_sequences"], metrics["num_tokens"]
+    acc["loss"] += metrics["loss"] * loss_scale
+    acc["num_sequences"] += n_seq
+    acc["num_tokens"] += n_tok
+    for k in _TOKEN_WEIGHTED:
+        if k in metrics:
+            acc[k + "@tok"] = acc.get(k + "@tok", 0.0) + metrics[k] * n_tok
+    for k in _SEQ_WEIGHTED:
+        if k in metrics:
+            acc[k + "@seq"] = acc.get(k + "@seq", 0.0) + metrics[k] * n_seq
