@@ -12,7 +12,10 @@ requests join and leave the running batch between steps (continuous batching).
 
 ``pause`` makes the scheduler wait between steps; ``load_weights`` copies tensors under the
 step lock, so weights never change inside a step, and every token records the policy version
-of the step that sampled it.
+of the step that sampled it. After an update the running rows' KV cache is recomputed with the
+new weights before the next step (one prefill), so a token tagged with version v was sampled
+from exactly pi_v(. | prefix), the distribution the learner's reference forward computes; a
+cache kept from the old weights would give a mixture that no single policy reproduces.
 
 Log-probabilities: ``log_softmax(logits / T)`` at the sampled token, before top-p / top-k
 truncation (``logprobs_after_truncation = False``); greedy requests (T = 0) report them under
@@ -121,12 +124,13 @@ class HFEngine(Engine):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._counters = {"max_batch_size_observed": 0.0, "decode_steps": 0.0,
-                          "prefills": 0.0, "tokens_generated": 0.0}
+                          "prefills": 0.0, "tokens_generated": 0.0, "cache_recomputes": 0.0}
         # running-batch tensors, owned by the scheduler thread
         self._cache = None
         self._mask_BT: torch.Tensor | None = None
         self._pending_B: torch.Tensor | None = None  # last sampled token, not yet in the cache
         self._pos_B: torch.Tensor | None = None  # position id of the pending token
+        self._stale_cache = False  # the running batch's cache predates the current weights
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -239,6 +243,7 @@ class HFEngine(Engine):
                 for name, tensor in items:
                     params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
             self._version = version
+            self._stale_cache = bool(self._rows)
         finally:
             self._step_lock.release()
 
@@ -280,6 +285,9 @@ class HFEngine(Engine):
 
     def _step(self) -> None:
         self._evict([r.cancelled for r in self._rows])
+        if self._stale_cache and self._rows:
+            self._recompute_cache()
+        self._stale_cache = False
         with self._cond:
             room = self.max_batch_size - len(self._rows)
             admit: list[_Request] = []
@@ -317,6 +325,20 @@ class HFEngine(Engine):
         start = len(self._rows)
         self._rows = self._rows + reqs
         self._sample(out.logits[:, -1], offset=start)
+
+    def _recompute_cache(self) -> None:
+        """Rebuild the running rows' KV cache with the current weights (after an update), so
+        later tokens are sampled from exactly the new policy given the whole prefix."""
+        from transformers import DynamicCache
+
+        assert self.model is not None
+        seqs = [r.prompt + r.token_ids[:-1] for r in self._rows]  # the pending token is last
+        ids_BT, mask_BT, pos_BT = hf_batch.left_pad(seqs, self._pad_id, self.device)
+        cache = DynamicCache(config=self.model.config)
+        self.model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._cache, self._mask_BT, self._pos_B = cache, mask_BT, pos_BT[:, -1] + 1
+        self._counters["cache_recomputes"] += 1
 
     def _decode(self) -> None:
         assert self.model is not None and self._mask_BT is not None
