@@ -88,5 +88,69 @@ def serve(
                 log_level=log_level, timeout_graceful_shutdown=30)
 
 
+@app.command()
+def learn(
+    config: str = typer.Option(None, "--config", help="TOML file of learner settings "
+                               "(LearnerConfig fields); flags override it."),
+    model: str = typer.Option(None, help="Model directory to start from."),
+    redis_url: str = typer.Option(None, help="Redis URL. (default: redis://127.0.0.1:6379/0)"),
+    key_prefix: str = typer.Option(None, help="Prefix of every Redis key. (default: gspo)"),
+    consumer: str = typer.Option(None, help="Consumer name in the stream's consumer group."),
+    loss: str = typer.Option(None, help="Objective: gspo | gspo_token | grpo | sapo."),
+    old_logprobs: str = typer.Option(None, help="pi_old: behavior | recompute."),
+    is_weight_cap: float = typer.Option(None, help="Truncation C of recompute-mode weights."),
+    max_staleness: int = typer.Option(None, help="Drop groups older than K versions."),
+    groups_per_step: int = typer.Option(None, help="Groups per training step."),
+    minibatches: int = typer.Option(None, help="Optimizer steps per training step."),
+    micro_batch_tokens: int = typer.Option(None, help="Padded tokens per forward/backward."),
+    lr: float = typer.Option(None, help="AdamW learning rate."),
+    weight_decay: float = typer.Option(None, help="AdamW weight decay."),
+    grad_clip: float = typer.Option(None, help="Max gradient norm per optimizer step."),
+    warmup_steps: int = typer.Option(None, help="Linear LR warm-up (optimizer steps)."),
+    save_dir: str = typer.Option(None, help="Checkpoint directory."),
+    save_every: int = typer.Option(None, help="Checkpoint (then ack) every k steps."),
+    keep_last: int = typer.Option(None, help="Checkpoints kept on disk."),
+    resume: bool = typer.Option(None, "--resume/--no-resume",
+                                help="Resume from the newest checkpoint in --save-dir."),
+    sync_every: int = typer.Option(None, help="Push weights every k steps."),
+    weight_sync: str = typer.Option(None, help="none | broadcast (to registered servers)."),
+    max_steps: int = typer.Option(None, help="Stop after this many steps (default: never)."),
+    read_timeout_s: float = typer.Option(None, help="Longest wait for a full batch."),
+    device: str = typer.Option(None, help="auto | cpu | cuda | cuda:N."),
+    seed: int = typer.Option(None, help="Random seed."),
+    metrics_jsonl: str = typer.Option(None, help="JSONL metrics file "
+                                      "(default: SAVE_DIR/metrics.jsonl)."),
+    tensorboard_dir: str = typer.Option(None, help="TensorBoard log directory."),
+    log_level: str = typer.Option("info", help="Python logging level."),
+) -> None:
+    """Run the learner: train on ready groups from Redis, checkpoint, push weights."""
+    flags = {k: v for k, v in locals().items() if k not in ("config", "log_level")}
+    import logging
+    import os
+
+    if os.environ.get("GSPO_ADMIN_KEY"):
+        flags["admin_key"] = os.environ["GSPO_ADMIN_KEY"]
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pydantic import ValidationError
+
+    from learner.config import LearnerConfig
+
+    try:
+        cfg = LearnerConfig.from_toml(config, **flags)
+    except (ValidationError, OSError, ValueError) as exc:
+        if isinstance(exc, ValidationError):
+            msg = "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
+                            for e in exc.errors())
+        else:
+            msg = f"  {exc}"
+        typer.echo("invalid learner settings:\n" + msg, err=True)
+        raise typer.Exit(2) from exc
+    from learner.loop import run_learner
+
+    state = run_learner(cfg)
+    typer.echo(f"stopped at step {state.step}, policy version {state.version}", err=True)
+
+
 if __name__ == "__main__":
     app()

@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from learner.losses import LossConfig
 from server.redis_schema import DEFAULT_PREFIX
@@ -101,6 +101,17 @@ class LearnerConfig(BaseModel):
     """Resume from the newest complete checkpoint in ``save_dir`` (fresh start if none)."""
     sync_every: int = Field(default=1, ge=1)
     """Push weights to the rollout servers every k steps."""
+    weight_sync: Literal["none", "broadcast"] = "none"
+    """"broadcast": push to every live registered server (``learner.weight_sync``);
+    "none": servers keep their weights (offline training, tests)."""
+    admin_key: SecretStr | None = None
+    """Bearer key of the servers' admin routes (``gspo learn`` reads env GSPO_ADMIN_KEY)."""
+    sync_backend: Literal["gloo", "nccl"] = "gloo"
+    """torch.distributed backend of the weight broadcast (nccl when servers are on GPUs)."""
+    sync_master_addr: str = "127.0.0.1"
+    """Address the servers reach the learner's rendezvous store at."""
+    sync_timeout_s: float = Field(default=60.0, gt=0.0)
+    """Bound of every wait of one push (HTTP calls and collectives)."""
 
     # ---------------------------------------------------------------- metrics
     metrics_jsonl: str | None = None

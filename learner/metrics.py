@@ -5,7 +5,7 @@ A step record is a flat dict of floats plus a few structured fields:
 - ``staleness``: histogram ``{"0": n, "1": m, ...}`` of the trained groups' staleness
   (policy versions between the group's oldest sampled token and the weights it trains).
 - ``dropped``: totals by reason from the Redis counters hash (``dropped_stale``,
-  ``dropped_expired``, ...), plus ``dropped_stale_step``: groups the reader dropped this step.
+  ``expired_dropped``, ...); ``dropped_stale_step``: groups the reader dropped this step.
 - ``time_wait_s`` / ``time_compute_s`` / ``time_sync_s`` / ``time_checkpoint_s``: where the
   step's wall time went (waiting for data vs computing vs pushing weights vs saving).
 - ``group_ids`` / ``entry_ids``: what was trained (the JSONL is also the audit log of
@@ -49,13 +49,15 @@ def reward_stats(groups: Sequence[ReadyGroup]) -> dict[str, float]:
 
 
 def read_drop_counters(client: redis.Redis, keys: Keys) -> dict[str, int]:
-    """``dropped_*`` totals from the counters hash (0 keys when Redis has none yet)."""
+    """Totals of groups lost to training, by reason, from the counters hash: every counter
+    whose name says ``dropped`` or ``lost`` (``groups_dropped_stale``,
+    ``groups_dropped_<reason>``, ``groups_expired_dropped``, ...), ``groups_`` stripped."""
     raw = client.hgetall(keys.counters)
     out: dict[str, int] = {}
     for k, v in raw.items():
         name = k.decode() if isinstance(k, bytes) else str(k)
-        if name.startswith("dropped"):
-            out[name] = int(float(v))
+        if "dropped" in name or "lost" in name:
+            out[name.removeprefix("groups_")] = int(float(v))
     return dict(sorted(out.items()))
 
 

@@ -1,0 +1,321 @@
+"""The learner process: read groups, train, checkpoint, acknowledge, push weights, log.
+
+Components (each behind a small interface, wired here):
+
+- ``GroupReader`` (``learner.reader``): batches of ready groups from the Redis stream, stale
+  ones dropped and counted; delivered groups stay pending until acknowledged.
+- ``Trainer`` (``learner.trainer``) on a ``Policy`` (``learner.policy``): one step per batch.
+- ``save_checkpoint`` / ``load_latest`` (``learner.checkpoint``): durable HF-format state.
+- ``WeightSync`` (``learner.sync_base``): pushes weights to the rollout servers.
+- ``MetricsLogger`` (``learner.metrics``): terminal, JSONL, TensorBoard.
+
+One iteration: ``read_batch`` -> ``trainer.step`` -> version += 1 -> every ``sync_every``
+steps push the weights -> every ``save_every`` steps checkpoint, *then* ack the groups trained
+since the previous checkpoint -> publish version and step to ``Keys.learner_state`` -> log.
+
+Exactly-once, relative to the model that survives: a group is acknowledged only after a
+checkpoint that contains its update is durable, and the checkpoint records the ids it covers.
+On ``resume`` the learner loads the newest checkpoint, acks its recorded ids (idempotent: the
+crash may have come before or after the ack), and the reader's first reads redeliver every
+still-pending entry: exactly the groups trained after that checkpoint, whose updates died.
+Without ``save_dir`` groups are acked right after their step (at-most-once on a crash).
+
+Policy versions: the servers start at version 0 with the learner's initial weights; each step
+adds one. On a restart the servers may already hold weights the dead learner pushed after its
+last checkpoint, under versions the new one would reuse. So a restarted learner that finds a
+published version at or above its own moves to ``published + 1`` and pushes its weights at
+once; versions stay monotonic and each names one set of weights. The version is published to
+Redis *before* each push, so the published version is never behind the servers'.
+
+Stopping: SIGINT / SIGTERM finish the current step, checkpoint, ack and return; a second
+signal aborts at once (unacked groups are redelivered on the next start). A batch read after
+the stop request is left pending, not trained.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+
+from learner.batching import AdvantageFn, samples_from_groups, sequence_advantage
+from learner.checkpoint import (
+    Checkpoint,
+    LearnerState,
+    list_checkpoints,
+    load_latest,
+    remove_partial,
+    restore_rng,
+    save_checkpoint,
+)
+from learner.config import LearnerConfig
+from learner.metrics import MetricsLogger, read_drop_counters, reward_stats, staleness_histogram
+from learner.policy import Policy
+from learner.reader import Batch, GroupReader
+from learner.sync_base import NoSync, WeightSync
+from learner.trainer import Trainer
+from server.redis_schema import Keys
+
+log = logging.getLogger(__name__)
+_REDIS_RETRY_S = 2.0
+
+
+def build_weight_sync(config: LearnerConfig, client: redis.Redis) -> WeightSync:
+    """The ``WeightSync`` that ``config.weight_sync`` names."""
+    if config.weight_sync == "none":
+        return NoSync()
+    from learner.weight_sync import BroadcastSync
+
+    key = config.admin_key.get_secret_value() if config.admin_key is not None else None
+    return BroadcastSync(client, Keys(config.key_prefix), admin_key=key,
+                         master_addr=config.sync_master_addr, backend=config.sync_backend,
+                         timeout_s=config.sync_timeout_s)
+
+
+def _seed(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Learner:
+    """Owns every component of the learner process; ``run`` is the main loop."""
+
+    def __init__(
+        self,
+        config: LearnerConfig,
+        *,
+        client: redis.Redis | None = None,
+        sync: WeightSync | None = None,
+        advantage_fn: AdvantageFn = sequence_advantage,
+    ) -> None:
+        self.config = config
+        self.run_id = uuid.uuid4().hex[:12]
+        self.client = client or redis.Redis.from_url(config.redis_url)
+        self.keys = Keys(config.key_prefix)
+        self.sync = sync if sync is not None else build_weight_sync(config, self.client)
+        ckpt = self._checkpoint_to_resume()
+        _seed(config.seed)
+        source = ckpt.path if ckpt is not None else Path(config.model)
+        self.tokenizer_src = source
+        self.policy = Policy.load(source, config.device, config.bf16_autocast,
+                                  config.gradient_checkpointing)
+        self.trainer = Trainer(self.policy, config, advantage_fn)
+        self.step, self.version, self.groups_trained = 0, 0, 0
+        self.pending_ack: list[str] = []
+        self._stop = False
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.resumed_from = self.step
+        self.reader = GroupReader(self.client, self.keys, config.consumer, config.max_staleness)
+        if ckpt is not None:
+            self.reader.ack(ckpt.state.entry_ids)  # idempotent: the crash may follow the ack
+        self.metrics = MetricsLogger(config.metrics_path, config.tensorboard_dir, config.console)
+        self._resync()
+        self.metrics.event({"event": "start", "run_id": self.run_id, "time": time.time(),
+                            "resumed_from": self.resumed_from, "version": self.version,
+                            "checkpoint": str(ckpt.path) if ckpt else None})
+
+    # ---------------------------------------------------------------- start-up
+
+    def _checkpoint_to_resume(self) -> Checkpoint | None:
+        cfg = self.config
+        if cfg.save_dir is None:
+            return None
+        for name in remove_partial(cfg.save_dir):
+            log.warning("removed a partial checkpoint left by a crash: %s", name)
+        if cfg.resume:
+            ckpt = load_latest(cfg.save_dir)
+            log.info("resuming from %s", ckpt.path if ckpt else "scratch (no checkpoint)")
+            return ckpt
+        if list_checkpoints(cfg.save_dir):
+            raise ValueError(f"save_dir {cfg.save_dir} already holds checkpoints: pass "
+                             "--resume to continue from them, or choose another directory")
+        return None
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        state = ckpt.trainer_state(map_location=self.policy.device)
+        self.trainer.load_state_dict(state)
+        restore_rng(state["rng"])
+        self.step, self.version = ckpt.state.step, ckpt.state.version
+        self.groups_trained = ckpt.state.groups_trained
+
+    def _published_version(self) -> int:
+        raw = self.client.hget(self.keys.learner_state, "version")
+        return int(raw) if raw is not None else -1
+
+    def _resync(self) -> None:
+        """After a restart, move past any version a previous learner published and push."""
+        published = self._published_version()
+        if published <= self.version:  # nothing newer than our weights can be out there
+            self._publish_state()
+            return
+        self.version = published + 1
+        log.info("servers may hold unsaved weights up to version %d: pushing version %d",
+                 published, self.version)
+        self._push()
+
+    # ---------------------------------------------------------------- the loop
+
+    @contextmanager
+    def signal_handlers(self) -> Iterator[None]:
+        """SIGINT/SIGTERM request a graceful stop; a second one aborts (KeyboardInterrupt)."""
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if self._stop:
+                raise KeyboardInterrupt
+            log.warning("signal %d: stopping after the current step", signum)
+            self._stop = True
+
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def done(self) -> bool:
+        cap = self.config.max_steps
+        return self._stop or (cap is not None and self.step >= cap)
+
+    def run(self) -> LearnerState:
+        """Train until ``max_steps`` or a stop request; returns the final state."""
+        try:
+            while not self.done():
+                self.run_step()
+            self._checkpoint(force=True)
+        finally:
+            self.sync.close()
+            self.metrics.event({"event": "stop", "run_id": self.run_id, "step": self.step,
+                                "version": self.version, "time": time.time()})
+            self.metrics.close()
+        return LearnerState(self.step, self.version, list(self.pending_ack),
+                            self.groups_trained)
+
+    def run_step(self) -> dict[str, Any] | None:
+        """Read one batch and train on it; returns the step record (None: nothing trained)."""
+        t0 = time.perf_counter()
+        try:
+            batch = self.reader.read_batch(self.config.groups_per_step, self.version,
+                                           self.config.read_timeout_s)
+        except redis.RedisError as exc:
+            log.warning("reading the ready stream failed (%s); retrying", exc)
+            time.sleep(_REDIS_RETRY_S)
+            return None
+        wait_s = time.perf_counter() - t0
+        invalid = self._screen(batch)
+        if not batch.groups or self._stop:
+            return None
+        metrics = self.trainer.step(batch.groups)
+        self.step += 1
+        self.version += 1
+        self.groups_trained += len(batch.groups)
+        self.pending_ack.extend(batch.entry_ids)
+        sync_s = self._push() if self.step % self.config.sync_every == 0 else 0.0
+        ckpt_s = self._checkpoint(force=False)
+        self._publish_state()
+        rec = self._record(batch, metrics, invalid,
+                           {"time_wait_s": wait_s, "time_sync_s": sync_s,
+                            "time_checkpoint_s": ckpt_s})
+        self.metrics.log(rec)
+        return rec
+
+    def _screen(self, batch: Batch) -> int:
+        """Drop (ack and count) groups that can never be trained: a poison group must not
+        crash the learner on every restart. Returns how many were dropped."""
+        keep, bad = [], []
+        for g, eid, st in zip(batch.groups, batch.entry_ids, batch.staleness, strict=True):
+            try:
+                samples_from_groups([g], self.trainer.advantage_fn)
+                keep.append((g, eid, st))
+            except ValueError as exc:
+                log.error("dropping invalid group %s (%s): %s", g.group_id, eid, exc)
+                bad.append(eid)
+        if bad:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.xack(self.keys.ready_stream, self.reader.group, *bad)
+                pipe.hincrby(self.keys.counters, "groups_dropped_invalid", len(bad))
+                pipe.execute()
+            batch.groups = [k[0] for k in keep]
+            batch.entry_ids = [k[1] for k in keep]
+            batch.staleness = [k[2] for k in keep]
+        return len(bad)
+
+    # ---------------------------------------------------------------- side effects
+
+    def _push(self) -> float:
+        """Publish the version, then push the weights; returns the seconds it took."""
+        t0 = time.perf_counter()
+        self._publish_state()
+        report = self.sync.push(self.policy.model, self.version)
+        if not report.ok:
+            log.warning("weight push of version %d did not reach every server", self.version)
+        self._last_sync_ok = bool(report.ok)
+        return time.perf_counter() - t0
+
+    def _checkpoint(self, force: bool) -> float:
+        """Checkpoint (every ``save_every`` steps, or when forced with steps unsaved), then
+        ack what it covers. Without ``save_dir``: ack at once."""
+        t0 = time.perf_counter()
+        cfg = self.config
+        if cfg.save_dir is not None:
+            due = self.step % cfg.save_every == 0 or force
+            if not (due and self.pending_ack):
+                return 0.0
+            state = LearnerState(self.step, self.version, list(self.pending_ack),
+                                 self.groups_trained, extra={"run_id": self.run_id})
+            save_checkpoint(cfg.save_dir, self.policy.model, self.trainer.state_dict(), state,
+                            tokenizer_src=self.tokenizer_src, keep_last=cfg.keep_last)
+        try:
+            self.reader.ack(self.pending_ack)
+            self.pending_ack = []
+        except redis.RedisError as exc:  # kept: the next checkpoint records them again
+            log.warning("ack failed (%s); will retry after the next checkpoint", exc)
+        return time.perf_counter() - t0
+
+    def _publish_state(self) -> None:
+        try:
+            self.client.hset(self.keys.learner_state, mapping={
+                "version": self.version, "step": self.step, "updated_at": time.time(),
+                "consumer": self.config.consumer, "groups_trained": self.groups_trained})
+        except redis.RedisError as exc:
+            log.warning("publishing the learner state failed: %s", exc)
+
+    def _record(self, batch: Batch, metrics: dict[str, float], invalid: int,
+                times: dict[str, float]) -> dict[str, Any]:
+        try:
+            dropped = read_drop_counters(self.client, self.keys)
+        except redis.RedisError:
+            dropped = {}
+        return {
+            "event": "step", "run_id": self.run_id, "step": self.step,
+            "version": self.version, "time": time.time(), "groups": len(batch.groups),
+            **reward_stats(batch.groups), **metrics,
+            "time_compute_s": metrics["compute_s"], **times,
+            "staleness": staleness_histogram(batch.staleness),
+            "dropped": dropped, "dropped_stale_step": batch.dropped_stale,
+            "dropped_invalid_step": invalid, "reclaimed": batch.reclaimed,
+            "sync_ok": getattr(self, "_last_sync_ok", True),
+            "group_ids": [g.group_id for g in batch.groups], "entry_ids": batch.entry_ids,
+        }
+
+
+def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> LearnerState:
+    """Build a ``Learner`` and run it with graceful-stop signal handlers."""
+    learner = Learner(config, sync=sync)
+    with learner.signal_handlers():
+        return learner.run()

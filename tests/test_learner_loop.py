@@ -1,0 +1,235 @@
+"""The learner loop end to end: a real redis-server, groups sampled from the tiny model on the
+ready stream, training, checkpoints, acks, weight pushes, crash and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+from transformers import AutoModelForCausalLM
+
+from learner.checkpoint import list_checkpoints, load_latest
+from learner.config import LearnerConfig
+from learner.loop import Learner
+from learner.metrics import trained_history
+from server.redis_schema import (
+    LEARNER_CONSUMER_GROUP,
+    READY_STREAM_FIELD,
+    Keys,
+    pack_ready_group,
+)
+from tests.learner_data import sample_group
+
+KEYS = Keys()
+
+
+@dataclass
+class RecordingSync:
+    """A WeightSync at the process boundary: records what would be pushed."""
+
+    pushes: list[int] = field(default_factory=list)
+    closed: bool = False
+
+    def push(self, model: torch.nn.Module, version: int):
+        from learner.sync_base import NoSyncReport
+
+        self.pushes.append(version)
+        return NoSyncReport(version=version, bytes_sent=sum(
+            p.numel() * p.element_size() for p in model.parameters()))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture(scope="module")
+def sampler(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+
+
+def publish(client: redis.Redis, sampler, n: int, version: int = 0, seed: int = 0) -> list[str]:
+    """XADD ``n`` ready groups; returns their group ids in stream order."""
+    ids = []
+    for k in range(n):
+        g = sample_group(sampler, group_size=2, prompt_len=3, new_tokens=(2, 5),
+                         version=version, seed=seed + k, group_id=f"g{seed + k:03d}")
+        client.xadd(KEYS.ready_stream, {READY_STREAM_FIELD: pack_ready_group(g)})
+        ids.append(g.group_id)
+    return ids
+
+
+def pending(client: redis.Redis) -> int:
+    try:
+        return int(client.xpending(KEYS.ready_stream, LEARNER_CONSUMER_GROUP)["pending"])
+    except redis.ResponseError:
+        return 0
+
+
+def _cfg(tiny_model_dir, redis_url, tmp_path, **kw) -> LearnerConfig:
+    base = dict(model=str(tiny_model_dir), redis_url=redis_url, save_dir=str(tmp_path / "ck"),
+                groups_per_step=2, save_every=2, read_timeout_s=0.5, lr=1e-3, console=False)
+    return LearnerConfig(**{**base, **kw})
+
+
+def test_loop_trains_checkpoints_acks_and_pushes(tiny_model_dir, redis_url, tmp_path,
+                                                 sampler):
+    client = redis.Redis.from_url(redis_url)
+    published = publish(client, sampler, 6)
+    sync = RecordingSync()
+    learner = Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=3, sync_every=2),
+                      client=client, sync=sync)
+    state = learner.run()
+    assert (state.step, state.version, state.groups_trained) == (3, 3, 6)
+    assert sync.pushes == [2] and sync.closed
+    assert pending(client) == 0  # everything trained was checkpointed, then acked
+    assert [c.state.step for c in list_checkpoints(tmp_path / "ck")] == [2, 3]
+    latest = load_latest(tmp_path / "ck")
+    assert latest is not None and latest.state.version == 3 and len(latest.state.entry_ids) == 2
+    st = client.hgetall(KEYS.learner_state)
+    assert int(st[b"version"]) == 3 and int(st[b"step"]) == 3
+    steps = trained_history(tmp_path / "ck" / "metrics.jsonl")
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert sorted(g for s in steps for g in s["group_ids"]) == sorted(published)
+    assert [s["staleness"] for s in steps] == [{"0": 2}, {"1": 2}, {"2": 2}]
+    for s in steps:
+        for k in ("reward_mean", "loss", "clip_low_fraction", "clip_high_fraction",
+                  "abs_log_ratio_mean", "grad_norm", "tokens_per_s", "time_wait_s",
+                  "time_compute_s", "time_sync_s"):
+            assert k in s, k
+    # the saved model loads as a plain Hugging Face model and differs from the start
+    trained = AutoModelForCausalLM.from_pretrained(str(latest.path), dtype=torch.float32)
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(),
+                                                     sampler.parameters(), strict=True))
+
+
+def test_stale_groups_are_dropped_and_counted(tiny_model_dir, redis_url, tmp_path, sampler):
+    client = redis.Redis.from_url(redis_url)
+    publish(client, sampler, 4)
+    cfg = _cfg(tiny_model_dir, redis_url, tmp_path, max_steps=2, max_staleness=0,
+               groups_per_step=2, read_timeout_s=0.3)
+    learner = Learner(cfg, client=client, sync=RecordingSync())
+    first = learner.run_step()
+    second = learner.run_step()  # version 1 now: the two remaining version-0 groups are stale
+    assert first is not None and first["groups"] == 2
+    assert second is None
+    assert int(client.hget(KEYS.counters, "groups_dropped_stale")) == 2
+    learner.run_step()
+    learner.request_stop()
+    learner.run()
+    last = [json.loads(x) for x in (tmp_path / "ck" / "metrics.jsonl").read_text().splitlines()]
+    assert pending(client) == 0 and last[-1]["event"] == "stop"
+
+
+def test_resume_moves_past_a_published_version_and_pushes(tiny_model_dir, redis_url,
+                                                          tmp_path, sampler):
+    client = redis.Redis.from_url(redis_url)
+    publish(client, sampler, 2)
+    Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=1), client=client,
+            sync=RecordingSync()).run()
+    # a dead learner got further than its checkpoint and pushed version 7 to the servers
+    client.hset(KEYS.learner_state, "version", 7)
+    sync = RecordingSync()
+    learner = Learner(_cfg(tiny_model_dir, redis_url, tmp_path, resume=True, max_steps=1),
+                      client=client, sync=sync)
+    assert (learner.step, learner.version) == (1, 8) and sync.pushes == [8]
+
+
+def test_fresh_start_refuses_a_directory_with_checkpoints(tiny_model_dir, redis_url,
+                                                          tmp_path, sampler):
+    client = redis.Redis.from_url(redis_url)
+    publish(client, sampler, 2)
+    Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=1), client=client,
+            sync=RecordingSync()).run()
+    with pytest.raises(ValueError, match="--resume"):
+        Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=1), client=client)
+
+
+# ---------------------------------------------------------------- the real process
+
+
+def _spawn(toml: Path, log: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "gspo.cli", "learn", "--config", str(toml),
+                             *extra], stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                            env=env)
+
+
+def _wait_for_step(jsonl: Path, step: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if jsonl.exists():
+            recs = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
+            if any(r.get("event") == "step" and r["step"] >= step for r in recs):
+                return
+        if proc.poll() is not None:
+            raise AssertionError(f"learner exited early with {proc.returncode}")
+        time.sleep(0.05)
+    raise TimeoutError(f"no step {step} within {timeout}s")
+
+
+def _toml(tmp_path: Path, tiny_model_dir, redis_url: str, **kw) -> Path:
+    fields = {**dict(model=str(tiny_model_dir), redis_url=redis_url,
+                     save_dir=str(tmp_path / "ck"), groups_per_step=1, save_every=2,
+                     read_timeout_s=0.5, lr=1e-3, device="cpu", console=False), **kw}
+    lines = [f"{k} = {json.dumps(v)}" for k, v in fields.items()]
+    path = tmp_path / "learner.toml"
+    path.write_text("\n".join(lines) + '\n[loss]\nkind = "gspo"\n')
+    return path
+
+
+def test_sigkill_then_resume_trains_every_group_exactly_once(tiny_model_dir, redis_url,
+                                                             tmp_path, sampler):
+    client = redis.Redis.from_url(redis_url)
+    n = 10
+    published = publish(client, sampler, n)
+    toml = _toml(tmp_path, tiny_model_dir, redis_url, max_steps=n)
+    jsonl = tmp_path / "ck" / "metrics.jsonl"
+    proc = _spawn(toml, tmp_path / "learner.log")
+    try:
+        _wait_for_step(jsonl, 3, proc, timeout=180)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    killed_at = max(json.loads(x).get("step", 0) for x in jsonl.read_text().splitlines())
+    saved = load_latest(tmp_path / "ck")
+    assert saved is not None and saved.state.step <= killed_at
+    proc = _spawn(toml, tmp_path / "learner.log", "--resume")
+    assert proc.wait(timeout=240) == 0, (tmp_path / "learner.log").read_text()[-3000:]
+    history = trained_history(jsonl)
+    assert [h["step"] for h in history] == list(range(1, n + 1))
+    trained = [g for h in history for g in h["group_ids"]]
+    assert sorted(trained) == sorted(published)  # each group once, none lost
+    assert pending(client) == 0
+    final = load_latest(tmp_path / "ck")
+    assert final is not None and final.state.step == n and final.state.groups_trained == n
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_acks(tiny_model_dir, redis_url, tmp_path,
+                                                        sampler):
+    client = redis.Redis.from_url(redis_url)
+    publish(client, sampler, 12)
+    toml = _toml(tmp_path, tiny_model_dir, redis_url, save_every=1000)
+    jsonl = tmp_path / "ck" / "metrics.jsonl"
+    proc = _spawn(toml, tmp_path / "learner.log")
+    try:
+        _wait_for_step(jsonl, 2, proc, timeout=180)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    steps = [h["step"] for h in trained_history(jsonl)]
+    final = load_latest(tmp_path / "ck")
+    assert final is not None and final.state.step == steps[-1]  # checkpointed on the way out
+    assert pending(client) == 0  # and acked
+    assert int(client.hget(KEYS.learner_state, "step")) == steps[-1]
