@@ -107,6 +107,9 @@ class HFEngine(Engine):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = dtype
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        # The scheduler thread decodes for stop strings with its own instance: a Rust tokenizer
+        # shared across threads can fail with "Already borrowed" when the server encodes.
+        self._stop_tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         config = AutoConfig.from_pretrained(self.model_path)
         self.vocab_size = int(config.vocab_size)
         limit = int(config.max_position_embeddings)
@@ -324,6 +327,8 @@ class HFEngine(Engine):
             self._pending_B = torch.cat([self._pending_B, torch.zeros_like(pos_B)])
         start = len(self._rows)
         self._rows = self._rows + reqs
+        self._counters["max_batch_size_observed"] = max(
+            self._counters["max_batch_size_observed"], float(len(self._rows)))
         self._sample(out.logits[:, -1], offset=start)
 
     def _recompute_cache(self) -> None:
@@ -343,8 +348,6 @@ class HFEngine(Engine):
     def _decode(self) -> None:
         assert self.model is not None and self._mask_BT is not None
         assert self._pending_B is not None and self._pos_B is not None
-        self._counters["max_batch_size_observed"] = max(
-            self._counters["max_batch_size_observed"], float(len(self._rows)))
         self._counters["decode_steps"] += 1
         self._mask_BT = torch.nn.functional.pad(self._mask_BT, (0, 1), value=1)
         out = self.model(input_ids=self._pending_B[:, None], attention_mask=self._mask_BT,
@@ -355,13 +358,15 @@ class HFEngine(Engine):
         self._sample(out.logits[:, -1], offset=0)
 
     def _sample(self, logits_BV: torch.Tensor, offset: int) -> None:
-        """Sample for rows ``offset..``, record the tokens, then evict finished rows."""
+        """Sample for rows ``offset..``, record the tokens, evict finished rows, and only then
+        resolve them (so a caller that sees its result also sees it gone from ``stats``)."""
         assert self._pending_B is not None
         rows = self._rows[offset:]
         got = hf_batch.sample_rows(logits_BV, [r.params for r in rows],
                                    [r.generator for r in rows])
         self._pending_B[offset:] = torch.tensor(got.token_ids, device=self.device)
         self._counters["tokens_generated"] += len(rows)
+        ends: list[tuple[_Request, FinishReason, str | None]] = []
         finished = [False] * offset
         for i, req in enumerate(rows):
             req.token_ids.append(got.token_ids[i])
@@ -370,27 +375,30 @@ class HFEngine(Engine):
             top = got.top_logprobs[i]
             if top is not None:
                 req.top.append(top)
-            finished.append(self._check_finished(req))
+            end = self._finish_reason(req)
+            finished.append(end is not None)
+            if end is not None:
+                ends.append((req, *end))
         self._evict(finished)
+        for req, reason, stop_string in ends:
+            req.resolve(reason, stop_string)
 
-    def _check_finished(self, req: _Request) -> bool:
+    def _finish_reason(self, req: _Request) -> tuple[FinishReason, str | None] | None:
+        """Why ``req`` ends after its latest token (stop conditions win over length)."""
         p = req.params
         if req.token_ids[-1] in p.stop_token_ids:
-            req.resolve("stop")
-            return True
+            return "stop", None
         if p.stop:
             longest = max(len(s) for s in p.stop)
-            tail = self.tokenizer.decode(req.token_ids[-(4 * longest + 4):])
+            tail = self._stop_tokenizer.decode(req.token_ids[-(4 * longest + 4):])
             hit = next((s for s in p.stop if s and s in tail), None)
             if hit is not None:
-                req.resolve("stop", stop_string=hit)
-                return True
+                return "stop", hit
         if len(req.token_ids) >= p.max_tokens or (
             len(req.prompt) + len(req.token_ids) >= self.max_model_len
         ):
-            req.resolve("length")
-            return True
-        return False
+            return "length", None
+        return None
 
     def _evict(self, drop: list[bool]) -> None:
         """Remove rows flagged in ``drop`` and cache columns no remaining row attends to."""
