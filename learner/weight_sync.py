@@ -121,7 +121,8 @@ class BroadcastSync:
         except Exception as exc:
             log.warning("weight group epoch %d failed to form: %s", self.epoch, exc)
             pg = None
-        if pg is None or not self._all_ok(futures, "join"):
+        joined = self._all_ok(futures, "join")  # always collect: the log says who failed
+        if pg is None or not joined:
             return False
         self.pg, self.members = pg, list(servers)
         return True

@@ -59,9 +59,10 @@ def _wait_healthy(url: str, thread: threading.Thread, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def serve_app(app: FastAPI, timeout: float = START_TIMEOUT_S) -> Iterator[Served]:
-    """Runs ``app`` under uvicorn on 127.0.0.1:<free port> until the block exits."""
-    port = free_port()
+def serve_app(app: FastAPI, timeout: float = START_TIMEOUT_S,
+              port: int | None = None) -> Iterator[Served]:
+    """Runs ``app`` under uvicorn on 127.0.0.1:<port or a free one> until the block exits."""
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="on"))
     exit_codes: list[object] = []
@@ -129,7 +130,9 @@ def running_server(model_dir: Path, redis_url: str, **overrides: Any) -> Iterato
         api_key=API_KEY, admin_key=ADMIN_KEY, max_n=8, max_tokens=64, max_batch_size=16,
         max_body_bytes=64 * 1024, device="cpu", server_id="test-server")
     fields.update(overrides)
-    with serve_app(create_app(ServerSettings(**fields))) as served:
+    # One port for both: the server advertises it to the learner through the registry.
+    fields.setdefault("port", free_port())
+    with serve_app(create_app(ServerSettings(**fields)), port=fields["port"]) as served:
         yield served
 
 
