@@ -208,22 +208,36 @@ class RolloutStore:
     async def record_rollout(self, record: RolloutRecord) -> None:
         """Stores the rollout and appends its id to its group's list (once: recording the same
         rollout again replaces its record, e.g. a multi-turn episode that grew)."""
+        keys, args = self._record_call(record)
+        _raise_record_error(_s(await self._record(keys=keys, args=args)), record)
+
+    async def record_rollouts(self, records: Sequence[RolloutRecord]) -> None:
+        """``record_rollout`` for several rollouts in one round trip (pipelined, in order).
+        Raises the first refusal; the others are recorded (each one is idempotent)."""
+        if not records:
+            return
+        calls = [self._record_call(rec) for rec in records]
+
+        async def send() -> list[Any]:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    pipe.evalsha(self._record.sha, len(keys), *keys, *args)
+                return await pipe.execute(raise_on_error=False)
+
+        results = await send()
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
+            await self.redis.script_load(RECORD_ROLLOUT)  # Redis restarted: cache is empty
+            results = await send()
+        for rec, res in zip(records, results, strict=True):
+            if isinstance(res, Exception):
+                raise res
+            _raise_record_error(_s(res), rec)
+
+    def _record_call(self, record: RolloutRecord) -> tuple[list[str], list[Any]]:
         k, rid, gid = self.keys, record.rollout_id, record.group_id
-        res = _s(await self._record(
-            keys=[k.group(gid), k.group_rollouts(gid), k.group_rewards(gid), k.rollout(rid),
-                  k.rollout_group(rid)],
-            args=[gid, rid, pack_rollout(record), math.ceil(self.config.rollout_ttl_s)],
-        ))
-        errors = {
-            "unknown_group": (404, f"unknown group {gid!r}"),
-            "group_closed": (410, f"group {gid!r} no longer accepts rollouts"),
-            "rollout_rewarded": (409, f"rollout {rid!r} already has a reward"),
-            "rollout_in_other_group": (409, f"rollout {rid!r} belongs to another group"),
-            "group_full": (409, f"group {gid!r} already has all its rollouts"),
-        }
-        if res in errors:
-            status, message = errors[res]
-            raise StoreError(status, res, message)
+        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid), k.rollout(rid),
+                k.rollout_group(rid)]
+        return keys, [gid, rid, pack_rollout(record), math.ceil(self.config.rollout_ttl_s)]
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
         """Records rewards, all or nothing (one script checks every item, then writes them),
@@ -271,13 +285,12 @@ class RolloutStore:
         decision = await build_finish(self.redis, self.keys, self.config, group_id)
         if decision is None:
             return None
-        mode, payload, reason = decision
         k = self.keys
         res = await self._finish(
             keys=[k.group(group_id), k.group_rollouts(group_id), k.group_rewards(group_id),
                   k.complete, k.ready_stream, k.counters],
-            args=[group_id, mode, payload, reason, self._finished_ttl, READY_STREAM_FIELD,
-                  *self._t_rollout, *self._t_map],
+            args=[group_id, decision.mode, decision.head, decision.reason, self._finished_ttl,
+                  READY_STREAM_FIELD, *self._t_rollout, *self._t_map, *decision.rollout_ids],
         )
         return _s(res)
 
@@ -307,6 +320,7 @@ class RolloutStore:
     async def run_sweeper(self, interval_s: float = 1.0) -> None:
         """Background task: ``sweep_once`` every ``interval_s`` until cancelled. Redis errors
         are logged and retried next pass (the server stays up while Redis restarts)."""
+        task = asyncio.current_task()
         while True:
             try:
                 await self.sweep_once()
@@ -314,6 +328,10 @@ class RolloutStore:
                 logger.warning("sweeper: redis unavailable: %s", e)
             except redis.exceptions.ResponseError as e:
                 logger.error("sweeper: redis error: %s", e)
+            # A cancel that lands while a Redis call times out can surface as a TimeoutError
+            # (asyncio.timeout's race), caught above: honour it instead of sweeping forever.
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
             await asyncio.sleep(interval_s)
 
     async def get_group(self, group_id: str) -> GroupView | None:
@@ -339,6 +357,20 @@ class RolloutStore:
     async def counters(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self.keys.counters)
         return {_s(a) or "": int(b) for a, b in raw.items()}
+
+
+def _raise_record_error(res: str | None, record: RolloutRecord) -> None:
+    rid, gid = record.rollout_id, record.group_id
+    errors = {
+        "unknown_group": (404, f"unknown group {gid!r}"),
+        "group_closed": (410, f"group {gid!r} no longer accepts rollouts"),
+        "rollout_rewarded": (409, f"rollout {rid!r} already has a reward"),
+        "rollout_in_other_group": (409, f"rollout {rid!r} belongs to another group"),
+        "group_full": (409, f"group {gid!r} already has all its rollouts"),
+    }
+    if res in errors:
+        status, message = errors[res]
+        raise StoreError(status, res, message)
 
 
 def _item_status(script_status: str, applied: bool) -> str:

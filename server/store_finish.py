@@ -1,13 +1,16 @@
-"""Turning a ``complete`` group into the bytes of its ``ReadyGroup`` record (or a drop).
+"""Deciding how a ``complete`` group ends: published with its advantages, or dropped.
 
-The record is built by splicing the rollouts' stored msgpack bytes into the group's map
-instead of unpacking every rollout into numpy arrays and packing it again: the output is
-byte-for-byte what ``pack_ready_group`` produces (a test checks it), at the cost of one copy.
+The record is the ``pack_ready_group`` layout built in two pieces: here the head (the group's
+fields and advantages, up to the rollouts' array header), and in the finish script the
+rollouts' stored msgpack bytes appended as they are. No rollout is unpacked, repacked, or sent
+to this process and back; the result is byte-for-byte what ``pack_ready_group`` produces (a
+test checks it).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -19,28 +22,33 @@ from server.redis_schema import Keys
 if TYPE_CHECKING:
     from server.store import QueueConfig
 
-# (mode, payload, drop reason): mode "publish" with the record, or "drop" with a reason.
-Decision = tuple[str, bytes, str]
 
 
-def ready_group_bytes(
+@dataclass(frozen=True)
+class Decision:
+    mode: str  # "publish" | "drop"
+    head: bytes = b""  # the record up to the rollouts (publish)
+    reason: str = ""  # why (drop)
+    rollout_ids: list[str] = field(default_factory=list)  # rollouts to append, in order
+
+
+def ready_group_head(
     group_id: str,
     metadata: dict[str, Any],
     published_at: float,
     rewards_G: list[float],
     advantages_G: list[float],
     turn_rewards_G: list[list[float] | None],
-    rollouts_packed_G: list[bytes],
 ) -> bytes:
-    """The ``pack_ready_group`` layout (same keys, same order), rollouts spliced in as is."""
+    """``pack_ready_group``'s bytes up to and including the rollouts' array header (same keys,
+    same order): appending the G packed rollouts completes the record."""
     packer = msgpack.Packer()
     head = packer.pack_map_header(7)
     for key, value in (("group_id", group_id), ("metadata", metadata),
                        ("published_at", published_at), ("rewards", rewards_G),
                        ("advantages", advantages_G), ("turn_rewards", turn_rewards_G)):
         head += packer.pack(key) + packer.pack(value)
-    head += packer.pack("rollouts") + packer.pack_array_header(len(rollouts_packed_G))
-    return b"".join([head, *rollouts_packed_G])
+    return head + packer.pack("rollouts") + packer.pack_array_header(len(rewards_G))
 
 
 def _str(v: bytes | str) -> str:
@@ -63,19 +71,16 @@ async def build_finish(
     rewards = {_str(r): msgpack.unpackb(v) for r, v in rewards_raw.items()}
     rewarded = [r for r in (_str(x) for x in rids) if r in rewards]
     if not rewarded:
-        return ("drop", b"", "no_rewards")
-    packed = await redis.mget([keys.rollout(r) for r in rewarded])
-    if any(p is None for p in packed):
-        return ("drop", b"", "missing_rollouts")
+        return Decision("drop", reason="no_rewards")
     rewards_G = [float(rewards[r]["reward"]) for r in rewarded]
     if config.drop_zero_variance and max(rewards_G) == min(rewards_G):
-        return ("drop", b"", "zero_variance")
+        return Decision("drop", reason="zero_variance")
     try:
         advantages_G = group_advantages(
             rewards_G, eps=config.advantage_eps, scale=config.scale_advantages).tolist()
     except ValueError:  # cannot happen for API-validated rewards; never block the sweeper
-        return ("drop", b"", "invalid_rewards")
-    payload = ready_group_bytes(
+        return Decision("drop", reason="invalid_rewards")
+    head = ready_group_head(
         group_id, msgpack.unpackb(h.get(b"metadata") or msgpack.packb({})), time.time(),
-        rewards_G, advantages_G, [rewards[r]["turn_rewards"] for r in rewarded], packed)
-    return ("publish", payload, "")
+        rewards_G, advantages_G, [rewards[r]["turn_rewards"] for r in rewarded])
+    return Decision("publish", head=head, rollout_ids=rewarded)

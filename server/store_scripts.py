@@ -134,23 +134,36 @@ return {statuses, gids, completed}
 """
 
 # KEYS: group, group rollouts, group rewards, complete set, ready stream, counters.
-# ARGV: group_id, mode (publish | drop), payload, drop reason, finished_ttl, stream field,
-#       r_head, r_tail (rollout), m_head, m_tail (rollout->group).
-# Returns the stream id (publish), 'dropped', or nil when the group is not 'complete'
-# (someone else already published or dropped it: exactly once).
+# ARGV: group_id, mode (publish | drop), record head, drop reason, finished_ttl, stream field,
+#       r_head, r_tail (rollout), m_head, m_tail (rollout->group), then the rollout ids.
+# The record is the head (msgpack map up to the rollouts' array header, built in Python with
+# the advantages) followed by the rollouts' stored bytes, concatenated here: the rollouts never
+# travel to the caller and back. Returns the stream id (publish), 'dropped', or nil when the
+# group is not 'complete' (someone else already published or dropped it: exactly once).
 FINISH_GROUP = _COMMON + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'complete' then return false end
-local result
-if ARGV[2] == 'publish' then
-  result = redis.call('XADD', KEYS[5], '*', ARGV[6], ARGV[3])
+local mode, reason, result = ARGV[2], ARGV[4], nil
+local parts = {ARGV[3]}
+if mode == 'publish' then
+  for i = 11, #ARGV do
+    local data = redis.call('GET', ARGV[7] .. ARGV[i] .. ARGV[8])
+    if not data then
+      mode, reason = 'drop', 'missing_rollouts'
+      break
+    end
+    parts[#parts + 1] = data
+  end
+end
+if mode == 'publish' then
+  result = redis.call('XADD', KEYS[5], '*', ARGV[6], table.concat(parts))
   redis.call('HSET', KEYS[1], 'state', 'published', 'stream_id', result)
   redis.call('HINCRBY', KEYS[6], 'groups_published', 1)
   if redis.call('HGET', KEYS[1], 'partial') == '1' then
     redis.call('HINCRBY', KEYS[6], 'groups_published_partial', 1)
   end
 else
-  redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', ARGV[4])
-  redis.call('HINCRBY', KEYS[6], 'groups_dropped_' .. ARGV[4], 1)
+  redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', reason)
+  redis.call('HINCRBY', KEYS[6], 'groups_dropped_' .. reason, 1)
   result = 'dropped'
 end
 redis.call('SREM', KEYS[4], ARGV[1])

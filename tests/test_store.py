@@ -207,3 +207,21 @@ def test_rejects_a_decoding_client(redis_url: str) -> None:
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     with pytest.raises(ValueError, match="decode_responses"):
         RolloutStore(client)
+
+
+def test_record_rollouts_pipelined_and_after_a_script_flush(redis_url: str) -> None:
+    async def body(store: RolloutStore) -> None:
+        await store.create_group("g", 3)
+        await store.redis.script_flush()  # as after a Redis restart: scripts are reloaded
+        await store.record_rollouts([make_rollout(f"r{i}", "g", seed=i) for i in range(3)])
+        view = await store.get_group("g")
+        assert view is not None and view.rollout_ids == ["r0", "r1", "r2"]
+        with pytest.raises(StoreError) as e:
+            await store.record_rollouts([make_rollout("r0", "g"), make_rollout("r3", "g")])
+        assert e.value.code == "group_full"
+        await store.redis.script_flush()
+        out = await store.post_rewards([RewardItem(f"r{i}", float(i)) for i in range(3)])
+        assert out.applied and out.results[2].group_complete
+        assert len(await stream(store)) == 1
+
+    run(redis_url, body)
