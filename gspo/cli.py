@@ -149,7 +149,90 @@ def learn(
     from learner.loop import run_learner
 
     state = run_learner(cfg)
-    typer.echo(f"stopped at step {state.step}, policy version {state.version}", err=True)
+    if state is not None:  # None: a data-parallel rank > 0 (rank 0 reports)
+        typer.echo(f"stopped at step {state.step}, policy version {state.version}", err=True)
+
+
+@app.command()
+def env(
+    name: str = typer.Argument("alphabet", help="Example environment: alphabet | calculator."),
+    url: str = typer.Option("http://127.0.0.1:8000", envvar="GSPO_SERVER_URL",
+                            help="Rollout server base URL. (env GSPO_SERVER_URL)"),
+    groups: int = typer.Option(0, help="Groups to run; 0 runs until stopped."),
+    group_size: int = typer.Option(8, help="Samples (episodes) per group."),
+    concurrency: int = typer.Option(4, help="Groups run at the same time."),
+    seed: int = typer.Option(0, help="Seed of the task sampler."),
+) -> None:
+    """Run an example environment against a rollout server (reads env GSPO_API_KEY)."""
+    import os
+
+    from clients.environment import Environment, GroupOutcome, run_groups
+
+    environment: Environment
+    if name == "alphabet":
+        from clients.examples.alphabet import AlphabetEnvironment
+
+        environment = AlphabetEnvironment(group_size=group_size)
+    elif name == "calculator":
+        from clients.examples.calculator import CalculatorEnvironment
+
+        environment = CalculatorEnvironment(group_size=group_size)
+    else:
+        typer.echo(f"unknown environment {name!r}: alphabet | calculator", err=True)
+        raise typer.Exit(2)
+
+    def report(g: GroupOutcome) -> None:
+        typer.echo(f"{g.group_id} reward {sum(g.rewards) / len(g.rewards):.3f}")
+
+    try:
+        run_groups(environment, url, groups or None, api_key=os.environ.get("GSPO_API_KEY"),
+                   concurrency=concurrency, seed=seed, on_group=report)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def up(
+    run_dir: str = typer.Option("runs/up", help="Where metrics, checkpoints, logs and the "
+                                "reward-curve PNG go."),
+    model: str = typer.Option(None, help="Model directory (default: a tiny local model)."),
+    redis_url: str = typer.Option(None, envvar="REDIS_URL",
+                                  help="Use this Redis (default: start one). (env REDIS_URL)"),
+    loss: str = typer.Option("gspo", help="gspo | gspo_token | grpo | sapo."),
+    max_steps: int = typer.Option(60, help="Learner steps to train."),
+    groups_per_step: int = typer.Option(4, help="Groups per learner step."),
+    group_size: int = typer.Option(8, help="Samples per prompt (G)."),
+    lr: float = typer.Option(2e-3, help="Learning rate."),
+    max_staleness: int = typer.Option(2, help="Drop groups more than K versions old."),
+    concurrency: int = typer.Option(4, help="Groups the environment samples at once."),
+    minutes: float = typer.Option(10.0, help="Wall-clock limit."),
+    target_reward: float = typer.Option(None, help="Stop once the reward reaches this."),
+    seed: int = typer.Option(0, help="Seed of the tiny model, the tasks and the learner."),
+) -> None:
+    """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
+    from pathlib import Path
+
+    from gspo.up import UpConfig, run_up
+
+    cfg = UpConfig(run_dir=Path(run_dir), model=model, redis_url=redis_url, loss=loss,
+                   max_steps=max_steps, groups_per_step=groups_per_step,
+                   group_size=group_size, lr=lr, max_staleness=max_staleness,
+                   concurrency=concurrency, minutes=minutes, target_reward=target_reward,
+                   seed=seed)
+    try:
+        result = run_up(cfg)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: every process stopped", err=True)
+        raise typer.Exit(130) from None
+    first = result.rewards[:5]
+    last = result.rewards[-5:]
+    if first and last:
+        typer.echo(f"reward: first steps {sum(first) / len(first):.2f} -> last steps "
+                   f"{sum(last) / len(last):.2f} over {result.steps} steps "
+                   f"in {result.seconds:.0f} s")
+    typer.echo(f"metrics: {result.metrics_path}")
+    if result.plot_path:
+        typer.echo(f"reward curve: {result.plot_path}")
 
 
 if __name__ == "__main__":

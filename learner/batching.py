@@ -219,19 +219,27 @@ def deal_minibatches(samples: Sequence[Sample], n_minibatches: int) -> list[list
     return [p for p in parts if p]
 
 
-def split_micro(samples: Sequence[Sample], micro_batch_tokens: int) -> list[list[Sample]]:
+def split_micro(
+    samples: Sequence[Sample], micro_batch_tokens: int, min_parts: int = 1
+) -> list[list[Sample]]:
     """Longest first, cut greedily so that rows x longest row <= ``micro_batch_tokens``.
 
-    A single rollout longer than the budget gets a microbatch of its own.
+    A single rollout longer than the budget gets a microbatch of its own. With ``min_parts``
+    (data parallelism: one per rank) the budget shrinks until there are that many parts, or
+    one per rollout.
     """
     ordered = sorted(samples, key=lambda s: -s.length)
-    out: list[list[Sample]] = []
-    for s in ordered:
-        if out and (len(out[-1]) + 1) * out[-1][0].length <= micro_batch_tokens:
-            out[-1].append(s)
-        else:
-            out.append([s])
-    return out
+    budget = micro_batch_tokens
+    while True:
+        out: list[list[Sample]] = []
+        for s in ordered:
+            if out and (len(out[-1]) + 1) * out[-1][0].length <= budget:
+                out[-1].append(s)
+            else:
+                out.append([s])
+        if len(out) >= min(min_parts, len(ordered)) or budget <= 1:
+            return out
+        budget = max(1, min(budget, sum(s.length for s in ordered) // min_parts) * 3 // 4)
 
 
 def plan_step(
@@ -239,14 +247,16 @@ def plan_step(
     n_minibatches: int,
     micro_batch_tokens: int,
     advantage_fn: AdvantageFn = sequence_advantage,
+    min_micro: int = 1,
 ) -> Plan:
-    """The whole batching pipeline for one training step."""
+    """The whole batching pipeline for one training step (``min_micro``: microbatches per
+    minibatch wanted at least, one per data-parallel rank)."""
     samples = samples_from_groups(groups, advantage_fn)
     if not samples:
         raise ValueError("no rollouts to train on")
     minibatches: list[MiniBatch] = []
     for part in deal_minibatches(samples, n_minibatches):
-        mb = MiniBatch([collate(c) for c in split_micro(part, micro_batch_tokens)])
+        mb = MiniBatch([collate(c) for c in split_micro(part, micro_batch_tokens, min_micro)])
         n_valid = mb.n_valid
         for micro in mb.micro:
             micro.loss_scale = micro.n_valid / n_valid if n_valid else 0.0

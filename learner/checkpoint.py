@@ -61,9 +61,15 @@ class Checkpoint:
     state: LearnerState
 
     def trainer_state(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-        # Our own file (optimiser state holds numpy RNG arrays): not weights_only.
-        return torch.load(self.path / TRAINER_FILE, map_location=map_location,
-                          weights_only=False)
+        return load_trainer_state(self.path, map_location)
+
+
+def load_trainer_state(
+    path: str | Path, map_location: str | torch.device = "cpu"
+) -> dict[str, Any]:
+    """Optimiser, schedule and RNG states of the checkpoint directory ``path``."""
+    # Our own file (the RNG states hold numpy arrays): not weights_only.
+    return torch.load(Path(path) / TRAINER_FILE, map_location=map_location, weights_only=False)
 
 
 def capture_rng() -> dict[str, Any]:

@@ -59,6 +59,7 @@ from learner.checkpoint import (
     save_checkpoint,
 )
 from learner.config import LearnerConfig
+from learner.distributed import DistContext, follow, init_from_env, rank_device
 from learner.metrics import MetricsLogger, read_drop_counters, reward_stats, staleness_histogram
 from learner.policy import Policy
 from learner.reader import Batch, GroupReader
@@ -100,19 +101,24 @@ class Learner:
         client: redis.Redis | None = None,
         sync: WeightSync | None = None,
         advantage_fn: AdvantageFn = sequence_advantage,
+        dist: DistContext | None = None,
     ) -> None:
         self.config = config
+        self.dist = dist
         self.run_id = uuid.uuid4().hex[:12]
         self.client = client or redis.Redis.from_url(config.redis_url)
         self.keys = Keys(config.key_prefix)
         self.sync = sync if sync is not None else build_weight_sync(config, self.client)
         ckpt = self._checkpoint_to_resume()
+        if dist is not None:  # the other ranks load the same weights and optimiser state
+            dist.broadcast(str(ckpt.path) if ckpt is not None else None)
         _seed(config.seed)
         source = ckpt.path if ckpt is not None else Path(config.model)
         self.tokenizer_src = source
-        self.policy = Policy.load(source, config.device, config.bf16_autocast,
+        device = rank_device(config.device, dist) if dist is not None else config.device
+        self.policy = Policy.load(source, device, config.bf16_autocast,
                                   config.gradient_checkpointing)
-        self.trainer = Trainer(self.policy, config, advantage_fn)
+        self.trainer = Trainer(self.policy, config, advantage_fn, dist=dist)
         self.step, self.version, self.groups_trained = 0, 0, 0
         self.pending_ack: list[str] = []
         self._stop = False
@@ -198,6 +204,8 @@ class Learner:
             while not self.done():
                 self.run_step()
             self._checkpoint(force=True)
+            if self.dist is not None:
+                self.dist.broadcast(("stop",))
         finally:
             self.sync.close()
             self.metrics.event({"event": "stop", "run_id": self.run_id, "step": self.step,
@@ -215,10 +223,13 @@ class Learner:
         except redis.RedisError as exc:
             log.warning("reading the ready stream failed (%s); retrying", exc)
             time.sleep(_REDIS_RETRY_S)
-            return None
+            batch = Batch(groups=[], entry_ids=[], dropped_stale=0, staleness=[])
         wait_s = time.perf_counter() - t0
         invalid = self._screen(batch)
-        if not batch.groups or self._stop:
+        train = bool(batch.groups) and not self._stop
+        if self.dist is not None:  # every read, so no rank waits longer than one read
+            self.dist.broadcast(("train", batch.groups) if train else ("idle",))
+        if not train:
             return None
         metrics = self.trainer.step(batch.groups)
         self.step += 1
@@ -314,8 +325,20 @@ class Learner:
         }
 
 
-def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> LearnerState:
-    """Build a ``Learner`` and run it with graceful-stop signal handlers."""
-    learner = Learner(config, sync=sync)
-    with learner.signal_handlers():
-        return learner.run()
+def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> LearnerState | None:
+    """Build a ``Learner`` and run it with graceful-stop signal handlers. Under ``torchrun``
+    rank 0 runs the learner and the other ranks follow it (``learner.distributed``); they
+    return ``None``."""
+    dist = init_from_env(config.device)
+    try:
+        if dist is not None and not dist.is_main:
+            follow(config, dist)
+            return None
+        learner = Learner(config, sync=sync, dist=dist)
+        with learner.signal_handlers():
+            return learner.run()
+    finally:
+        if dist is not None:
+            import torch.distributed
+
+            torch.distributed.destroy_process_group()

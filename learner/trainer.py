@@ -30,11 +30,11 @@ from learner.batching import (
     AdvantageFn,
     MicroBatch,
     MiniBatch,
-    Plan,
     plan_step,
     sequence_advantage,
 )
 from learner.config import LearnerConfig
+from learner.distributed import DistContext, assign_owners
 from learner.losses import policy_loss
 from learner.policy import Policy
 from server.redis_schema import ReadyGroup
@@ -56,13 +56,20 @@ def truncated_is_weights(
 
 
 class Trainer:
-    """Owns the optimiser; ``step`` trains on one batch of groups."""
+    """Owns the optimiser; ``step`` trains on one batch of groups.
+
+    With ``dist`` (a ``learner.distributed.DistContext``) every rank calls ``step`` with the
+    same groups; each computes its share of the microbatches and gradients are summed across
+    ranks before each optimizer step (see ``learner.distributed``).
+    """
 
     def __init__(
         self, policy: Policy, config: LearnerConfig,
         advantage_fn: AdvantageFn = sequence_advantage,
+        dist: DistContext | None = None,
     ) -> None:
         self.policy, self.config, self.advantage_fn = policy, config, advantage_fn
+        self.dist = dist
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.params = params
         self.optimizer = torch.optim.AdamW(
@@ -71,6 +78,8 @@ class Trainer:
         warmup = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
+        self._token_keys = [k for k in _TOKEN_WEIGHTED
+                            if k != "gate_mean" or config.loss.kind == "sapo"]
 
     # ---------------------------------------------------------------- state
 
@@ -86,12 +95,14 @@ class Trainer:
     def step(self, groups: Sequence[ReadyGroup]) -> dict[str, float]:
         """Train on ``groups``; returns float metrics (see ``_combine``)."""
         t0 = time.perf_counter()
+        world = self.dist.world if self.dist is not None else 1
         plan = plan_step(groups, self.config.minibatches, self.config.micro_batch_tokens,
-                         self.advantage_fn)
+                         self.advantage_fn, min_micro=world)
+        mine = [self._my_micro(mb) for mb in plan.minibatches]
         metrics: dict[str, float] = {}
         if self.config.old_logprobs == "recompute":
-            metrics.update(self._recompute(plan))
-        per_mb = [self._optimizer_step(mb) for mb in plan.minibatches]
+            metrics.update(self._recompute([m for ms in mine for m in ms]))
+        per_mb = [self._optimizer_step(ms) for ms in mine]
         if self.policy.device.type == "cuda":
             torch.cuda.synchronize(self.policy.device)
         seconds = time.perf_counter() - t0
@@ -101,9 +112,23 @@ class Trainer:
             trained_tokens=plan.n_trained_tokens, padding_fraction=plan.padding_fraction,
             tokens_per_s=plan.n_tokens / max(seconds, 1e-9),
             trained_tokens_per_s=plan.n_trained_tokens / max(seconds, 1e-9),
-            lr=self.scheduler.get_last_lr()[0],
+            lr=self.scheduler.get_last_lr()[0], ranks=world,
         )
         return metrics
+
+    def _my_micro(self, mb: MiniBatch) -> list[MicroBatch]:
+        """This rank's microbatches of ``mb`` (all of them without data parallelism)."""
+        if self.dist is None:
+            return list(mb.micro)
+        owners = assign_owners([m.n_padded_tokens for m in mb.micro], self.dist.world)
+        return [m for m, r in zip(mb.micro, owners, strict=True) if r == self.dist.rank]
+
+    def _sum(self, acc: dict[str, float]) -> dict[str, float]:
+        """``acc`` summed over ranks (same keys in the same order on every rank)."""
+        if self.dist is None:
+            return acc
+        return dict(zip(acc, self.dist.sum_floats(list(acc.values()), self.policy.device),
+                        strict=True))
 
     def _device_batch(self, m: MicroBatch) -> dict[str, torch.Tensor]:
         dev = self.policy.device
@@ -112,35 +137,37 @@ class Trainer:
                 "behavior": m.behavior_BT.to(dev), "advantages": m.advantages.to(dev)}
 
     @torch.no_grad()
-    def _recompute(self, plan: Plan) -> dict[str, float]:
+    def _recompute(self, micro: list[MicroBatch]) -> dict[str, float]:
         """pi_prox for every microbatch (before any update) and the truncated IS weights."""
-        w_sum, n_rows, n_capped, abs_lr = 0.0, 0, 0, 0.0
-        for mb in plan.minibatches:
-            for m in mb.micro:
-                d = self._device_batch(m)
-                prox = self.policy.token_logprobs(d["tokens"], d["attention"],
-                                                  d["temperature"], d["mask"])
-                m.old_BT = prox
-                w = truncated_is_weights(prox, d["behavior"], d["mask"],
-                                         self.config.is_weight_cap)
-                m.is_weights_B = w
-                valid = d["mask"].sum(-1) > 0
-                w_sum += float(w[valid].sum())
-                n_capped += int((w[valid] >= self.config.is_weight_cap).sum())
-                n_rows += int(valid.sum())
-                keep = d["mask"] > 0
-                n_tok = keep.sum(-1).clamp(min=1)
-                abs_lr += float((torch.where(keep, prox - d["behavior"], 0.0).sum(-1)
-                                 / n_tok).abs()[valid].sum())
-        n = max(n_rows, 1)
-        return {"is_weight_mean": w_sum / n, "is_weight_capped_fraction": n_capped / n,
-                "prox_behavior_abs_log_ratio": abs_lr / n}
+        acc = {"w": 0.0, "rows": 0.0, "capped": 0.0, "abs_lr": 0.0}
+        cap = self.config.is_weight_cap
+        for m in micro:
+            d = self._device_batch(m)
+            prox = self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
+                                              d["mask"])
+            m.old_BT = prox
+            m.is_weights_B = w = truncated_is_weights(prox, d["behavior"], d["mask"], cap)
+            keep = d["mask"] > 0
+            valid = keep.any(-1)
+            log_w = torch.where(keep, prox - d["behavior"], 0.0).sum(-1) / keep.sum(-1).clamp(
+                min=1)
+            acc["w"] += float(w[valid].sum())
+            acc["capped"] += float((w[valid] >= cap).sum())
+            acc["rows"] += float(valid.sum())
+            acc["abs_lr"] += float(log_w.abs()[valid].sum())
+        acc = self._sum(acc)
+        n = max(acc["rows"], 1.0)
+        return {"is_weight_mean": acc["w"] / n, "is_weight_capped_fraction": acc["capped"] / n,
+                "prox_behavior_abs_log_ratio": acc["abs_lr"] / n}
 
-    def _optimizer_step(self, mb: MiniBatch) -> dict[str, float]:
-        """Accumulate the minibatch's gradient over its microbatches, clip, step."""
+    def _optimizer_step(self, micro: list[MicroBatch]) -> dict[str, float]:
+        """Accumulate the minibatch's gradient over (this rank's share of) its microbatches,
+        sum across ranks, clip, step."""
         self.optimizer.zero_grad(set_to_none=True)
-        acc: dict[str, float] = {"loss": 0.0, "num_sequences": 0.0, "num_tokens": 0.0}
-        for m in mb.micro:
+        acc = {"loss": 0.0, "num_sequences": 0.0, "num_tokens": 0.0,
+               **{k + "@tok": 0.0 for k in self._token_keys},
+               **{k + "@seq": 0.0 for k in _SEQ_WEIGHTED}}
+        for m in micro:
             if m.n_valid == 0:
                 continue
             d = self._device_batch(m)
@@ -151,6 +178,9 @@ class Trainer:
                               is_weights=m.is_weights_B)
             (out.loss * m.loss_scale).backward()
             _accumulate(acc, out.metrics, m.loss_scale)
+        if self.dist is not None:
+            self.dist.sum_grads(self.params)
+        acc = self._sum(acc)
         if acc["num_sequences"] == 0:
             return {}
         clip = self.config.grad_clip if self.config.grad_clip is not None else math.inf

@@ -1,0 +1,151 @@
+"""Data-parallel learner under ``torchrun``: rank 0 owns the queue, every rank computes.
+
+    torchrun --nproc-per-node 2 -m gspo.cli learn --model ... --redis-url ...
+
+Roles. Rank 0 is the learner of ``learner.loop`` (reader, checkpoints, acks, weight pushes,
+metrics). After each read it broadcasts the batch (the list of ``ReadyGroup``) to the other
+ranks; an empty read is broadcast as "idle" so no rank waits on a collective longer than one
+read timeout; at the end it broadcasts "stop". Ranks > 0 never touch Redis or the disk.
+
+Work split. Every rank plans the same step (``plan_step`` is deterministic), then takes its
+share of each minibatch's microbatches (longest-processing-time-first by padded tokens, so
+ranks get similar work). Each microbatch's loss is scaled by ``n_valid(micro) /
+n_valid(minibatch)`` over the *whole* minibatch, and gradients are summed (not averaged)
+across ranks: the update is exactly the single-process one, whatever the split (up to the
+order of float additions). Ranks with no microbatch in a minibatch contribute zeros. The same
+summed gradient on every rank and the same optimiser state keep the replicas identical.
+
+Why not ``DistributedDataParallel``: DDP needs the same number of backward passes on every
+rank, and a minibatch's microbatches do not divide evenly; one flat all-reduce per optimizer
+step is what DDP would do at the end anyway. Weights are replicated (CPU/gloo and CUDA/nccl);
+sharded parameters (FSDP2) for models that do not fit one device are not implemented.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+_BUCKET_ELEMS = 2**24  # 64 MiB of float32 per all-reduce
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the data-parallel job."""
+
+    rank: int
+    world: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def broadcast(self, obj: Any = None) -> Any:
+        """Rank 0's ``obj`` on every rank (pickled)."""
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sum_floats(self, values: list[float], device: torch.device) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def sum_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum every parameter's gradient over the ranks, in flat buckets; a missing gradient
+        counts as zeros (a rank that had no microbatch)."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for p in params:
+            bucket.append(p.grad)
+            size += p.grad.numel()
+            if size >= _BUCKET_ELEMS:
+                _reduce_bucket(bucket)
+                bucket, size = [], 0
+        if bucket:
+            _reduce_bucket(bucket)
+
+
+def _reduce_bucket(grads: list[torch.Tensor]) -> None:
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for same in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in same])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for g in same:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def assign_owners(costs: list[int], world: int) -> list[int]:
+    """Rank of each item: largest first to the least-loaded rank (ties: lowest rank)."""
+    load = [0] * world
+    owners = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(world), key=lambda k: (load[k], k))
+        owners[i] = r
+        load[r] += costs[i]
+    return owners
+
+
+def init_from_env(device: str) -> DistContext | None:
+    """Join the ``torchrun`` job described by the environment; ``None`` when not under one.
+    gloo on CPU, nccl on CUDA (each rank on ``cuda:LOCAL_RANK``)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return None
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo",
+                                timeout=datetime.timedelta(minutes=30))
+    return DistContext(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local)
+
+
+def rank_device(device: str, ctx: DistContext) -> str:
+    """Each rank's own GPU; CPU stays CPU."""
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return f"cuda:{ctx.local_rank}" if cuda else "cpu"
+
+
+def follow(config: Any, ctx: DistContext) -> int:
+    """The loop of ranks > 0: load what rank 0 loaded, then train every broadcast batch.
+    Returns the number of steps trained."""
+    from learner.checkpoint import load_trainer_state
+    from learner.policy import Policy
+    from learner.trainer import Trainer
+
+    # SIGINT/SIGTERM (torchrun forwards them): rank 0 decides when to stop and says so.
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: None)
+    source = ctx.broadcast()  # checkpoint dir to resume from, or None
+    path = source or config.model
+    policy = Policy.load(path, rank_device(config.device, ctx), config.bf16_autocast,
+                         config.gradient_checkpointing)
+    trainer = Trainer(policy, config, dist=ctx)
+    if source is not None:
+        trainer.load_state_dict(load_trainer_state(source, map_location=policy.device))
+    steps = 0
+    while True:
+        msg = ctx.broadcast()
+        if msg[0] == "stop":
+            return steps
+        if msg[0] == "train":
+            trainer.step(msg[1])
+            steps += 1
