@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,9 +134,12 @@ async def arun_groups(
     model: str = "default",
     on_group: Callable[[GroupOutcome], None] | None = None,
     stop: asyncio.Event | None = None,
+    gate: Callable[[], Awaitable[None]] | None = None,
 ) -> list[GroupOutcome]:
     """Run ``num_groups`` groups (forever if None, until ``stop`` is set), ``concurrency`` at a
-    time. The first exception cancels the rest and propagates."""
+    time. ``gate`` is awaited before each group starts: backpressure, e.g. wait while the
+    learner has more groups waiting than it can train within its staleness bound. The first
+    exception cancels the rest and propagates."""
     rng = random.Random(seed)
     outcomes: list[GroupOutcome] = []
     started = 0
@@ -145,6 +148,10 @@ async def arun_groups(
     async def worker() -> None:
         nonlocal started
         while not stop.is_set() and (num_groups is None or started < num_groups):
+            if gate is not None:
+                await gate()
+                if stop.is_set():
+                    break
             started += 1
             outcome = await arun_group(env, client, env.sample_task(rng), model)
             outcomes.append(outcome)
@@ -157,7 +164,7 @@ async def arun_groups(
     return outcomes
 
 
-def run_groups(env: Environment, base_url: str, num_groups: int, *,
+def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
                api_key: str | None = None, concurrency: int = 4, seed: int = 0,
                model: str = "default", retry: RetryPolicy = RetryPolicy(),
                on_group: Callable[[GroupOutcome], None] | None = None) -> list[GroupOutcome]:
