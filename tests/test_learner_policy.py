@@ -98,3 +98,19 @@ def test_learner_matches_the_hf_engine_behavior_logprobs(tiny_model_dir):
         lp = policy.token_logprobs(mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
     diff = ((lp - mb.behavior_BT) * mb.mask_BT).abs().max()
     assert float(diff) < 1e-4
+
+
+@pytest.mark.gpu
+def test_bf16_autocast_on_cuda_stays_close_to_float32(tiny_model_dir):
+    groups = [sample_group(Policy.load(tiny_model_dir, device="cpu").model, seed=3)]
+    mb = collate(samples_from_groups(groups))
+    exact = Policy.load(tiny_model_dir, device="cuda")
+    fast = Policy.load(tiny_model_dir, device="cuda", bf16_autocast=True)
+    args = (mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
+    lp32 = exact.token_logprobs(*args)
+    lp16 = fast.token_logprobs(*args)
+    assert lp16.dtype == torch.float32
+    diff = ((lp16 - lp32) * mb.mask_BT.cuda()).abs().max()
+    assert float(diff) < 0.1
+    (lp16 * mb.mask_BT.cuda()).sum().backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in fast.model.parameters())
