@@ -325,3 +325,35 @@ def run_up(cfg: UpConfig) -> UpResult:
     rewards = [float(r["reward_mean"]) for r in records if "reward_mean" in r]
     return UpResult(steps=len(records), rewards=rewards, seconds=time.monotonic() - t0,
                     metrics_path=metrics, plot_path=plot)
+
+
+def summarize(records: list[dict[str, Any]], threshold: float = 0.8,
+              window: int = 5) -> dict[str, float]:
+    """Figures of one run from its learner step records (``event == "step"``).
+
+    ``tokens_per_s``: tokens trained per second of wall time, first step to last.
+    ``time_to_threshold_s``: wall seconds from the first step until the ``window``-step moving
+    average of the reward first reaches ``threshold`` (NaN if it never does).
+    ``final_reward``: the moving average over the last ``window`` steps.
+    """
+    steps = [r for r in records if r.get("event", "step") == "step" and "reward_mean" in r]
+    if len(steps) < 2:
+        return {"steps": float(len(steps))}
+    t0, t1 = steps[0]["time"], steps[-1]["time"]
+    rewards = [float(r["reward_mean"]) for r in steps]
+    moving = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):
+                                                                       i + 1])
+              for i in range(len(rewards))]
+    reached = next((steps[i]["time"] - t0 for i, m in enumerate(moving) if m >= threshold),
+                   float("nan"))
+    stale = [(int(k), v) for r in steps for k, v in (r.get("staleness") or {}).items()]
+    n_stale = sum(v for _, v in stale)
+    return {
+        "steps": float(len(steps)),
+        "tokens_per_s": sum(float(r.get("tokens", 0)) for r in steps[1:]) / max(t1 - t0, 1e-9),
+        "time_to_threshold_s": reached,
+        "final_reward": moving[-1],
+        "staleness_mean": sum(k * v for k, v in stale) / n_stale if n_stale else 0.0,
+        "clip_fraction_mean": sum(float(r.get("clip_fraction", 0.0)) for r in steps) / len(steps),
+        "dropped_stale": float((steps[-1].get("dropped") or {}).get("dropped_stale", 0)),
+    }
