@@ -37,13 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import APIError
 from server.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
-from server.store_finish import build_finish
+from server.store_finish import Snapshot, decide_finish, read_snapshot
 from server.store_scripts import (
     CREATE_GROUP,
     EXPIRE_DUE,
     FINISH_GROUP,
     POST_REWARDS,
-    RECORD_ROLLOUT,
+    RECORD_ROLLOUTS,
 )
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class RolloutStore:
         self.keys = keys
         self.config = config
         self._create = redis.register_script(CREATE_GROUP)
-        self._record = redis.register_script(RECORD_ROLLOUT)
+        self._record = redis.register_script(RECORD_ROLLOUTS)
         self._rewards = redis.register_script(POST_REWARDS)
         self._finish = redis.register_script(FINISH_GROUP)
         self._expire = redis.register_script(EXPIRE_DUE)
@@ -208,36 +208,28 @@ class RolloutStore:
     async def record_rollout(self, record: RolloutRecord) -> None:
         """Stores the rollout and appends its id to its group's list (once: recording the same
         rollout again replaces its record, e.g. a multi-turn episode that grew)."""
-        keys, args = self._record_call(record)
-        _raise_record_error(_s(await self._record(keys=keys, args=args)), record)
+        await self.record_rollouts([record])
 
     async def record_rollouts(self, records: Sequence[RolloutRecord]) -> None:
-        """``record_rollout`` for several rollouts in one round trip (pipelined, in order).
-        Raises the first refusal; the others are recorded (each one is idempotent)."""
-        if not records:
-            return
-        calls = [self._record_call(rec) for rec in records]
-
-        async def send() -> list[Any]:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for keys, args in calls:
-                    pipe.evalsha(self._record.sha, len(keys), *keys, *args)
-                return await pipe.execute(raise_on_error=False)
-
-        results = await send()
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
-            await self.redis.script_load(RECORD_ROLLOUT)  # Redis restarted: cache is empty
-            results = await send()
-        for rec, res in zip(records, results, strict=True):
-            if isinstance(res, Exception):
-                raise res
-            _raise_record_error(_s(res), rec)
-
-    def _record_call(self, record: RolloutRecord) -> tuple[list[str], list[Any]]:
-        k, rid, gid = self.keys, record.rollout_id, record.group_id
-        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid), k.rollout(rid),
-                k.rollout_group(rid)]
-        return keys, [gid, rid, pack_rollout(record), math.ceil(self.config.rollout_ttl_s)]
+        """``record_rollout`` for several rollouts, one script call per group (all the
+        rollouts of a sampled group in one round trip). Raises the first refusal; the other
+        rollouts are recorded (recording is idempotent, so a retry is safe)."""
+        by_group: dict[str, list[RolloutRecord]] = {}
+        for rec in records:
+            by_group.setdefault(rec.group_id, []).append(rec)
+        k, ttl = self.keys, math.ceil(self.config.rollout_ttl_s)
+        first_error: StoreError | None = None
+        for gid, recs in by_group.items():
+            args: list[Any] = [gid, ttl, *self._t_rollout, *self._t_map]
+            for rec in recs:
+                args += [rec.rollout_id, pack_rollout(rec)]
+            results = await self._record(
+                keys=[k.group(gid), k.group_rollouts(gid), k.group_rewards(gid)], args=args)
+            for rec, res in zip(recs, results, strict=True):
+                err = _record_error(_s(res), rec)
+                first_error = first_error or err
+        if first_error is not None:
+            raise first_error
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
         """Records rewards, all or nothing (one script checks every item, then writes them),
@@ -256,35 +248,40 @@ class RolloutStore:
         args: list[Any] = [*self._t_map, *self._t_group, *self._t_rewards, len(packed)]
         for rid, p in packed.items():
             args += [rid, p]
+        args += self._t_list
         statuses, gids, completed = await self._rewards(
             keys=[self.keys.counters, self.keys.complete, self.keys.deadlines], args=args)
         by_rid = {rid: (_s(st) or "", _s(g) or None)
                   for rid, st, g in zip(packed, statuses, gids, strict=True)}
-        done = {_s(g) for g in completed}
+        snapshots = {_s(c[0]) or "": Snapshot.from_script(c[1], c[2], c[3]) for c in completed}
         applied = all(st in ("ok", "duplicate") for st, _ in by_rid.values())
         results = []
         for it in items:
             st, gid = by_rid[it.rollout_id]
             results.append(RewardResult(it.rollout_id, _item_status(st, applied), gid,
-                                        applied and gid in done))
-        for gid in done:
-            await self._finish_safely(str(gid))
+                                        applied and gid in snapshots))
+        for gid, snap in snapshots.items():
+            await self._finish_safely(gid, snap)
         return RewardsOutcome(results, applied)
 
-    async def _finish_safely(self, group_id: str) -> None:
+    async def _finish_safely(self, group_id: str, snapshot: Snapshot) -> None:
         """Publishes a group whose rewards are stored; on a Redis error the group stays in the
         ``complete`` set for the sweeper: the rewards are safe, so the caller still gets 2xx."""
         try:
-            await self.finish_group(group_id)
+            await self.finish_group(group_id, snapshot)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
             logger.warning("publishing group %s deferred to the sweeper: %s", group_id, e)
 
-    async def finish_group(self, group_id: str) -> str | None:
+    async def finish_group(self, group_id: str, snapshot: Snapshot | None = None) -> str | None:
         """Computes advantages and publishes (or drops) a ``complete`` group; returns the
-        stream id, 'dropped', or None if the group was not complete (already handled)."""
-        decision = await build_finish(self.redis, self.keys, self.config, group_id)
-        if decision is None:
-            return None
+        stream id, 'dropped', or None if the group was not complete (already handled).
+        ``snapshot``: the group as the reward script that completed it returned it (saves
+        reading it back); without it, it is read from Redis."""
+        if snapshot is None:
+            snapshot = await read_snapshot(self.redis, self.keys, group_id)
+            if snapshot is None:
+                return None
+        decision = decide_finish(self.config, group_id, snapshot)
         k = self.keys
         res = await self._finish(
             keys=[k.group(group_id), k.group_rollouts(group_id), k.group_rewards(group_id),
@@ -359,7 +356,7 @@ class RolloutStore:
         return {_s(a) or "": int(b) for a, b in raw.items()}
 
 
-def _raise_record_error(res: str | None, record: RolloutRecord) -> None:
+def _record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
     rid, gid = record.rollout_id, record.group_id
     errors = {
         "unknown_group": (404, f"unknown group {gid!r}"),
@@ -370,7 +367,8 @@ def _raise_record_error(res: str | None, record: RolloutRecord) -> None:
     }
     if res in errors:
         status, message = errors[res]
-        raise StoreError(status, res, message)
+        return StoreError(status, res, message)
+    return None
 
 
 def _item_status(script_status: str, applied: bool) -> str:

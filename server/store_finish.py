@@ -55,12 +55,26 @@ def _str(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-async def build_finish(
-    redis: aioredis.Redis, keys: Keys, config: QueueConfig, group_id: str
-) -> Decision | None:
-    """Reads a ``complete`` group and decides: publish (with advantages) or drop. None if the
-    group is not ``complete``. The group cannot change meanwhile: a complete group accepts no
-    reward and no rollout, and only the finish script (which re-checks the state) moves it."""
+@dataclass(frozen=True)
+class Snapshot:
+    """What deciding a complete group needs: its metadata, rollout ids in creation order and
+    the packed rewards by rollout id."""
+
+    metadata_raw: bytes
+    rollout_ids: list[str]
+    rewards_raw: dict[str, bytes]
+
+    @classmethod
+    def from_script(cls, metadata: bytes | None, rids: list[Any], flat: list[Any]) -> Snapshot:
+        """From the reward script's reply (``HGETALL`` comes back as a flat list)."""
+        rewards = {_str(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+        return cls(metadata or msgpack.packb({}), [_str(r) for r in rids], rewards)
+
+
+async def read_snapshot(redis: aioredis.Redis, keys: Keys, group_id: str) -> Snapshot | None:
+    """The group as stored, or None if it is not ``complete``. A complete group cannot change
+    meanwhile: it accepts no reward and no rollout, and only the finish script (which re-checks
+    the state) moves it on."""
     async with redis.pipeline(transaction=True) as pipe:
         pipe.hgetall(keys.group(group_id))
         pipe.lrange(keys.group_rollouts(group_id), 0, -1)
@@ -68,8 +82,14 @@ async def build_finish(
         h, rids, rewards_raw = await pipe.execute()
     if h.get(b"state") != b"complete":
         return None
-    rewards = {_str(r): msgpack.unpackb(v) for r, v in rewards_raw.items()}
-    rewarded = [r for r in (_str(x) for x in rids) if r in rewards]
+    return Snapshot(h.get(b"metadata") or msgpack.packb({}), [_str(r) for r in rids],
+                    {_str(r): v for r, v in rewards_raw.items()})
+
+
+def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decision:
+    """Publish (with advantages from ``group_advantages``) or drop, and why. Pure."""
+    rewards = {r: msgpack.unpackb(v) for r, v in snap.rewards_raw.items()}
+    rewarded = [r for r in snap.rollout_ids if r in rewards]
     if not rewarded:
         return Decision("drop", reason="no_rewards")
     rewards_G = [float(rewards[r]["reward"]) for r in rewarded]
@@ -81,6 +101,6 @@ async def build_finish(
     except ValueError:  # cannot happen for API-validated rewards; never block the sweeper
         return Decision("drop", reason="invalid_rewards")
     head = ready_group_head(
-        group_id, msgpack.unpackb(h.get(b"metadata") or msgpack.packb({})), time.time(),
-        rewards_G, advantages_G, [rewards[r]["turn_rewards"] for r in rewarded])
+        group_id, msgpack.unpackb(snap.metadata_raw), time.time(), rewards_G, advantages_G,
+        [rewards[r]["turn_rewards"] for r in rewarded])
     return Decision("publish", head=head, rollout_ids=rewarded)

@@ -55,36 +55,58 @@ redis.call('HINCRBY', KEYS[3], 'groups_created', 1)
 return 1
 """
 
-# KEYS: group, group rollouts, group rewards, rollout, rollout->group.
-# ARGV: group_id, rollout_id, packed record, rollout_ttl.
-# A rollout may be recorded again (a multi-turn episode grows) until it has a reward.
-RECORD_ROLLOUT = _COMMON + """
+# KEYS: group, group rollouts, group rewards.
+# ARGV: group_id, rollout_ttl, r_head, r_tail (rollout), m_head, m_tail (rollout->group),
+#       then pairs (rollout_id, packed record).
+# Records every rollout of the call in order; returns one status per rollout: created |
+# updated | unknown_group | group_closed | rollout_rewarded | rollout_in_other_group |
+# group_full. A rollout may be recorded again (a multi-turn episode grows) until it has a
+# reward.
+RECORD_ROLLOUTS = _COMMON + """
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 'unknown_group' end
-if state ~= 'open' then return 'group_closed' end
-if redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then return 'rollout_rewarded' end
-local owner = redis.call('GET', KEYS[5])
-if owner and owner ~= ARGV[1] then return 'rollout_in_other_group' end
-local group_exp = redis.call('EXPIRETIME', KEYS[1])
-local result = 'updated'
-if not owner then
-  local size = tonumber(redis.call('HGET', KEYS[1], 'size'))
-  if redis.call('LLEN', KEYS[2]) >= size then return 'group_full' end
-  redis.call('RPUSH', KEYS[2], ARGV[2])
-  redis.call('EXPIREAT', KEYS[2], group_exp)
-  result = 'created'
+local out = {}
+local group_exp, size, now = nil, nil, nil
+for i = 7, #ARGV, 2 do
+  local rid, data = ARGV[i], ARGV[i + 1]
+  local mk = ARGV[5] .. rid .. ARGV[6]
+  local result
+  local owner = redis.call('GET', mk)
+  if not state then result = 'unknown_group'
+  elseif state ~= 'open' then result = 'group_closed'
+  elseif redis.call('HEXISTS', KEYS[3], rid) == 1 then result = 'rollout_rewarded'
+  elseif owner and owner ~= ARGV[1] then result = 'rollout_in_other_group'
+  else
+    group_exp = group_exp or redis.call('EXPIRETIME', KEYS[1])
+    size = size or tonumber(redis.call('HGET', KEYS[1], 'size'))
+    now = now or now_s()
+    result = 'updated'
+    if not owner then
+      if redis.call('LLEN', KEYS[2]) >= size then
+        result = 'group_full'
+      else
+        redis.call('RPUSH', KEYS[2], rid)
+        redis.call('EXPIREAT', KEYS[2], group_exp)
+        result = 'created'
+      end
+    end
+    if result ~= 'group_full' then
+      local exp = math.max(math.ceil(now + tonumber(ARGV[2])), group_exp)
+      redis.call('SET', ARGV[3] .. rid .. ARGV[4], data, 'EXAT', exp)
+      redis.call('SET', mk, ARGV[1], 'EXAT', exp)
+    end
+  end
+  out[#out + 1] = result
 end
-local exp = math.max(math.ceil(now_s() + tonumber(ARGV[4])), group_exp)
-redis.call('SET', KEYS[4], ARGV[3], 'EXAT', exp)
-redis.call('SET', KEYS[5], ARGV[1], 'EXAT', exp)
-return result
+return out
 """
 
 # KEYS: counters, complete set, deadlines.
 # ARGV: m_head, m_tail (rollout->group), g_head, g_tail (group), w_head, w_tail (rewards),
-#       n, then n pairs (rollout_id, packed reward).
+#       n, then n pairs (rollout_id, packed reward), then l_head, l_tail (group rollouts).
 # All items are checked first; if any fails nothing is written. Returns {statuses, group ids,
-# completed group ids}. Status: ok | duplicate | unknown_rollout | conflict | closed:<state>.
+# completed}: status ok | duplicate | unknown_rollout | conflict | closed:<state>; completed
+# lists, per group this call completed, {group id, metadata, rollout ids, rewards (flat
+# hash)}: what publishing needs, so the caller does not read it back.
 POST_REWARDS = _COMMON + """
 local n = tonumber(ARGV[7])
 local statuses, gids = {}, {}
@@ -124,7 +146,9 @@ for i = 1, n do
       redis.call('HSET', gk, 'state', 'complete', 'completed_at', tostring(now))
       redis.call('SADD', KEYS[2], gid)
       redis.call('ZREM', KEYS[3], gid)
-      completed[#completed + 1] = gid
+      local l_head, l_tail = ARGV[8 + 2 * n], ARGV[9 + 2 * n]
+      completed[#completed + 1] = {gid, redis.call('HGET', gk, 'metadata'),
+        redis.call('LRANGE', l_head .. gid .. l_tail, 0, -1), redis.call('HGETALL', wk)}
     end
   end
 end

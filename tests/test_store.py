@@ -129,7 +129,7 @@ class DiesAfterRewardScript(RolloutStore):
     """A process that dies right after the reward script completed a group (before it
     publishes): the group is left in the ``complete`` set."""
 
-    async def _finish_safely(self, group_id: str) -> None:
+    async def _finish_safely(self, group_id: str, snapshot: Any) -> None:
         return None
 
 

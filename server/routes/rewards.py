@@ -39,8 +39,9 @@ FiniteFloat = Annotated[
 ]
 
 
-def get_store(request: Request) -> RolloutStore:
-    """The store created in the app's lifespan (``app.state.store``)."""
+async def get_store(request: Request) -> RolloutStore:
+    """The store created in the app's lifespan (``app.state.store``). ``async``: FastAPI
+    runs a plain ``def`` dependency in a worker thread, a costly hop for an attribute read."""
     return request.app.state.store
 
 
