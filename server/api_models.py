@@ -71,7 +71,7 @@ class SamplingFields(BaseModel):
     """vLLM extension; 0 or -1: off."""
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63 - 2**16)
     """With n > 1, sample i uses seed + i: n copies of one sample would carry no signal."""
     ignore_eos: bool = False
     """vLLM extension: do not stop at EOS / end of turn (benchmarks, fixed-length rollouts)."""
@@ -95,6 +95,10 @@ class ChatCompletionRequest(SamplingFields, _OpenAIBody):
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=256)
+    """Extension: the multi-turn episode (``POST /v1/groups``) this turn belongs to; the turn
+    is appended to that episode's trajectory (``server.episodes``). Send it with the openai
+    client as ``extra_body={"rollout_id": ...}``."""
 
 
 class CompletionRequest(SamplingFields, _OpenAIBody):

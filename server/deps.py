@@ -22,6 +22,7 @@ from server.engines.base import Engine
 from server.errors import APIError
 from server.metrics import ServerMetrics
 from server.settings import ServerSettings
+from server.store import RolloutStore
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <key>")
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
@@ -35,7 +36,7 @@ def get_engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
-def get_store(request: Request) -> Any:
+def get_store(request: Request) -> RolloutStore:
     return request.app.state.store
 
 
@@ -53,7 +54,7 @@ def get_metrics(request: Request) -> ServerMetrics:
 
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
-StoreDep = Annotated[Any, Depends(get_store)]
+StoreDep = Annotated[RolloutStore, Depends(get_store)]
 TokenizerDep = Annotated[Any, Depends(get_tokenizer)]
 TokenTextsDep = Annotated[TokenTexts, Depends(get_token_texts)]
 MetricsDep = Annotated[ServerMetrics, Depends(get_metrics)]

@@ -8,8 +8,8 @@ Every sampling route runs the same three steps, in this order:
 2. ``sample_group``: the ``n`` samples run concurrently; the engine batches them with
    everything else in flight. An aborted sample (engine shutting down) fails the request with
    a 503 and nothing is recorded.
-3. the group and its ``n`` rollouts are written to Redis (``store.create_group`` then one
-   ``store.record_rollout`` each) before the response leaves, so an environment that has a
+3. the group and its ``n`` rollouts are written to Redis (``store.create_group`` then
+   ``store.record_rollouts``) before the response leaves, so an environment that has a
    ``rollout_id`` can always post its reward.
 """
 
@@ -30,6 +30,7 @@ from server.errors import APIError
 from server.metrics import ServerMetrics
 from server.redis_schema import RolloutRecord
 from server.settings import ServerSettings
+from server.store import RolloutStore
 
 MAX_STOP_STRINGS = 16
 
@@ -151,8 +152,16 @@ async def generate_n(engine: Engine, plan: GenerationPlan) -> list[Completion]:
     params = [plan.params if plan.params.seed is None
               else dataclasses.replace(plan.params, seed=plan.params.seed + i)
               for i in range(plan.n)]
-    async with asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(engine.generate(plan.prompt_token_ids, p)) for p in params]
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(engine.generate(plan.prompt_token_ids, p))
+                     for p in params]
+    except* ValueError as eg:  # the engine refused the request: a check above missed it
+        raise APIError(400, f"the engine refused the request: {eg.exceptions[0]}",
+                       code="invalid_request") from eg
+    except* RuntimeError as eg:  # the engine is stopped or its scheduler failed
+        raise APIError(503, f"the engine cannot generate: {eg.exceptions[0]}",
+                       code="engine_unavailable", headers={"Retry-After": "1"}) from eg
     completions = [t.result() for t in tasks]
     if any(c.finish_reason == "abort" for c in completions):
         raise APIError(503, "generation was aborted (the engine is shutting down or "
@@ -183,7 +192,7 @@ def rollout_record(group_id: str, sample: Sample, prompt_token_ids: list[int],
     )
 
 
-async def sample_group(engine: Engine, store: Any, plan: GenerationPlan,
+async def sample_group(engine: Engine, store: RolloutStore, plan: GenerationPlan,
                        metrics: ServerMetrics, server_id: str) -> GroupResult:
     """Samples the plan, records the group and its rollouts, returns them."""
     start = time.perf_counter()
@@ -193,9 +202,9 @@ async def sample_group(engine: Engine, store: Any, plan: GenerationPlan,
     samples = [Sample(rollout_id=uuid.uuid4().hex, completion=c) for c in completions]
     await store.create_group(group_id, plan.n, plan.metadata)
     record_meta = {"server_id": server_id, "route": plan.route}
-    for s in samples:
-        await store.record_rollout(rollout_record(group_id, s, plan.prompt_token_ids,
-                                                  plan.params.temperature, record_meta))
+    await store.record_rollouts([rollout_record(group_id, s, plan.prompt_token_ids,
+                                                plan.params.temperature, record_meta)
+                                 for s in samples])  # one round trip for the group
     metrics.groups.inc()
     metrics.rollouts.inc(len(samples))
     result = GroupResult(group_id=group_id, prompt_token_ids=plan.prompt_token_ids,
