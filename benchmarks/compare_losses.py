@@ -57,17 +57,22 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="compare-losses-"))
     runs: dict[str, list[dict]] = {}
+    sampled: dict[str, dict[str, float]] = {}
     for kind in KINDS:
         cfg = UpConfig(run_dir=root / kind, loss=kind, max_steps=args.max_steps, lr=args.lr,
                        minutes=args.minutes, seed=args.seed)
         result = run_up(cfg)
         runs[kind] = [r for r in read_metrics(result.metrics_path)
                       if r.get("event", "step") == "step" and "reward_mean" in r]
+        sampled[kind] = summarize(runs[kind],
+                                  env_records=read_metrics(cfg.run_dir / "env_rewards.jsonl"))
     plot(runs, args.out)
     print(f"{'loss':6} {'final reward':>12} {'t to 0.8 (s)':>12} {'clip frac':>10} "
-          f"{'clip lo':>8} {'clip hi':>8} {'|log s|':>8}")
+          f"{'clip lo':>8} {'clip hi':>8} {'|log s|':>8}   (rewards: every sampled group)")
     for kind, recs in runs.items():
-        s = summarize(recs)
+        s = {"final_reward": sampled[kind].get("sampled_final_reward", float("nan")),
+             "time_to_threshold_s": sampled[kind].get("sampled_time_to_threshold_s",
+                                                      float("nan"))}
         mean = lambda k, recs=recs: sum(r.get(k, 0.0) for r in recs) / max(1, len(recs))  # noqa: E731
         print(f"{kind:6} {s.get('final_reward', float('nan')):12.3f} "
               f"{s.get('time_to_threshold_s', float('nan')):12.1f} "

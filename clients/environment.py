@@ -7,7 +7,10 @@ Two shapes:
 - ``MultiTurnEnvironment``: ``group_size`` episodes opened with ``POST /v1/groups``; each
   episode talks to the server through the official ``openai`` client, passing its
   ``rollout_id`` with every chat completion (``session.extra_body``), and returns a reward
-  (plus optional per-turn rewards). Implement ``sample_task`` and ``episode``.
+  (plus optional per-turn rewards: one per chat completion of the episode, in order).
+  Implement ``sample_task`` and ``episode``. The server records the tokens the model saw and
+  wrote, turn by turn: send the whole conversation each turn, the assistant messages exactly
+  as returned (see ``server/episodes.py``).
 
 ``run_groups`` / ``arun_groups`` drive either shape with bounded concurrency and post the
 rewards. A scoring function that raises stops the run: errors are never turned into a reward.
@@ -35,7 +38,9 @@ class EpisodeResult:
 
 @dataclass
 class EpisodeSession:
-    """What an episode needs to talk to the server as itself."""
+    """What an episode needs to talk to the server as itself: ``openai_base_url``,
+    ``api_key`` and ``model`` for ``openai.AsyncOpenAI`` / ``chat.completions.create``, and
+    ``extra_body`` for every chat completion of the episode."""
 
     base_url: str
     rollout_id: str
@@ -55,12 +60,16 @@ class EpisodeSession:
 
 @dataclass
 class GroupOutcome:
-    """One finished group: its id, the rewards posted, and the environment's task."""
+    """One finished group: its id, the rewards posted, and the environment's task (multi-turn:
+    also the episodes' rollout ids and turn rewards)."""
 
     group_id: str
     rewards: list[float]
     task: Any = None
     texts: list[str] = field(default_factory=list)
+    rollout_ids: list[str] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # policy version of each sample
+    turn_rewards: list[list[float] | None] = field(default_factory=list)
 
 
 class SingleTurnEnvironment(abc.ABC):
@@ -93,15 +102,26 @@ class MultiTurnEnvironment(abc.ABC):
 
     @abc.abstractmethod
     async def episode(self, task: Any, session: EpisodeSession) -> EpisodeResult | float:
-        """Run one episode (any number of chat completions with ``session.extra_body``)."""
+        """Run one episode (any number of chat completions with ``session.extra_body``).
+        ``EpisodeResult.turn_rewards``, if given, has one entry per chat completion made."""
+
+    def group_metadata(self, task: Any) -> dict[str, Any]:
+        """Stored with the group and handed to the learner (e.g. a task id). Default: none."""
+        return {}
 
 
 Environment = SingleTurnEnvironment | MultiTurnEnvironment
 
 
+async def served_model(client: AsyncGSPOClient) -> str:
+    """The model name the server expects in ``model`` (from ``/health``)."""
+    return str((await client.health())["model"])
+
+
 async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
-                     model: str = "default") -> GroupOutcome:
-    """Sample (or play) one group, score it, post its rewards."""
+                     model: str | None = None) -> GroupOutcome:
+    """Sample (or play) one group, score it, post its rewards. ``model``: the served model's
+    name for chat completions (None: ask the server)."""
     if isinstance(env, SingleTurnEnvironment):
         p = env.prompt(task)
         kwargs: dict[str, Any] = {"prompt": p} if isinstance(p, str) else {"messages": p}
@@ -110,8 +130,10 @@ async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
         rewards = [float(env.score(task, t)) for t in texts]
         await client.post_rewards([{"rollout_id": r.rollout_id, "reward": x}
                                    for r, x in zip(group.rollouts, rewards, strict=True)])
-        return GroupOutcome(group_id=group.group_id, rewards=rewards, task=task, texts=texts)
-    opened = await client.open_group(env.group_size)
+        return GroupOutcome(group_id=group.group_id, rewards=rewards, task=task, texts=texts,
+                            versions=[r.policy_version for r in group.rollouts])
+    model = model or await served_model(client)
+    opened = await client.open_group(env.group_size, env.group_metadata(task))
     sessions = [EpisodeSession(base_url=client.base_url, rollout_id=rid,
                                group_id=opened["group_id"], model=model, api_key=client.api_key)
                 for rid in opened["rollout_ids"]]
@@ -121,7 +143,8 @@ async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
         {"rollout_id": s.rollout_id, "reward": o.reward, "turn_rewards": o.turn_rewards}
         for s, o in zip(sessions, outcomes, strict=True)])
     return GroupOutcome(group_id=opened["group_id"], rewards=[o.reward for o in outcomes],
-                        task=task)
+                        task=task, rollout_ids=[s.rollout_id for s in sessions],
+                        turn_rewards=[o.turn_rewards for o in outcomes])
 
 
 async def arun_groups(
@@ -131,7 +154,7 @@ async def arun_groups(
     *,
     concurrency: int = 4,
     seed: int = 0,
-    model: str = "default",
+    model: str | None = None,
     on_group: Callable[[GroupOutcome], None] | None = None,
     stop: asyncio.Event | None = None,
     gate: Callable[[], Awaitable[None]] | None = None,
@@ -139,8 +162,11 @@ async def arun_groups(
     """Run ``num_groups`` groups (forever if None, until ``stop`` is set), ``concurrency`` at a
     time. ``gate`` is awaited before each group starts: backpressure, e.g. wait while the
     learner has more groups waiting than it can train within its staleness bound. The first
-    exception cancels the rest and propagates."""
+    exception cancels the rest and propagates. ``model``: the served model's name for the
+    episodes' chat completions (None: asked from the server once, when needed)."""
     rng = random.Random(seed)
+    if model is None and isinstance(env, MultiTurnEnvironment):
+        model = await served_model(client)
     outcomes: list[GroupOutcome] = []
     started = 0
     stop = stop or asyncio.Event()
@@ -166,7 +192,7 @@ async def arun_groups(
 
 def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
                api_key: str | None = None, concurrency: int = 4, seed: int = 0,
-               model: str = "default", retry: RetryPolicy = RetryPolicy(),
+               model: str | None = None, retry: RetryPolicy = RetryPolicy(),
                on_group: Callable[[GroupOutcome], None] | None = None) -> list[GroupOutcome]:
     """Synchronous entry point: runs ``arun_groups`` on a fresh event loop."""
 

@@ -51,7 +51,8 @@ class UpConfig:
 @dataclass
 class UpResult:
     steps: int
-    rewards: list[float]  # the learner's reward_mean per step
+    rewards: list[float]  # the learner's reward_mean per step (trained groups only)
+    sampled: list[tuple[int, float, int]]  # (policy version, mean reward, groups): every group
     seconds: float
     metrics_path: Path
     plot_path: Path | None
@@ -173,34 +174,50 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def plot_rewards(records: list[dict[str, Any]], path: Path, title: str) -> Path | None:
-    """Reward per learner step and its moving average, saved as a PNG."""
+def plot_rewards(records: list[dict[str, Any]], sampled: list[tuple[int, float, int]],
+                 path: Path, title: str) -> Path | None:
+    """Two curves against the policy version: the reward of every sampled group (what the
+    policy earns) and the learner's reward (the groups it trained on). Saved as a PNG."""
     points = [(r["step"], r["reward_mean"]) for r in records if "reward_mean" in r]
-    if not points:
+    if not points and not sampled:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps, rewards = zip(*points, strict=True)
-    window = max(1, len(rewards) // 10)
-    smooth = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):
-                                                                       i + 1])
-              for i in range(len(rewards))]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, rewards, alpha=0.35, label="reward (mean of the step's groups)")
-    ax.plot(steps, smooth, label=f"moving average ({window} steps)")
-    ax.set_xlabel("learner step (policy version)")
-    ax.set_ylabel("reward")
+    if sampled:
+        versions, means, counts = zip(*sampled, strict=True)
+        smooth = _moving(list(means), max(1, len(means) // 10))
+        ax.plot(versions, means, alpha=0.3, color="C0")
+        ax.plot(versions, smooth, color="C0",
+                label=f"every sampled group ({sum(counts)} groups), by sampling version")
+    if points:
+        steps, rewards = zip(*points, strict=True)
+        ax.plot(steps, _moving(list(rewards), max(1, len(rewards) // 10)), color="C1",
+                label="groups the learner trained on (equal-reward groups excluded)")
+    ax.set_xlabel("policy version (learner step)")
+    ax.set_ylabel("mean reward")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _moving(xs: list[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(xs)):
+        part = xs[max(0, i - window + 1):i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+ENV_WINDOW = 32  # groups in the environment-side moving average
 
 
 def _exit_code(procs: Processes, name: str) -> int | None:
@@ -263,12 +280,22 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
     env = AlphabetEnvironment(group_size=cfg.group_size)
     stop = asyncio.Event()
     gate = _backlog_gate(redis_url, cfg.groups_per_step * (cfg.max_staleness + 1), stop)
-    env_rewards: deque[float] = deque(maxlen=128)
+    env_rewards: deque[float] = deque(maxlen=ENV_WINDOW)
+    env_log = open(cfg.run_dir / "env_rewards.jsonl", "a")  # noqa: SIM115 (closed below)
+
+    def on_group(g: Any) -> None:
+        reward = sum(g.rewards) / len(g.rewards)
+        env_rewards.append(reward)
+        env_log.write(json.dumps({"time": time.time(), "group_id": g.group_id,
+                                  "version": min(g.versions) if g.versions else -1,
+                                  "reward": reward}) + "\n")
+        env_log.flush()
+
     deadline = time.monotonic() + cfg.minutes * 60
     async with AsyncGSPOClient(url, api_key=api_key) as client:
         runner = asyncio.create_task(arun_groups(
             env, client, None, concurrency=cfg.concurrency, seed=cfg.seed, stop=stop,
-            on_group=lambda g: env_rewards.extend(g.rewards), gate=gate))
+            on_group=on_group, gate=gate))
         try:
             while True:
                 await asyncio.sleep(0.5)
@@ -284,9 +311,11 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
                     break
                 if time.monotonic() > deadline:
                     break
-                if cfg.target_reward is not None and status["reward"] >= cfg.target_reward:
+                if (cfg.target_reward is not None and len(env_rewards) == ENV_WINDOW
+                        and status["env_reward"] >= cfg.target_reward):
                     break
         finally:
+            env_log.close()
             stop.set()
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -320,40 +349,59 @@ def run_up(cfg: UpConfig) -> UpResult:
         procs.stop_all()
         signal.signal(signal.SIGTERM, previous)
     records = [r for r in read_metrics(metrics) if r.get("event", "step") == "step"]
-    plot = plot_rewards(records, cfg.run_dir / "reward_curve.png",
+    sampled = version_curve(read_metrics(cfg.run_dir / "env_rewards.jsonl"))
+    plot = plot_rewards(records, sampled, cfg.run_dir / "reward_curve.png",
                         f"gspo up: {cfg.loss} on the alphabet task")
     rewards = [float(r["reward_mean"]) for r in records if "reward_mean" in r]
-    return UpResult(steps=len(records), rewards=rewards, seconds=time.monotonic() - t0,
-                    metrics_path=metrics, plot_path=plot)
+    return UpResult(steps=len(records), rewards=rewards, sampled=sampled,
+                    seconds=time.monotonic() - t0, metrics_path=metrics, plot_path=plot)
 
 
-def summarize(records: list[dict[str, Any]], threshold: float = 0.8,
-              window: int = 5) -> dict[str, float]:
-    """Figures of one run from its learner step records (``event == "step"``).
+def version_curve(env_records: list[dict[str, Any]]) -> list[tuple[int, float, int]]:
+    """Mean reward of every group the environment finished, by the policy version that
+    sampled it. Unlike the learner's reward (groups it trained on), this includes the groups
+    dropped for equal rewards, which become common as the policy gets good."""
+    by_version: dict[int, list[float]] = {}
+    for r in env_records:
+        by_version.setdefault(int(r["version"]), []).append(float(r["reward"]))
+    return [(v, sum(x) / len(x), len(x)) for v, x in sorted(by_version.items()) if v >= 0]
+
+
+def summarize(records: list[dict[str, Any]], threshold: float = 0.8, window: int = 5,
+              env_records: list[dict[str, Any]] | None = None) -> dict[str, float]:
+    """Figures of one run from its learner step records (and the environment's groups).
 
     ``tokens_per_s``: tokens trained per second of wall time, first step to last.
     ``time_to_threshold_s``: wall seconds from the first step until the ``window``-step moving
-    average of the reward first reaches ``threshold`` (NaN if it never does).
-    ``final_reward``: the moving average over the last ``window`` steps.
+    average of the learner's reward first reaches ``threshold`` (NaN if it never does).
+    ``final_reward``: that moving average over the last ``window`` steps.
+    With ``env_records`` (``env_rewards.jsonl``), the same for every sampled group over a
+    moving window of ``ENV_WINDOW`` groups: ``sampled_time_to_threshold_s`` (from the first
+    group) and ``sampled_final_reward``.
     """
     steps = [r for r in records if r.get("event", "step") == "step" and "reward_mean" in r]
+    out: dict[str, float] = {"steps": float(len(steps))}
+    if env_records:
+        rewards = [float(r["reward"]) for r in env_records]
+        moving = _moving(rewards, ENV_WINDOW)
+        t0 = env_records[0]["time"]
+        out["sampled_final_reward"] = moving[-1]
+        out["sampled_time_to_threshold_s"] = next(
+            (env_records[i]["time"] - t0 for i, m in enumerate(moving)
+             if i + 1 >= ENV_WINDOW and m >= threshold), float("nan"))
     if len(steps) < 2:
-        return {"steps": float(len(steps))}
+        return out
     t0, t1 = steps[0]["time"], steps[-1]["time"]
-    rewards = [float(r["reward_mean"]) for r in steps]
-    moving = [sum(rewards[max(0, i - window + 1):i + 1]) / len(rewards[max(0, i - window + 1):
-                                                                       i + 1])
-              for i in range(len(rewards))]
-    reached = next((steps[i]["time"] - t0 for i, m in enumerate(moving) if m >= threshold),
-                   float("nan"))
+    moving = _moving([float(r["reward_mean"]) for r in steps], window)
     stale = [(int(k), v) for r in steps for k, v in (r.get("staleness") or {}).items()]
     n_stale = sum(v for _, v in stale)
-    return {
-        "steps": float(len(steps)),
+    out.update({
         "tokens_per_s": sum(float(r.get("tokens", 0)) for r in steps[1:]) / max(t1 - t0, 1e-9),
-        "time_to_threshold_s": reached,
+        "time_to_threshold_s": next((steps[i]["time"] - t0 for i, m in enumerate(moving)
+                                     if m >= threshold), float("nan")),
         "final_reward": moving[-1],
         "staleness_mean": sum(k * v for k, v in stale) / n_stale if n_stale else 0.0,
         "clip_fraction_mean": sum(float(r.get("clip_fraction", 0.0)) for r in steps) / len(steps),
         "dropped_stale": float((steps[-1].get("dropped") or {}).get("dropped_stale", 0)),
-    }
+    })
+    return out
