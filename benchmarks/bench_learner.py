@@ -8,12 +8,20 @@ selected-logprob kernel). Baseline, same run, same data: full ``[B, T, V]`` logi
 ``log_softmax(logits.float() / t).gather(..)`` (the usual transcription). Prints tokens/s of
 each, their ratio (goal >= 1.0) and, on CUDA, the peak memory of a step (goal <= 1.0x).
 Without ``--model`` a tiny model is made in a temporary directory (``server.tiny_model``).
+
+    .venv/bin/python benchmarks/bench_learner.py --head [--tokens 2048 --vocab 32768]
+
+The log-prob head alone (``[N, V]`` logits with grad -> log-probs of the targets ->
+backward), where the vocabulary is realistic: time ratio ours/baseline and, on CPU, the
+resident high-water mark of one forward+backward above the logits, in a fresh process per
+implementation (on CUDA ``max_memory_allocated``), as a multiple of the logits' bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.config import LearnerConfig  # noqa: E402
 from learner.losses import group_advantages  # noqa: E402
-from learner.policy import Policy  # noqa: E402
+from learner.policy import Policy, selected_logprobs  # noqa: E402
 from learner.trainer import Trainer  # noqa: E402
 from server.redis_schema import ReadyGroup, RolloutRecord  # noqa: E402
 
@@ -66,22 +74,108 @@ def make_groups(vocab: int, n: int, g: int, prompt: int, completion: int,
     return groups
 
 
-def measure(policy_cls: type[Policy], model_dir: str, groups, args) -> tuple[float, float]:
+def make_trainer(policy_cls: type[Policy], model_dir: str, args) -> Trainer:
     policy = policy_cls.load(model_dir, device=args.device)
     cfg = LearnerConfig(model=model_dir, minibatches=args.minibatches, lr=1e-6,
                         micro_batch_tokens=args.micro_batch_tokens, loss={"kind": "grpo"})
-    trainer = Trainer(policy, cfg)
-    trainer.step(groups)  # warm-up
-    cuda = policy.device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(policy.device)
-    rates = []
+    return Trainer(policy, cfg)
+
+
+def measure(trainers: list[Trainer], groups, steps: int) -> list[tuple[float, float]]:
+    """Median tokens/s and peak MiB (CUDA; NaN on CPU) of each trainer. Steps alternate
+    between the trainers so that a noisy machine slows both alike."""
+    for t in trainers:
+        t.step(groups)  # warm-up
+    rates: list[list[float]] = [[] for _ in trainers]
+    peaks = [float("nan")] * len(trainers)
+    for _ in range(steps):
+        for i, t in enumerate(trainers):
+            cuda = t.policy.device.type == "cuda"
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(t.policy.device)
+            t0 = time.perf_counter()
+            m = t.step(groups)
+            rates[i].append(m["tokens"] / (time.perf_counter() - t0))
+            if cuda:
+                peaks[i] = max(peaks[i] if peaks[i] == peaks[i] else 0.0,
+                               torch.cuda.max_memory_allocated(t.policy.device) / 2**20)
+    return [(statistics.median(r), p) for r, p in zip(rates, peaks, strict=True)]
+
+
+def head_once(impl: str, logits_NV: torch.Tensor, targets_N: torch.Tensor) -> None:
+    """Forward + backward of the log-prob head alone."""
+    x = logits_NV.detach().requires_grad_(True)
+    t_N = torch.full((x.shape[0],), 0.7, device=x.device)
+    if impl == "ours":
+        lp = selected_logprobs(x[None], targets_N[None], t_N[:1])[0]
+    else:
+        lp = torch.log_softmax(x.float() / t_N[:, None], -1).gather(1, targets_N[:, None])
+    lp.sum().backward()
+
+
+def head_inputs(n: int, v: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(n, v, generator=g).to(device),
+            torch.randint(0, v, (n,), generator=g).to(device))
+
+
+_HEAD_PEAK = """
+import sys
+sys.path.insert(0, {root!r})
+from benchmarks.bench_learner import head_inputs, head_once
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+head_once({impl!r}, *head_inputs(8, 64, "cpu"))
+x, t = head_inputs({n}, {v}, "cpu")
+open("/proc/self/clear_refs", "w").write("5")  # reset the resident high-water mark
+base = status("VmRSS:")
+head_once({impl!r}, x, t)
+print(status("VmHWM:") - base)
+"""
+
+
+def head_peak(impl: str, n: int, v: int, device: str) -> float:
+    """Peak extra bytes of one head forward+backward."""
+    if device.startswith("cuda"):
+        x, t = head_inputs(n, v, device)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        head_once(impl, x, t)
+        return float(torch.cuda.max_memory_allocated() - base)
+    code = _HEAD_PEAK.format(root=str(Path(__file__).resolve().parents[1]), impl=impl, n=n, v=v)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench_head(args) -> None:
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
+        "cpu" if args.device == "auto" else args.device)
+    x, t = head_inputs(args.tokens, args.vocab, device)
+    times: dict[str, list[float]] = {"ours": [], "baseline": []}
+    for impl in times:
+        head_once(impl, x, t)  # warm-up
     for _ in range(args.steps):
-        t0 = time.perf_counter()
-        m = trainer.step(groups)
-        rates.append(m["tokens"] / (time.perf_counter() - t0))
-    peak = torch.cuda.max_memory_allocated(policy.device) / 2**20 if cuda else float("nan")
-    return statistics.median(rates), peak
+        for impl in times:
+            t0 = time.perf_counter()
+            head_once(impl, x, t)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times[impl].append(time.perf_counter() - t0)
+    logits_bytes = x.numel() * x.element_size()
+    peaks = {impl: head_peak(impl, args.tokens, args.vocab, device) for impl in times}
+    print(f"log-prob head: N={args.tokens} tokens, V={args.vocab}, float32, {device}")
+    for impl in times:
+        print(f"{impl:9s} {statistics.median(times[impl]) * 1e3:8.1f} ms   "
+              f"peak {peaks[impl] / logits_bytes:5.2f}x logits")
+    print(f"time ratio ours/baseline: "
+          f"{statistics.median(times['ours']) / statistics.median(times['baseline']):.2f}; "
+          f"peak ratio: {peaks['ours'] / peaks['baseline']:.2f} (goals <= 1.0)")
 
 
 def main() -> None:
@@ -91,11 +185,17 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--completion", type=int, default=192)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--minibatches", type=int, default=2)
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--head", action="store_true", help="benchmark the log-prob head alone")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=32768)
     args = ap.parse_args()
+    if args.head:
+        bench_head(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
@@ -106,8 +206,9 @@ def main() -> None:
 
         vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
         groups = make_groups(vocab, args.groups, args.group_size, args.prompt, args.completion)
-        ours, ours_peak = measure(Policy, model_dir, groups, args)
-        base, base_peak = measure(NaivePolicy, model_dir, groups, args)
+        trainers = [make_trainer(Policy, model_dir, args),
+                    make_trainer(NaivePolicy, model_dir, args)]
+        (ours, ours_peak), (base, base_peak) = measure(trainers, groups, args.steps)
     n_tok = sum(len(r.token_ids) for g in groups for r in g.rollouts)
     print(f"model {model_dir if args.model else 'tiny (2 layers, 128 hidden, vocab 1024)'}; "
           f"{args.groups}x{args.group_size} rollouts, {n_tok} tokens per step, "

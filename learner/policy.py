@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-# Row chunk of the logprob kernel: about 2**26 float32 elements (256 MiB) at a time.
-_CHUNK_ELEMS = 2**26
+# Row chunk of the logprob kernel: about 2**24 float32 elements (64 MiB) at a time.
+_CHUNK_ELEMS = 2**24
 
 
 def resolve_device(device: str) -> torch.device:
