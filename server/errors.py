@@ -121,8 +121,6 @@ class BodySizeLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = APIError(413, f"request body larger than {self.max_bytes} bytes",
-                             code="body_too_large")
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
@@ -130,7 +128,7 @@ class BodySizeLimitMiddleware:
                 except ValueError:
                     declared = 0
                 if declared > self.max_bytes:
-                    await too_large.response()(scope, receive, send)
+                    await self._too_large().response()(scope, receive, send)
                     return
         seen = 0
 
@@ -140,10 +138,14 @@ class BodySizeLimitMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise too_large
+                    raise self._too_large()
             return message
 
         await self.app(scope, limited_receive, send)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"request body larger than {self.max_bytes} bytes",
+                        code="body_too_large")
 
 
 async def _api_error_handler(request: Request, exc: Exception) -> JSONResponse:
