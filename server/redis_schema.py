@@ -7,6 +7,9 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
 - ``{p}:rollout:{rollout_id}:group``: string, the rollout's group id, same TTL as the rollout
   (lets the reward script find the group without unpacking the record: Redis's Lua msgpack
   cannot decode the binary arrays).
+- ``{p}:rollout:{rollout_id}:staging``: string, a rollout record on its way in: written with
+  plain ``SET`` and renamed into place by the record script in the same MULTI/EXEC (large
+  values are slow to pass through Lua), so it never outlives the transaction.
 - ``{p}:group:{group_id}``: hash, the group's state: ``size`` (rollouts expected), ``state``
   (open | complete | published | dropped | expired), ``metadata`` (msgpack), ``created_at``,
   ``deadline`` (unix seconds after which it expires), ``n_rewarded``; once closed also
@@ -51,6 +54,9 @@ class Keys:
 
     def rollout_group(self, rollout_id: str) -> str:
         return f"{self.prefix}:rollout:{rollout_id}:group"
+
+    def rollout_staging(self, rollout_id: str) -> str:
+        return f"{self.prefix}:rollout:{rollout_id}:staging"
 
     def group(self, group_id: str) -> str:
         return f"{self.prefix}:group:{group_id}"

@@ -37,11 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import APIError
 from server.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
-from server.store_finish import Snapshot, decide_finish, read_snapshot
+from server.store_finish import Snapshot, decide_finish, publish, read_snapshot
 from server.store_scripts import (
     CREATE_GROUP,
     EXPIRE_DUE,
-    FINISH_GROUP,
     POST_REWARDS,
     RECORD_ROLLOUTS,
 )
@@ -181,12 +180,11 @@ class RolloutStore:
         self._create = redis.register_script(CREATE_GROUP)
         self._record = redis.register_script(RECORD_ROLLOUTS)
         self._rewards = redis.register_script(POST_REWARDS)
-        self._finish = redis.register_script(FINISH_GROUP)
         self._expire = redis.register_script(EXPIRE_DUE)
         k = keys
         self._t_rollout, self._t_map = _tpl(k.rollout), _tpl(k.rollout_group)
         self._t_group, self._t_list = _tpl(k.group), _tpl(k.group_rollouts)
-        self._t_rewards = _tpl(k.group_rewards)
+        self._t_rewards, self._t_staging = _tpl(k.group_rewards), _tpl(k.rollout_staging)
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
 
     async def create_group(
@@ -211,25 +209,38 @@ class RolloutStore:
         await self.record_rollouts([record])
 
     async def record_rollouts(self, records: Sequence[RolloutRecord]) -> None:
-        """``record_rollout`` for several rollouts, one script call per group (all the
-        rollouts of a sampled group in one round trip). Raises the first refusal; the other
-        rollouts are recorded (recording is idempotent, so a retry is safe)."""
+        """``record_rollout`` for several rollouts: one MULTI/EXEC per group (plain SETs of the
+        records to staging keys, then the record script, which renames the accepted ones into
+        place). Raises the first refusal; the other rollouts are recorded (recording is
+        idempotent, so a retry is safe)."""
         by_group: dict[str, list[RolloutRecord]] = {}
         for rec in records:
             by_group.setdefault(rec.group_id, []).append(rec)
-        k, ttl = self.keys, math.ceil(self.config.rollout_ttl_s)
         first_error: StoreError | None = None
         for gid, recs in by_group.items():
-            args: list[Any] = [gid, ttl, *self._t_rollout, *self._t_map]
-            for rec in recs:
-                args += [rec.rollout_id, pack_rollout(rec)]
-            results = await self._record(
-                keys=[k.group(gid), k.group_rollouts(gid), k.group_rewards(gid)], args=args)
+            results = await self._record_group(gid, recs)
             for rec, res in zip(recs, results, strict=True):
-                err = _record_error(_s(res), rec)
-                first_error = first_error or err
+                first_error = first_error or _record_error(_s(res), rec)
         if first_error is not None:
             raise first_error
+
+    async def _record_group(self, gid: str, recs: list[RolloutRecord]) -> list[Any]:
+        k = self.keys
+        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid)]
+        args: list[Any] = [gid, math.ceil(self.config.rollout_ttl_s), *self._t_rollout,
+                           *self._t_map, *self._t_staging, *[r.rollout_id for r in recs]]
+        for _ in range(2):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                for rec in recs:  # staging keys expire on their own if the script fails
+                    pipe.set(k.rollout_staging(rec.rollout_id), pack_rollout(rec), ex=300)
+                pipe.evalsha(self._record.sha, len(keys), *keys, *args)
+                out = (await pipe.execute(raise_on_error=False))[-1]
+            if not isinstance(out, redis.exceptions.NoScriptError):
+                break
+            await self.redis.script_load(RECORD_ROLLOUTS)  # Redis restarted: cache is empty
+        if isinstance(out, Exception):
+            raise out
+        return list(out)
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
         """Records rewards, all or nothing (one script checks every item, then writes them),
@@ -282,14 +293,8 @@ class RolloutStore:
             if snapshot is None:
                 return None
         decision = decide_finish(self.config, group_id, snapshot)
-        k = self.keys
-        res = await self._finish(
-            keys=[k.group(group_id), k.group_rollouts(group_id), k.group_rewards(group_id),
-                  k.complete, k.ready_stream, k.counters],
-            args=[group_id, decision.mode, decision.head, decision.reason, self._finished_ttl,
-                  READY_STREAM_FIELD, *self._t_rollout, *self._t_map, *decision.rollout_ids],
-        )
-        return _s(res)
+        return await publish(self.redis, self.keys, group_id, decision, snapshot.rollout_ids,
+                             self._finished_ttl, READY_STREAM_FIELD)
 
     async def sweep_once(self) -> dict[str, int]:
         """One pass: expires due groups (publishing those with enough rewards) and publishes
@@ -364,6 +369,7 @@ def _record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
         "rollout_rewarded": (409, f"rollout {rid!r} already has a reward"),
         "rollout_in_other_group": (409, f"rollout {rid!r} belongs to another group"),
         "group_full": (409, f"group {gid!r} already has all its rollouts"),
+        "no_data": (503, f"rollout {rid!r} was not staged (Redis lost it): retry"),
     }
     if res in errors:
         status, message = errors[res]

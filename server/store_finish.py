@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
 from learner.losses import group_advantages
 from server.redis_schema import Keys
@@ -104,3 +105,62 @@ def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decisio
         group_id, msgpack.unpackb(snap.metadata_raw), time.time(), rewards_G, advantages_G,
         [rewards[r]["turn_rewards"] for r in rewarded])
     return Decision("publish", head=head, rollout_ids=rewarded)
+
+
+async def publish(
+    redis: aioredis.Redis, keys: Keys, group_id: str, decision: Decision, all_rollout_ids:
+    list[str], finished_ttl: int, stream_field: str,
+) -> str | None:
+    """Carries out ``decision`` exactly once: WATCH the group, check it is ``complete``, then
+    MULTI: XADD the record (head + the rollouts' stored bytes), mark the group, count, shorten
+    the TTLs, EXEC. A finisher that loses the race sees its EXEC abort (the winner changed
+    the watched group) and returns None. Returns the stream id, 'dropped', or None."""
+    gk = keys.group(group_id)
+    for _ in range(5):
+        async with redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(gk)
+                state, partial = await pipe.hmget(gk, ["state", "partial"])
+                if state != b"complete":
+                    return None
+                mode, reason, record = decision.mode, decision.reason, b""
+                if mode == "publish":
+                    blobs = await pipe.mget([keys.rollout(r) for r in decision.rollout_ids])
+                    if any(b is None for b in blobs):
+                        mode, reason = "drop", "missing_rollouts"
+                    else:
+                        record = b"".join([decision.head, *blobs])
+                pipe.multi()
+                _queue_finish(pipe, keys, group_id, mode, reason, record, partial == b"1",
+                              all_rollout_ids, finished_ttl, stream_field)
+                results = await pipe.execute()
+            except WatchError:
+                continue  # someone else finished it, or it changed: look again
+        if mode != "publish":
+            return "dropped"
+        stream_id = _str(results[0])
+        await redis.hset(gk, "stream_id", stream_id)  # informational (GET /v1/groups)
+        return stream_id
+    return None
+
+
+def _queue_finish(
+    pipe: Any, keys: Keys, group_id: str, mode: str, reason: str, record: bytes, partial: bool,
+    all_rollout_ids: list[str], finished_ttl: int, stream_field: str,
+) -> None:
+    gk = keys.group(group_id)
+    if mode == "publish":
+        pipe.xadd(keys.ready_stream, {stream_field: record})
+        pipe.hset(gk, "state", "published")
+        pipe.hincrby(keys.counters, "groups_published", 1)
+        if partial:
+            pipe.hincrby(keys.counters, "groups_published_partial", 1)
+    else:
+        pipe.hset(gk, mapping={"state": "dropped", "drop_reason": reason})
+        pipe.hincrby(keys.counters, f"groups_dropped_{reason}", 1)
+    pipe.srem(keys.complete, group_id)
+    # A finished group's keys and rollouts live finished_ttl more (never extended: LT).
+    for key in [gk, keys.group_rollouts(group_id), keys.group_rewards(group_id),
+                *[keys.rollout(r) for r in all_rollout_ids],
+                *[keys.rollout_group(r) for r in all_rollout_ids]]:
+        pipe.expire(key, finished_ttl, lt=True)

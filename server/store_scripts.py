@@ -2,9 +2,11 @@
 
 A Lua script runs atomically in Redis, so a reward, its duplicate/conflict check, the group's
 reward count and the open -> complete transition cannot interleave with another process's
-reward for the same group. Publishing is a second script that appends to the ready stream
-only while the group's state is ``complete`` and moves it to ``published`` in the same step:
-however many processes (request handlers, sweepers) try to publish a group, one XADD happens.
+reward for the same group. Publishing (``server.store_finish.publish``) is an optimistic
+transaction instead (WATCH the group, check ``complete``, MULTI: XADD + mark ``published``),
+because the record it appends is large and large values are slow to pass through Lua; its
+exactly-once argument is the same: whoever commits first changes the watched group, every
+other finisher's EXEC aborts.
 
 Key names are never spelled here: scripts that find a group id inside Redis build its keys
 from ``head .. id .. tail`` templates that ``server.store`` derives from ``Keys``. Because
@@ -57,21 +59,24 @@ return 1
 
 # KEYS: group, group rollouts, group rewards.
 # ARGV: group_id, rollout_ttl, r_head, r_tail (rollout), m_head, m_tail (rollout->group),
-#       then pairs (rollout_id, packed record).
-# Records every rollout of the call in order; returns one status per rollout: created |
-# updated | unknown_group | group_closed | rollout_rewarded | rollout_in_other_group |
-# group_full. A rollout may be recorded again (a multi-turn episode grows) until it has a
-# reward.
+#       s_head, s_tail (staging), then the rollout ids.
+# Runs in one MULTI/EXEC after the plain SETs of each rollout's record to its staging key:
+# an accepted rollout's staging key is renamed into place, a refused one's deleted. (Passing
+# a 13 kB record through a script's ARGV costs Redis ~20x a plain SET of it.)
+# Returns one status per rollout: created | updated | unknown_group | group_closed |
+# rollout_rewarded | rollout_in_other_group | group_full | no_data. A rollout may be recorded
+# again (a multi-turn episode grows) until it has a reward.
 RECORD_ROLLOUTS = _COMMON + """
 local state = redis.call('HGET', KEYS[1], 'state')
 local out = {}
 local group_exp, size, now = nil, nil, nil
-for i = 7, #ARGV, 2 do
-  local rid, data = ARGV[i], ARGV[i + 1]
-  local mk = ARGV[5] .. rid .. ARGV[6]
+for i = 9, #ARGV do
+  local rid = ARGV[i]
+  local mk, sk = ARGV[5] .. rid .. ARGV[6], ARGV[7] .. rid .. ARGV[8]
   local result
   local owner = redis.call('GET', mk)
-  if not state then result = 'unknown_group'
+  if redis.call('EXISTS', sk) == 0 then result = 'no_data'
+  elseif not state then result = 'unknown_group'
   elseif state ~= 'open' then result = 'group_closed'
   elseif redis.call('HEXISTS', KEYS[3], rid) == 1 then result = 'rollout_rewarded'
   elseif owner and owner ~= ARGV[1] then result = 'rollout_in_other_group'
@@ -89,11 +94,15 @@ for i = 7, #ARGV, 2 do
         result = 'created'
       end
     end
-    if result ~= 'group_full' then
-      local exp = math.max(math.ceil(now + tonumber(ARGV[2])), group_exp)
-      redis.call('SET', ARGV[3] .. rid .. ARGV[4], data, 'EXAT', exp)
-      redis.call('SET', mk, ARGV[1], 'EXAT', exp)
-    end
+  end
+  if result == 'created' or result == 'updated' then
+    local exp = math.max(math.ceil(now + tonumber(ARGV[2])), group_exp)
+    local rk = ARGV[3] .. rid .. ARGV[4]
+    redis.call('RENAME', sk, rk)
+    redis.call('EXPIREAT', rk, exp)
+    redis.call('SET', mk, ARGV[1], 'EXAT', exp)
+  else
+    redis.call('DEL', sk)
   end
   out[#out + 1] = result
 end
@@ -155,44 +164,6 @@ end
 if stored > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_stored', stored) end
 if dups > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_duplicate', dups) end
 return {statuses, gids, completed}
-"""
-
-# KEYS: group, group rollouts, group rewards, complete set, ready stream, counters.
-# ARGV: group_id, mode (publish | drop), record head, drop reason, finished_ttl, stream field,
-#       r_head, r_tail (rollout), m_head, m_tail (rollout->group), then the rollout ids.
-# The record is the head (msgpack map up to the rollouts' array header, built in Python with
-# the advantages) followed by the rollouts' stored bytes, concatenated here: the rollouts never
-# travel to the caller and back. Returns the stream id (publish), 'dropped', or nil when the
-# group is not 'complete' (someone else already published or dropped it: exactly once).
-FINISH_GROUP = _COMMON + """
-if redis.call('HGET', KEYS[1], 'state') ~= 'complete' then return false end
-local mode, reason, result = ARGV[2], ARGV[4], nil
-local parts = {ARGV[3]}
-if mode == 'publish' then
-  for i = 11, #ARGV do
-    local data = redis.call('GET', ARGV[7] .. ARGV[i] .. ARGV[8])
-    if not data then
-      mode, reason = 'drop', 'missing_rollouts'
-      break
-    end
-    parts[#parts + 1] = data
-  end
-end
-if mode == 'publish' then
-  result = redis.call('XADD', KEYS[5], '*', ARGV[6], table.concat(parts))
-  redis.call('HSET', KEYS[1], 'state', 'published', 'stream_id', result)
-  redis.call('HINCRBY', KEYS[6], 'groups_published', 1)
-  if redis.call('HGET', KEYS[1], 'partial') == '1' then
-    redis.call('HINCRBY', KEYS[6], 'groups_published_partial', 1)
-  end
-else
-  redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', reason)
-  redis.call('HINCRBY', KEYS[6], 'groups_dropped_' .. reason, 1)
-  result = 'dropped'
-end
-redis.call('SREM', KEYS[4], ARGV[1])
-expire_group(KEYS[1], KEYS[2], KEYS[3], ARGV[7], ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[5]))
-return result
 """
 
 # KEYS: deadlines, complete set, counters.
