@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import APIError
 from server.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
-from server.store_finish import Snapshot, decide_finish, publish, read_snapshot
+from server.store_finish import (
+    Snapshot,
+    decide_finish,
+    key_template,
+    publish,
+    read_snapshot,
+)
 from server.store_scripts import (
     CREATE_GROUP,
     EXPIRE_DUE,
@@ -46,9 +52,6 @@ from server.store_scripts import (
 )
 
 logger = logging.getLogger(__name__)
-
-_MARK = "\x00"
-
 
 class QueueConfig(BaseModel):
     """How long groups wait for rewards and what happens to groups that cannot be trained."""
@@ -153,12 +156,6 @@ def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
     )
 
 
-def _tpl(fn: Callable[[str], str]) -> list[str]:
-    """``Keys`` method -> [head, tail] so a script can build the key of an id it looked up."""
-    head, tail = fn(_MARK).split(_MARK)
-    return [head, tail]
-
-
 def _s(v: bytes | str | None) -> str | None:
     return v.decode() if isinstance(v, bytes) else v
 
@@ -182,9 +179,10 @@ class RolloutStore:
         self._rewards = redis.register_script(POST_REWARDS)
         self._expire = redis.register_script(EXPIRE_DUE)
         k = keys
-        self._t_rollout, self._t_map = _tpl(k.rollout), _tpl(k.rollout_group)
-        self._t_group, self._t_list = _tpl(k.group), _tpl(k.group_rollouts)
-        self._t_rewards, self._t_staging = _tpl(k.group_rewards), _tpl(k.rollout_staging)
+        self._t_rollout, self._t_map = key_template(k.rollout), key_template(k.rollout_group)
+        self._t_group, self._t_list = key_template(k.group), key_template(k.group_rollouts)
+        self._t_rewards = key_template(k.group_rewards)
+        self._t_staging = key_template(k.rollout_staging)
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
 
     async def create_group(
@@ -293,8 +291,8 @@ class RolloutStore:
             if snapshot is None:
                 return None
         decision = decide_finish(self.config, group_id, snapshot)
-        return await publish(self.redis, self.keys, group_id, decision, snapshot.rollout_ids,
-                             self._finished_ttl, READY_STREAM_FIELD)
+        return await publish(self.redis, self.keys, group_id, decision, self._finished_ttl,
+                             READY_STREAM_FIELD)
 
     async def sweep_once(self) -> dict[str, int]:
         """One pass: expires due groups (publishing those with enough rewards) and publishes

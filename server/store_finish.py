@@ -10,6 +10,7 @@ test checks it).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from redis.exceptions import WatchError
 
 from learner.losses import group_advantages
 from server.redis_schema import Keys
+from server.store_scripts import FINISH_BOOKKEEPING
 
 if TYPE_CHECKING:
     from server.store import QueueConfig
@@ -108,13 +110,14 @@ def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decisio
 
 
 async def publish(
-    redis: aioredis.Redis, keys: Keys, group_id: str, decision: Decision, all_rollout_ids:
-    list[str], finished_ttl: int, stream_field: str,
+    redis: aioredis.Redis, keys: Keys, group_id: str, decision: Decision, finished_ttl: int,
+    stream_field: str,
 ) -> str | None:
     """Carries out ``decision`` exactly once: WATCH the group, check it is ``complete``, then
-    MULTI: XADD the record (head + the rollouts' stored bytes), mark the group, count, shorten
-    the TTLs, EXEC. A finisher that loses the race sees its EXEC abort (the winner changed
-    the watched group) and returns None. Returns the stream id, 'dropped', or None."""
+    MULTI: XADD the record (head + the rollouts' stored bytes), bookkeeping script (state,
+    counters, shorter TTLs), EXEC. A finisher that loses the race sees its EXEC abort (the
+    winner changed the watched group) and returns None. Returns the stream id, 'dropped', or
+    None."""
     gk = keys.group(group_id)
     for _ in range(5):
         async with redis.pipeline(transaction=True) as pipe:
@@ -131,8 +134,12 @@ async def publish(
                     else:
                         record = b"".join([decision.head, *blobs])
                 pipe.multi()
-                _queue_finish(pipe, keys, group_id, mode, reason, record, partial == b"1",
-                              all_rollout_ids, finished_ttl, stream_field)
+                if mode == "publish":
+                    pipe.xadd(keys.ready_stream, {stream_field: record})
+                pipe.eval(FINISH_BOOKKEEPING, 5, gk, keys.group_rollouts(group_id),
+                          keys.group_rewards(group_id), keys.complete, keys.counters,
+                          group_id, mode, reason, 1 if partial == b"1" else 0, finished_ttl,
+                          *key_template(keys.rollout), *key_template(keys.rollout_group))
                 results = await pipe.execute()
             except WatchError:
                 continue  # someone else finished it, or it changed: look again
@@ -144,23 +151,8 @@ async def publish(
     return None
 
 
-def _queue_finish(
-    pipe: Any, keys: Keys, group_id: str, mode: str, reason: str, record: bytes, partial: bool,
-    all_rollout_ids: list[str], finished_ttl: int, stream_field: str,
-) -> None:
-    gk = keys.group(group_id)
-    if mode == "publish":
-        pipe.xadd(keys.ready_stream, {stream_field: record})
-        pipe.hset(gk, "state", "published")
-        pipe.hincrby(keys.counters, "groups_published", 1)
-        if partial:
-            pipe.hincrby(keys.counters, "groups_published_partial", 1)
-    else:
-        pipe.hset(gk, mapping={"state": "dropped", "drop_reason": reason})
-        pipe.hincrby(keys.counters, f"groups_dropped_{reason}", 1)
-    pipe.srem(keys.complete, group_id)
-    # A finished group's keys and rollouts live finished_ttl more (never extended: LT).
-    for key in [gk, keys.group_rollouts(group_id), keys.group_rewards(group_id),
-                *[keys.rollout(r) for r in all_rollout_ids],
-                *[keys.rollout_group(r) for r in all_rollout_ids]]:
-        pipe.expire(key, finished_ttl, lt=True)
+def key_template(fn: Callable[[str], str]) -> list[str]:
+    """``Keys`` method -> [head, tail], so that a script builds the key of an id it looked up
+    as ``head .. id .. tail`` (``Keys`` stays the only place that spells a key)."""
+    head, tail = fn("\x00").split("\x00")
+    return [head, tail]

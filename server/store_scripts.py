@@ -166,6 +166,26 @@ if dups > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_duplicate', dups) end
 return {statuses, gids, completed}
 """
 
+# KEYS: group, group rollouts, group rewards, complete set, counters.
+# ARGV: group_id, mode (publish | drop), drop reason, partial (0/1), finished_ttl,
+#       r_head, r_tail (rollout), m_head, m_tail (rollout->group).
+# The bookkeeping of a finished group, queued by ``publish`` in its MULTI right after the XADD
+# (sent with EVAL, not EVALSHA: a NOSCRIPT error inside EXEC would leave the XADD without its
+# bookkeeping). Small arguments only.
+FINISH_BOOKKEEPING = _COMMON + """
+if ARGV[2] == 'publish' then
+  redis.call('HSET', KEYS[1], 'state', 'published')
+  redis.call('HINCRBY', KEYS[5], 'groups_published', 1)
+  if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[5], 'groups_published_partial', 1) end
+else
+  redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', ARGV[3])
+  redis.call('HINCRBY', KEYS[5], 'groups_dropped_' .. ARGV[3], 1)
+end
+redis.call('SREM', KEYS[4], ARGV[1])
+expire_group(KEYS[1], KEYS[2], KEYS[3], ARGV[6], ARGV[7], ARGV[8], ARGV[9], tonumber(ARGV[5]))
+return 1
+"""
+
 # KEYS: deadlines, complete set, counters.
 # ARGV: g_head, g_tail, l_head, l_tail (rollouts list), w_head, w_tail (rewards),
 #       r_head, r_tail, m_head, m_tail, min_rewarded, finished_ttl, limit.
