@@ -278,7 +278,7 @@ class RolloutStore:
         ``complete`` set for the sweeper: the rewards are safe, so the caller still gets 2xx."""
         try:
             await self.finish_group(group_id, snapshot)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+        except redis.exceptions.RedisError as e:  # unreachable, out of memory, ...
             logger.warning("publishing group %s deferred to the sweeper: %s", group_id, e)
 
     async def finish_group(self, group_id: str, snapshot: Snapshot | None = None) -> str | None:
