@@ -58,6 +58,11 @@ def serve(
     max_n: int = typer.Option(None, help="Most samples per request."),
     max_tokens: int = typer.Option(None, help="Most generated tokens per sample."),
     max_body_bytes: int = typer.Option(None, help="Largest accepted request body."),
+    max_episode_turns: int = typer.Option(None, help="Most model turns of a multi-turn "
+                                          "episode. (default: 64)"),
+    episode_history_rewrite: str = typer.Option(None, help="When the chat template rewrites "
+                                                "an episode's history: append | reject. "
+                                                "(default: append)"),
     group_ttl_s: float = typer.Option(None, help="Seconds a group waits for its rewards."),
     server_id: str = typer.Option(None, help="Id in the Redis server registry."),
     advertise_url: str = typer.Option(None, help="URL the learner reaches this server at."),

@@ -19,13 +19,19 @@ user, tool results, template tokens) get 0 and are masked out of the loss anyway
 Consequences, each pinned by a test: without turn rewards every turn's return is ``R_i`` and
 every token gets the plain sequence advantage, so GSPO-token reduces to GSPO and single-turn
 rollouts train unchanged; a later turn never gets credit for an earlier turn's reward.
+
+Wiring: ``TurnAdvantages`` applies the rule to a ready group (rewards, turn rewards, the
+rollouts' turn spans) and is what ``advantage_fn_for`` gives the per-token loss kinds; the
+trainer uses ``advantage_fn_for(config.loss.kind)`` unless it is handed another function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from server.redis_schema import ReadyGroup
 
 
 def turn_returns(reward: float, turn_rewards: Sequence[float] | None, n_turns: int) -> np.ndarray:
@@ -69,3 +75,51 @@ def token_advantages(
             raise ValueError(f"turn span [{start}, {end}) outside a trajectory of {length}")
         out[start:end] = a
     return out
+
+
+class TurnAdvantages:
+    """``learner.batching.AdvantageFn`` of the per-token kinds (gspo_token, grpo, sapo): the
+    credit rule above, applied to a ready group's rewards, turn rewards and turn spans.
+
+    A group without turn rewards gets its published sequence advantages spread over each
+    rollout's model turns, so such groups train exactly as with sequence advantages whatever
+    normalisation the server was configured with. With turn rewards the advantages follow
+    ``group_turn_advantages`` with ``eps`` and ``scale`` (the queue's defaults). A turn-reward
+    count that does not match a rollout's turns raises ``ValueError`` (the learner drops the
+    group as invalid and counts it). The last group's result is cached: the batching calls
+    this once per rollout, in order.
+    """
+
+    def __init__(self, eps: float = 1e-6, scale: bool = True) -> None:
+        self.eps, self.scale = eps, scale
+        self._group: object = None
+        self._per_token: list[np.ndarray] = []
+
+    def __call__(self, group: ReadyGroup, i: int) -> np.ndarray:
+        if self._group is not group:
+            self._per_token = self.group_token_advantages(group)
+            self._group = group
+        return self._per_token[i]
+
+    def group_token_advantages(self, group: ReadyGroup) -> list[np.ndarray]:
+        rollouts = group.rollouts
+        if all(not t for t in group.turn_rewards):
+            per_turn = [np.full(len(r.turns), float(a)) for r, a in zip(rollouts,
+                                                                      group.advantages,
+                                                                      strict=True)]
+        else:
+            per_turn = group_turn_advantages(group.rewards, group.turn_rewards,
+                                             [len(r.turns) for r in rollouts], self.eps,
+                                             self.scale)
+        return [token_advantages(len(r.token_ids), r.turns, a)
+                for r, a in zip(rollouts, per_turn, strict=True)]
+
+
+def advantage_fn_for(kind: str) -> Callable[[ReadyGroup, int], float | np.ndarray]:
+    """The advantage function a loss kind trains with: "gspo" takes one advantage per
+    sequence (per-token advantages are refused by design); the others take per-token ones."""
+    if kind == "gspo":
+        from learner.batching import sequence_advantage
+
+        return sequence_advantage
+    return TurnAdvantages()

@@ -48,7 +48,7 @@ import numpy as np
 import redis
 import torch
 
-from learner.batching import AdvantageFn, samples_from_groups, sequence_advantage
+from learner.batching import AdvantageFn, samples_from_groups
 from learner.checkpoint import (
     Checkpoint,
     LearnerState,
@@ -100,7 +100,7 @@ class Learner:
         *,
         client: redis.Redis | None = None,
         sync: WeightSync | None = None,
-        advantage_fn: AdvantageFn = sequence_advantage,
+        advantage_fn: AdvantageFn | None = None,
         dist: DistContext | None = None,
     ) -> None:
         self.config = config

@@ -26,13 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
-from learner.batching import (
-    AdvantageFn,
-    MicroBatch,
-    MiniBatch,
-    plan_step,
-    sequence_advantage,
-)
+from learner.advantages import advantage_fn_for
+from learner.batching import AdvantageFn, MicroBatch, MiniBatch, plan_step
 from learner.config import LearnerConfig
 from learner.distributed import DistContext, assign_owners
 from learner.losses import policy_loss
@@ -65,10 +60,13 @@ class Trainer:
 
     def __init__(
         self, policy: Policy, config: LearnerConfig,
-        advantage_fn: AdvantageFn = sequence_advantage,
+        advantage_fn: AdvantageFn | None = None,
         dist: DistContext | None = None,
     ) -> None:
-        self.policy, self.config, self.advantage_fn = policy, config, advantage_fn
+        # None: per-token credit (learner.advantages) for the per-token kinds, sequence
+        # advantages for gspo. Every data-parallel rank builds its trainer this way.
+        self.policy, self.config = policy, config
+        self.advantage_fn = advantage_fn or advantage_fn_for(config.loss.kind)
         self.dist = dist
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.params = params

@@ -27,13 +27,14 @@ from fastapi import Depends, FastAPI
 from server.chat import TokenTexts
 from server.deps import require_admin_key, require_api_key
 from server.engines.base import Engine
+from server.episode_store import EpisodeStore
 from server.errors import install_error_handlers
 from server.metrics import RequestMetricsMiddleware, ServerMetrics
 from server.redis_schema import Keys
 from server.registry import ServerInfo, heartbeat_loop
 from server.routes import admin, chat, completions, groups, health, metrics, rewards, rollouts
 from server.settings import ServerSettings
-from server.store import RolloutStore, make_redis
+from server.store import make_redis
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 10.0
@@ -84,7 +85,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         await redis.ping()  # fail at start-up, not at the first rollout
         keys = Keys(settings.key_prefix)
-        store = RolloutStore(redis, keys, settings.queue)
+        store = EpisodeStore(redis, keys, settings.queue)  # a RolloutStore plus episodes
         await engine.start()
         app.state.engine, app.state.redis, app.state.keys, app.state.store = (
             engine, redis, keys, store)

@@ -17,6 +17,15 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   ``stream_id`` (published) or ``drop_reason`` (dropped / expired).
 - ``{p}:group:{group_id}:rollouts``: list of rollout ids in the group, in creation order.
 - ``{p}:group:{group_id}:rewards``: hash rollout_id -> msgpack {"reward", "turn_rewards"}.
+- ``{p}:episode:{rollout_id}``: hash, a multi-turn episode's state besides its trajectory
+  (which is the ``{p}:rollout:{rollout_id}`` record, grown by one model turn per chat call):
+  ``group_id``, ``n_turns`` (model turns recorded; the compare-and-set guard of the next one),
+  ``closed`` (1 once a reward was posted: no more turns) and ``state`` (msgpack
+  ``EpisodeState``: digests of the chat history the next request must extend and of the
+  tools, the temperature, the last render's length/digest; deleted at close). Updated with
+  the rollout record in one MULTI/EXEC (``server.episode_store``), same TTL.
+  ``POST /v1/groups`` opens the group, then its ``size`` empty episodes (records without
+  tokens, ``turns == []``) in one script.
 - ``{p}:groups:deadlines``: sorted set group_id -> deadline (for the expiry sweeper).
 - ``{p}:groups:complete``: set of group ids whose last reward arrived but which are not yet
   published (the finaliser, or the sweeper after a crash, publishes them).
@@ -54,6 +63,9 @@ class Keys:
 
     def rollout_group(self, rollout_id: str) -> str:
         return f"{self.prefix}:rollout:{rollout_id}:group"
+
+    def episode(self, rollout_id: str) -> str:
+        return f"{self.prefix}:episode:{rollout_id}"
 
     def rollout_staging(self, rollout_id: str) -> str:
         return f"{self.prefix}:rollout:{rollout_id}:staging"

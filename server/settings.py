@@ -87,6 +87,15 @@ class ServerSettings(BaseSettings):
     """Chat templating encodes control tokens (``<|im_end|>``...) found inside message
     contents as plain text, so a user message cannot forge a turn boundary."""
 
+    # ---------------------------------------------------------------- multi-turn episodes
+    max_episode_turns: int = Field(default=64, ge=1)
+    """Most model turns one episode (``POST /v1/groups``) may have; the next gets a 400."""
+    episode_history_rewrite: Literal["append", "reject"] = "append"
+    """When the chat template renders an episode's earlier messages differently in a later
+    turn (e.g. it drops earlier reasoning): "append" keeps the stored trajectory (what the
+    model saw and wrote) and appends only the new messages; "reject" answers 409
+    (``server.episodes``)."""
+
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
         if self.admin_key is not None and self.api_key is not None and (

@@ -3,9 +3,9 @@
 The multi-turn seam: ``chat_prompt`` turns a request into prompt token ids and
 ``server.sampling.sample_group`` samples and records them as a new group. A multi-turn
 episode (a request carrying the ``rollout_id`` of an episode opened with ``POST /v1/groups``)
-swaps these two: the prompt is the episode's token trajectory so far plus only the new
-messages' tokens, and the sample is appended to that rollout as one more turn instead of
-opening a group.
+swaps these two (``server.episodes.episode_turn``): the prompt is the episode's token
+trajectory so far plus only the new messages' tokens, and the sample is appended to that
+rollout as one more turn instead of opening a group.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from server.deps import (
     TokenTextsDep,
 )
 from server.engines.base import Engine
+from server.episodes import episode_turn
 from server.errors import APIError
 from server.formatting import chat_logprobs, usage
 from server.sampling import (
@@ -119,6 +120,12 @@ async def chat_completions(
     """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group."""
     check_model(body.model, settings)
     with_tools, top_k = check_chat_options(body)
+    if body.rollout_id is not None:  # one more turn of a multi-turn episode
+        result = await episode_turn(body, store=store, engine=engine, tokenizer=tokenizer,
+                                    settings=settings, metrics=metrics, top_logprobs=top_k,
+                                    with_tools=with_tools)
+        return chat_response(result, body, tokenizer, texts, engine, settings, with_tools,
+                             top_k)
     prompt_ids = await chat_prompt(body, tokenizer, settings)
     plan = plan_generation(
         body, prompt_token_ids=prompt_ids,

@@ -1,6 +1,9 @@
-"""``/v1/groups``: a group's state, its rollouts and which of them have rewards.
+"""``/v1/groups``: open a group of multi-turn episodes; a group's state, its rollouts and
+which of them have rewards.
 
-(Opening a group of multi-turn episodes, ``POST /v1/groups``, belongs here too.)
+``POST /v1/groups {"size": G, "metadata": {...}}`` opens G empty episodes of one task and
+returns their ``rollout_id``s; each episode is then driven with chat completions carrying its
+``rollout_id`` (``server.episodes``) and ends with its reward (``POST /v1/rewards``).
 """
 
 from __future__ import annotations
@@ -8,10 +11,30 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
+from server.deps import MetricsDep, SettingsDep
+from server.episodes import open_episode_group
 from server.errors import APIError
 from server.routes.rewards import StoreDep
+
+
+class OpenGroupIn(BaseModel):
+    """A group of ``size`` multi-turn episodes of one task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(ge=1)
+    """Episodes in the group (G); at most the queue's ``max_group_size``."""
+    metadata: dict[str, Any] | None = None
+    """Stored with the group and handed to the learner (task id, answer key, ...)."""
+
+
+class OpenGroupOut(BaseModel):
+    group_id: str
+    rollout_ids: list[str]
+    """One per episode: pass it with every chat completion of that episode
+    (``extra_body={"rollout_id": ...}``) and with its reward."""
 
 
 class GroupRolloutOut(BaseModel):
@@ -41,6 +64,18 @@ class GroupOut(BaseModel):
 
 
 router = APIRouter(tags=["groups"])
+
+
+@router.post("/v1/groups", response_model=OpenGroupOut)
+async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
+                     metrics: MetricsDep) -> OpenGroupOut:
+    """Opens ``size`` empty multi-turn episodes as one group (recorded in Redis before the
+    response, so every returned ``rollout_id`` can take turns and rewards at once)."""
+    group_id, rollout_ids = await open_episode_group(store, body.size, body.metadata,
+                                                     settings.server_id)
+    metrics.groups.inc()
+    metrics.rollouts.inc(len(rollout_ids))
+    return OpenGroupOut(group_id=group_id, rollout_ids=rollout_ids)
 
 
 @router.get("/v1/groups/{group_id}", response_model=GroupOut)
