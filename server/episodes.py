@@ -40,6 +40,9 @@ Fixed per episode, refused with a 409 when a later turn changes them: the tools 
 of the rendered system prompt) and the temperature (the learner recomputes log-probabilities
 at one temperature per rollout). ``n`` must be 1. Limits: ``max_episode_turns`` model turns,
 and the trajectory plus the new tokens must leave room to generate in the model's context.
+Episodes live as long as their group: a group whose rewards have not all arrived by its
+deadline (``queue.group_ttl_s`` after ``POST /v1/groups``) is finalised or expired, and its
+episodes then take no more turns (410).
 """
 
 from __future__ import annotations
