@@ -23,7 +23,9 @@ episode state is small by design: hashes of the messages, not the messages.
   and ``turn_rewards``, when given, one entry per model turn) and writes nothing unless all
   pass; then the plain reward script runs. A closed episode takes no more turns (409), so the
   turn count a reward was validated against can never change afterwards. Closing drops the
-  episode's state; the rest expires with the rollout.
+  episode's state; the rest expires with the rollout. An episode is closed by any reward call
+  that passes these checks, even one the reward script then refuses for another item (a
+  reward, posted or attempted, ends the episode; post it again once the call is fixed).
 
 Requires a client with ``decode_responses=False`` (records are binary msgpack).
 """
