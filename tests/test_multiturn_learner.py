@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -121,6 +122,10 @@ def test_gspo_token_on_real_episodes(served: Served, redis_url: str,
             np.testing.assert_allclose(adv[a:b], want, rtol=1e-6)
         assert np.all(adv[~r.loss_mask.astype(bool)] == 0)
     assert expected[0][0] != expected[0][1]  # turn rewards give the turns different credit
+    # A turn-reward count the store could not check (single-turn rollouts) is refused here:
+    # the learner drops such a group as invalid instead of guessing.
+    with pytest.raises(ValueError, match="turn rewards"):
+        TurnAdvantages()(dataclasses.replace(g_credit, turn_rewards=[[1.0], None, None]), 0)
 
     # The trainer picks per-token credit for gspo_token, sequence advantages for gspo.
     policy = Policy.load(tiny_model_dir, "cpu", False, False)
