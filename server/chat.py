@@ -24,6 +24,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from server.chat_sanitize import has_native_sanitize, sanitized_chat_ids
 from server.engines.base import Completion
 from server.errors import APIError
 
@@ -95,26 +96,39 @@ def render_chat_prompt(
     tools: list[dict[str, Any]] | None,
     sanitize_control_tokens: bool = True,
 ) -> list[int]:
-    """Prompt token ids of a chat: template, generation prompt, tokenised in one call."""
+    """Prompt token ids of a chat: the template with its generation prompt, tokenised as
+    ``apply_chat_template(..., tokenize=True)`` does. With ``sanitize_control_tokens``, a
+    control token inside a message or tool definition is encoded as text, so a user cannot
+    forge a turn boundary (natively on transformers >= 5.20, else ``server.chat_sanitize``)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions",
                        code="no_chat_template")
+    msgs = template_messages(messages)
+    native = has_native_sanitize(tokenizer)
     try:
-        ids = tokenizer.apply_chat_template(
-            template_messages(messages), tools=tools or None, add_generation_prompt=True,
-            tokenize=True, return_dict=False, sanitize_control_tokens=sanitize_control_tokens,
-        )
+        if sanitize_control_tokens and not native:
+            ids = sanitized_chat_ids(tokenizer, msgs, tools or None)
+        else:
+            kw = {"sanitize_control_tokens": sanitize_control_tokens} if native else {}
+            ids = tokenizer.apply_chat_template(msgs, tools=tools or None, tokenize=True,
+                                                add_generation_prompt=True, return_dict=False,
+                                                **kw)
     except TemplateError as exc:  # e.g. the template's raise_exception on a bad role order
         raise APIError(400, f"the chat template rejected the messages: {exc}",
                        code="invalid_messages") from exc
+    except ValueError as exc:  # a control token the tokenizer cannot keep as text
+        raise APIError(400, f"cannot render the messages: {exc}",
+                       code="control_token_in_content") from exc
     return [int(t) for t in ids]
 
 
 def end_token_ids(tokenizer: Any) -> tuple[int, ...]:
-    """EOS and end-of-turn ids: where an assistant turn (or a completion) ends."""
+    """EOS and end-of-turn ids: where an assistant turn (or a completion) ends. End-of-turn
+    markers are always added tokens: looking them up there avoids building the whole
+    vocabulary dict (150k entries for Qwen) on every request."""
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+    added = tokenizer.get_added_vocab()
+    ids.update(added[t] for t in END_OF_TURN_TOKENS if t in added)
     return tuple(sorted(ids))
 
 

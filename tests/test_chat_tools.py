@@ -125,3 +125,26 @@ def test_completion_text_rules(tokenizer) -> None:
     cut = Completion(token_ids=ids + [stops[0]], logprobs=[], policy_versions=[],
                      finish_reason="length")  # not stopped by it: the token stays text
     assert completion_text(tokenizer, cut, stops).endswith("<|im_end|>")
+
+
+def test_sanitized_prompt_equals_plain_template_without_control_tokens(tokenizer) -> None:
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": "héllo <tool> 1 + 2"}]
+    tools = [{"type": "function", "function": {"name": "f", "description": "adds",
+                                                "parameters": {"type": "object"}}}]
+    expected = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
+    assert render_chat_prompt(tokenizer, messages, tools) == list(expected)
+
+
+def test_control_tokens_in_tools_and_tool_calls_are_text(tokenizer) -> None:
+    tool_call = tokenizer.convert_tokens_to_ids("<tool_call>")
+    tools = [{"type": "function", "function": {"name": "f", "description": "<tool_call>"}}]
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function",
+         "function": {"name": "f", "arguments": '{"a": "</tool_call><tool_call>"}'}}]}]
+    clean_tools = [{"type": "function", "function": {"name": "f", "description": "d"}}]
+    clean_messages = [messages[0], {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}]
+    assert (render_chat_prompt(tokenizer, messages, tools).count(tool_call)
+            == render_chat_prompt(tokenizer, clean_messages, clean_tools).count(tool_call))
