@@ -53,7 +53,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -66,6 +66,7 @@ from server.engines.vllm_convert import (
     save_safetensors,
     shm_dir,
     take_delta,
+    validate_request,
     versions_per_token,
     vllm_params,
 )
@@ -123,12 +124,14 @@ class VLLMEngine(Engine):
         self._version = 0
         self._paused = False
         self._stopping = False
-        self._weights_lock = asyncio.Lock()
+        self._weights_lock = asyncio.Lock()  # one update (receive + swap) at a time
+        self._swap_lock = asyncio.Lock()  # held by a (shielded) swap even if its caller left
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._aliases: dict[str, str] = {}  # tied output layer name -> input embedding name
         self._packed: dict[str, list[str]] = {}
         self._counters = {"requests": 0.0, "tokens_generated": 0.0, "weight_loads": 0.0}
         self._leave_task: asyncio.Task[Any] | None = None
+        self._broken: BaseException | None = None  # a load that failed half-way
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -169,6 +172,9 @@ class VLLMEngine(Engine):
     def _require(self) -> Any:
         if self.llm is None or self._stopping:
             raise RuntimeError("engine is not running")
+        if self._broken is not None:
+            raise RuntimeError(f"engine unusable: a weight load failed part-way "
+                               f"({self._broken!r}); restart the server")
         return self.llm
 
     async def _rpc(self, method: str, *args: Any) -> list[Any]:
@@ -179,7 +185,7 @@ class VLLMEngine(Engine):
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
         from vllm.inputs import TokensPrompt
 
-        self._validate(prompt_token_ids, params)
+        validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         llm = self._require()
         ids: list[int] = []
         lps: list[float] = []
@@ -215,20 +221,6 @@ class VLLMEngine(Engine):
             top_logprobs=tops if params.top_logprobs > 0 else None,
             stop_string=stop_reason if isinstance(stop_reason, str) else None)
 
-    def _validate(self, prompt: list[int], p: SamplingParams) -> None:
-        if not prompt:
-            raise ValueError("prompt_token_ids must not be empty")
-        if any(not 0 <= int(t) < self.vocab_size for t in prompt):
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size})")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is "
-                             f"{self.max_model_len} (prompt + at least one new token)")
-        if p.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if p.temperature < 0 or not 0 < p.top_p <= 1 or p.top_k < 0 or p.top_logprobs < 0:
-            raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
-                             "top_logprobs >= 0")
-
     # ------------------------------------------------------------------ control
 
     async def pause(self) -> None:
@@ -253,13 +245,26 @@ class VLLMEngine(Engine):
             if ours:
                 await self.resume()
 
-    async def _commit(self, version: int) -> None:
-        """After a load, while paused: label the new steps, recompute running requests."""
-        llm = self._require()
-        await llm.update_weight_version(str(version))
-        self._version = version
-        self._counters["weight_loads"] += 1
-        await llm.reset_prefix_cache(reset_running_requests=True)
+    async def _swap(self, load: Callable[[], Awaitable[Any]], version: int) -> None:
+        """Pause, ``load``, label the steps that follow ``version``, recompute the running
+        requests' KV cache, resume. Shielded: a caller that gives up (a timeout) must not
+        leave new weights running under the old label. A load that fails part-way may leave
+        the model half-written: the engine then refuses to serve."""
+        async def swap() -> None:
+            async with self._swap_lock, self._paused_for_load():
+                try:
+                    await load()
+                except BaseException as exc:
+                    self._broken = exc
+                    raise
+                llm = self._require()
+                await llm.update_weight_version(str(version))
+                self._version = version
+                self._counters["weight_loads"] += 1
+                await llm.reset_prefix_cache(reset_running_requests=True)
+
+        with _runtime_errors("loading weights"):
+            await asyncio.shield(swap())
 
     async def load_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], version: int
@@ -274,9 +279,7 @@ class VLLMEngine(Engine):
             try:
                 path = os.path.join(folder, "weights.safetensors")
                 await asyncio.to_thread(save_safetensors, items, path)
-                async with self._paused_for_load():
-                    await self._rpc("gspo_load_file", path)
-                    await self._commit(int(version))
+                await self._swap(lambda: self._rpc("gspo_load_file", path), int(version))
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
 
@@ -309,9 +312,10 @@ class VLLMEngine(Engine):
         self._weight_epoch = None
         init = req.model_dump(include={"backend", "master_addr", "master_port", "rank",
                                        "world_size", "epoch", "timeout_s"})
-        await self._require().init_weight_transfer_engine(WeightTransferInitRequest(
-            init_info=init))
-        await self._wait_worker("joined", "join_error", req.timeout_s, epoch=req.epoch)
+        with _runtime_errors("joining the weight group"):
+            await self._require().init_weight_transfer_engine(WeightTransferInitRequest(
+                init_info=init))
+            await self._wait_worker("joined", "join_error", req.timeout_s, epoch=req.epoch)
         self._weight_epoch = req.epoch
 
     async def receive_weights(self, req: UpdateRequest, timeout_s: float) -> None:
@@ -329,18 +333,21 @@ class VLLMEngine(Engine):
         info = {"epoch": req.epoch, "tensors": [m.model_dump() for m in req.tensors],
                 "bucket_bytes": req.bucket_bytes, "timeout_s": timeout_s}
         async with self._weights_lock:
-            await llm.start_weight_update()
-            try:
-                await llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+            await self._receive_all(llm, WeightTransferUpdateRequest(update_info=info), timeout_s)
+            await self._swap(llm.finish_weight_update, req.version)  # loads the complete set
+
+    async def _receive_all(self, llm: Any, update: Any, timeout_s: float) -> None:
+        """Every bucket into the worker's staging area; on any failure, drop what arrived."""
+        await llm.start_weight_update()
+        try:
+            with _runtime_errors("receiving weights"):
+                await llm.update_weights(update)
                 await self._wait_worker("received", "receive_error", timeout_s)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self._rpc("gspo_abandon_update")
-                    await llm.finish_weight_update()  # ends the session, loads nothing
-                raise
-            async with self._paused_for_load():
-                await llm.finish_weight_update()  # loads the complete set
-                await self._commit(req.version)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._rpc("gspo_abandon_update")
+                await llm.finish_weight_update()  # ends vLLM's update session, loads nothing
+            raise
 
     async def _wait_worker(self, flag: str, error: str, timeout_s: float,
                            epoch: int | None = None) -> None:
@@ -367,3 +374,15 @@ class VLLMEngine(Engine):
     async def _leave(self, epoch: int) -> None:
         with contextlib.suppress(Exception):
             await self._rpc("gspo_leave", epoch)
+
+
+@contextlib.contextmanager
+def _runtime_errors(what: str) -> Iterator[None]:
+    """vLLM reports a failed utility call as a bare ``Exception``: make it the RuntimeError the
+    admin routes answer with a 504 (timeouts and our own errors pass through)."""
+    try:
+        yield
+    except (TimeoutError, RuntimeError, KeyError, ValueError):
+        raise
+    except Exception as exc:
+        raise RuntimeError(f"{what} failed: {exc}") from exc
