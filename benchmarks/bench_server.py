@@ -1,12 +1,17 @@
 """What the HTTP server costs on top of its engine: the same requests, both ways, in one run.
 
-    .venv/bin/python benchmarks/bench_server.py [--max-tokens 128 --concurrency 32 --rounds 3]
+    .venv/bin/python benchmarks/bench_server.py [--max-tokens 128 --concurrency 32 --rounds 6]
 
 Baseline: the hf engine called directly (``engine.generate`` from asyncio, in this process).
 Measured: ``gspo serve`` (hf engine, same model, real Redis recording every rollout) in a
 subprocess, driven over HTTP (``POST /v1/completions`` with a token-id prompt) by an httpx
-client in this process. Every request is ``prompt_len`` token ids, ``max_tokens`` tokens with
-``ignore_eos`` and a per-request seed, so both ways generate exactly the same token counts.
+client in this process. Every request is ``prompt_len`` token ids and a per-request seed, with
+``ignore_eos``, so both ways generate exactly the same tokens. At c=1 and in the "fixed" c=N
+workload every request generates ``max_tokens`` tokens; in the "mixed" workload lengths are
+spread uniformly over [max_tokens/2, 3*max_tokens/2] as in RL, where rollouts end at different
+lengths. Fixed lengths are the worst case for the server: all N requests end in the same
+step, the direct baseline refills the batch within microseconds while HTTP requests trickle in
+and are admitted over several engine steps.
 
 Measurements are paired: at c=1 one request each way back to back, at c=N one phase each way
 back to back, the order alternating; the reported ratios are medians of the pairs' ratios, so
@@ -14,7 +19,11 @@ load from other processes on a shared machine hits both sides of a pair alike.
 
 Prints: latency ratio at 1 request in flight (goal: server <= 1.05x engine), throughput ratio
 at N in flight (goal: server >= 0.95x engine tokens/s), and the engine's own batching gain
-(tokens/s at N over tokens/s at 1; goal >= 4x).
+(tokens/s at N over tokens/s at 1; goal >= 4x). Because wall-clock ratios on a machine shared
+with other jobs swing with their load, it also prints the CPU time per generated token of the
+serving process (server: the whole ``gspo serve`` process; engine: this process during its
+phases), whose ratio is the throughput ratio whenever generation is CPU-bound, and the
+server's own measure of its time outside the engine (from its Prometheus histograms).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -91,10 +101,11 @@ def redis_server(workdir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def http_server(model: Path, redis_url: str, args: argparse.Namespace) -> Iterator[str]:
+def http_server(model: Path, redis_url: str, args: argparse.Namespace
+                ) -> Iterator[tuple[str, int]]:
     port = free_port()
     cmd = [sys.executable, "-m", "gspo.cli", "serve", "--model", str(model), "--port",
-           str(port), "--redis-url", redis_url, "--max-tokens", str(args.max_tokens),
+           str(port), "--redis-url", redis_url, "--max-tokens", str(2 * args.max_tokens),
            "--max-batch-size", str(args.max_batch_size), "--device", args.device,
            "--log-level", "warning"]
     env = {**os.environ, "GSPO_API_KEY": API_KEY}
@@ -102,7 +113,7 @@ def http_server(model: Path, redis_url: str, args: argparse.Namespace) -> Iterat
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: _healthy(url), proc, "gspo serve")
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:
@@ -117,10 +128,40 @@ def make_prompts(n: int, prompt_len: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(n)]
 
 
-async def run_load(call: Callable[[int], Awaitable[int]], ids: list[int],
-                   concurrency: int) -> tuple[float, float]:
-    """``concurrency`` workers share the requests ``ids``; returns (tokens/s, mean seconds
-    per request)."""
+def cpu_clock(pid: int | None) -> Callable[[], float]:
+    """CPU seconds (user + system, every thread) used so far by process ``pid`` (None: this
+    one). CPU per token is what the server costs on top of the engine whatever else runs on
+    the machine; wall-clock ratios move with other processes' load."""
+    if pid is None:
+        return time.process_time
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def read() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    return read
+
+
+@dataclass
+class Phase:
+    tokens: int
+    wall_s: float
+    cpu_s: float
+    latency_s: float  # mean per request
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def cpu_per_token(self) -> float:
+        return self.cpu_s / self.tokens
+
+
+async def run_load(call: Callable[[int], Awaitable[int]], ids: list[int], concurrency: int,
+                   cpu: Callable[[], float]) -> Phase:
+    """``concurrency`` workers share the requests ``ids``."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in ids:
         queue.put_nowait(i)
@@ -135,14 +176,14 @@ async def run_load(call: Callable[[int], Awaitable[int]], ids: list[int],
             latencies.append(time.perf_counter() - t0)
             tokens += n
 
-    start = time.perf_counter()
+    cpu0, start = cpu(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - start
-    return tokens / wall, statistics.fmean(latencies)
+    wall, used = time.perf_counter() - start, cpu() - cpu0
+    return Phase(tokens, wall, used, statistics.fmean(latencies))
 
 
-async def paired(first: Callable[[], Awaitable[float]], second: Callable[[], Awaitable[float]],
-                 swap: bool) -> tuple[float, float]:
+async def paired(first: Callable[[], Awaitable[Phase]], second: Callable[[], Awaitable[Phase]],
+                 swap: bool) -> tuple[Phase, Phase]:
     """Runs both measurements back to back (order alternating between calls, so a drift in
     the machine's load hits both alike); returns them in (first, second) order."""
     if swap:
@@ -152,16 +193,36 @@ async def paired(first: Callable[[], Awaitable[float]], second: Callable[[], Awa
     return a, await second()
 
 
-async def bench(model: Path, url: str, args: argparse.Namespace) -> dict[str, list[float]]:
+@dataclass
+class Results:
+    c1: list[tuple[Phase, Phase]]  # (engine, server) pairs, one request each
+    fixed: list[tuple[Phase, Phase]]  # N in flight, every request max_tokens long
+    mixed: list[tuple[Phase, Phase]]  # N in flight, lengths spread around max_tokens
+    overhead_s: float  # mean in-server time outside the engine per request
+
+
+def request_lengths(n: int, mean: int, kind: str) -> list[int]:
+    """"fixed": all ``mean`` (requests start and end together, in waves); "mixed": uniform
+    in [mean/2, 3*mean/2] (seeded), as RL rollouts end at different lengths."""
+    if kind == "fixed":
+        return [mean] * n
+    rng = random.Random(1)
+    return [rng.randint(mean // 2, 3 * mean // 2) for _ in range(n)]
+
+
+async def bench(model: Path, url: str, server_pid: int, args: argparse.Namespace) -> Results:
+    """Pairs (engine, server) at c=1 and at c=N, plus the server's in-server overhead."""
     from server.engines.hf import HFEngine
 
     engine = HFEngine(str(model), max_batch_size=args.max_batch_size, device=args.device)
     await engine.start()
     n_req = args.concurrency * args.waves
     prompts = make_prompts(max(args.pairs_1, n_req), args.prompt_len, 900)
+    mine, server_cpu = cpu_clock(None), cpu_clock(server_pid)
+    lengths = request_lengths(n_req, args.max_tokens, "fixed")
 
     async def direct(i: int) -> int:
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=i)
+        params = SamplingParams(max_tokens=lengths[i], temperature=1.0, seed=i)
         return len((await engine.generate(prompts[i], params)).token_ids)
 
     limits = httpx.Limits(max_connections=args.concurrency + 4, max_keepalive_connections=64)
@@ -169,33 +230,30 @@ async def bench(model: Path, url: str, args: argparse.Namespace) -> dict[str, li
                                  headers={"Authorization": f"Bearer {API_KEY}"}) as http:
         async def served(i: int) -> int:
             r = await http.post("/v1/completions", json={
-                "model": model.name, "prompt": prompts[i], "max_tokens": args.max_tokens,
+                "model": model.name, "prompt": prompts[i], "max_tokens": lengths[i],
                 "temperature": 1.0, "seed": i, "ignore_eos": True})
             r.raise_for_status()
             return int(r.json()["usage"]["completion_tokens"])
 
-        await run_load(direct, list(range(4)), 4)  # warm-up both
-        await run_load(served, list(range(4)), 4)
-        out: dict[str, list[float]] = {k: [] for k in ("e1", "s1", "e1t", "eN", "sN")}
+        def both(ids: list[int], c: int, swap: bool) -> Awaitable[tuple[Phase, Phase]]:
+            return paired(lambda: run_load(direct, ids, c, mine),
+                          lambda: run_load(served, ids, c, server_cpu), swap)
+
+        await both(list(range(4)), 4, False)  # warm-up
+        res = Results(c1=[], fixed=[], mixed=[], overhead_s=0.0)
         for i in range(args.pairs_1):  # c=1: one request each way, back to back
-            (e_tps, e_lat), (_, s_lat) = await paired(
-                lambda i=i: run_load(direct, [i], 1), lambda i=i: run_load(served, [i], 1),
-                swap=i % 2 == 1)
-            out["e1"].append(e_lat)
-            out["e1t"].append(e_tps)
-            out["s1"].append(s_lat)
-        ids = list(range(n_req))
-        for r in range(args.rounds):  # c=N: one phase each way, back to back
-            (e_tps, _), (s_tps, _) = await paired(
-                lambda: run_load(direct, ids, args.concurrency),
-                lambda: run_load(served, ids, args.concurrency), swap=r % 2 == 1)
-            out["eN"].append(e_tps)
-            out["sN"].append(s_tps)
-            print(f"c={args.concurrency} round {r + 1}: tok/s engine {e_tps:.0f} server "
-                  f"{s_tps:.0f}", flush=True)
-        out["overhead"] = [in_server_overhead((await http.get("/metrics")).text)]
+            res.c1.append(await both([i], 1, swap=i % 2 == 1))
+        for r in range(2 * args.rounds):  # c=N: one phase each way, back to back
+            kind = "fixed" if r % 2 == 0 else "mixed"
+            lengths[:] = request_lengths(n_req, args.max_tokens, kind)
+            e, s = await both(list(range(n_req)), args.concurrency, swap=(r // 2) % 2 == 1)
+            getattr(res, kind).append((e, s))
+            print(f"c={args.concurrency} {kind} round {r // 2 + 1}: tok/s engine {e.tps:.0f} "
+                  f"server {s.tps:.0f}; CPU ms/token engine {e.cpu_per_token * 1e3:.3f} "
+                  f"server {s.cpu_per_token * 1e3:.3f}", flush=True)
+        res.overhead_s = in_server_overhead((await http.get("/metrics")).text)
     await engine.shutdown()
-    return out
+    return res
 
 
 def in_server_overhead(metrics_text: str) -> float:
@@ -216,25 +274,32 @@ def in_server_overhead(metrics_text: str) -> float:
             - mean("gspo_generation_seconds", "completions"))
 
 
-def report(out: dict[str, list[float]], args: argparse.Namespace) -> None:
-    med = {k: statistics.median(v) for k, v in out.items()}
-    n = args.concurrency
-    lat_pairs = [s / e for s, e in zip(out["s1"], out["e1"], strict=True)]
-    tput_pairs = [s / e for s, e in zip(out["sN"], out["eN"], strict=True)]
-    lat_ratio, tput_ratio = statistics.median(lat_pairs), statistics.median(tput_pairs)
-    batching = med["eN"] / med["e1t"]
-    print(f"\nmedians of paired ratios ({args.pairs_1} pairs at c=1, {args.rounds} rounds at "
-          f"c={n}; max_tokens {args.max_tokens}, prompt {args.prompt_len} tokens):")
-    print(f"  c=1  latency/request: engine {med['e1']:.3f}s  server {med['s1']:.3f}s  "
-          f"ratio {lat_ratio:.3f}  (goal <= 1.05) {'OK' if lat_ratio <= 1.05 else 'MISSED'}")
-    print(f"  c={n} tokens/s:       engine {med['eN']:.0f}  server {med['sN']:.0f}  "
-          f"ratio {tput_ratio:.3f}  (goal >= 0.95) {'OK' if tput_ratio >= 0.95 else 'MISSED'}")
-    print(f"  spread of the paired ratios (min..max): c=1 {min(lat_pairs):.3f}.."
-          f"{max(lat_pairs):.3f}, c={n} {min(tput_pairs):.3f}..{max(tput_pairs):.3f}")
-    print(f"  in-server time outside the engine per request: {med['overhead'] * 1e3:.1f} ms "
-          f"({med['overhead'] / med['s1'] * 100:.2f}% of a c=1 request)")
-    print(f"  engine batching: {med['eN']:.0f} tok/s at c={n} vs {med['e1t']:.0f} at c=1  "
-          f"= {batching:.2f}x  (goal >= 4) {'OK' if batching >= 4 else 'MISSED'}")
+def _verdict(ok: bool) -> str:
+    return "OK" if ok else "MISSED"
+
+
+def report(res: Results, args: argparse.Namespace) -> None:
+    n, med = args.concurrency, statistics.median
+    lat = [s.latency_s / e.latency_s for e, s in res.c1]
+    e1 = med(e.tps for e, _ in res.c1)
+    print(f"\nmedians of paired ratios ({len(res.c1)} pairs at c=1, {len(res.fixed)} per "
+          f"workload at c={n}; max_tokens {args.max_tokens}, prompt {args.prompt_len} tokens):")
+    print(f"  c=1  latency server/engine: {med(lat):.3f} (goal <= 1.05) "
+          f"{_verdict(med(lat) <= 1.05)}  [pairs {min(lat):.3f}..{max(lat):.3f}; engine "
+          f"{med(e.latency_s for e, _ in res.c1):.3f}s/request]")
+    for kind in ("fixed", "mixed"):
+        pairs = getattr(res, kind)
+        tput = [s.tps / e.tps for e, s in pairs]
+        cpu = [e.cpu_per_token / s.cpu_per_token for e, s in pairs]
+        print(f"  c={n} {kind}: tokens/s server/engine {med(tput):.3f} (goal >= 0.95) "
+              f"{_verdict(med(tput) >= 0.95)}  [pairs {min(tput):.3f}..{max(tput):.3f}; "
+              f"engine {med(e.tps for e, _ in pairs):.0f} tok/s]; CPU per token "
+              f"engine/server {med(cpu):.3f} [{min(cpu):.3f}..{max(cpu):.3f}]")
+    en = med(e.tps for e, _ in res.fixed)
+    print(f"  in-server time outside the engine: {res.overhead_s * 1e3:.1f} ms per request, mean "
+          f"over every request of the run")
+    print(f"  engine batching: {en:.0f} tok/s at c={n} (fixed) vs {e1:.0f} at c=1 = "
+          f"{en / e1:.2f}x (goal >= 4) {_verdict(en / e1 >= 4)}")
 
 
 def main() -> None:
@@ -244,8 +309,8 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--pairs-1", type=int, default=12, help="request pairs at c=1")
-    p.add_argument("--waves", type=int, default=1, help="requests per c=N phase / N")
-    p.add_argument("--rounds", type=int, default=8, help="phase pairs at c=N")
+    p.add_argument("--waves", type=int, default=2, help="requests per c=N phase / N")
+    p.add_argument("--rounds", type=int, default=6, help="phase pairs per c=N workload")
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
@@ -255,8 +320,9 @@ def main() -> None:
             from server.tiny_model import make_tiny_model
 
             model = make_tiny_model(Path(tmp) / "tiny")
-        with redis_server(Path(tmp)) as redis_url, http_server(model, redis_url, args) as url:
-            out = asyncio.run(bench(model, url, args))
+        with redis_server(Path(tmp)) as redis_url, \
+                http_server(model, redis_url, args) as (url, pid):
+            out = asyncio.run(bench(model, url, pid, args))
     report(out, args)
 
 

@@ -90,7 +90,8 @@ def serve(
     from server.app import create_app
 
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=log_level, timeout_graceful_shutdown=30)
+                log_level=log_level, timeout_graceful_shutdown=30,
+                timeout_keep_alive=settings.keep_alive_s)
 
 
 @app.command()

@@ -45,6 +45,8 @@ class ServerMetrics:
                                     registry=r)
         self.policy_version = Gauge("gspo_policy_version", "Policy version of the weights",
                                     registry=r)
+        self.engine_extra = Gauge("gspo_engine_stat", "Engine-specific numbers (EngineStats."
+                                  "extra: decode steps, prefills, ...)", ["name"], registry=r)
 
     def record_usage(self, route: str, prompt_tokens: int, completion_tokens: int) -> None:
         self.prompt_tokens.labels(route).inc(prompt_tokens)
@@ -57,6 +59,8 @@ class ServerMetrics:
             self.engine_running.set(stats.running)
             self.engine_waiting.set(stats.waiting)
             self.policy_version.set(engine.policy_version)
+            for name, value in stats.extra.items():
+                self.engine_extra.labels(name).set(value)
         return generate_latest(self.registry)
 
 

@@ -51,6 +51,10 @@ class ServerSettings(BaseSettings):
     """Interface uvicorn binds to. 0.0.0.0 exposes the server: set an API key then."""
     port: int = Field(default=8000, ge=0, le=65535)
     """TCP port uvicorn listens on (0: any free port)."""
+    keep_alive_s: float = Field(default=30.0, gt=0)
+    """Idle keep-alive connections are closed after this long. Longer than the clients' own
+    pool expiry (httpx, hence the openai client: 5 s), so that a client never sends on a
+    connection the server is closing at that moment (a ReadError on the client)."""
     api_key: SecretStr | None = None
     """Bearer token every ``/v1`` route requires (environments hold it). None: open."""
     admin_key: SecretStr | None = None
