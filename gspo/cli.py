@@ -123,6 +123,8 @@ def learn(
     max_steps: int = typer.Option(None, help="Stop after this many steps (default: never)."),
     read_timeout_s: float = typer.Option(None, help="Longest wait for a full batch."),
     device: str = typer.Option(None, help="auto | cpu | cuda | cuda:N."),
+    data_parallel: str = typer.Option(None, help="Under torchrun: auto | allreduce | fsdp2 "
+                                      "(auto: fsdp2 on CUDA, allreduce on CPU)."),
     seed: int = typer.Option(None, help="Random seed."),
     metrics_jsonl: str = typer.Option(None, help="JSONL metrics file "
                                       "(default: SAVE_DIR/metrics.jsonl)."),

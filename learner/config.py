@@ -81,6 +81,10 @@ class LearnerConfig(BaseModel):
     """On CUDA, run forward passes under bf16 autocast (weights and optimiser stay float32)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward (less memory, ~30% more compute)."""
+    data_parallel: Literal["auto", "allreduce", "fsdp2"] = "auto"
+    """Under ``torchrun`` with several ranks: "allreduce" keeps a full replica per rank and
+    sums gradients; "fsdp2" shards weights, gradients and optimiser state
+    (``learner.fsdp``); "auto" is fsdp2 on CUDA, allreduce on CPU. Ignored by one process."""
     seed: int = 0
     """Seeds torch, numpy and random at start (restored from the checkpoint on resume)."""
     max_steps: int | None = Field(default=None, ge=1)

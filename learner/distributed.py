@@ -15,10 +15,16 @@ across ranks: the update is exactly the single-process one, whatever the split (
 order of float additions). Ranks with no microbatch in a minibatch contribute zeros. The same
 summed gradient on every rank and the same optimiser state keep the replicas identical.
 
-Why not ``DistributedDataParallel``: DDP needs the same number of backward passes on every
-rank, and a minibatch's microbatches do not divide evenly; one flat all-reduce per optimizer
-step is what DDP would do at the end anyway. Weights are replicated (CPU/gloo and CUDA/nccl);
-sharded parameters (FSDP2) for models that do not fit one device are not implemented.
+Two modes (``LearnerConfig.data_parallel``; "auto": fsdp2 on CUDA, allreduce on CPU):
+
+- "allreduce": every rank keeps a full replica; gradients are summed with one flat all-reduce
+  per optimizer step. Why not ``DistributedDataParallel``: DDP needs the same number of
+  backward passes on every rank, and a minibatch's microbatches do not divide evenly; one
+  flat all-reduce per optimizer step is what DDP would do at the end anyway.
+- "fsdp2": parameters, gradients and optimiser state sharded over the ranks
+  (``learner.fsdp``), for models whose training state does not fit one device. Pushes and
+  checkpoints need every rank's shards, so rank 0 broadcasts "gather" before each one and
+  every rank joins the gather (``export_full``); rank 0 alone pushes and writes.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import logging
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +51,7 @@ class DistContext:
     rank: int
     world: int
     local_rank: int
+    fsdp: bool = False  # parameters sharded with FSDP2 (else replicated, all-reduced grads)
 
     @property
     def is_main(self) -> bool:
@@ -102,9 +110,10 @@ def assign_owners(costs: list[int], world: int) -> list[int]:
     return owners
 
 
-def init_from_env(device: str) -> DistContext | None:
+def init_from_env(device: str, data_parallel: str = "auto") -> DistContext | None:
     """Join the ``torchrun`` job described by the environment; ``None`` when not under one.
-    gloo on CPU, nccl on CUDA (each rank on ``cuda:LOCAL_RANK``)."""
+    gloo on CPU, nccl on CUDA (each rank on ``cuda:LOCAL_RANK``); ``data_parallel`` "auto"
+    shards with FSDP2 on CUDA and all-reduces on CPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return None
@@ -115,7 +124,9 @@ def init_from_env(device: str) -> DistContext | None:
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if cuda else "gloo",
                                 timeout=datetime.timedelta(minutes=30))
-    return DistContext(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local)
+    fsdp = data_parallel == "fsdp2" or (data_parallel == "auto" and cuda)
+    return DistContext(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local,
+                       fsdp=fsdp)
 
 
 def rank_device(device: str, ctx: DistContext) -> str:
@@ -124,11 +135,35 @@ def rank_device(device: str, ctx: DistContext) -> str:
     return f"cuda:{ctx.local_rank}" if cuda else "cpu"
 
 
+def load_policy(path: str | Path, config: Any, ctx: DistContext | None) -> Any:
+    """This rank's ``Policy`` of ``path``: replicated, or sharded under FSDP2."""
+    from learner.policy import Policy
+
+    if ctx is None:
+        return Policy.load(path, config.device, config.bf16_autocast,
+                           config.gradient_checkpointing)
+    device = rank_device(config.device, ctx)
+    if ctx.fsdp:
+        from learner.fsdp import load_sharded_policy
+
+        return load_sharded_policy(path, config, torch.device(device))
+    return Policy.load(path, device, config.bf16_autocast, config.gradient_checkpointing)
+
+
+def export_full(trainer: Any, host: torch.nn.Module | None,
+                with_optimizer: bool) -> dict | None:
+    """Collective under FSDP2 (every rank, same arguments but ``host``): gather the weights
+    into ``host`` (rank 0's copy) and, when asked, the trainer state (full on rank 0)."""
+    from learner.fsdp import gather_full
+
+    gather_full(trainer.policy.model, host)
+    return trainer.state_dict() if with_optimizer else None
+
+
 def follow(config: Any, ctx: DistContext) -> int:
     """The loop of ranks > 0: load what rank 0 loaded, then train every broadcast batch.
     Returns the number of steps trained."""
     from learner.checkpoint import load_trainer_state
-    from learner.policy import Policy
     from learner.trainer import Trainer
 
     # SIGINT/SIGTERM (torchrun forwards them): rank 0 decides when to stop and says so.
@@ -136,11 +171,11 @@ def follow(config: Any, ctx: DistContext) -> int:
         signal.signal(s, lambda *_: None)
     source = ctx.broadcast()  # checkpoint dir to resume from, or None
     path = source or config.model
-    policy = Policy.load(path, rank_device(config.device, ctx), config.bf16_autocast,
-                         config.gradient_checkpointing)
+    policy = load_policy(path, config, ctx)
     trainer = Trainer(policy, config, dist=ctx)
     if source is not None:
-        trainer.load_state_dict(load_trainer_state(source, map_location=policy.device))
+        where = "cpu" if ctx.fsdp else policy.device  # FSDP keeps only its shard
+        trainer.load_state_dict(load_trainer_state(source, map_location=where))
     steps = 0
     while True:
         msg = ctx.broadcast()
@@ -149,3 +184,5 @@ def follow(config: Any, ctx: DistContext) -> int:
         if msg[0] == "train":
             trainer.step(msg[1])
             steps += 1
+        elif msg[0] == "gather":
+            export_full(trainer, None, msg[1])

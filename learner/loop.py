@@ -59,9 +59,8 @@ from learner.checkpoint import (
     save_checkpoint,
 )
 from learner.config import LearnerConfig
-from learner.distributed import DistContext, follow, init_from_env, rank_device
+from learner.distributed import DistContext, export_full, follow, init_from_env, load_policy
 from learner.metrics import MetricsLogger, read_drop_counters, reward_stats, staleness_histogram
-from learner.policy import Policy
 from learner.reader import Batch, GroupReader
 from learner.sync_base import NoSync, WeightSync
 from learner.trainer import Trainer
@@ -115,9 +114,14 @@ class Learner:
         _seed(config.seed)
         source = ckpt.path if ckpt is not None else Path(config.model)
         self.tokenizer_src = source
-        device = rank_device(config.device, dist) if dist is not None else config.device
-        self.policy = Policy.load(source, device, config.bf16_autocast,
-                                  config.gradient_checkpointing)
+        self.policy = load_policy(source, config, dist)
+        self.sharded = dist is not None and dist.fsdp
+        # FSDP2: the unsharded CPU copy that pushes and checkpoints read (learner.fsdp).
+        self.host: torch.nn.Module | None = None
+        if self.sharded:
+            from learner.fsdp import load_host_copy
+
+            self.host = load_host_copy(source)
         self.trainer = Trainer(self.policy, config, advantage_fn, dist=dist)
         self.step, self.version, self.groups_trained = 0, 0, 0
         self.pending_ack: list[str] = []
@@ -152,7 +156,7 @@ class Learner:
         return None
 
     def _restore(self, ckpt: Checkpoint) -> None:
-        state = ckpt.trainer_state(map_location=self.policy.device)
+        state = ckpt.trainer_state(map_location="cpu" if self.sharded else self.policy.device)
         self.trainer.load_state_dict(state)
         restore_rng(state["rng"])
         self.step, self.version = ckpt.state.step, ckpt.state.version
@@ -268,11 +272,20 @@ class Learner:
 
     # ---------------------------------------------------------------- side effects
 
+    def _export(self, with_optimizer: bool) -> tuple[torch.nn.Module, dict | None]:
+        """The model to push or save, and the trainer state when asked. Under FSDP2 the other
+        ranks are told to join the gather first."""
+        if not self.sharded:
+            return self.policy.model, self.trainer.state_dict() if with_optimizer else None
+        assert self.dist is not None and self.host is not None
+        self.dist.broadcast(("gather", with_optimizer))
+        return self.host, export_full(self.trainer, self.host, with_optimizer)
+
     def _push(self) -> float:
         """Publish the version, then push the weights; returns the seconds it took."""
         t0 = time.perf_counter()
         self._publish_state()
-        report = self.sync.push(self.policy.model, self.version)
+        report = self.sync.push(self._export(with_optimizer=False)[0], self.version)
         if not report.ok:
             log.warning("weight push of version %d did not reach every server", self.version)
         self._last_sync_ok = bool(report.ok)
@@ -289,7 +302,9 @@ class Learner:
                 return 0.0
             state = LearnerState(self.step, self.version, list(self.pending_ack),
                                  self.groups_trained, extra={"run_id": self.run_id})
-            save_checkpoint(cfg.save_dir, self.policy.model, self.trainer.state_dict(), state,
+            model, trainer_state = self._export(with_optimizer=True)
+            assert trainer_state is not None
+            save_checkpoint(cfg.save_dir, model, trainer_state, state,
                             tokenizer_src=self.tokenizer_src, keep_last=cfg.keep_last)
         try:
             self.reader.ack(self.pending_ack)
@@ -329,7 +344,7 @@ def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> Learne
     """Build a ``Learner`` and run it with graceful-stop signal handlers. Under ``torchrun``
     rank 0 runs the learner and the other ranks follow it (``learner.distributed``); they
     return ``None``."""
-    dist = init_from_env(config.device)
+    dist = init_from_env(config.device, config.data_parallel)
     try:
         if dist is not None and not dist.is_main:
             follow(config, dist)

@@ -30,6 +30,14 @@ from learner.advantages import advantage_fn_for
 from learner.batching import AdvantageFn, MicroBatch, MiniBatch, plan_step
 from learner.config import LearnerConfig
 from learner.distributed import DistContext, assign_owners
+from learner.fsdp import (
+    FULL_FORMAT,
+    Share,
+    fsdp_share,
+    full_optimizer_state,
+    grad_norm_value,
+    load_optimizer_state,
+)
 from learner.losses import policy_loss
 from learner.policy import Policy
 from server.redis_schema import ReadyGroup
@@ -55,7 +63,9 @@ class Trainer:
 
     With ``dist`` (a ``learner.distributed.DistContext``) every rank calls ``step`` with the
     same groups; each computes its share of the microbatches and gradients are summed across
-    ranks before each optimizer step (see ``learner.distributed``).
+    ranks before each optimizer step (see ``learner.distributed``). With ``dist.fsdp`` the
+    model is sharded (``learner.fsdp``): FSDP sums the gradients in backward, every rank runs
+    the same number of passes, and ``state_dict`` is a collective.
     """
 
     def __init__(
@@ -68,6 +78,7 @@ class Trainer:
         self.policy, self.config = policy, config
         self.advantage_fn = advantage_fn or advantage_fn_for(config.loss.kind)
         self.dist = dist
+        self.sharded = dist is not None and dist.fsdp
         params = [p for p in policy.model.parameters() if p.requires_grad]
         self.params = params
         self.optimizer = torch.optim.AdamW(
@@ -82,10 +93,21 @@ class Trainer:
     # ---------------------------------------------------------------- state
 
     def state_dict(self) -> dict:
+        """Optimiser and schedule state. Sharded: a collective (call on every rank) whose
+        full, name-keyed optimiser state lands on rank 0 (see ``learner.fsdp``)."""
+        if self.sharded:
+            return {"optimizer": full_optimizer_state(self.policy.model, self.optimizer),
+                    "optimizer_format": FULL_FORMAT, "scheduler": self.scheduler.state_dict()}
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Either format loads in either mode (a collective when sharded)."""
+        name_keyed = state.get("optimizer_format") == FULL_FORMAT
+        if self.sharded or name_keyed:
+            load_optimizer_state(self.policy.model, self.optimizer, state["optimizer"],
+                                 name_keyed)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     # ---------------------------------------------------------------- the step
@@ -96,11 +118,11 @@ class Trainer:
         world = self.dist.world if self.dist is not None else 1
         plan = plan_step(groups, self.config.minibatches, self.config.micro_batch_tokens,
                          self.advantage_fn, min_micro=world)
-        mine = [self._my_micro(mb) for mb in plan.minibatches]
+        mine = [self._my_share(mb) for mb in plan.minibatches]
         metrics: dict[str, float] = {}
         if self.config.old_logprobs == "recompute":
-            metrics.update(self._recompute([m for ms in mine for m in ms]))
-        per_mb = [self._optimizer_step(ms) for ms in mine]
+            metrics.update(self._recompute(mine))
+        per_mb = [self._optimizer_step(s) for s in mine]
         if self.policy.device.type == "cuda":
             torch.cuda.synchronize(self.policy.device)
         seconds = time.perf_counter() - t0
@@ -114,12 +136,16 @@ class Trainer:
         )
         return metrics
 
-    def _my_micro(self, mb: MiniBatch) -> list[MicroBatch]:
-        """This rank's microbatches of ``mb`` (all of them without data parallelism)."""
+    def _my_share(self, mb: MiniBatch) -> Share:
+        """This rank's microbatches of ``mb`` (all of them without data parallelism), and
+        under FSDP the zero-weight passes that even out the ranks' counts."""
         if self.dist is None:
-            return list(mb.micro)
+            return Share(list(mb.micro), 0, None)
         owners = assign_owners([m.n_padded_tokens for m in mb.micro], self.dist.world)
-        return [m for m, r in zip(mb.micro, owners, strict=True) if r == self.dist.rank]
+        if self.sharded:
+            return fsdp_share(mb, owners, self.dist.rank, self.dist.world)
+        mine = [m for m, r in zip(mb.micro, owners, strict=True) if r == self.dist.rank]
+        return Share(mine, 0, None)
 
     def _sum(self, acc: dict[str, float]) -> dict[str, float]:
         """``acc`` summed over ranks (same keys in the same order on every rank)."""
@@ -135,11 +161,13 @@ class Trainer:
                 "behavior": m.behavior_BT.to(dev), "advantages": m.advantages.to(dev)}
 
     @torch.no_grad()
-    def _recompute(self, micro: list[MicroBatch]) -> dict[str, float]:
+    def _recompute(self, shares: list[Share]) -> dict[str, float]:
         """pi_prox for every microbatch (before any update) and the truncated IS weights."""
         acc = {"w": 0.0, "rows": 0.0, "capped": 0.0, "abs_lr": 0.0}
         cap = self.config.is_weight_cap
-        for m in micro:
+        for s in shares:
+            self._pad_passes(s, backward=False)
+        for m in (m for s in shares for m in s.micro):
             d = self._device_batch(m)
             prox = self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
                                               d["mask"])
@@ -158,10 +186,22 @@ class Trainer:
         return {"is_weight_mean": acc["w"] / n, "is_weight_capped_fraction": acc["capped"] / n,
                 "prox_behavior_abs_log_ratio": acc["abs_lr"] / n}
 
-    def _optimizer_step(self, micro: list[MicroBatch]) -> dict[str, float]:
+    def _pad_passes(self, share: Share, backward: bool) -> None:
+        """FSDP's zero-weight passes: the collectives of a real pass, exact zero gradients."""
+        for _ in range(share.n_pad):
+            assert share.pad is not None
+            d = self._device_batch(share.pad)
+            lp = self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
+                                            d["mask"])
+            if backward:
+                (lp.sum() * 0.0).backward()
+
+    def _optimizer_step(self, share: Share) -> dict[str, float]:
         """Accumulate the minibatch's gradient over (this rank's share of) its microbatches,
         sum across ranks, clip, step."""
+        micro = share.micro
         self.optimizer.zero_grad(set_to_none=True)
+        self._pad_passes(share, backward=True)
         acc = {"loss": 0.0, "num_sequences": 0.0, "num_tokens": 0.0,
                **{k + "@tok": 0.0 for k in self._token_keys},
                **{k + "@seq": 0.0 for k in _SEQ_WEIGHTED}}
@@ -176,13 +216,13 @@ class Trainer:
                               is_weights=m.is_weights_B)
             (out.loss * m.loss_scale).backward()
             _accumulate(acc, out.metrics, m.loss_scale)
-        if self.dist is not None:
+        if self.dist is not None and not self.sharded:  # FSDP reduced them in backward
             self.dist.sum_grads(self.params)
         acc = self._sum(acc)
         if acc["num_sequences"] == 0:
             return {}
         clip = self.config.grad_clip if self.config.grad_clip is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        grad_norm = grad_norm_value(torch.nn.utils.clip_grad_norm_(self.params, clip))
         acc["grad_norm"] = grad_norm
         if math.isfinite(grad_norm):
             self.optimizer.step()

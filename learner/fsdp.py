@@ -1,0 +1,181 @@
+"""FSDP2 data parallelism for the learner: sharded parameters, gradients and optimiser state.
+
+``LearnerConfig.data_parallel = "fsdp2"`` (the default on CUDA under ``torchrun``) shards
+each decoder layer and the root module with ``torch.distributed.fsdp.fully_shard``, so each
+rank holds ``1/world`` of the float32 weights, gradients and AdamW moments. The loop is the
+one of ``learner.distributed`` (rank 0 reads and broadcasts; microbatches split across ranks,
+each scaled by its share of the whole minibatch) with three differences:
+
+- Gradients are reduce-scattered by FSDP in every backward, as plain sums (divide factor 1,
+  sum-only collectives: gloo has no pre-multiplied sum), so the update stays exactly the
+  single-process one.
+- FSDP's collectives need every rank to run the same number of forward/backward passes. A
+  rank with fewer microbatches in a minibatch runs zero-weight passes on a real microbatch
+  (``Share.n_pad``): they all-gather and reduce-scatter like the others and add exact zeros.
+- Weights leave as full tensors: before a push or a checkpoint every rank takes part in the
+  gather (``gather_full``), rank 0 copies each parameter into a CPU *host copy* of the model
+  (plain Hugging Face names, tied embeddings still tied), and ``BroadcastSync`` and
+  ``save_pretrained`` see an ordinary model. The host copy costs rank 0 one float32 model of
+  CPU memory; only one parameter is gathered on the device at a time.
+
+Optimiser state in checkpoints: the *full* state dict, keyed by parameter name, gathered to
+rank 0 (``get_optimizer_state_dict(full_state_dict=True, cpu_offload=True)``) and written to
+``trainer_state.pt`` with ``"optimizer_format": "fsdp2-full"``. One file, independent of the
+number of ranks: a checkpoint resumes under any world size, and in either mode (an id-keyed
+state from the all-reduce learner is renamed with ``ids_to_names``; a name-keyed one loads
+into an unsharded model through ``set_optimizer_state_dict``). Every rank reads the file on
+resume and keeps its own shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from learner.batching import MicroBatch, MiniBatch
+
+FULL_FORMAT = "fsdp2-full"
+# Prefixes that wrappers (activation checkpointing, torch.compile, FSDP1) put into FQNs.
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def hf_name(fqn: str) -> str:
+    """The Hugging Face checkpoint name of a parameter FQN, wrapper prefixes removed."""
+    for p in _WRAPPER_PREFIXES:
+        fqn = fqn.replace(p, "")
+    return fqn
+
+
+def check_names(sharded: Sequence[str], host: Sequence[str]) -> None:
+    """The gathered names must be exactly the host copy's: a silent mismatch would push or
+    save stale weights."""
+    a, b = set(sharded), set(host)
+    if a != b:
+        raise ValueError(f"sharded and host parameter names differ: only sharded "
+                         f"{sorted(a - b)[:5]}, only host {sorted(b - a)[:5]}")
+
+
+def ids_to_names(osd: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """An ``Optimizer.state_dict()`` (parameters numbered in ``names`` order) re-keyed by
+    parameter name: the format ``set_optimizer_state_dict(full_state_dict=True)`` loads."""
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]
+    return {"state": {names[i]: s for i, s in osd["state"].items()}, "param_groups": groups}
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard one by one: the classes HF lists in ``_no_split_modules``,
+    else the children of the largest ``ModuleList``."""
+    kinds = set(getattr(model, "_no_split_modules", None) or [])
+    found = [m for m in model.modules() if type(m).__name__ in kinds]
+    if found:
+        return found
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+def shard_model(model: nn.Module, device: torch.device) -> None:
+    """``fully_shard`` every decoder layer, then the root (embeddings, final norm, LM head:
+    a tied LM head shares the embedding's parameter in the root group). Parameters move to
+    ``device``; gradients are reduced as sums."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+
+
+def load_sharded_policy(path: str | Path, config: Any, device: torch.device) -> Any:
+    """The policy of ``path`` (float32, loaded on the CPU), sharded over the job's ranks."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.policy import Policy
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    shard_model(model, device)
+    return Policy(model, device, bf16_autocast=config.bf16_autocast)
+
+
+def load_host_copy(path: str | Path) -> nn.Module:
+    """Rank 0's unsharded CPU model that pushes and checkpoints read from."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+
+
+@torch.no_grad()
+def gather_full(model: nn.Module, host: nn.Module | None) -> None:
+    """Collective: every rank gathers each parameter in turn; the rank with a ``host``
+    (rank 0) copies it there. Call on every rank, in the same order as the others."""
+    from torch.distributed.tensor import DTensor
+
+    dst = dict(host.named_parameters()) if host is not None else None
+    if dst is not None:
+        check_names([hf_name(n) for n, _ in model.named_parameters()], list(dst))
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        if dst is not None:
+            dst[hf_name(name)].copy_(full)
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Collective: the full, name-keyed optimiser state on rank 0 (CPU), ``{}`` elsewhere."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
+                         osd: dict[str, Any], name_keyed: bool) -> None:
+    """Collective under FSDP: load a full optimiser state (every rank passes the whole
+    dict and keeps its shard). An id-keyed one is renamed first."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if not name_keyed:
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        osd = ids_to_names(osd, names)
+    optimizer.zero_grad(set_to_none=True)  # the loader initialises state with a 0-lr step
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=osd,
+                             options=StateDictOptions(full_state_dict=True))
+
+
+def grad_norm_value(norm: torch.Tensor) -> float:
+    """``clip_grad_norm_`` returns a DTensor over sharded gradients: its global value."""
+    from torch.distributed.tensor import DTensor
+
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+
+@dataclass
+class Share:
+    """One rank's part of a minibatch under FSDP: its microbatches with trained tokens, and
+    ``n_pad`` zero-weight passes on ``pad`` so every rank runs the same number."""
+
+    micro: list[MicroBatch]
+    n_pad: int
+    pad: MicroBatch | None
+
+
+def fsdp_share(mb: MiniBatch, owners: Sequence[int], rank: int, world: int) -> Share:
+    """This rank's ``Share`` of ``mb`` given each microbatch's owner (the same plan on every
+    rank, so no collective is needed to agree on the counts)."""
+    valid = [(m, r) for m, r in zip(mb.micro, owners, strict=True) if m.n_valid > 0]
+    counts = [sum(1 for _, r in valid if r == k) for k in range(world)]
+    mine = [m for m, r in valid if r == rank]
+    pad = min((m for m, _ in valid), key=lambda m: m.n_padded_tokens, default=None)
+    return Share(mine, max(counts, default=0) - len(mine), pad)
