@@ -4,14 +4,15 @@
 
 Baseline: the hf engine called directly (``engine.generate`` from asyncio, in this process).
 Measured: ``gspo serve`` (hf engine, same model, real Redis recording every rollout) in a
-subprocess, driven over HTTP (``POST /v1/completions`` with a token-id prompt) by an httpx
-client in this process. Every request is ``prompt_len`` token ids and a per-request seed, with
-``ignore_eos``, so both ways generate exactly the same tokens. At c=1 and in the "fixed" c=N
-workload every request generates ``max_tokens`` tokens; in the "mixed" workload lengths are
-spread uniformly over [max_tokens/2, 3*max_tokens/2] as in RL, where rollouts end at different
-lengths. Fixed lengths are the worst case for the server: all N requests end in the same
-step, the direct baseline refills the batch within microseconds while HTTP requests trickle in
-and are admitted over several engine steps.
+subprocess, driven over HTTP (``POST /v1/completions`` with a token-id prompt) by a lean
+keep-alive HTTP/1.1 client in this process (``LeanClient``). Every request is ``prompt_len``
+token ids and a per-request seed, with ``ignore_eos``, so both ways generate exactly the same
+tokens. At c=1 and in the "fixed" c=N workload every request generates ``max_tokens``
+tokens; in the "mixed" workload lengths are spread uniformly over [max_tokens/2,
+3*max_tokens/2] as in RL, where rollouts end at different lengths. Fixed lengths are the
+worst case for the server: all N requests end in the same step, the direct baseline refills
+the batch within microseconds while HTTP requests trickle in and are admitted over several
+engine steps.
 
 Measurements are paired: at c=1 one request each way back to back, at c=N one phase each way
 back to back, the order alternating; the reported ratios are medians of the pairs' ratios, so
@@ -23,15 +24,19 @@ at N in flight (goal: server >= 0.95x engine tokens/s), and the engine's own bat
 with other jobs swing with their load, it also prints the CPU time per generated token of the
 serving process (server: the whole ``gspo serve`` process; engine: this process during its
 phases), whose ratio is the throughput ratio whenever generation is CPU-bound, and the
-server's own measure of its time outside the engine (from its Prometheus histograms).
+server's own measure of its time outside the engine (from its Prometheus histograms). On a
+small machine the client and redis-server share the cores with the server (in a deployment
+they do not): their CPU per request is printed too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
+import re
 import shutil
 import socket
 import statistics
@@ -84,7 +89,7 @@ def _healthy(url: str) -> bool:
 
 
 @contextmanager
-def redis_server(workdir: Path) -> Iterator[str]:
+def redis_server(workdir: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
     exe = shutil.which("redis-server")
     if exe is None:
@@ -94,7 +99,7 @@ def redis_server(workdir: Path) -> Iterator[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: _port_open(port), proc, "redis-server", 20)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0", proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -123,6 +128,42 @@ def http_server(model: Path, redis_url: str, args: argparse.Namespace
             proc.wait(timeout=10)
 
 
+class LeanClient:
+    """A minimal HTTP/1.1 keep-alive client, one connection per in-flight request: the load
+    generator shares the cores with the server, so it must cost little (httpx: ~5 ms of CPU
+    per request here, a few % of the engine's own CPU per request)."""
+
+    USAGE = re.compile(rb'"completion_tokens":(\d+)')
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        u = httpx.URL(url)
+        self.host, self.port = u.host, u.port or 80
+        self.extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def post_json(self, path: str, body: dict) -> bytes:
+        data = json.dumps(body).encode()
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: "
+                f"application/json\r\nContent-Length: {len(data)}\r\n{self.extra}\r\n")
+        reader, writer = (self.idle.pop() if self.idle
+                          else await asyncio.open_connection(self.host, self.port))
+        writer.write(head.encode() + data)
+        status = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        payload = await reader.readexactly(length)
+        self.idle.append((reader, writer))
+        if b" 200 " not in status:
+            raise RuntimeError(f"{status!r}: {payload[:300]!r}")
+        return payload
+
+    async def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+
+
 def make_prompts(n: int, prompt_len: int, vocab: int) -> list[list[int]]:
     rng = random.Random(0)
     return [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(n)]
@@ -146,8 +187,9 @@ def cpu_clock(pid: int | None) -> Callable[[], float]:
 @dataclass
 class Phase:
     tokens: int
+    requests: int
     wall_s: float
-    cpu_s: float
+    cpu_s: dict[str, float]  # "serving": the serving process; others: client, redis
     latency_s: float  # mean per request
 
     @property
@@ -156,11 +198,11 @@ class Phase:
 
     @property
     def cpu_per_token(self) -> float:
-        return self.cpu_s / self.tokens
+        return self.cpu_s["serving"] / self.tokens
 
 
 async def run_load(call: Callable[[int], Awaitable[int]], ids: list[int], concurrency: int,
-                   cpu: Callable[[], float]) -> Phase:
+                   clocks: dict[str, Callable[[], float]]) -> Phase:
     """``concurrency`` workers share the requests ``ids``."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in ids:
@@ -176,10 +218,11 @@ async def run_load(call: Callable[[int], Awaitable[int]], ids: list[int], concur
             latencies.append(time.perf_counter() - t0)
             tokens += n
 
-    cpu0, start = cpu(), time.perf_counter()
+    cpu0, start = {k: c() for k, c in clocks.items()}, time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall, used = time.perf_counter() - start, cpu() - cpu0
-    return Phase(tokens, wall, used, statistics.fmean(latencies))
+    wall = time.perf_counter() - start
+    used = {k: c() - cpu0[k] for k, c in clocks.items()}
+    return Phase(tokens, len(ids), wall, used, statistics.fmean(latencies))
 
 
 async def paired(first: Callable[[], Awaitable[Phase]], second: Callable[[], Awaitable[Phase]],
@@ -210,7 +253,8 @@ def request_lengths(n: int, mean: int, kind: str) -> list[int]:
     return [rng.randint(mean // 2, 3 * mean // 2) for _ in range(n)]
 
 
-async def bench(model: Path, url: str, server_pid: int, args: argparse.Namespace) -> Results:
+async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
+                args: argparse.Namespace) -> Results:
     """Pairs (engine, server) at c=1 and at c=N, plus the server's in-server overhead."""
     from server.engines.hf import HFEngine
 
@@ -218,26 +262,29 @@ async def bench(model: Path, url: str, server_pid: int, args: argparse.Namespace
     await engine.start()
     n_req = args.concurrency * args.waves
     prompts = make_prompts(max(args.pairs_1, n_req), args.prompt_len, 900)
-    mine, server_cpu = cpu_clock(None), cpu_clock(server_pid)
+    engine_clocks = {"serving": cpu_clock(None)}
+    server_clocks = {"serving": cpu_clock(server_pid), "client": cpu_clock(None),
+                     "redis": cpu_clock(redis_pid)}
     lengths = request_lengths(n_req, args.max_tokens, "fixed")
 
     async def direct(i: int) -> int:
         params = SamplingParams(max_tokens=lengths[i], temperature=1.0, seed=i)
         return len((await engine.generate(prompts[i], params)).token_ids)
 
-    limits = httpx.Limits(max_connections=args.concurrency + 4, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits,
-                                 headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+    lean = LeanClient(url, {"Authorization": f"Bearer {API_KEY}"})
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         async def served(i: int) -> int:
-            r = await http.post("/v1/completions", json={
+            payload = await lean.post_json("/v1/completions", {
                 "model": model.name, "prompt": prompts[i], "max_tokens": lengths[i],
                 "temperature": 1.0, "seed": i, "ignore_eos": True})
-            r.raise_for_status()
-            return int(r.json()["usage"]["completion_tokens"])
+            found = LeanClient.USAGE.search(payload)
+            if found is None:
+                raise RuntimeError(f"no usage in {payload[:300]!r}")
+            return int(found.group(1))
 
         def both(ids: list[int], c: int, swap: bool) -> Awaitable[tuple[Phase, Phase]]:
-            return paired(lambda: run_load(direct, ids, c, mine),
-                          lambda: run_load(served, ids, c, server_cpu), swap)
+            return paired(lambda: run_load(direct, ids, c, engine_clocks),
+                          lambda: run_load(served, ids, c, server_clocks), swap)
 
         await both(list(range(4)), 4, False)  # warm-up
         res = Results(c1=[], fixed=[], mixed=[], overhead_s=0.0)
@@ -252,6 +299,7 @@ async def bench(model: Path, url: str, server_pid: int, args: argparse.Namespace
                   f"server {s.tps:.0f}; CPU ms/token engine {e.cpu_per_token * 1e3:.3f} "
                   f"server {s.cpu_per_token * 1e3:.3f}", flush=True)
         res.overhead_s = in_server_overhead((await http.get("/metrics")).text)
+    await lean.close()
     await engine.shutdown()
     return res
 
@@ -296,6 +344,13 @@ def report(res: Results, args: argparse.Namespace) -> None:
               f"engine {med(e.tps for e, _ in pairs):.0f} tok/s]; CPU per token "
               f"engine/server {med(cpu):.3f} [{min(cpu):.3f}..{max(cpu):.3f}]")
     en = med(e.tps for e, _ in res.fixed)
+    served = [s for pairs in (res.fixed, res.mixed) for _, s in pairs]
+    per_req = {k: sum(s.cpu_s[k] for s in served) / sum(s.requests for s in served) * 1e3
+               for k in ("client", "redis")}
+    engine_req = med(e.cpu_s["serving"] / e.requests for e, _ in res.mixed) * 1e3
+    print(f"  CPU per request on the same cores during server phases: load-generating client "
+          f"{per_req['client']:.1f} ms, redis-server {per_req['redis']:.1f} ms (engine alone: "
+          f"{engine_req:.1f} ms per mixed request)")
     print(f"  in-server time outside the engine: {res.overhead_s * 1e3:.1f} ms per request, mean "
           f"over every request of the run")
     print(f"  engine batching: {en:.0f} tok/s at c={n} (fixed) vs {e1:.0f} at c=1 = "
@@ -313,16 +368,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6, help="phase pairs per c=N workload")
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--layers", type=int, default=2, help="tiny model's layers")
+    p.add_argument("--hidden", type=int, default=128, help="tiny model's hidden size")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
             from server.tiny_model import make_tiny_model
 
-            model = make_tiny_model(Path(tmp) / "tiny")
-        with redis_server(Path(tmp)) as redis_url, \
+            model = make_tiny_model(Path(tmp) / "tiny", num_layers=args.layers,
+                                    hidden_size=args.hidden)
+        with redis_server(Path(tmp)) as (redis_url, redis_pid), \
                 http_server(model, redis_url, args) as (url, pid):
-            out = asyncio.run(bench(model, url, pid, args))
+            out = asyncio.run(bench(model, url, pid, redis_pid, args))
     report(out, args)
 
 

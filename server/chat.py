@@ -16,11 +16,13 @@ environment sees what the model wrote rather than a silently repaired call.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 
@@ -28,10 +30,35 @@ from server.chat_sanitize import has_native_sanitize, sanitized_chat_ids
 from server.engines.base import Completion
 from server.errors import APIError
 
+T = TypeVar("T")
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 TOOL_CALL_OPEN = "<tool_call>"
 # Chat turns end at these tokens when the tokenizer has them (Qwen: <|im_end|>), besides EOS.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>")
+
+
+INLINE_CHARS = 16_384
+"""Inputs shorter than this are templated / tokenised on the event loop: a worker-thread hop
+costs more than the work (beside an engine thread that holds the GIL, several hand-offs);
+longer ones move off the loop, so one huge prompt cannot stall every other request."""
+
+
+def approx_chars(value: Any) -> int:
+    """Characters in every string of a JSON-like value (the size of templating work)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(approx_chars(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(approx_chars(v) for v in value)
+    return 0
+
+
+async def off_loop_if_large(n_chars: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` inline when the input is small, else in a worker thread."""
+    if n_chars < INLINE_CHARS:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ rollout as one more turn instead of opening a group.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -24,7 +23,14 @@ from server.api_models import (
     FunctionCallOut,
     ToolCallOut,
 )
-from server.chat import TokenTexts, completion_text, end_token_ids, parse_tool_calls
+from server.chat import (
+    TokenTexts,
+    approx_chars,
+    completion_text,
+    end_token_ids,
+    off_loop_if_large,
+    parse_tool_calls,
+)
 from server.chat import render_chat_prompt as render
 from server.deps import (
     EngineDep,
@@ -74,11 +80,11 @@ def check_chat_options(body: ChatCompletionRequest) -> tuple[bool, int]:
 async def chat_prompt(body: ChatCompletionRequest, tokenizer: Any,
                       settings: ServerSettings) -> list[int]:
     """Prompt token ids for a chat request: the chat template over the messages and tools
-    (in a worker thread: templating a long conversation must not stall the event loop)."""
+    (in a worker thread when long: templating must not stall the event loop)."""
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    ids = await asyncio.to_thread(render, tokenizer, messages, tools,
-                                  settings.sanitize_control_tokens)
+    ids = await off_loop_if_large(approx_chars([messages, tools]), render, tokenizer,
+                                  messages, tools, settings.sanitize_control_tokens)
     return check_prompt_ids(ids, len(tokenizer))
 
 

@@ -7,14 +7,13 @@ group of ``n`` samples of one prompt.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 from fastapi import APIRouter
 
 from server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
-from server.chat import completion_text, end_token_ids
+from server.chat import completion_text, end_token_ids, off_loop_if_large
 from server.deps import (
     EngineDep,
     MetricsDep,
@@ -62,7 +61,7 @@ async def completion_prompt(prompt: Any, tokenizer: Any) -> list[int]:
                                 "(n samples of it form one group)", code="batched_prompts")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        ids = await asyncio.to_thread(tokenizer.encode, prompt)
+        ids = await off_loop_if_large(len(prompt), tokenizer.encode, prompt)
     else:
         ids = [int(t) for t in prompt]
     return check_prompt_ids(ids, len(tokenizer))

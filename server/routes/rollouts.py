@@ -8,13 +8,18 @@ log-probabilities and policy versions; it then posts one reward per rollout
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter
 
 from server.api_models import RolloutOut, RolloutRequest, RolloutResponse
-from server.chat import completion_text, end_token_ids, render_chat_prompt
+from server.chat import (
+    approx_chars,
+    completion_text,
+    end_token_ids,
+    off_loop_if_large,
+    render_chat_prompt,
+)
 from server.deps import (
     EngineDep,
     MetricsDep,
@@ -53,10 +58,11 @@ async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
             raise APIError(400, "messages is empty", code="empty_prompt")
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        ids = await asyncio.to_thread(render_chat_prompt, tokenizer, messages, tools,
+        ids = await off_loop_if_large(approx_chars([messages, tools]), render_chat_prompt,
+                                      tokenizer, messages, tools,
                                       settings.sanitize_control_tokens)
     elif body.prompt is not None:
-        ids = await asyncio.to_thread(tokenizer.encode, body.prompt)
+        ids = await off_loop_if_large(len(body.prompt), tokenizer.encode, body.prompt)
     else:
         ids = list(body.prompt_token_ids or [])
     return check_prompt_ids(ids, len(tokenizer))
