@@ -207,14 +207,15 @@ def up(
     redis_url: str = typer.Option(None, envvar="REDIS_URL",
                                   help="Use this Redis (default: start one). (env REDIS_URL)"),
     loss: str = typer.Option("gspo", help="gspo | gspo_token | grpo | sapo."),
-    max_steps: int = typer.Option(60, help="Learner steps to train."),
+    max_steps: int = typer.Option(300, help="Most learner steps to train."),
     groups_per_step: int = typer.Option(4, help="Groups per learner step."),
     group_size: int = typer.Option(8, help="Samples per prompt (G)."),
     lr: float = typer.Option(2e-3, help="Learning rate."),
     max_staleness: int = typer.Option(2, help="Drop groups more than K versions old."),
     concurrency: int = typer.Option(4, help="Groups the environment samples at once."),
     minutes: float = typer.Option(10.0, help="Wall-clock limit."),
-    target_reward: float = typer.Option(None, help="Stop once the reward reaches this."),
+    target_reward: float = typer.Option(0.8, help="Stop once the mean reward of the last 32 "
+                                        "sampled groups reaches this (0: never)."),
     seed: int = typer.Option(0, help="Seed of the tiny model, the tasks and the learner."),
 ) -> None:
     """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
@@ -225,19 +226,27 @@ def up(
     cfg = UpConfig(run_dir=Path(run_dir), model=model, redis_url=redis_url, loss=loss,
                    max_steps=max_steps, groups_per_step=groups_per_step,
                    group_size=group_size, lr=lr, max_staleness=max_staleness,
-                   concurrency=concurrency, minutes=minutes, target_reward=target_reward,
+                   concurrency=concurrency, minutes=minutes,
+                   target_reward=target_reward or None,
                    seed=seed)
     try:
         result = run_up(cfg)
     except KeyboardInterrupt:
         typer.echo("interrupted: every process stopped", err=True)
         raise typer.Exit(130) from None
-    first = result.rewards[:5]
-    last = result.rewards[-5:]
-    if first and last:
-        typer.echo(f"reward: first steps {sum(first) / len(first):.2f} -> last steps "
-                   f"{sum(last) / len(last):.2f} over {result.steps} steps "
-                   f"in {result.seconds:.0f} s")
+    if result.sampled:
+        first, last = result.sampled[0], result.sampled[-3:]
+        late = sum(m * n for _, m, n in last) / max(1, sum(n for _, _, n in last))
+        typer.echo(f"reward of every sampled group: version {first[0]} {first[1]:.2f} -> "
+                   f"versions {last[0][0]}-{last[-1][0]} {late:.2f} "
+                   f"({result.steps} learner steps in {result.seconds:.0f} s)")
+    if result.target_reached is not None:
+        typer.echo(f"target reward {target_reward}: "
+                   f"{'reached' if result.target_reached else 'NOT reached'}")
+    if result.rewards:
+        tail = result.rewards[-5:]
+        typer.echo(f"learner reward (trained groups, equal-reward groups excluded): last steps "
+                   f"{sum(tail) / len(tail):.2f}")
     typer.echo(f"metrics: {result.metrics_path}")
     if result.plot_path:
         typer.echo(f"reward curve: {result.plot_path}")

@@ -36,14 +36,14 @@ class UpConfig:
     model: str | None = None  # None: make a tiny model in the run directory
     redis_url: str | None = None  # None: start a redis-server of our own
     loss: str = "gspo"
-    max_steps: int = 60
+    max_steps: int = 300
     groups_per_step: int = 4
     group_size: int = 8
     lr: float = 2e-3
     max_staleness: int = 2
     concurrency: int = 4  # groups sampled at the same time by the environment
     minutes: float = 10.0  # hard wall-clock limit
-    target_reward: float | None = None  # stop early once the learner's reward reaches it
+    target_reward: float | None = None  # stop once the last 32 sampled groups average this
     seed: int = 0
     extra_learn_args: list[str] = field(default_factory=list)
 
@@ -56,6 +56,7 @@ class UpResult:
     seconds: float
     metrics_path: Path
     plot_path: Path | None
+    target_reached: bool | None = None  # None: no target was set
 
 
 def _free_port() -> int:
@@ -353,8 +354,14 @@ def run_up(cfg: UpConfig) -> UpResult:
     plot = plot_rewards(records, sampled, cfg.run_dir / "reward_curve.png",
                         f"gspo up: {cfg.loss} on the alphabet task")
     rewards = [float(r["reward_mean"]) for r in records if "reward_mean" in r]
+    reached = None
+    if cfg.target_reward is not None:
+        env = [float(r["reward"]) for r in read_metrics(cfg.run_dir / "env_rewards.jsonl")]
+        reached = len(env) >= ENV_WINDOW and any(
+            m >= cfg.target_reward for m in _moving(env, ENV_WINDOW)[ENV_WINDOW - 1:])
     return UpResult(steps=len(records), rewards=rewards, sampled=sampled,
-                    seconds=time.monotonic() - t0, metrics_path=metrics, plot_path=plot)
+                    seconds=time.monotonic() - t0, metrics_path=metrics, plot_path=plot,
+                    target_reached=reached)
 
 
 def version_curve(env_records: list[dict[str, Any]]) -> list[tuple[int, float, int]]:
