@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gspo.up import UpConfig, read_metrics, run_up, summarize  # noqa: E402
+from gspo.runlog import read_metrics, summarize  # noqa: E402
+from gspo.up import UpConfig, run_up  # noqa: E402
 
 
 def run(name: str, staleness: int, args: argparse.Namespace, root: Path) -> dict[str, float]:

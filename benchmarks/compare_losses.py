@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gspo.up import UpConfig, read_metrics, run_up, summarize  # noqa: E402
+from gspo.runlog import read_metrics, step_records, summarize  # noqa: E402
+from gspo.up import UpConfig, run_up  # noqa: E402
 
 KINDS = ["gspo", "grpo", "sapo"]
 
@@ -62,8 +63,8 @@ def main() -> None:
         cfg = UpConfig(run_dir=root / kind, loss=kind, max_steps=args.max_steps, lr=args.lr,
                        minutes=args.minutes, seed=args.seed)
         result = run_up(cfg)
-        runs[kind] = [r for r in read_metrics(result.metrics_path)
-                      if r.get("event", "step") == "step" and "reward_mean" in r]
+        runs[kind] = [r for r in step_records(read_metrics(result.metrics_path))
+                      if "reward_mean" in r]
         sampled[kind] = summarize(runs[kind],
                                   env_records=read_metrics(cfg.run_dir / "env_rewards.jsonl"))
     plot(runs, args.out)

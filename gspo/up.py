@@ -27,6 +27,16 @@ from typing import IO, Any
 
 import httpx
 
+from gspo.runlog import (
+    ENV_WINDOW,
+    JsonlTail,
+    moving,
+    plot_rewards,
+    read_metrics,
+    step_records,
+    version_curve,
+)
+
 
 @dataclass
 class UpConfig:
@@ -165,62 +175,6 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     return url, api_key, redis_url, metrics
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            out.append(json.loads(line))
-    return out
-
-
-def plot_rewards(records: list[dict[str, Any]], sampled: list[tuple[int, float, int]],
-                 path: Path, title: str) -> Path | None:
-    """Two curves against the policy version: the reward of every sampled group (what the
-    policy earns) and the learner's reward (the groups it trained on). Saved as a PNG."""
-    points = [(r["step"], r["reward_mean"]) for r in records if "reward_mean" in r]
-    if not points and not sampled:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if sampled:
-        versions, means, counts = zip(*sampled, strict=True)
-        smooth = _moving(list(means), max(1, len(means) // 10))
-        ax.plot(versions, means, alpha=0.3, color="C0")
-        ax.plot(versions, smooth, color="C0",
-                label=f"every sampled group ({sum(counts)} groups), by sampling version")
-    if points:
-        steps, rewards = zip(*points, strict=True)
-        ax.plot(steps, _moving(list(rewards), max(1, len(rewards) // 10)), color="C1",
-                label="groups the learner trained on (equal-reward groups excluded)")
-    ax.set_xlabel("policy version (learner step)")
-    ax.set_ylabel("mean reward")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _moving(xs: list[float], window: int) -> list[float]:
-    out = []
-    for i in range(len(xs)):
-        part = xs[max(0, i - window + 1):i + 1]
-        out.append(sum(part) / len(part))
-    return out
-
-
-ENV_WINDOW = 32  # groups in the environment-side moving average
-
-
 def _exit_code(procs: Processes, name: str) -> int | None:
     for n, proc, _ in procs.procs:
         if n == name:
@@ -228,13 +182,13 @@ def _exit_code(procs: Processes, name: str) -> int | None:
     return None
 
 
-def _status(records: list[dict[str, Any]], env_rewards: deque[float]) -> dict[str, Any]:
-    records = [r for r in records if r.get("event", "step") == "step"]
-    last = records[-1] if records else {}
+def _status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str, Any]:
+    """Progress figures from the latest learner steps and environment groups."""
+    last = steps[-1] if steps else {}
     hist = last.get("staleness", {}) or {}
     n = sum(hist.values())
     stale = sum(int(k) * v for k, v in hist.items()) / n if n else 0.0
-    recent = [r["reward_mean"] for r in records[-5:] if "reward_mean" in r]
+    recent = [r["reward_mean"] for r in steps if "reward_mean" in r]
     return {"step": int(last.get("step", 0)),
             "reward": sum(recent) / len(recent) if recent else float("nan"),
             "env_reward": sum(env_rewards) / len(env_rewards) if env_rewards else float("nan"),
@@ -292,6 +246,7 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
                                   "reward": reward}) + "\n")
         env_log.flush()
 
+    tail, steps = JsonlTail(metrics), deque[dict[str, Any]](maxlen=5)
     deadline = time.monotonic() + cfg.minutes * 60
     async with AsyncGSPOClient(url, api_key=api_key) as client:
         runner = asyncio.create_task(arun_groups(
@@ -303,7 +258,8 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
                 if runner.done():
                     runner.result()  # an environment error ends the run, loudly
                 procs.check("server")
-                status = _status(read_metrics(metrics), env_rewards)
+                steps.extend(step_records(tail.new_records()))
+                status = _status(steps, env_rewards)
                 on_status(status)
                 code = _exit_code(procs, "learner")
                 if code is not None:
@@ -349,66 +305,17 @@ def run_up(cfg: UpConfig) -> UpResult:
     finally:
         procs.stop_all()
         signal.signal(signal.SIGTERM, previous)
-    records = [r for r in read_metrics(metrics) if r.get("event", "step") == "step"]
-    sampled = version_curve(read_metrics(cfg.run_dir / "env_rewards.jsonl"))
+    records = step_records(read_metrics(metrics))
+    env_records = read_metrics(cfg.run_dir / "env_rewards.jsonl")
+    sampled = version_curve(env_records)
     plot = plot_rewards(records, sampled, cfg.run_dir / "reward_curve.png",
                         f"gspo up: {cfg.loss} on the alphabet task")
     rewards = [float(r["reward_mean"]) for r in records if "reward_mean" in r]
     reached = None
     if cfg.target_reward is not None:
-        env = [float(r["reward"]) for r in read_metrics(cfg.run_dir / "env_rewards.jsonl")]
+        env = [float(r["reward"]) for r in env_records]
         reached = len(env) >= ENV_WINDOW and any(
-            m >= cfg.target_reward for m in _moving(env, ENV_WINDOW)[ENV_WINDOW - 1:])
+            m >= cfg.target_reward for m in moving(env, ENV_WINDOW)[ENV_WINDOW - 1:])
     return UpResult(steps=len(records), rewards=rewards, sampled=sampled,
                     seconds=time.monotonic() - t0, metrics_path=metrics, plot_path=plot,
                     target_reached=reached)
-
-
-def version_curve(env_records: list[dict[str, Any]]) -> list[tuple[int, float, int]]:
-    """Mean reward of every group the environment finished, by the policy version that
-    sampled it. Unlike the learner's reward (groups it trained on), this includes the groups
-    dropped for equal rewards, which become common as the policy gets good."""
-    by_version: dict[int, list[float]] = {}
-    for r in env_records:
-        by_version.setdefault(int(r["version"]), []).append(float(r["reward"]))
-    return [(v, sum(x) / len(x), len(x)) for v, x in sorted(by_version.items()) if v >= 0]
-
-
-def summarize(records: list[dict[str, Any]], threshold: float = 0.8, window: int = 5,
-              env_records: list[dict[str, Any]] | None = None) -> dict[str, float]:
-    """Figures of one run from its learner step records (and the environment's groups).
-
-    ``tokens_per_s``: tokens trained per second of wall time, first step to last.
-    ``time_to_threshold_s``: wall seconds from the first step until the ``window``-step moving
-    average of the learner's reward first reaches ``threshold`` (NaN if it never does).
-    ``final_reward``: that moving average over the last ``window`` steps.
-    With ``env_records`` (``env_rewards.jsonl``), the same for every sampled group over a
-    moving window of ``ENV_WINDOW`` groups: ``sampled_time_to_threshold_s`` (from the first
-    group) and ``sampled_final_reward``.
-    """
-    steps = [r for r in records if r.get("event", "step") == "step" and "reward_mean" in r]
-    out: dict[str, float] = {"steps": float(len(steps))}
-    if env_records:
-        rewards = [float(r["reward"]) for r in env_records]
-        moving = _moving(rewards, ENV_WINDOW)
-        t0 = env_records[0]["time"]
-        out["sampled_final_reward"] = moving[-1]
-        out["sampled_time_to_threshold_s"] = next(
-            (env_records[i]["time"] - t0 for i, m in enumerate(moving)
-             if i + 1 >= ENV_WINDOW and m >= threshold), float("nan"))
-    if len(steps) < 2:
-        return out
-    t0, t1 = steps[0]["time"], steps[-1]["time"]
-    moving = _moving([float(r["reward_mean"]) for r in steps], window)
-    stale = [(int(k), v) for r in steps for k, v in (r.get("staleness") or {}).items()]
-    n_stale = sum(v for _, v in stale)
-    out.update({
-        "tokens_per_s": sum(float(r.get("tokens", 0)) for r in steps[1:]) / max(t1 - t0, 1e-9),
-        "time_to_threshold_s": next((steps[i]["time"] - t0 for i, m in enumerate(moving)
-                                     if m >= threshold), float("nan")),
-        "final_reward": moving[-1],
-        "staleness_mean": sum(k * v for k, v in stale) / n_stale if n_stale else 0.0,
-        "clip_fraction_mean": sum(float(r.get("clip_fraction", 0.0)) for r in steps) / len(steps),
-        "dropped_stale": float((steps[-1].get("dropped") or {}).get("dropped_stale", 0)),
-    })
-    return out

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gspo.up import UpConfig, read_metrics, run_up
+from gspo.runlog import read_metrics
+from gspo.up import UpConfig, run_up
 
 
 @pytest.mark.slow
