@@ -202,3 +202,18 @@ def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
                                      seed=seed, model=model, on_group=on_group)
 
     return asyncio.run(main())
+
+
+def run_and_print(env: Environment, base_url: str, num_groups: int | None, *,
+                  api_key: str | None = None, concurrency: int = 4, seed: int = 0) -> float:
+    """``run_groups`` for a terminal: prints each group's mean reward as it finishes, then the
+    mean over all groups, and returns it (the examples' and ``gspo env``'s entry point)."""
+
+    def report(g: GroupOutcome) -> None:
+        print(f"{g.group_id} reward {sum(g.rewards) / len(g.rewards):.3f}", flush=True)
+
+    outcomes = run_groups(env, base_url, num_groups, api_key=api_key, concurrency=concurrency,
+                          seed=seed, on_group=report)
+    mean = sum(sum(g.rewards) / len(g.rewards) for g in outcomes) / max(1, len(outcomes))
+    print(f"mean reward over {len(outcomes)} groups: {mean:.3f}")
+    return mean

@@ -174,7 +174,7 @@ def env(
     """Run an example environment against a rollout server (reads env GSPO_API_KEY)."""
     import os
 
-    from clients.environment import Environment, GroupOutcome, run_groups
+    from clients.environment import Environment, run_and_print
 
     environment: Environment
     if name == "alphabet":
@@ -189,12 +189,9 @@ def env(
         typer.echo(f"unknown environment {name!r}: alphabet | calculator", err=True)
         raise typer.Exit(2)
 
-    def report(g: GroupOutcome) -> None:
-        typer.echo(f"{g.group_id} reward {sum(g.rewards) / len(g.rewards):.3f}")
-
     try:
-        run_groups(environment, url, groups or None, api_key=os.environ.get("GSPO_API_KEY"),
-                   concurrency=concurrency, seed=seed, on_group=report)
+        run_and_print(environment, url, groups or None, api_key=os.environ.get("GSPO_API_KEY"),
+                      concurrency=concurrency, seed=seed)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

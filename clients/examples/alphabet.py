@@ -17,7 +17,7 @@ import argparse
 import random
 from dataclasses import dataclass
 
-from clients.environment import SingleTurnEnvironment, run_groups
+from clients.environment import SingleTurnEnvironment, run_and_print
 
 HALVES = {"a to m": "abcdefghijklm", "n to z": "nopqrstuvwxyz"}
 
@@ -65,11 +65,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args()
     env = AlphabetEnvironment(group_size=args.group_size)
-    outcomes = run_groups(env, args.url, args.groups, api_key=args.api_key,
-                          concurrency=args.concurrency,
-                          on_group=lambda g: print(g.group_id, sum(g.rewards) / len(g.rewards)))
-    mean = sum(sum(g.rewards) / len(g.rewards) for g in outcomes) / max(1, len(outcomes))
-    print(f"mean reward over {len(outcomes)} groups: {mean:.3f}")
+    run_and_print(env, args.url, args.groups, api_key=args.api_key,
+                  concurrency=args.concurrency)
 
 
 if __name__ == "__main__":

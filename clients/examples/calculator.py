@@ -34,7 +34,7 @@ from clients.environment import (
     EpisodeResult,
     EpisodeSession,
     MultiTurnEnvironment,
-    run_groups,
+    run_and_print,
 )
 
 try:
@@ -196,11 +196,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args()
     env = CalculatorEnvironment(group_size=args.group_size, max_turns=args.max_turns)
-    outcomes = run_groups(env, args.url, args.groups, api_key=args.api_key,
-                          concurrency=args.concurrency,
-                          on_group=lambda g: print(g.group_id, sum(g.rewards) / len(g.rewards)))
-    mean = sum(sum(g.rewards) / len(g.rewards) for g in outcomes) / max(1, len(outcomes))
-    print(f"mean reward over {len(outcomes)} groups: {mean:.3f}")
+    run_and_print(env, args.url, args.groups, api_key=args.api_key,
+                  concurrency=args.concurrency)
 
 
 if __name__ == "__main__":
