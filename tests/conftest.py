@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -102,6 +103,24 @@ def redis_aof_server(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@contextlib.contextmanager
+def redis_for_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server shared by one test module's server (tests assert on deltas)."""
+    server = RedisServer(dir=tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_mod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """``redis_for_module`` as a module-scoped fixture."""
+    with redis_for_module(tmp_path_factory) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import redis
 import uvicorn
 from fastapi import FastAPI
 
 from server.redis_schema import Keys
-from tests.conftest import RedisServer, free_port
+from tests.conftest import free_port
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -134,14 +133,3 @@ def running_server(model_dir: Path, redis_url: str, **overrides: Any) -> Iterato
     fields.setdefault("port", free_port())
     with serve_app(create_app(ServerSettings(**fields)), port=fields["port"]) as served:
         yield served
-
-
-@contextlib.contextmanager
-def redis_for_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A real redis-server shared by one test module's server (tests assert on deltas)."""
-    server = RedisServer(dir=tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()

@@ -28,17 +28,11 @@ from clients.examples.calculator import CALCULATOR_TOOL, SYSTEM, assistant_messa
 from server.engines.reference import sequence_logprobs
 from server.redis_schema import Keys, RolloutRecord, unpack_ready_group, unpack_rollout
 from tests.conftest import RedisServer
-from tests.serving import API_KEY, MODEL_NAME, Served, redis_for_module, running_server
+from tests.serving import API_KEY, MODEL_NAME, Served, running_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 KEYS = Keys()
 MAX_TURNS = 3
-
-
-@pytest.fixture(scope="module")
-def redis_mod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with redis_for_module(tmp_path_factory) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

