@@ -230,7 +230,9 @@ class Learner:
             batch = Batch(groups=[], entry_ids=[], dropped_stale=0, staleness=[])
         wait_s = time.perf_counter() - t0
         invalid = self._screen(batch)
-        train = bool(batch.groups) and not self._stop
+        # A batch already read is the current step: a stop request arriving during the read
+        # still trains it, so the exit checkpoint acks it instead of leaving it pending.
+        train = bool(batch.groups)
         if self.dist is not None:  # every read, so no rank waits longer than one read
             self.dist.broadcast(("train", batch.groups) if train else ("idle",))
         if not train:
