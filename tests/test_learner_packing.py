@@ -1,0 +1,87 @@
+"""learner.packing and the policy's packed forward: the same log-probs and gradients as the
+padded forward, and as the logits path it replaces (float32 on the CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import learner.policy as policy_mod
+from learner.batching import collate, samples_from_groups
+from learner.packing import pack_inputs, scatter_rows, target_positions
+from learner.policy import Policy
+from tests.learner_data import sample_group
+
+
+def test_pack_inputs_lays_real_tokens_end_to_end_with_restarting_positions():
+    tokens = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0], [0, 11, 12, 13]])
+    attention = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 1, 1]])
+    p = pack_inputs(tokens, attention)
+    # inputs are tokens[:, :-1]; padding (right or left) is dropped
+    assert p.input_ids_1N.tolist() == [[5, 6, 7, 9, 10, 11, 12]]
+    assert p.position_ids_1N.tolist() == [[0, 1, 2, 0, 1, 0, 1]]
+    mask = torch.tensor([[0, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 1]], dtype=torch.float32)
+    sel = target_positions(attention, mask)
+    assert sel.tolist() == [[False, True, True], [True, False, False],
+                            [False, False, True]]
+    out = scatter_rows(torch.tensor([1.0, 2.0, 3.0, 4.0]), sel)
+    assert out.tolist() == [[0, 0, 1, 2], [0, 3, 0, 0], [0, 0, 0, 4]]
+
+
+def _batch(policy: Policy):
+    groups = [sample_group(policy.model, group_size=3, prompt_len=p, new_tokens=(2, 9),
+                           temperature=t, seed=s)
+              for p, t, s in ((4, 1.0, 0), (7, 0.6, 1), (2, 1.4, 2))]
+    return collate(samples_from_groups(groups))
+
+
+def _lp_and_grads(policy: Policy, mb, weights_BT: torch.Tensor):
+    policy.model.zero_grad(set_to_none=True)
+    lp = policy.token_logprobs(mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
+    (lp * weights_BT * mb.mask_BT).sum().backward()
+    grads = {n: p.grad.clone() for n, p in policy.model.named_parameters()}
+    return lp.detach(), grads
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_packed_equals_padded_equals_logits_path(tied, tiny_model_dir, tiny_model_untied_dir,
+                                                 monkeypatch):
+    policy = Policy.load(tiny_model_dir if tied else tiny_model_untied_dir, device="cpu")
+    mb = _batch(policy)
+    w = torch.randn(mb.tokens_BT.shape, generator=torch.Generator().manual_seed(1))
+    policy.packing = True
+    packed, g_packed = _lp_and_grads(policy, mb, w)
+    policy.packing = False
+    padded, g_padded = _lp_and_grads(policy, mb, w)
+    with monkeypatch.context() as m:  # the previous implementation: the model's logits
+        m.setattr(policy_mod, "fused_head_weight", lambda model: None)
+        logits_path, g_logits = _lp_and_grads(policy, mb, w)
+    trained = mb.mask_BT > 0
+    assert trained.sum() > 20
+    for other in (padded, logits_path):
+        torch.testing.assert_close(packed[trained], other[trained], rtol=2e-6, atol=2e-6)
+    assert not packed[~trained].any()
+    for name in g_packed:
+        for other in (g_padded, g_logits):
+            # float32 rounding only: within 1e-5 of the gradient's largest entry
+            scale = float(other[name].abs().max())
+            assert float((g_packed[name] - other[name]).abs().max()) <= 1e-5 * scale, name
+
+
+def test_packed_forward_sees_one_row_without_padding(tiny_model_dir):
+    policy = Policy.load(tiny_model_dir, device="cpu")
+    policy.packing = True
+    mb = _batch(policy)
+    shapes: list[tuple[int, ...]] = []
+    base = policy.model.model
+    handle = base.register_forward_pre_hook(
+        lambda mod, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True)
+    try:
+        with torch.no_grad():
+            policy.token_logprobs(mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
+    finally:
+        handle.remove()
+    n_inputs = int((mb.lengths_B - 1).sum())
+    assert shapes == [(1, n_inputs)]
+    assert n_inputs < mb.tokens_BT[:, :-1].numel()  # there was padding to drop
