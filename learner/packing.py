@@ -32,9 +32,10 @@ class PackedRows:
 
 
 def pack_inputs(tokens_BT: torch.Tensor, attention_BT: torch.Tensor) -> PackedRows:
-    """The model inputs ``tokens[:, :-1]`` (the last column predicts nothing) of every row,
-    real tokens only, packed row after row. Works for left or right padding."""
-    att_BT = attention_BT[:, :-1] > 0
+    """The model inputs of every row, packed row after row: real tokens whose next token is
+    real too (a row's last token predicts nothing, and causal attention makes the others'
+    hidden states independent of it). Works for left or right padding."""
+    att_BT = (attention_BT[:, :-1] > 0) & (attention_BT[:, 1:] > 0)
     pos_BT = att_BT.long().cumsum(1) - 1
     return PackedRows(input_ids_1N=tokens_BT[:, :-1][att_BT][None],
                       position_ids_1N=pos_BT[att_BT][None], real_BT=att_BT)

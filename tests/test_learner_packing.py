@@ -17,9 +17,9 @@ def test_pack_inputs_lays_real_tokens_end_to_end_with_restarting_positions():
     tokens = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0], [0, 11, 12, 13]])
     attention = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 1, 1]])
     p = pack_inputs(tokens, attention)
-    # inputs are tokens[:, :-1]; padding (right or left) is dropped
-    assert p.input_ids_1N.tolist() == [[5, 6, 7, 9, 10, 11, 12]]
-    assert p.position_ids_1N.tolist() == [[0, 1, 2, 0, 1, 0, 1]]
+    # each row's tokens but its last; padding (right or left) is dropped
+    assert p.input_ids_1N.tolist() == [[5, 6, 7, 9, 11, 12]]
+    assert p.position_ids_1N.tolist() == [[0, 1, 2, 0, 0, 1]]
     mask = torch.tensor([[0, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 1]], dtype=torch.float32)
     sel = target_positions(attention, mask)
     assert sel.tolist() == [[False, True, True], [True, False, False],
