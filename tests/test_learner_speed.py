@@ -116,3 +116,65 @@ def test_bf16_trainer_steps_masters_and_round_trips_them(tiny_model_dir):
                           | {"optimizer": exact.optimizer.state_dict()})
     for p, m in zip(exact.params, trainer.master.master, strict=True):
         assert torch.equal(p, m)
+
+
+@pytest.mark.gpu
+def test_cuda_packed_forward_matches_padded_in_bf16(tiny_model_dir):
+    """The variable-length attention picked for CUDA (flash-attention-2 or flex) keeps each
+    sequence to itself: packed log-probs equal the padded ones up to bf16 noise."""
+    from learner.speed import apply_speed
+
+    cpu = Policy.load(tiny_model_dir, device="cpu")
+    groups = [sample_group(cpu.model, group_size=4, prompt_len=3 + k, new_tokens=(2, 9),
+                           temperature=1.0, seed=k) for k in range(3)]
+    from learner.batching import collate, samples_from_groups
+
+    mb = collate(samples_from_groups(groups))
+    policy = Policy.load(tiny_model_dir, device="cuda")
+    plan = plan_speed(_cfg(tiny_model_dir), policy.model, policy.device, sharded=False)
+    MasterWeights(policy.model, plan.param_dtype)
+    apply_speed(policy, plan)
+    assert policy.packing
+    args = (mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
+    packed = policy.token_logprobs(*args)
+    policy.packing = False
+    padded = policy.token_logprobs(*args)
+    ref = cpu.token_logprobs(*args).cuda()
+    mask = mb.mask_BT.cuda() > 0
+    assert float((packed - padded)[mask].abs().max()) < 0.05
+    assert float((packed - ref)[mask].abs().max()) < 0.1
+
+
+@pytest.mark.gpu
+def test_cuda_trainer_uses_bf16_masters_and_fused_adamw(tiny_model_dir):
+    policy = Policy.load(tiny_model_dir, device="cuda")
+    groups = [sample_group(Policy.load(tiny_model_dir, device="cpu").model, group_size=4,
+                           prompt_len=3, new_tokens=(2, 7), temperature=1.0, seed=k)
+              for k in range(2)]
+    trainer = Trainer(policy, _cfg(tiny_model_dir, lr=1e-3))
+    assert trainer.master is not None and trainer.optimizer.defaults["fused"]
+    assert all(p.dtype == torch.bfloat16 and p.is_cuda for p in policy.model.parameters())
+    assert all(m.dtype == torch.float32 and m.is_cuda for m in trainer.master.master)
+    metrics = trainer.step(groups)
+    assert metrics["optimizer_steps"] == 1.0 and metrics["padding_fraction"] == 0.0
+    for p, m in zip(trainer.master.params, trainer.master.master, strict=True):
+        assert torch.equal(p, m.to(torch.bfloat16))
+    assert not any(k.is_cuda for k in trainer.state_dict()["master_weights"])
+
+
+@pytest.mark.gpu
+def test_cuda_fused_head_in_bf16_matches_float32_reference():
+    from learner.logprob_head import fused_logprobs, temperature_chunk_fn
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(300, 64, device="cuda", generator=g).bfloat16().requires_grad_(True)
+    w = (torch.randn(5000, 64, device="cuda", generator=g) * 0.1).bfloat16()
+    w.requires_grad_(True)
+    t = torch.full((300,), 0.8, device="cuda")
+    y = torch.randint(0, 5000, (300,), device="cuda", generator=g)
+    got = fused_logprobs(h, w, y, temperature_chunk_fn(t), chunk_elems=5000 * 64)
+    ref = torch.log_softmax((h.float() @ w.float().T) / 0.8, -1).gather(1, y[:, None])[:, 0]
+    assert got.dtype == torch.float32
+    assert float((got - ref).abs().max()) < 0.05
+    got.sum().backward()
+    assert h.grad.dtype == torch.bfloat16 and torch.isfinite(w.grad).all()
