@@ -243,12 +243,12 @@ def head_inputs(n: int, v: int, d: int, device: str):
 
 def head_once(impl: str, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor) -> None:
     """Forward + backward of the log-prob head alone."""
-    from learner.logprob_head import fused_logprobs, temperature_chunk_fn
+    from learner.logprob_head import fused_logprobs
 
     h, w = h.detach().requires_grad_(True), w.detach().requires_grad_(True)
     t_N = torch.full((h.shape[0],), 0.7, device=h.device)
     if impl == "fused":
-        lp = fused_logprobs(h, w, targets, temperature_chunk_fn(t_N))
+        lp = fused_logprobs(h, w, targets, temperature_N=t_N)
     else:
         lp = torch.log_softmax((h @ w.T).float() / t_N[:, None], -1).gather(1, targets[:, None])
     lp.sum().backward()

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from learner.logprob_head import fused_logprobs, temperature_chunk_fn
+from learner.logprob_head import fused_logprobs
 from learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
 
 # Row chunk of the logprob kernel: about 2**24 float32 elements (64 MiB) at a time.
@@ -233,5 +233,5 @@ class Policy:
         assert weight_VD is not None
         temp_K = temperature_B[:, None].expand(B, T - 1)[sel_BT]
         lp_K = fused_logprobs(h_KD.to(weight_VD.dtype), weight_VD, tokens_BT[:, 1:][sel_BT],
-                              temperature_chunk_fn(temp_K))
+                              temperature_N=temp_K)
         return scatter_rows(lp_K.float(), sel_BT)

@@ -164,7 +164,7 @@ def test_cuda_trainer_uses_bf16_masters_and_fused_adamw(tiny_model_dir):
 
 @pytest.mark.gpu
 def test_cuda_fused_head_in_bf16_matches_float32_reference():
-    from learner.logprob_head import fused_logprobs, temperature_chunk_fn
+    from learner.logprob_head import fused_logprobs
 
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(300, 64, device="cuda", generator=g).bfloat16().requires_grad_(True)
@@ -172,7 +172,7 @@ def test_cuda_fused_head_in_bf16_matches_float32_reference():
     w.requires_grad_(True)
     t = torch.full((300,), 0.8, device="cuda")
     y = torch.randint(0, 5000, (300,), device="cuda", generator=g)
-    got = fused_logprobs(h, w, y, temperature_chunk_fn(t), chunk_elems=5000 * 64)
+    got = fused_logprobs(h, w, y, temperature_N=t, chunk_elems=5000 * 64)
     ref = torch.log_softmax((h.float() @ w.float().T) / 0.8, -1).gather(1, y[:, None])[:, 0]
     assert got.dtype == torch.float32
     assert float((got - ref).abs().max()) < 0.05

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from learner.logprob_head import fused_logprobs, temperature_chunk_fn
+from learner.logprob_head import LogSoftmaxPick, fused_logprobs
 
 
 def _inputs(n: int = 13, d: int = 6, v: int = 17, dtype: torch.dtype = torch.float64):
@@ -29,19 +29,19 @@ def _grads(lp, weights, *xs):
 
 def test_fused_head_equals_the_plain_head_values_and_gradients():
     h, w, targets, temp, weights = _inputs()
-    got = fused_logprobs(h, w, targets, temperature_chunk_fn(temp), chunk_elems=3 * 17)
+    got = fused_logprobs(h, w, targets, temperature_N=temp.double(), chunk_elems=3 * 17)
     ref = _plain(h, w, targets, temp)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
     for a, b in zip(_grads(got, weights, h, w), _grads(ref, weights, h, w), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     assert torch.autograd.gradcheck(
-        lambda hh, ww: fused_logprobs(hh, ww, targets, temperature_chunk_fn(temp),
+        lambda hh, ww: fused_logprobs(hh, ww, targets, temperature_N=temp.double(),
                                       chunk_elems=40), (h, w))
 
 
 def test_float32_head_matches_and_returns_float32():
     h, w, targets, temp, weights = _inputs(dtype=torch.float32)
-    got = fused_logprobs(h, w, targets, temperature_chunk_fn(temp), chunk_elems=50)
+    got = fused_logprobs(h, w, targets, temperature_N=temp, chunk_elems=50)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, _plain(h, w, targets, temp), rtol=0, atol=1e-5)
 
@@ -50,13 +50,13 @@ def test_logits_exist_one_chunk_at_a_time():
     """Forward and backward see logits of at most ``chunk_elems // V`` rows."""
     h, w, targets, temp, weights = _inputs(n=50, v=10)
     rows_seen: list[int] = []
-    inner = temperature_chunk_fn(temp)
+    inner = LogSoftmaxPick()
 
     def spy(logits_CV, targets_C, rows):
         rows_seen.append(logits_CV.shape[0])
         return inner(logits_CV, targets_C, rows)
 
-    lp = fused_logprobs(h, w, targets, spy, chunk_elems=70)
+    lp = fused_logprobs(h, w, targets, spy, temp.double(), chunk_elems=70)
     lp.sum().backward()
     assert max(rows_seen) == 7 and sum(rows_seen) == 2 * 50  # forward + recompute
 
@@ -83,7 +83,7 @@ def test_a_plugged_chunk_transform_gets_its_own_exact_gradient():
 def test_no_rows_gives_an_empty_result_that_backpropagates():
     h, w, _, _, _ = _inputs()
     out = fused_logprobs(h[:0], w, torch.zeros(0, dtype=torch.long),
-                         temperature_chunk_fn(torch.ones(0)))
+                         temperature_N=torch.ones(0))
     assert out.shape == (0,)
     out.sum().backward()
     assert h.grad is not None and not h.grad.any()
@@ -92,5 +92,5 @@ def test_no_rows_gives_an_empty_result_that_backpropagates():
 def test_frozen_weight_gets_no_gradient():
     h, w, targets, temp, weights = _inputs()
     w = w.detach()
-    fused_logprobs(h, w, targets, temperature_chunk_fn(temp), chunk_elems=40).sum().backward()
+    fused_logprobs(h, w, targets, temperature_N=temp.double(), chunk_elems=40).sum().backward()
     assert w.grad is None and h.grad is not None
