@@ -122,7 +122,10 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         """Either format loads in either mode (a collective when sharded)."""
         name_keyed = state.get("optimizer_format") == FULL_FORMAT
-        if self.sharded or name_keyed:
+        if name_keyed and self.master is not None:  # masters are numbered like the params
+            names = [n for n, p in self.policy.model.named_parameters() if p.requires_grad]
+            self.optimizer.load_state_dict(names_to_ids(state["optimizer"], names))
+        elif self.sharded or name_keyed:
             load_optimizer_state(self.policy.model, self.optimizer, state["optimizer"],
                                  name_keyed)
         else:
@@ -293,6 +296,14 @@ class Trainer:
             if k + "@seq" in done[0]:
                 out[k] = sum(m[k + "@seq"] for m in done) / max(n_seq, 1)
         return out
+
+
+def names_to_ids(osd: dict, names: Sequence[str]) -> dict:
+    """A name-keyed full optimiser state (``learner.fsdp``) numbered in ``names`` order: the
+    inverse of ``learner.fsdp.ids_to_names``."""
+    index = {n: i for i, n in enumerate(names)}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]
+    return {"state": {index[n]: s for n, s in osd["state"].items()}, "param_groups": groups}
 
 
 def _accumulate(acc: dict[str, float], metrics: dict[str, float], loss_scale: float) -> None:

@@ -118,6 +118,25 @@ def test_bf16_trainer_steps_masters_and_round_trips_them(tiny_model_dir):
         assert torch.equal(p, m)
 
 
+def test_bf16_trainer_loads_a_name_keyed_optimizer_state(tiny_model_dir):
+    """An FSDP2 checkpoint's optimizer state (keyed by parameter name) resumes into the
+    masters of an unsharded bf16 learner."""
+    from learner.fsdp import FULL_FORMAT, ids_to_names
+
+    torch.manual_seed(0)
+    src = Trainer(Policy.load(tiny_model_dir, device="cpu"), _cfg(tiny_model_dir, lr=1e-3))
+    src.step([sample_group(src.policy.model, group_size=4, prompt_len=3, new_tokens=(2, 7),
+                           temperature=1.0, seed=0)])
+    names = [n for n, p in src.policy.model.named_parameters() if p.requires_grad]
+    state = {"optimizer": ids_to_names(src.optimizer.state_dict(), names),
+             "optimizer_format": FULL_FORMAT, "scheduler": src.scheduler.state_dict()}
+    dst = Trainer(Policy.load(tiny_model_dir, device="cpu"),
+                  _cfg(tiny_model_dir, param_dtype="bfloat16"))
+    dst.load_state_dict(state)
+    for m, p in zip(dst.master.master, src.params, strict=True):
+        assert torch.equal(dst.optimizer.state[m]["exp_avg_sq"],
+                           src.optimizer.state[p]["exp_avg_sq"])
+
 @pytest.mark.gpu
 def test_cuda_packed_forward_matches_padded_in_bf16(tiny_model_dir):
     """The variable-length attention picked for CUDA (flash-attention-2 or flex) keeps each
