@@ -15,8 +15,9 @@ float32 master weights, packed microbatches with variable-length attention, the 
 hidden-state -> log-prob head at trained positions only, fused AdamW, checkpointing chosen by
 size. Baseline: full ``[B, T, V]`` logits, ``log_softmax(logits.float() / t).gather(..)``,
 padded microbatches, float32 weights under bf16 autocast (on CUDA), the same checkpointing.
-Each runs on its own freshly initialised model, one after the other (peak memory is one
-trainer's). A trainer that runs out of GPU memory is reported as OOM.
+Each runs on its own freshly initialised model; on CUDA one after the other (peak memory is
+one trainer's; one that runs out of GPU memory is reported as such), on the CPU with steps
+alternating between the two (a shared CPU's noise then hits both alike).
 
 MFU (CUDA) = model FLOPs per second / the GPU's dense bf16 peak (989 TFLOP/s for H100/H200
 SXM; ``--peak-tflops`` otherwise). Model FLOPs of a step, the same for both implementations:
@@ -169,36 +170,56 @@ def peak_flops(device: torch.device, override: float | None) -> float | None:
     return next((v * 1e12 for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
-def measure(naive: bool, args, device: torch.device, groups) -> dict[str, float | str]:
-    """Median tokens/s, seconds and peak GiB (CUDA) over ``args.steps`` after a warm-up."""
-    cuda = device.type == "cuda"
+def _timed_step(trainer: Trainer, groups) -> tuple[float, float]:
+    """Seconds and tokens of one step (``Trainer.step`` synchronises at its end on CUDA)."""
+    t0 = time.perf_counter()
+    m = trainer.step(groups)
+    return time.perf_counter() - t0, m["tokens"]
+
+
+def _result(trainer: Trainer, secs: list[float], tokens: float, flops: float,
+            peak_gib: float) -> dict[str, float | str]:
+    s = statistics.median(secs)
+    return {"tokens_s": tokens / s, "flops_s": flops / s, "peak_gib": peak_gib,
+            "ckpt": str(trainer.speed.gradient_checkpointing)}
+
+
+def measure_cuda(naive: bool, args, device: torch.device, groups) -> dict[str, float | str]:
+    """One trainer alone on the GPU (its peak memory is its own): median over
+    ``args.steps`` after a warm-up step (which also compiles)."""
     trainer = None
     try:
         trainer = make_trainer(naive, args, device)
         flops = step_flops(trainer.policy.model, groups)
-        trainer.step(groups)  # warm-up (and compilation)
-        if cuda:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        secs, toks = [], 0.0
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            m = trainer.step(groups)  # synchronises at its end on CUDA
-            secs.append(time.perf_counter() - t0)
-            toks = m["tokens"]
-        s = statistics.median(secs)
-        out: dict[str, float | str] = {"tokens_s": toks / s, "flops_s": flops / s,
-                                       "ckpt": str(trainer.speed.gradient_checkpointing)}
-        out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else float(
-            "nan")
-        return out
+        trainer.step(groups)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        runs = [_timed_step(trainer, groups) for _ in range(args.steps)]
+        return _result(trainer, [r[0] for r in runs], runs[-1][1], flops,
+                       torch.cuda.max_memory_allocated(device) / 2**30)
     except torch.OutOfMemoryError:
         return {"oom": "out of memory"}
     finally:
         del trainer
         gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
+
+
+def measure_cpu(args, device: torch.device, groups) -> dict[str, dict[str, float | str]]:
+    """Both trainers at once, steps alternating, so that a shared, noisy CPU slows both
+    alike (memory is not measured on the CPU)."""
+    names = ["ours"] + ([] if args.skip_baseline else ["baseline"])
+    trainers = {n: make_trainer(n == "baseline", args, device) for n in names}
+    flops = step_flops(trainers["ours"].policy.model, groups)
+    secs: dict[str, list[float]] = {n: [] for n in names}
+    tokens = 0.0
+    for t in trainers.values():
+        t.step(groups)  # warm-up
+    for _ in range(args.steps):
+        for n, t in trainers.items():
+            sec, tokens = _timed_step(t, groups)
+            secs[n].append(sec)
+    return {n: _result(t, secs[n], tokens, flops, float("nan")) for n, t in trainers.items()}
 
 
 def run_case(args, device: torch.device) -> None:
@@ -211,9 +232,12 @@ def run_case(args, device: torch.device) -> None:
           f"tokens per step, {args.minibatches} minibatches, micro_batch_tokens "
           f"{args.micro_batch_tokens}, {device} "
           f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'})")
-    rows = {"ours": measure(False, args, device, groups)}
-    if not args.skip_baseline:
-        rows["baseline"] = measure(True, args, device, groups)
+    if device.type == "cuda":
+        rows = {"ours": measure_cuda(False, args, device, groups)}
+        if not args.skip_baseline:
+            rows["baseline"] = measure_cuda(True, args, device, groups)
+    else:
+        rows = measure_cpu(args, device, groups)
     for name, r in rows.items():
         if "oom" in r:
             print(f"{name:9s} out of memory")
