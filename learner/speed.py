@@ -6,9 +6,10 @@ Levers and their "auto" rules (``LearnerConfig``: ``param_dtype``, ``packing``,
 
 - bf16 parameters with float32 master weights (``learner.precision``): on CUDA, unless the
   model is FSDP-sharded (FSDP2 keeps its float32 shards). float32 on the CPU (exact).
-- Packing (``learner.packing``): on CUDA, with variable-length attention: flash-attention-2
-  (``cu_seqlens``) when the ``flash_attn`` package is installed, else PyTorch's flex attention
-  (a block-sparse mask). Off on the CPU: its attention there is a dense ``N x N`` mask.
+- Packing (``learner.packing``): on CUDA (not under FSDP), with variable-length attention:
+  flash-attention-2 (``cu_seqlens``) when the ``flash_attn`` package is installed, else
+  PyTorch's flex attention (a block-sparse mask). Off on the CPU: its attention there is a
+  dense ``N x N`` mask.
 - Fused AdamW (one kernel for all parameters): on CUDA.
 - Gradient checkpointing by size: on when the estimated activations of one microbatch, with
   the weights, gradients and optimizer state, would exceed 80% of the GPU's memory
@@ -82,7 +83,8 @@ def plan_speed(config: Any, model: nn.Module, device: torch.device, sharded: boo
         raise ValueError("param_dtype bfloat16 is not supported with FSDP2 sharding (its "
                          "shards stay float32); use bf16_autocast there")
     dtype = torch.bfloat16 if dtype_name == "bfloat16" else torch.float32
-    packing = config.packing == "on" or (config.packing == "auto" and cuda)
+    # FSDP-sharded policies keep the padded logits path (learner.policy), so no packing there.
+    packing = not sharded and (config.packing == "on" or (config.packing == "auto" and cuda))
     ckpt = config.gradient_checkpointing
     if ckpt is None and cuda and not sharded:
         n_params = sum(p.numel() for p in model.parameters())

@@ -39,7 +39,7 @@ def test_auto_levers_on_cuda_threaded_through_the_device_argument(tiny_model_dir
     assert plan.param_dtype == torch.bfloat16 and plan.packing and plan.fused_adamw
     assert plan.attn_implementation in ("flash_attention_2", "flex_attention")
     sharded = plan_speed(_cfg(tiny_model_dir, gradient_checkpointing=False), model, cuda, True)
-    assert sharded.param_dtype == torch.float32
+    assert sharded.param_dtype == torch.float32 and not sharded.packing
     with pytest.raises(ValueError, match="FSDP2"):
         plan_speed(_cfg(tiny_model_dir, param_dtype="bfloat16"), model, cuda, True)
     off = plan_speed(_cfg(tiny_model_dir, packing="off", param_dtype="float32",
