@@ -46,11 +46,13 @@ class SpeedPlan:
     compile: bool
 
 
-def pick_attention(device: torch.device, packing: bool) -> str | None:
-    """A variable-length attention for packed rows on CUDA; ``None`` keeps the model's."""
+def pick_attention(device: torch.device, packing: bool, dtype: torch.dtype) -> str | None:
+    """A variable-length attention for packed rows on CUDA; ``None`` keeps the model's.
+    flash-attention-2 only for bf16 weights (its kernels take no float32)."""
     if device.type != "cuda" or not packing:
         return None
-    return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "flex_attention"
+    fa2 = dtype == torch.bfloat16 and importlib.util.find_spec("flash_attn") is not None
+    return "flash_attention_2" if fa2 else "flex_attention"
 
 
 def activation_bytes_per_token(model_config: Any, dtype_bytes: int) -> int:
@@ -92,7 +94,7 @@ def plan_speed(config: Any, model: nn.Module, device: torch.device, sharded: boo
         ckpt = needs_checkpointing(model.config, n_params, config.micro_batch_tokens,
                                    dtype == torch.bfloat16, total)
     return SpeedPlan(param_dtype=dtype, packing=packing,
-                     attn_implementation=pick_attention(device, packing),
+                     attn_implementation=pick_attention(device, packing, dtype),
                      gradient_checkpointing=ckpt, fused_adamw=cuda, compile=config.compile)
 
 

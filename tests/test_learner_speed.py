@@ -42,6 +42,9 @@ def test_auto_levers_on_cuda_threaded_through_the_device_argument(tiny_model_dir
     assert sharded.param_dtype == torch.float32 and not sharded.packing
     with pytest.raises(ValueError, match="FSDP2"):
         plan_speed(_cfg(tiny_model_dir, param_dtype="bfloat16"), model, cuda, True)
+    f32 = plan_speed(_cfg(tiny_model_dir, param_dtype="float32", gradient_checkpointing=False),
+                     model, cuda, False)
+    assert f32.packing and f32.attn_implementation == "flex_attention"  # no fp32 flash-attn
     off = plan_speed(_cfg(tiny_model_dir, packing="off", param_dtype="float32",
                           gradient_checkpointing=False), model, cuda, False)
     assert not off.packing and off.attn_implementation is None
