@@ -85,3 +85,19 @@ def test_packed_forward_sees_one_row_without_padding(tiny_model_dir):
     n_inputs = int((mb.lengths_B - 1).sum())
     assert shapes == [(1, n_inputs)]
     assert n_inputs < mb.tokens_BT[:, :-1].numel()  # there was padding to drop
+
+
+def test_flex_attention_keeps_packed_sequences_apart(tiny_model_dir):
+    """flex attention (the CUDA default without flash-attn) reads the packing from the
+    restarting position ids: its packed forward equals the padded sdpa one. Forward only:
+    flex attention has no backward on the CPU."""
+    policy = Policy.load(tiny_model_dir, device="cpu")
+    mb = _batch(policy)
+    args = (mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
+    with torch.no_grad():
+        padded = policy.token_logprobs(*args)
+        policy.model.set_attn_implementation("flex_attention")
+        policy.packing = True
+        packed = policy.token_logprobs(*args)
+    trained = mb.mask_BT > 0
+    torch.testing.assert_close(packed[trained], padded[trained], rtol=2e-6, atol=1e-5)
