@@ -44,6 +44,7 @@ from server.engines.base import Engine
 from server.episodes import episode_turn
 from server.errors import APIError
 from server.formatting import chat_logprobs, usage
+from server.limits import check_chat_messages
 from server.sampling import (
     GroupResult,
     Sample,
@@ -125,6 +126,7 @@ async def chat_completions(
 ) -> ChatCompletionResponse:
     """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group."""
     check_model(body.model, settings)
+    check_chat_messages(body.messages)
     with_tools, top_k = check_chat_options(body)
     if body.rollout_id is not None:  # one more turn of a multi-turn episode
         result = await episode_turn(body, store=store, engine=engine, tokenizer=tokenizer,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from server.deps import MetricsDep, SettingsDep
 from server.episodes import open_episode_group
 from server.errors import APIError
+from server.limits import Metadata, check_group_size
 from server.routes.rewards import StoreDep
 
 
@@ -26,7 +27,7 @@ class OpenGroupIn(BaseModel):
 
     size: int = Field(ge=1)
     """Episodes in the group (G); at most the queue's ``max_group_size``."""
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     """Stored with the group and handed to the learner (task id, answer key, ...)."""
 
 
@@ -71,6 +72,7 @@ async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
                      metrics: MetricsDep) -> OpenGroupOut:
     """Opens ``size`` empty multi-turn episodes as one group (recorded in Redis before the
     response, so every returned ``rollout_id`` can take turns and rewards at once)."""
+    check_group_size(body.size, settings.queue.max_group_size)
     group_id, rollout_ids = await open_episode_group(store, body.size, body.metadata,
                                                      settings.server_id)
     metrics.groups.inc()

@@ -30,6 +30,7 @@ from server.deps import (
 )
 from server.errors import APIError
 from server.formatting import rollout_top_logprobs, usage
+from server.limits import check_chat_messages
 from server.sampling import (
     check_model,
     check_prompt_ids,
@@ -56,6 +57,7 @@ async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
     if body.messages is not None:
         if not body.messages:
             raise APIError(400, "messages is empty", code="empty_prompt")
+        check_chat_messages(body.messages)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         ids = await off_loop_if_large(approx_chars([messages, tools]), render_chat_prompt,
