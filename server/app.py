@@ -24,6 +24,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
+from server.admission import ReadyQueueGate
 from server.chat import TokenTexts
 from server.deps import require_admin_key, require_api_key
 from server.disconnect import CancelOnDisconnectMiddleware
@@ -93,6 +94,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         app.state.engine, app.state.redis, app.state.keys, app.state.store = (
             engine, redis, keys, store)
+        app.state.ready_gate = ReadyQueueGate(redis, keys.ready_stream,
+                                              settings.max_ready_groups, app.state.metrics)
         app.state.tokenizer = load_tokenizer(engine)
         app.state.token_texts = TokenTexts(app.state.tokenizer)
         tasks.append(asyncio.create_task(store.run_sweeper(settings.sweep_interval_s)))

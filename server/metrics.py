@@ -48,6 +48,12 @@ class ServerMetrics:
         self.disconnected = Counter("gspo_requests_disconnected", "Sampling requests "
                                     "aborted because their client disconnected", ["route"],
                                     registry=r)
+        self.ready_queue_depth = Gauge("gspo_ready_queue_depth", "Groups on the ready stream "
+                                       "(published, not yet acknowledged by the learner)",
+                                       registry=r)
+        self.ready_queue_refused = Counter("gspo_ready_queue_refused", "New groups refused "
+                                           "(503) because the ready queue was at its bound",
+                                           ["route"], registry=r)
         self.engine_extra = Gauge("gspo_engine_stat", "Engine-specific numbers (EngineStats."
                                   "extra: decode steps, prefills, ...)", ["name"], registry=r)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from server.admission import admit_new_group
 from server.api_models import RolloutOut, RolloutRequest, RolloutResponse
 from server.chat import (
     approx_chars,
@@ -28,6 +29,7 @@ from server.deps import (
     TokenizerDep,
     TokenTextsDep,
 )
+from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import rollout_top_logprobs, usage
 from server.limits import check_chat_messages
@@ -70,7 +72,9 @@ async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
     return check_prompt_ids(ids, len(tokenizer))
 
 
-@router.post("/v1/rollouts", response_model=RolloutResponse)
+@router.post("/v1/rollouts", response_model=RolloutResponse,
+             dependencies=[Depends(admit_new_group)],
+             responses=error_responses(*V1_POST, 404))
 async def rollouts(
     body: RolloutRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
     tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,
