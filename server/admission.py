@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from fastapi import Request
 
 from server.errors import APIError
+from server.limits import parsed_body
 from server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,7 @@ async def admit_new_group(request: Request) -> None:
     if gate is None:
         return
     if request.url.path == "/v1/chat/completions":
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
+        body = await parsed_body(request)
         if isinstance(body, dict) and body.get("rollout_id") is not None:
             return
     await gate.admit(request.url.path)

@@ -77,12 +77,23 @@ def json_problem(value: Any, max_depth: int, check_strings: bool = True) -> str 
             if _bad_string(v):
                 return f"a string is not valid UTF-8 text (lone surrogate): {ascii(v[:40])}"
             continue
+        if v.__class__ not in _CONTAINERS:
+            continue
         kids = _children(v) if check_strings else (
-            list(v.values()) if isinstance(v, dict) else v)
+            list(v.values()) if v.__class__ is dict else v)
         if depth > max_depth:
             return f"nested deeper than {max_depth} levels"
         stack.extend([(k, depth + 1) for k in kids if k.__class__ in walked])
     return None
+
+
+async def parsed_body(request: Request) -> Any:
+    """The request's JSON body (parsed once, cached on the request); None when it is not JSON
+    or too deep for the parser: FastAPI's own body parsing answers those (400/422)."""
+    try:
+        return await request.json()
+    except (ValueError, RecursionError):
+        return None
 
 
 async def check_request_json(request: Request) -> None:
@@ -95,10 +106,7 @@ async def check_request_json(request: Request) -> None:
     check_strings = _MAYBE_SURROGATE.search(raw) is not None
     if not check_strings and raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
         return
-    try:
-        body = await request.json()
-    except ValueError:  # not JSON: FastAPI's own parsing answers it
-        return
+    body = await parsed_body(request)
     problem = json_problem(body, MAX_JSON_DEPTH, check_strings)
     if problem is None:
         return

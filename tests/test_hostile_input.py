@@ -188,3 +188,18 @@ def test_redis_out_of_memory_is_503_and_health_degraded(tiny_model_dir: Path,
         r = httpx.post(s.url + "/v1/rewards", json=reward, headers=AUTH, timeout=10)
         assert r.status_code == 200 and r.json()["stored"] == 1, r.text
     admin.close()
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/json"])
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, GROUPS, "/v1/rewards"])
+def test_body_too_deep_for_the_parser_is_4xx(served: Served, path: str,
+                                             content_type: str | None) -> None:
+    """Deeper than Python's JSON parser can go (a RecursionError), with or without a JSON
+    content type: the body checks must not turn it into a 500."""
+    headers = {"Authorization": AUTH["Authorization"]}
+    if content_type:
+        headers["Content-Type"] = content_type
+    raw = b"[" * 100_000 + b"]" * 100_000
+    r = httpx.post(served.url + path, content=raw, headers=headers, timeout=30)
+    assert r.status_code in (400, 422), r.text[:300]
+    assert r.json()["error"]["message"]
