@@ -13,7 +13,7 @@ Hostile input found in the field (issue 11) and what each check here prevents:
   ``MAX_METADATA_DEPTH`` levels, integers in int64, finite floats only (a NaN reaching the
   learner poisons whatever uses it). 422 with the field's path.
 - ``check_group_size``: ``POST /v1/groups`` is refused before a single id is built (a size of
-  ``2**64`` used to build its id list first).
+  ``2**64`` used to build its id list first). 422, like a size under 1.
 - ``check_chat_messages``: system, developer, user and tool messages need ``content`` (a chat
   template indexes it: a ``TypeError`` inside the template, a 500).
 """
@@ -153,10 +153,10 @@ Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata)]
 
 
 def check_group_size(size: int, max_group_size: int) -> None:
-    """``POST /v1/groups``: a size over the queue's ``max_group_size`` is a 400, answered before
-    any id is built."""
+    """``POST /v1/groups``: a size over the queue's ``max_group_size`` is a 422 (like a size
+    of 0), answered before any id is built."""
     if size > max_group_size:
-        raise APIError(400, f"size {size} is over this server's max_group_size of "
+        raise APIError(422, f"size {size} is over this server's max_group_size of "
                             f"{max_group_size}", code="group_too_large")
 
 
