@@ -18,6 +18,7 @@ every ``/metrics`` scrape); refusals count in ``gspo_ready_queue_refused``.
 from __future__ import annotations
 
 import logging
+import time
 
 import redis.asyncio as aioredis
 from fastapi import Request
@@ -28,6 +29,7 @@ from server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
+WARN_EVERY_S = 10.0
 
 
 class ReadyQueueGate:
@@ -39,6 +41,7 @@ class ReadyQueueGate:
         self.stream_key = stream_key
         self.max_ready_groups = max_ready_groups
         self.metrics = metrics
+        self._last_warning = -WARN_EVERY_S
 
     async def depth(self) -> int:
         """Entries on the ready stream (published, not yet acknowledged and trimmed)."""
@@ -54,12 +57,19 @@ class ReadyQueueGate:
         if depth < self.max_ready_groups:
             return
         self.metrics.ready_queue_refused.labels(route).inc()
+        now = time.monotonic()
+        if now - self._last_warning < WARN_EVERY_S:  # every request is refused: log sparsely
+            raise self._full(depth)
+        self._last_warning = now
         log.warning("ready queue holds %d groups (bound %d): refusing new groups on %s until "
                     "the learner catches up", depth, self.max_ready_groups, route)
-        raise APIError(503, f"the ready queue holds {depth} groups, at this server's bound of "
-                            f"{self.max_ready_groups} (max_ready_groups): the learner is "
-                            "behind; retry later", code="ready_queue_full",
-                       headers={"Retry-After": str(RETRY_AFTER_S)})
+        raise self._full(depth)
+
+    def _full(self, depth: int) -> APIError:
+        return APIError(503, f"the ready queue holds {depth} groups, at this server's bound of "
+                             f"{self.max_ready_groups} (max_ready_groups): the learner is "
+                             "behind; retry later", code="ready_queue_full",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def admit_new_group(request: Request) -> None:

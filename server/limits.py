@@ -62,7 +62,15 @@ _CONTAINERS = (dict, list)
 _WALKED = (dict, list, str)
 # A lone surrogate reaches a parsed body only through a \uD800-\uDFFF escape or raw
 # surrogate bytes (json.loads decodes bytes with "surrogatepass"); both are cheap to spot.
-_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_RAW_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
+
+
+def _maybe_surrogate(raw: bytes) -> bool:
+    """Could the parsed body hold a lone surrogate? (``in`` first: a plain substring search
+    runs at memory speed, the regexes only where the substring occurs.)"""
+    return ((b"\\u" in raw and _ESCAPED_SURROGATE.search(raw) is not None)
+            or (b"\xed" in raw and _RAW_SURROGATE.search(raw) is not None))
 
 
 def json_problem(value: Any, max_depth: int, check_strings: bool = True) -> str | None:
@@ -103,7 +111,7 @@ async def check_request_json(request: Request) -> None:
     if request.method not in ("POST", "PUT", "PATCH"):
         return
     raw = await request.body()
-    check_strings = _MAYBE_SURROGATE.search(raw) is not None
+    check_strings = _maybe_surrogate(raw)
     if not check_strings and raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
         return
     body = await parsed_body(request)
