@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from server.engines.base import Engine
+from server.error_docs import error_responses
 from server.errors import APIError
 from server.weight_transport import JoinRequest, UpdateRequest
 
@@ -38,7 +39,8 @@ class UpdateBody(UpdateRequest):
     """Upper bound for receiving every bucket."""
 
 
-@router.post("/weights/join", response_model=VersionResponse)
+@router.post("/weights/join", response_model=VersionResponse,
+             responses=error_responses(400, 401, 403, 413, 422, 504))
 async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
     """Join broadcast group ``epoch`` (blocks until every rank has joined, or times out)."""
     try:
@@ -50,7 +52,8 @@ async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
     return VersionResponse(policy_version=engine.policy_version)
 
 
-@router.post("/weights/update", response_model=VersionResponse)
+@router.post("/weights/update", response_model=VersionResponse,
+             responses=error_responses(400, 401, 403, 409, 413, 422, 504))
 async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
     """Receive the tensors the learner broadcasts, load them, bump the policy version."""
     if req.version < engine.policy_version:  # equal: a retried round, loading again is harmless
@@ -67,13 +70,15 @@ async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
     return VersionResponse(policy_version=engine.policy_version)
 
 
-@router.post("/pause", response_model=VersionResponse)
+@router.post("/pause", response_model=VersionResponse,
+             responses=error_responses(401, 403))
 async def pause(engine: EngineDep) -> VersionResponse:
     await engine.pause()
     return VersionResponse(policy_version=engine.policy_version, paused=True)
 
 
-@router.post("/resume", response_model=VersionResponse)
+@router.post("/resume", response_model=VersionResponse,
+             responses=error_responses(401, 403))
 async def resume(engine: EngineDep) -> VersionResponse:
     await engine.resume()
     return VersionResponse(policy_version=engine.policy_version)
