@@ -34,6 +34,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                         ["ratio"]),
     "bench_weight_sync.py": (["--models", "tiny", "--servers", "1", "--repeats", "1"],
                              ["ratio"]),
+    "bench_limits.py": (["--ids", "1000", "--repeat", "1"], ["check/parse"]),
     "bench_async.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3"],
                        ["throughput ratio async/sync"]),
     "compare_losses.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3"],
