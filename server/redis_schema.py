@@ -16,7 +16,8 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   ``completed_at``, ``partial`` (1: finalised at expiry with the rewarded rollouts it had),
   ``stream_id`` (published) or ``drop_reason`` (dropped / expired).
 - ``{p}:group:{group_id}:rollouts``: list of rollout ids in the group, in creation order.
-- ``{p}:group:{group_id}:rewards``: hash rollout_id -> msgpack {"reward", "turn_rewards"}.
+- ``{p}:group:{group_id}:rewards``: hash rollout_id -> msgpack {"reward", "turn_rewards",
+  "n_turns"}.
 - ``{p}:episode:{rollout_id}``: hash, a multi-turn episode's state besides its trajectory
   (which is the ``{p}:rollout:{rollout_id}`` record, grown by one model turn per chat call):
   ``group_id``, ``n_turns`` (model turns recorded; the compare-and-set guard of the next one),
@@ -182,8 +183,11 @@ def unpack_rollout(data: bytes) -> RolloutRecord:
 class ReadyGroup:
     """A complete group, as published on the ready stream and read by the learner.
 
-    ``rewards[i]``, ``advantages[i]`` and ``turn_rewards[i]`` belong to ``rollouts[i]``;
-    advantages come from ``learner.losses.group_advantages`` over the group's rewards.
+    ``rewards[i]``, ``advantages[i]``, ``turn_rewards[i]`` and ``turn_advantages[i]`` belong
+    to ``rollouts[i]``. Both kinds of advantage come from one call of
+    ``learner.advantages.group_credit`` when the group completes: ``advantages`` one per
+    rollout (``--loss gspo``), ``turn_advantages`` one per model turn (the per-token kinds);
+    empty in records written before they were published.
     """
 
     group_id: str
@@ -193,6 +197,7 @@ class ReadyGroup:
     turn_rewards: list[list[float] | None]
     metadata: dict[str, Any] = field(default_factory=dict)
     published_at: float = 0.0
+    turn_advantages: list[list[float]] = field(default_factory=list)
 
     def min_version(self) -> int:
         """The oldest policy version of any sampled token in the group (for staleness)."""
@@ -208,6 +213,7 @@ def pack_ready_group(g: ReadyGroup) -> bytes:
         "rewards": g.rewards,
         "advantages": g.advantages,
         "turn_rewards": g.turn_rewards,
+        "turn_advantages": g.turn_advantages,
         "rollouts": [msgpack.unpackb(pack_rollout(r)) for r in g.rollouts],
     })
 
@@ -222,4 +228,5 @@ def unpack_ready_group(data: bytes) -> ReadyGroup:
         turn_rewards=d["turn_rewards"],
         metadata=d.get("metadata", {}),
         published_at=float(d.get("published_at", 0.0)),
+        turn_advantages=[[float(a) for a in t] for t in d.get("turn_advantages", [])],
     )
