@@ -129,6 +129,12 @@ def plan_generation(
     if body.n > settings.max_n:
         raise APIError(400, f"n {body.n} is over this server's limit of {settings.max_n}",
                        code="n_too_large")
+    if body.temperature == 0:
+        raise APIError(400, "temperature 0 (greedy decoding) is refused: every sample this "
+                            "server returns is recorded for training, and greedy tokens come "
+                            "from no distribution the learner can compute log-probabilities "
+                            "under; send a temperature > 0 (e.g. 1.0, or omit it)",
+                       code="temperature_zero")
     if top_logprobs > settings.max_top_logprobs:
         raise APIError(400, f"top_logprobs {top_logprobs} is over this server's limit of "
                             f"{settings.max_top_logprobs}", code="top_logprobs_too_large")
