@@ -127,6 +127,8 @@ class RolloutRecord:
     versions: np.ndarray  # int32 [L]
     prompt_len: int  # tokens before the first model token
     temperature: float = 1.0  # the learner recomputes log_softmax(logits / temperature)
+    top_p: float = 1.0  # 1: off; with top_k, the cut the sampler made (and the learner redoes)
+    top_k: int = 0  # <= 0: off
     turns: list[tuple[int, int]] = field(default_factory=list)
     finish_reason: str = "length"
     created_at: float = 0.0
@@ -151,6 +153,8 @@ def pack_rollout(r: RolloutRecord) -> bytes:
         "versions": np.ascontiguousarray(r.versions, dtype="<i4").tobytes(),
         "prompt_len": r.prompt_len,
         "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k,
         "turns": [list(t) for t in r.turns],
         "finish_reason": r.finish_reason,
         "created_at": r.created_at,
@@ -168,6 +172,8 @@ def rollout_from_dict(d: dict[str, Any]) -> RolloutRecord:
         versions=np.frombuffer(d["versions"], dtype="<i4"),
         prompt_len=int(d["prompt_len"]),
         temperature=float(d.get("temperature", 1.0)),
+        top_p=float(d.get("top_p", 1.0)),
+        top_k=int(d.get("top_k", 0)),
         turns=[(int(a), int(b)) for a, b in d.get("turns", [])],
         finish_reason=d.get("finish_reason", "length"),
         created_at=float(d.get("created_at", 0.0)),
