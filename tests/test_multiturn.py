@@ -211,6 +211,7 @@ def test_bad_turns_are_refused_and_change_nothing(
         ({"messages": [*first, said]}, 400, "no_new_messages"),
         ({"messages": good, "tools": [CALCULATOR_TOOL]}, 409, "tools_changed"),
         ({"messages": good, "temperature": 0.5}, 409, "temperature_changed"),
+        ({"messages": good, "top_p": 0.9}, 409, "sampling_changed"),
         ({"messages": good, "max_tokens": 10**6}, 400, "max_tokens_too_large"),
         ({"messages": [*good[:2], {"role": "user", "content": "word " * 3000}]}, 400,
          "context_length_exceeded"),
