@@ -161,8 +161,9 @@ class TurnAdvantages:
     credit rule above, spread over each rollout's model turns.
 
     A group published with per-turn advantages (``ReadyGroup.turn_advantages``, computed by
-    the server with its ``eps`` / ``scale``) uses them as they are; one without (records
-    written by older servers, groups built in tests) gets ``group_credit`` with this object's
+    the server with its ``eps`` / ``scale``) uses them as they are. One without (records
+    written by older servers, groups built in tests) spreads its sequence advantages when it
+    has no turn rewards (what the rule gives), else gets ``group_credit`` with this object's
     ``eps`` and ``scale`` (the queue's defaults). A count that does not match a rollout's
     turns raises ``ValueError`` (the learner drops the group as invalid and counts it). The
     last group's result is cached: the batching calls this once per rollout, in order.
@@ -186,6 +187,9 @@ class TurnAdvantages:
             if len(per_turn) != len(rollouts):
                 raise ValueError(f"group {group.group_id}: {len(per_turn)} per-turn advantage "
                                  f"lists for {len(rollouts)} rollouts")
+        elif all(not t for t in group.turn_rewards):  # the rule gives A_i on every turn
+            per_turn = [np.full(len(r.turns), float(a))
+                        for r, a in zip(rollouts, group.advantages, strict=True)]
         else:
             per_turn = group_turn_advantages(group.rewards, group.turn_rewards,
                                              [len(r.turns) for r in rollouts], self.eps,
