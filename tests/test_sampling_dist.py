@@ -15,7 +15,7 @@ import torch
 
 from learner.batching import plan_step
 from learner.losses import LossConfig, policy_loss
-from learner.policy import Policy
+from learner.policy import Policy, cut_logprobs
 from learner.sampling_dist import keep_mask, sampled_logprobs, truncating
 from server.engines.base import SamplingParams
 from server.engines.hf import HFEngine
@@ -88,6 +88,17 @@ def test_sampled_logprobs_value_gradient_and_untruncated_rows() -> None:
     torch.testing.assert_close(got[8:].detach(), plain[8:])  # no cut: log_softmax(z / T)
     assert torch.isfinite(got).all()
     assert torch.autograd.gradcheck(lambda t: sampled_logprobs(t, tgt, temp, p, k), (x,))
+
+
+@pytest.mark.gpu
+def test_cut_logprobs_on_cuda_equal_cpu_with_parameters_on_the_cpu() -> None:
+    x = _logits(n=16, v=40, seed=4, ties=False).view(2, 8, 40)
+    tgt = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(5))
+    temp, p, k = torch.tensor([0.8, 1.2]), torch.tensor([0.9, 1.0]), torch.tensor([20, 0])
+    want = cut_logprobs(x, tgt, temp, p, k)
+    got = cut_logprobs(x.cuda(), tgt.cuda(), temp.cuda(), p, k)  # the batch's, on the CPU
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=1e-5)
 
 
 def _hf_rollouts(path: Path, params: list[SamplingParams]) -> list[tuple[list[int], object]]:
