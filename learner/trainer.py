@@ -161,9 +161,11 @@ class Trainer:
                 "behavior": m.behavior_BT.to(dev), "advantages": m.advantages.to(dev)}
 
     def _logprobs(self, m: MicroBatch, d: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The policy's log-probs of ``m`` under each row's sampling distribution."""
+        """The policy's log-probs of ``m`` under each row's sampling distribution (the
+        top-p / top-k cut only for batches that have one: the plain call stays the same)."""
+        cut = {} if m.top_p_B is None else {"top_p_B": m.top_p_B, "top_k_B": m.top_k_B}
         return self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
-                                          d["mask"], m.top_p_B, m.top_k_B)
+                                          d["mask"], **cut)
 
     @torch.no_grad()
     def _recompute(self, shares: list[Share]) -> dict[str, float]:

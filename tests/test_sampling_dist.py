@@ -14,9 +14,11 @@ import redis
 import torch
 
 from learner.batching import plan_step
+from learner.config import LearnerConfig
 from learner.losses import LossConfig, policy_loss
 from learner.policy import Policy, cut_logprobs
 from learner.sampling_dist import keep_mask, sampled_logprobs, truncating
+from learner.trainer import Trainer
 from server.engines.base import SamplingParams
 from server.engines.hf import HFEngine
 from server.redis_schema import Keys, unpack_ready_group, unpack_rollout
@@ -175,3 +177,9 @@ def test_cut_rollouts_through_server_redis_and_learner(tiny_model_dir: Path,
     assert out.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert out.metrics["clip_fraction"] == 0.0
     assert np.isfinite(out.metrics["loss"])
+    # The trainer's step computes the same: nothing clipped in its one (on-policy) minibatch.
+    cfg = LearnerConfig(model=str(tiny_model_dir), loss=LossConfig(kind="gspo"),
+                        minibatches=1)
+    metrics = Trainer(policy, cfg).step(ready)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["clip_fraction"] == 0.0 and metrics["optimizer_steps"] == 1
