@@ -68,9 +68,11 @@ class SamplingFields(BaseModel):
 
     n: int = Field(default=1, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """0 (greedy) is refused (400): every sample is recorded for training."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
-    """vLLM extension; 0 or -1: off."""
+    """vLLM extension; 0 or -1: off. ``top_p`` / ``top_k`` are recorded with the rollout and
+    the learner trains under the same truncated distribution."""
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63 - 2**16)

@@ -64,7 +64,7 @@ from server.chat import (
     render_chat_prompt,
     template_messages,
 )
-from server.engines.base import Completion, Engine
+from server.engines.base import Completion, Engine, SamplingParams
 from server.episode_store import Episode, EpisodeState, EpisodeStore
 from server.errors import APIError
 from server.metrics import ServerMetrics
@@ -163,8 +163,8 @@ def new_turn_tokens(full: list[int], state: EpisodeState, eot_ids: tuple[int, ..
                    code="unsupported_chat_template")
 
 
-def grow_record(record: RolloutRecord, new_ids: list[int], c: Completion, temperature: float,
-                metadata: dict[str, Any]) -> RolloutRecord:
+def grow_record(record: RolloutRecord, new_ids: list[int], c: Completion,
+                params: SamplingParams, metadata: dict[str, Any]) -> RolloutRecord:
     """The trajectory with ``new_ids`` (mask 0) and the sampled completion (mask 1) appended."""
     start = len(record.token_ids) + len(new_ids)
     end = start + len(c.token_ids)
@@ -180,7 +180,8 @@ def grow_record(record: RolloutRecord, new_ids: list[int], c: Completion, temper
         versions=np.concatenate([record.versions, np.full(n_new, -1, np.int32),
                                  np.asarray(c.policy_versions, np.int32)]),
         prompt_len=record.prompt_len if record.turns else start,
-        temperature=temperature, turns=[*record.turns, (start, end)],
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+        turns=[*record.turns, (start, end)],
         finish_reason=c.finish_reason, created_at=record.created_at, metadata=metadata,
     )
 
@@ -221,6 +222,16 @@ def _check_turn_request(body: ChatCompletionRequest, ep: Episode, tools: Any,
         raise _conflict("temperature_changed", (
             f"temperature {temperature} differs from the episode's {ep.state.temperature}: "
             "an episode is trained at one temperature"))
+
+
+def _check_same_cut(ep: Episode, params: SamplingParams) -> None:
+    """top_p / top_k shape the distribution the learner recomputes, once per rollout (like
+    the temperature): they stay those of the episode's first turn."""
+    if ep.record.turns and (params.top_p, params.top_k) != (ep.record.top_p, ep.record.top_k):
+        raise _conflict("sampling_changed", (
+            f"top_p {params.top_p} / top_k {params.top_k} differ from the episode's "
+            f"{ep.record.top_p} / {ep.record.top_k}: an episode is trained under one "
+            "sampling distribution"))
 
 
 async def _turn_prompt(body: ChatCompletionRequest, ep: Episode, raw: list[dict[str, Any]],
@@ -269,6 +280,7 @@ async def episode_turn(
         body, prompt_token_ids=prompt, max_tokens=body.max_completion_tokens or body.max_tokens,
         top_logprobs=top_logprobs, stop_token_ids=stop_ids, engine=engine, settings=settings,
         route=ROUTE)
+    _check_same_cut(ep, plan.params)
     t0 = time.perf_counter()
     (completion,) = await generate_n(engine, plan)
     metrics.generation_latency.labels(ROUTE).observe(time.perf_counter() - t0)
@@ -282,7 +294,7 @@ async def episode_turn(
         render_hash=ids_hash(full),
         eot_count=sum(1 for t in full if t in set(stop_ids)), history_rewrites=rewrites)
     meta = {"server_id": settings.server_id, "route": ROUTE, "history_rewrites": rewrites}
-    await episodes.commit_turn(ep, grow_record(ep.record, new_ids, completion, temperature,
+    await episodes.commit_turn(ep, grow_record(ep.record, new_ids, completion, plan.params,
                                                meta), state)
     metrics.record_usage(ROUTE, len(prompt), len(completion.token_ids))
     return GroupResult(group_id=ep.group_id, prompt_token_ids=prompt,

@@ -4,10 +4,11 @@ One engine fronts one model. Requests are token ids in, token ids + log-probabil
 server does all tokenisation and chat templating, so both engines see exactly the same tokens.
 
 Log-probabilities are those of the distribution actually sampled from: after temperature
-(``log_softmax(logits / temperature)``). Top-p / top-k truncation is applied when asked for,
-but the returned log-probabilities are then those of the truncated, renormalised distribution
-only if the engine says so in ``Engine.logprobs_after_truncation``; training rollouts use the
-defaults top_p = 1 and top_k = 0 (off), where the question does not arise.
+(``log_softmax(logits / temperature)``) and, when top-k / top-p are on, after truncation and
+renormalisation, with vLLM's rule for the kept set (``learner.sampling_dist.keep_mask``); both
+engines say so in ``Engine.logprobs_after_truncation``. The rollout record stores the
+temperature, top_p and top_k, and the learner computes its log-probabilities under the same
+truncated distribution.
 """
 
 from __future__ import annotations

@@ -17,11 +17,12 @@ new weights before the next step (one prefill), so a token tagged with version v
 from exactly pi_v(. | prefix), the distribution the learner's reference forward computes; a
 cache kept from the old weights would give a mixture that no single policy reproduces.
 
-Log-probabilities: ``log_softmax(logits / T)`` at the sampled token, before top-p / top-k
-truncation (``logprobs_after_truncation = False``); greedy requests (T = 0) report them under
-T = 1. Stop strings are matched on the decoded completion; the token that completes a stop
-string is kept (the server trims the text). Only ``stop_token_ids`` end a completion on a token:
-there is no implicit EOS, the server passes it.
+Log-probabilities: ``log_softmax(logits / T)`` at the sampled token, after top-k / top-p
+truncation and renormalisation when those are on (``logprobs_after_truncation = True``, the
+same kept set as vLLM's: ``learner.sampling_dist.keep_mask``); greedy requests (T = 0) report
+them under T = 1. Stop strings are matched on the decoded completion; the token that
+completes a stop string is kept (the server trims the text). Only ``stop_token_ids`` end a
+completion on a token: there is no implicit EOS, the server passes it.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class HFEngine(Engine):
     """transformers + torch engine with continuous batching (see the module docstring)."""
 
     name = "hf"
-    logprobs_after_truncation = False
+    logprobs_after_truncation = True
 
     def __init__(
         self,
