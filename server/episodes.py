@@ -52,6 +52,7 @@ import hashlib
 import json
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -229,8 +230,11 @@ async def _turn_prompt(body: ChatCompletionRequest, ep: Episode, raw: list[dict[
     """(the full rendering, the tokens to append, whether the rendering extends the last)."""
     if ep.state is not None:
         check_extends(ep.state, template_messages(raw))
-    full = await asyncio.to_thread(render_chat_prompt, tokenizer, raw, tools,
-                                   settings.sanitize_control_tokens)
+    # The assistant's own earlier messages are always encoded as text: their tokens come from
+    # the stored trajectory, and a spelled end-of-turn marker must not shift the count below.
+    full = await asyncio.to_thread(partial(
+        render_chat_prompt, tokenizer, raw, tools, settings.sanitize_control_tokens,
+        text_roles=("assistant",), template_kwargs=body.chat_template_kwargs))
     full = check_prompt_ids(full, len(tokenizer))
     if ep.state is None:
         return full, full, True

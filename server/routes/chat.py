@@ -11,6 +11,7 @@ rollout as one more turn instead of opening a group.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter
@@ -83,8 +84,9 @@ async def chat_prompt(body: ChatCompletionRequest, tokenizer: Any,
     (in a worker thread when long: templating must not stall the event loop)."""
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    ids = await off_loop_if_large(approx_chars([messages, tools]), render, tokenizer,
-                                  messages, tools, settings.sanitize_control_tokens)
+    ids = await off_loop_if_large(approx_chars([messages, tools]), partial(
+        render, template_kwargs=body.chat_template_kwargs), tokenizer, messages, tools,
+        settings.sanitize_control_tokens)
     return check_prompt_ids(ids, len(tokenizer))
 
 
