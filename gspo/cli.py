@@ -63,6 +63,12 @@ def serve(
     episode_history_rewrite: str = typer.Option(None, help="When the chat template rewrites "
                                                 "an episode's history: append | reject. "
                                                 "(default: append)"),
+    tool_call_parser: str = typer.Option(None, help="Tool-call format of the model: hermes | "
+                                         "llama3_json | mistral | qwen3_coder | none. "
+                                         "(default: hermes)"),
+    reasoning_parser: str = typer.Option(None, help="Reasoning format, returned as "
+                                         "reasoning_content: none | qwen3 | deepseek_r1. "
+                                         "(default: none)"),
     group_ttl_s: float = typer.Option(None, help="Seconds a group waits for its rewards."),
     server_id: str = typer.Option(None, help="Id in the Redis server registry."),
     advertise_url: str = typer.Option(None, help="URL the learner reaches this server at."),

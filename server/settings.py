@@ -16,6 +16,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from server.parsers.reasoning import ReasoningParserName
+from server.parsers.tool_calls import ToolParserName
 from server.redis_schema import DEFAULT_PREFIX
 from server.store import QueueConfig
 
@@ -90,6 +92,14 @@ class ServerSettings(BaseSettings):
     sanitize_control_tokens: bool = True
     """Chat templating encodes control tokens (``<|im_end|>``...) found inside message
     contents as plain text, so a user message cannot forge a turn boundary."""
+
+    tool_call_parser: ToolParserName = "hermes"
+    """How tool calls are read from a completion (vLLM's names): hermes (Qwen2.5/Qwen3
+    ``<tool_call>`` JSON) | llama3_json | mistral | qwen3_coder | none
+    (``server.parsers.tool_calls``). Only the response changes: the trajectory keeps the ids."""
+    reasoning_parser: ReasoningParserName = "none"
+    """How reasoning is split off a completion into ``reasoning_content``: none | qwen3 |
+    deepseek_r1 (``server.parsers.reasoning``)."""
 
     # ---------------------------------------------------------------- multi-turn episodes
     max_episode_turns: int = Field(default=64, ge=1)
