@@ -106,8 +106,13 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI messages (as dicts) -> the dicts chat templates read."""
     out = []
     for m in messages:
+        content = _content_text(m.get("content"))
+        if content is None and m["role"] == "assistant":
+            # OpenAI sends null content beside tool calls; real templates (Qwen3's) call
+            # string methods on it.
+            content = ""
         msg: dict[str, Any] = {"role": "system" if m["role"] == "developer" else m["role"],
-                               "content": _content_text(m.get("content"))}
+                               "content": content}
         for key in ("name", "tool_call_id", "reasoning_content"):
             if m.get(key) is not None:
                 msg[key] = m[key]

@@ -63,3 +63,52 @@ def make_template_model(path: Path, family: Family, seed: int = 0) -> Path:
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     return path
+
+
+def teach_conversation(path: Path, conversation: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None, steps: int = 300) -> None:
+    """Train the model at ``path`` (supervised, on its assistant turns only: from the
+    generation prompt to the end-of-turn token) until it reproduces ``conversation``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from server.chat import end_token_ids
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+    def render(msgs: list[dict[str, Any]], gen: bool) -> list[int]:
+        return list(tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=gen,
+                                            tokenize=True, return_dict=False))
+
+    ids = render(conversation, False)
+    eot = set(end_token_ids(tok))
+    mask = torch.zeros(len(ids), dtype=torch.bool)
+    for i, msg in enumerate(conversation):
+        if msg["role"] == "assistant":
+            start = len(render(conversation[:i], True))
+            end = next(j for j in range(start, len(ids)) if ids[j] in eot)
+            mask[start:end + 1] = True
+    x = torch.tensor([ids])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            for step in range(steps):
+                if step == steps // 2:  # settle: Adam at 1e-2 hovers around the minimum
+                    for group in opt.param_groups:
+                        group["lr"] = 1e-3
+                logits = model(input_ids=x).logits[0, :-1]
+                loss = torch.nn.functional.cross_entropy(logits[mask[1:]], x[0, 1:][mask[1:]])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if loss.item() < 1e-3:
+                    break
+    finally:
+        torch.set_num_threads(threads)
+    # 5e-3 mean loss: at temperature 0.3 the model then samples the conversation
+    assert loss.item() < 5e-3, f"the tiny model did not learn the conversation: {loss.item()}"
+    model.save_pretrained(path, safe_serialization=True)
