@@ -8,7 +8,7 @@ ids, whatever the parsers showed the client.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,7 @@ def _run_episode(url: str, family: str) -> tuple[list[Any], str]:
         if not c.message.tool_calls:
             break
         (call,) = c.message.tool_calls
-        value = {"k": "42"}.get(__import__("json").loads(call.function.arguments)["key"], "")
+        value = {"k": "42"}.get(json.loads(call.function.arguments)["key"], "")
         messages = [*messages, _echo(c.message),
                     {"role": "tool", "tool_call_id": call.id, "content": value}]
     return choices, rid
