@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.deps import MetricsDep, SettingsDep
+from server.deps import MetricsDep, SettingsDep, TokenizerDep
 from server.episodes import open_episode_group
 from server.errors import APIError
 from server.routes.rewards import StoreDep
+from server.trajectory_view import TrajectoryOut, load_trajectories
 
 
 class OpenGroupIn(BaseModel):
@@ -42,6 +43,9 @@ class GroupRolloutOut(BaseModel):
     rewarded: bool
     reward: float | None = None
     turn_rewards: list[float] | None = None
+    trajectory: TrajectoryOut | None = None
+    """With ``?include=tokens``: the stored tokens, mask, log-probs, versions and turns
+    (``server.trajectory_view``); None without it, or when the record has expired."""
 
 
 class GroupOut(BaseModel):
@@ -80,20 +84,27 @@ async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
 
 @router.get("/v1/groups/{group_id}", response_model=GroupOut)
 async def get_group(
-    group_id: Annotated[str, Path(min_length=1, max_length=256)], store: StoreDep
+    group_id: Annotated[str, Path(min_length=1, max_length=256)], store: StoreDep,
+    tokenizer: TokenizerDep,
+    include: Annotated[Literal["tokens"] | None, Query(
+        description="'tokens': each rollout's trajectory (token ids, loss mask, log-probs, "
+                    "versions, turns with decoded text, advantage once published)")] = None,
 ) -> GroupOut:
     """A group's state. 404 for an unknown group, or one whose records have expired."""
     g = await store.get_group(group_id)
     if g is None:
         raise APIError(404, f"unknown group {group_id!r} (never created, or expired)",
                        code="unknown_group")
+    trajectories = (await load_trajectories(store, tokenizer, g.rollout_ids, g.stream_id)
+                    if include == "tokens" else {})
     rollouts = []
     for rid in g.rollout_ids:
         rw = g.rewards.get(rid)
         rollouts.append(GroupRolloutOut(
             rollout_id=rid, rewarded=rw is not None,
             reward=None if rw is None else rw["reward"],
-            turn_rewards=None if rw is None else rw["turn_rewards"]))
+            turn_rewards=None if rw is None else rw["turn_rewards"],
+            trajectory=trajectories.get(rid)))
     return GroupOut(
         group_id=g.group_id, state=g.state, size=g.size,  # type: ignore[arg-type]
         n_rollouts=len(g.rollout_ids), n_rewarded=g.n_rewarded, created_at=g.created_at,
