@@ -90,8 +90,10 @@ class ServerSettings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """Request bodies larger than this are refused with a 413 before they are parsed."""
     sanitize_control_tokens: bool = True
-    """Chat templating encodes control tokens (``<|im_end|>``...) found inside message
-    contents as plain text, so a user message cannot forge a turn boundary."""
+    """Chat templating encodes special tokens (``<|im_end|>``, ``<|eot_id|>``...) found inside
+    message contents and tool definitions as plain text, so a user message cannot forge a
+    turn boundary (env ``GSPO_SANITIZE_CONTROL_TOKENS``). Added tokens that are not special
+    (Qwen3's ``<think>``) always pass as tokens (``server.chat_sanitize``)."""
 
     tool_call_parser: ToolParserName = "hermes"
     """How tool calls are read from a completion (vLLM's names): hermes (Qwen2.5/Qwen3
