@@ -37,7 +37,7 @@ def test_single_turn_group_tokens_then_advantages(served: Served, tiny_model_dir
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     with GSPOClient(served.url, api_key=API_KEY) as env:
         g = env.rollouts(prompt="hello world", n=2, max_tokens=6, temperature=1.0, seed=3)
-        assert all(r["trajectory"] is None for r in _view(served, g.group_id)["rollouts"])
+        assert all("trajectory" not in r for r in _view(served, g.group_id)["rollouts"])
         view = _view(served, g.group_id, include="tokens")
         p = g.prompt_token_ids
         for r, got in zip(g.rollouts, view["rollouts"], strict=True):

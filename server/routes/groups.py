@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.deps import MetricsDep, SettingsDep, TokenizerDep
+from server.deps import MetricsDep, SettingsDep
 from server.episodes import open_episode_group
 from server.errors import APIError
 from server.routes.rewards import StoreDep
@@ -44,8 +44,8 @@ class GroupRolloutOut(BaseModel):
     reward: float | None = None
     turn_rewards: list[float] | None = None
     trajectory: TrajectoryOut | None = None
-    """With ``?include=tokens``: the stored tokens, mask, log-probs, versions and turns
-    (``server.trajectory_view``); None without it, or when the record has expired."""
+    """Only with ``?include=tokens``: the stored tokens, mask, log-probs, versions and turns
+    (``server.trajectory_view``); null when the record has expired."""
 
 
 class GroupOut(BaseModel):
@@ -82,10 +82,11 @@ async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
     return OpenGroupOut(group_id=group_id, rollout_ids=rollout_ids)
 
 
-@router.get("/v1/groups/{group_id}", response_model=GroupOut)
+# exclude_unset: ``trajectory`` appears only with ?include=tokens (every other field is set).
+@router.get("/v1/groups/{group_id}", response_model=GroupOut, response_model_exclude_unset=True)
 async def get_group(
     group_id: Annotated[str, Path(min_length=1, max_length=256)], store: StoreDep,
-    tokenizer: TokenizerDep,
+    request: Request,
     include: Annotated[Literal["tokens"] | None, Query(
         description="'tokens': each rollout's trajectory (token ids, loss mask, log-probs, "
                     "versions, turns with decoded text, advantage once published)")] = None,
@@ -95,16 +96,21 @@ async def get_group(
     if g is None:
         raise APIError(404, f"unknown group {group_id!r} (never created, or expired)",
                        code="unknown_group")
-    trajectories = (await load_trajectories(store, tokenizer, g.rollout_ids, g.stream_id)
-                    if include == "tokens" else {})
+    trajectories = {}
+    if include == "tokens":  # the tokenizer only then: a queue-only app has none
+        tokenizer = getattr(request.app.state, "tokenizer", None)
+        if tokenizer is None:
+            raise APIError(501, "this server has no tokenizer to decode trajectories",
+                           code="tokens_unsupported")
+        trajectories = await load_trajectories(store, tokenizer, g.rollout_ids, g.stream_id)
     rollouts = []
     for rid in g.rollout_ids:
         rw = g.rewards.get(rid)
+        extra = {"trajectory": trajectories.get(rid)} if include == "tokens" else {}
         rollouts.append(GroupRolloutOut(
             rollout_id=rid, rewarded=rw is not None,
             reward=None if rw is None else rw["reward"],
-            turn_rewards=None if rw is None else rw["turn_rewards"],
-            trajectory=trajectories.get(rid)))
+            turn_rewards=None if rw is None else rw["turn_rewards"], **extra))
     return GroupOut(
         group_id=g.group_id, state=g.state, size=g.size,  # type: ignore[arg-type]
         n_rollouts=len(g.rollout_ids), n_rewarded=g.n_rewarded, created_at=g.created_at,
