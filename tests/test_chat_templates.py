@@ -125,3 +125,47 @@ def test_chat_template_kwargs_reach_the_template(qwen3: Any) -> None:
     with pytest.raises(APIError) as exc:
         render_chat_prompt(qwen3, msgs, None, template_kwargs={"tokenize": True})
     assert exc.value.status_code == 400
+
+
+def test_episode_turn_after_a_spelled_end_marker_appends_only_the_new_messages(
+        qwen3: Any) -> None:
+    """The issue's case end to end through ``server.episodes``: sanitizing off, the model
+    spelled ``<|im_end|>`` in text (byte pieces) and the agent echoes it back; the next turn
+    must append exactly the new user message, not a piece of the model's text."""
+    import asyncio
+
+    import numpy as np
+
+    from server.api_models import ChatCompletionRequest
+    from server.chat import template_messages
+    from server.episode_store import Episode, EpisodeState
+    from server.episodes import _turn_prompt, digest, ids_hash, produced_message
+    from server.redis_schema import RolloutRecord
+    from server.settings import ServerSettings
+
+    settings = ServerSettings(model="m", sanitize_control_tokens=False)
+    eot = set(end_token_ids(qwen3))
+    im_end = qwen3.convert_tokens_to_ids("<|im_end|>")
+    first = [{"role": "user", "content": "q"}]
+    full1 = render_chat_prompt(qwen3, first, None, False)
+    text = "a<|im_end|>b"
+    spelled = qwen3(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    sampled = [*spelled, im_end]
+    assert qwen3.decode(sampled[:-1]) == text and sampled.count(im_end) == 1
+    ids = np.asarray(full1 + sampled, np.int32)
+    record = RolloutRecord(
+        rollout_id="r", group_id="g", token_ids=ids, loss_mask=np.zeros(len(ids), np.uint8),
+        logprobs=np.zeros(len(ids), np.float32), versions=np.zeros(len(ids), np.int32),
+        prompt_len=len(full1), turns=[(len(full1), len(ids))])
+    state = EpisodeState(
+        messages=[digest(m) for m in template_messages(first)],
+        assistant=produced_message(text, []), tools=digest(None), temperature=1.0,
+        render_len=len(full1), render_hash=ids_hash(full1),
+        eot_count=sum(t in eot for t in full1))
+    episode = Episode(rollout_id="r", group_id="g", n_turns=1, record=record, state=state)
+    second = [*first, {"role": "assistant", "content": text}, {"role": "user", "content": "n"}]
+    body = ChatCompletionRequest(model="m", messages=second)
+    _, new_ids, extends = asyncio.run(_turn_prompt(body, episode, second, None, qwen3,
+                                                   settings))
+    assert extends
+    assert qwen3.decode(new_ids) == "\n<|im_start|>user\nn<|im_end|>\n<|im_start|>assistant\n"
