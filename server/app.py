@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 
 from server.chat import TokenTexts
+from server.chat_sanitize import warm as warm_chat_encoders
 from server.deps import require_admin_key, require_api_key
 from server.engines.base import Engine
 from server.episode_store import EpisodeStore
@@ -90,6 +91,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.engine, app.state.redis, app.state.keys, app.state.store = (
             engine, redis, keys, store)
         app.state.tokenizer = load_tokenizer(engine)
+        warm_chat_encoders(app.state.tokenizer)
         app.state.token_texts = TokenTexts(app.state.tokenizer)
         tasks.append(asyncio.create_task(store.run_sweeper(settings.sweep_interval_s)))
         info = ServerInfo(server_id=settings.server_id, url=advertised_url(settings),

@@ -99,6 +99,13 @@ def encoders(tokenizer: Any) -> _Encoders:
         return hit
 
 
+def warm(tokenizer: Any) -> None:
+    """Build the private encoders at start-up (copying a 150k-token backend takes a moment
+    that the first chat request should not pay on the event loop)."""
+    if getattr(tokenizer, "backend_tokenizer", None) is not None:
+        encoders(tokenizer)
+
+
 def mark(obj: Any, pattern: re.Pattern[str]) -> Any:
     """Wrap control tokens in every string of ``obj`` (recursively; dict keys untouched)."""
     if isinstance(obj, str):
