@@ -89,3 +89,39 @@ def test_reasoning_then_tool_calls() -> None:
     off = parse_assistant(text, tool_parser="hermes", reasoning_parser="qwen3",
                           with_tools=False)
     assert off.calls == [] and off.content is not None and "<tool_call>" in off.content
+
+
+@pytest.mark.vllm
+def test_tool_parsers_agree_with_vllms() -> None:
+    """Same calls as vLLM's parsers of the same names on well-formed outputs (content compared
+    stripped: ours strips whitespace around the calls). We keep our own: one implementation
+    for both engines, so an episode's echoed message compares the same on either."""
+    from vllm.tool_parsers import ToolParserManager
+
+    try:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    except ImportError:  # older vLLM layout
+        from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+
+    from tests.template_models import template_tokenizer
+
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}],
+                                    tools=TOOLS)
+    qwen3, llama3 = template_tokenizer("qwen3"), template_tokenizer("llama3")
+    cases = [
+        ("hermes", qwen3, 'ok\n<tool_call>\n{"name": "lookup", "arguments": {"key": "k"}}\n'
+                          '</tool_call>'),
+        ("llama3_json", llama3, '<|python_tag|>{"name": "lookup", "parameters": {"key": "k"}}'),
+        ("llama3_json", llama3, '{"name": "lookup", "parameters": {"key": "a"}}; '
+                                '{"name": "lookup", "parameters": {"n": 1}}'),
+        ("llama3_json", llama3, "The key is k."),
+        ("qwen3_coder", qwen3, "Let me look.\n<tool_call>\n<function=lookup>\n<parameter=key>"
+                               "\nk 1\n</parameter>\n<parameter=n>\n3\n</parameter>\n"
+                               "</function>\n</tool_call>"),
+    ]
+    for name, tok, text in cases:
+        theirs = ToolParserManager.get_tool_parser(name)(tok).extract_tool_calls(text, request)
+        content, calls = parse_calls(text, name, TOOLS)
+        assert (content or "").strip() == (theirs.content or "").strip(), (name, text)
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+            (c.function.name, json.loads(c.function.arguments)) for c in theirs.tool_calls]
