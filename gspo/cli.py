@@ -66,6 +66,12 @@ def serve(
     episode_history_rewrite: str = typer.Option(None, help="When the chat template rewrites "
                                                 "an episode's history: append | reject. "
                                                 "(default: append)"),
+    tool_call_parser: str = typer.Option(None, help="Tool-call format of the model: hermes | "
+                                         "llama3_json | mistral | qwen3_coder | none. "
+                                         "(default: hermes)"),
+    reasoning_parser: str = typer.Option(None, help="Reasoning format, returned as "
+                                         "reasoning_content: none | qwen3 | deepseek_r1. "
+                                         "(default: none)"),
     group_ttl_s: float = typer.Option(None, help="Seconds a group waits for its rewards."),
     server_id: str = typer.Option(None, help="Id in the Redis server registry."),
     advertise_url: str = typer.Option(None, help="URL the learner reaches this server at."),
@@ -166,35 +172,35 @@ def learn(
 
 @app.command()
 def env(
-    name: str = typer.Argument("alphabet", help="Example environment: alphabet | calculator."),
+    name: str = typer.Argument("alphabet", help="Environment: alphabet | calculator | "
+                               "path/to/module.py:EnvClass | package.module:EnvClass."),
     url: str = typer.Option("http://127.0.0.1:8000", envvar="GSPO_SERVER_URL",
                             help="Rollout server base URL. (env GSPO_SERVER_URL)"),
     groups: int = typer.Option(0, help="Groups to run; 0 runs until stopped."),
-    group_size: int = typer.Option(8, help="Samples (episodes) per group."),
+    group_size: int = typer.Option(None, help="Samples (episodes) per group. (default: the "
+                                   "environment's own; 8 for the examples)"),
     concurrency: int = typer.Option(4, help="Groups run at the same time."),
     seed: int = typer.Option(0, help="Seed of the task sampler."),
+    on_error: str = typer.Option("retry", help="A failed group: retry | abandon | raise."),
+    max_retries: int = typer.Option(1, help="Retries of a failed group's task (retry)."),
 ) -> None:
-    """Run an example environment against a rollout server (reads env GSPO_API_KEY)."""
+    """Run an environment against a rollout server (reads env GSPO_API_KEY)."""
     import os
 
-    from clients.environment import Environment, run_and_print
-
-    environment: Environment
-    if name == "alphabet":
-        from clients.examples.alphabet import AlphabetEnvironment
-
-        environment = AlphabetEnvironment(group_size=group_size)
-    elif name == "calculator":
-        from clients.examples.calculator import CalculatorEnvironment
-
-        environment = CalculatorEnvironment(group_size=group_size)
-    else:
-        typer.echo(f"unknown environment {name!r}: alphabet | calculator", err=True)
-        raise typer.Exit(2)
+    from clients.environment import run_and_print
+    from clients.failures import FailurePolicy
+    from clients.loading import BUILTIN, load_environment
 
     try:
+        size = group_size if group_size is not None else (8 if name in BUILTIN else None)
+        environment = load_environment(name, size)
+        policy = FailurePolicy(on_error=on_error, max_retries=max_retries)  # type: ignore[arg-type]
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    try:
         run_and_print(environment, url, groups or None, api_key=os.environ.get("GSPO_API_KEY"),
-                      concurrency=concurrency, seed=seed)
+                      concurrency=concurrency, seed=seed, failures=policy)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

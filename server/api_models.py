@@ -49,6 +49,9 @@ class ChatMessage(_OpenAIBody):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    """An assistant message's reasoning as a reasoning parser returned it (templates such as
+    Qwen3's read it)."""
 
 
 class FunctionDef(_OpenAIBody):
@@ -99,6 +102,9 @@ class ChatCompletionRequest(SamplingFields, _OpenAIBody):
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM extension: extra variables for the chat template (``{"enable_thinking": false}``
+    for Qwen3)."""
     rollout_id: str | None = Field(default=None, min_length=1, max_length=256)
     """Extension: the multi-turn episode (``POST /v1/groups``) this turn belongs to; the turn
     is appended to that episode's trajectory (``server.episodes``). Send it with the openai
@@ -179,6 +185,9 @@ class ToolCallOut(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
+    """The model's reasoning, split off ``content`` by the server's reasoning parser (None
+    without one). The stored trajectory keeps every sampled token either way."""
     tool_calls: list[ToolCallOut] | None = None
 
 

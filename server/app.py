@@ -26,6 +26,7 @@ from fastapi import Depends, FastAPI
 
 from server.admission import ReadyQueueGate
 from server.chat import TokenTexts
+from server.chat_sanitize import warm as warm_chat_encoders
 from server.deps import require_admin_key, require_api_key
 from server.disconnect import CancelOnDisconnectMiddleware
 from server.engines.base import Engine
@@ -97,6 +98,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ready_gate = ReadyQueueGate(redis, keys.ready_stream,
                                               settings.max_ready_groups, app.state.metrics)
         app.state.tokenizer = load_tokenizer(engine)
+        warm_chat_encoders(app.state.tokenizer)
         app.state.token_texts = TokenTexts(app.state.tokenizer)
         tasks.append(asyncio.create_task(store.run_sweeper(settings.sweep_interval_s)))
         info = ServerInfo(server_id=settings.server_id, url=advertised_url(settings),

@@ -52,6 +52,7 @@ import hashlib
 import json
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,6 @@ from server.api_models import ChatCompletionRequest
 from server.chat import (
     completion_text,
     end_token_ids,
-    parse_tool_calls,
     render_chat_prompt,
     template_messages,
 )
@@ -68,6 +68,7 @@ from server.engines.base import Completion, Engine, SamplingParams
 from server.episode_store import Episode, EpisodeState, EpisodeStore
 from server.errors import APIError
 from server.metrics import ServerMetrics
+from server.parsers import parse_assistant
 from server.redis_schema import RolloutRecord
 from server.sampling import GroupResult, Sample, check_prompt_ids, generate_n, plan_generation
 from server.settings import ServerSettings
@@ -240,8 +241,11 @@ async def _turn_prompt(body: ChatCompletionRequest, ep: Episode, raw: list[dict[
     """(the full rendering, the tokens to append, whether the rendering extends the last)."""
     if ep.state is not None:
         check_extends(ep.state, template_messages(raw))
-    full = await asyncio.to_thread(render_chat_prompt, tokenizer, raw, tools,
-                                   settings.sanitize_control_tokens)
+    # The assistant's own earlier messages are always encoded as text: their tokens come from
+    # the stored trajectory, and a spelled end-of-turn marker must not shift the count below.
+    full = await asyncio.to_thread(partial(
+        render_chat_prompt, tokenizer, raw, tools, settings.sanitize_control_tokens,
+        text_roles=("assistant",), template_kwargs=body.chat_template_kwargs))
     full = check_prompt_ids(full, len(tokenizer))
     if ep.state is None:
         return full, full, True
@@ -284,12 +288,14 @@ async def episode_turn(
     t0 = time.perf_counter()
     (completion,) = await generate_n(engine, plan)
     metrics.generation_latency.labels(ROUTE).observe(time.perf_counter() - t0)
-    text = completion_text(tokenizer, completion, stop_ids)
-    content, calls = parse_tool_calls(text) if with_tools else (text, [])
+    parsed = parse_assistant(
+        completion_text(tokenizer, completion, stop_ids), tool_parser=settings.tool_call_parser,
+        reasoning_parser=settings.reasoning_parser, with_tools=with_tools, tools=tools,
+        template_kwargs=body.chat_template_kwargs)
     rewrites = (ep.state.history_rewrites if ep.state else 0) + (not extends)
     state = EpisodeState(
         messages=[digest(m) for m in template_messages(raw)],
-        assistant=produced_message(content, [(t.name, t.arguments) for t in calls]),
+        assistant=produced_message(parsed.content, [(t.name, t.arguments) for t in parsed.calls]),
         tools=digest(tools), temperature=temperature, render_len=len(full),
         render_hash=ids_hash(full),
         eot_count=sum(1 for t in full if t in set(stop_ids)), history_rewrites=rewrites)

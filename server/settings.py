@@ -16,6 +16,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from server.parsers.reasoning import ReasoningParserName
+from server.parsers.tool_calls import ToolParserName
 from server.redis_schema import DEFAULT_PREFIX
 from server.store import QueueConfig
 
@@ -92,8 +94,18 @@ class ServerSettings(BaseSettings):
     or over it, requests that would start a new group get a 503 until the learner catches up
     (``server.admission``). 0: no bound."""
     sanitize_control_tokens: bool = True
-    """Chat templating encodes control tokens (``<|im_end|>``...) found inside message
-    contents as plain text, so a user message cannot forge a turn boundary."""
+    """Chat templating encodes special tokens (``<|im_end|>``, ``<|eot_id|>``...) found inside
+    message contents and tool definitions as plain text, so a user message cannot forge a
+    turn boundary (env ``GSPO_SANITIZE_CONTROL_TOKENS``). Added tokens that are not special
+    (Qwen3's ``<think>``) always pass as tokens (``server.chat_sanitize``)."""
+
+    tool_call_parser: ToolParserName = "hermes"
+    """How tool calls are read from a completion (vLLM's names): hermes (Qwen2.5/Qwen3
+    ``<tool_call>`` JSON) | llama3_json | mistral | qwen3_coder | none
+    (``server.parsers.tool_calls``). Only the response changes: the trajectory keeps the ids."""
+    reasoning_parser: ReasoningParserName = "none"
+    """How reasoning is split off a completion into ``reasoning_content``: none | qwen3 |
+    deepseek_r1 (``server.parsers.reasoning``)."""
 
     # ---------------------------------------------------------------- multi-turn episodes
     max_episode_turns: int = Field(default=64, ge=1)
