@@ -1,0 +1,54 @@
+"""scripts/gpu_check.py: its device plan, and the whole check on CPUs (gloo) so it cannot rot
+between the runs on GPU machines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.gpu_check import CheckFailed, plan
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_plan_follows_the_gpus() -> None:
+    assert plan("cpu", 0)["backend"] == "gloo"
+    two = plan("cuda", 2)
+    assert (two["server"], two["learner"], two["backend"]) == ("cuda:1", "cuda:0", "nccl")
+    one = plan("cuda", 1)
+    assert one["server"] == one["learner"] == "cuda:0" and "IPC" in one["path"]
+    with pytest.raises(CheckFailed, match="no CUDA device"):
+        plan("cuda", 0)
+
+
+@pytest.mark.slow
+def test_gpu_check_passes_on_cpu(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--steps", "2",
+         "--timeout-s", "300", "--json", str(tmp_path / "s.json"),
+         "--run-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=420,
+        env={"PYTHONPATH": str(REPO), "PATH": os.environ["PATH"],
+             "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "---- gspo gpu_check summary ----" in out.stdout
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["result"] == "PASS" and summary["server_policy_version"] == 2
+    assert summary["logprob_gap"] < 1e-4
+
+
+def test_gpu_check_fails_clearly_without_a_gpu(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cuda"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO), "PATH": os.environ["PATH"]})
+    assert out.returncode == 1 and "result: FAIL" in out.stdout
+    assert "no CUDA device" in out.stdout
