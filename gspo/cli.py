@@ -82,18 +82,14 @@ def serve(
     log_level: str = typer.Option("info", help="uvicorn log level."),
 ) -> None:
     """Run the rollout server (HTTP API + engine). Unset flags fall back to GSPO_* env vars."""
-    flags = {k: v for k, v in locals().items() if v is not None and k not in
-             ("log_level", "group_ttl_s", "vllm_arg")}
-    if group_ttl_s is not None:
-        flags["queue"] = {"group_ttl_s": group_ttl_s}
-    if vllm_arg:
-        from gspo.engine_args import parse_engine_args
+    params = dict(locals())  # the flags, before any other local name exists
+    from gspo.engine_args import serve_flags
 
-        try:
-            flags["vllm_args"] = parse_engine_args(vllm_arg)
-        except ValueError as exc:
-            typer.echo(f"invalid --vllm-arg: {exc}", err=True)
-            raise typer.Exit(2) from exc
+    try:
+        flags = serve_flags(params)
+    except ValueError as exc:
+        typer.echo(f"invalid --vllm-arg: {exc}", err=True)
+        raise typer.Exit(2) from exc
     from pydantic import ValidationError
 
     from server.settings import ServerSettings

@@ -1,4 +1,6 @@
-"""``gspo serve --vllm-arg key=value``: any vLLM engine argument, without a flag of its own."""
+"""``gspo serve``'s flags as ``ServerSettings`` arguments, and ``--vllm-arg key=value``: any
+vLLM engine argument without a flag of its own. Light (no torch): the CLI parses before heavy
+imports, and tests/test_compose.py reads the compose file's commands through the same code."""
 
 from __future__ import annotations
 
@@ -24,3 +26,15 @@ def parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = raw
     return out
+
+
+def serve_flags(params: dict[str, Any]) -> dict[str, Any]:
+    """``ServerSettings`` keyword arguments from ``gspo serve``'s parsed flags: unset flags
+    are left out (env vars and defaults apply), the nested and parsed ones are built."""
+    skip = ("log_level", "group_ttl_s", "vllm_arg")
+    flags = {k: v for k, v in params.items() if v is not None and k not in skip}
+    if params.get("group_ttl_s") is not None:
+        flags["queue"] = {"group_ttl_s": params["group_ttl_s"]}
+    if params.get("vllm_arg"):
+        flags["vllm_args"] = parse_engine_args(params["vllm_arg"])
+    return flags

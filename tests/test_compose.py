@@ -23,6 +23,7 @@ import pytest
 import typer.main
 
 from gspo.cli import app
+from gspo.engine_args import serve_flags
 from learner.config import LearnerConfig
 from server.settings import ServerSettings
 from tests.compose_helpers import (
@@ -203,9 +204,7 @@ def server_settings(svc: dict[str, Any], mp: pytest.MonkeyPatch) -> ServerSettin
         mp.setenv(k, str(v))
     sub, params = parse_gspo(gspo_argv(svc["command"]) or [])
     assert sub == "serve"
-    flags = {k: v for k, v in params.items() if v is not None
-             and k not in ("log_level", "group_ttl_s")}
-    return ServerSettings(**flags)
+    return ServerSettings(**serve_flags(params))
 
 
 def learner_config(svc: dict[str, Any]) -> LearnerConfig:
