@@ -81,3 +81,14 @@ def test_gspo_serve_refuses_bad_engine_flags() -> None:
     assert out.exit_code == 2 and "dtype" in out.output
     out = runner.invoke(app, ["serve", "--model", "m", "--tensor-parallel-size", "2"])
     assert out.exit_code == 2 and "use --engine vllm" in out.output
+
+
+def test_gspo_up_device_reaches_the_server() -> None:
+    from gspo.up import UpConfig, _server_device_args
+
+    assert _server_device_args(UpConfig(run_dir=Path("r"))) == ["--engine", "hf"]
+    assert _server_device_args(UpConfig(run_dir=Path("r"), device="cuda")) == [
+        "--engine", "hf", "--device", "cuda"]
+    # vLLM beside the learner on one GPU: its memory share leaves room for the learner
+    assert _server_device_args(UpConfig(run_dir=Path("r"), device="cuda", engine="vllm")) == [
+        "--engine", "vllm", "--gpu-memory-utilization", "0.3"]
