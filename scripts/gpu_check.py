@@ -3,8 +3,10 @@
     python scripts/gpu_check.py --device cuda            # what scripts/gpu_check.sh runs
     python scripts/gpu_check.py --device cpu             # the same loop on CPUs (gloo)
     python scripts/gpu_check.py --device cuda --dtype bfloat16   # serve in bf16: print the gap
+    python scripts/gpu_check.py --device cuda --engine vllm      # the vLLM engine (if installed)
 
-Starts a redis-server, a rollout server (`gspo serve`, hf engine, tiny local model) and, in this
+Starts a redis-server, a rollout server (`gspo serve`, hf or vLLM engine, tiny local model; it
+sees only its GPU through CUDA_VISIBLE_DEVICES) and, in this
 process, the learner; the demo environment (alphabet) samples and rewards groups in a thread.
 The learner trains ``--steps`` steps and pushes its weights after each. The weight path follows
 the devices: two or more GPUs -> server on cuda:1, learner on cuda:0, NCCL broadcast; one GPU
@@ -44,14 +46,28 @@ class CheckFailed(RuntimeError):
 def plan(device: str, gpus: int) -> dict[str, str]:
     """Devices and weight transport for ``device`` on a machine with ``gpus`` GPUs."""
     if device == "cpu":
-        return {"server": "cpu", "learner": "cpu", "backend": "gloo", "path": "gloo (CPU)"}
+        return {"server": "cpu", "learner": "cpu", "backend": "gloo", "path": "gloo (CPU)",
+                "server_gpu": ""}
     if gpus < 1:
         raise CheckFailed("--device cuda but torch sees no CUDA device")
     if gpus >= 2:
         return {"server": "cuda:1", "learner": "cuda:0", "backend": "nccl",
-                "path": "NCCL broadcast, 2 GPUs"}
+                "path": "NCCL broadcast, 2 GPUs", "server_gpu": "1"}
     return {"server": "cuda:0", "learner": "cuda:0", "backend": "nccl",
-            "path": "CUDA IPC, 1 GPU (server and learner share it)"}
+            "path": "CUDA IPC, 1 GPU (server and learner share it)", "server_gpu": "0"}
+
+
+def server_args(devices: dict[str, str], engine: str) -> tuple[list[str], dict[str, str]]:
+    """`gspo serve` flags and environment for the server's device. On a GPU the server sees
+    only its own (CUDA_VISIBLE_DEVICES), so both engines find it as their first device; vLLM
+    beside the learner on one GPU takes 30% of its memory."""
+    if devices["server_gpu"] == "":
+        return ["--engine", engine, *(["--device", "cpu"] if engine == "hf" else [])], {}
+    env = {"CUDA_VISIBLE_DEVICES": devices["server_gpu"]}
+    if engine == "hf":
+        return ["--engine", "hf", "--device", "cuda:0"], env
+    shared = devices["server"] == devices["learner"]
+    return ["--engine", "vllm", *(["--gpu-memory-utilization", "0.3"] if shared else [])], env
 
 
 def require_parts() -> str:
@@ -124,7 +140,7 @@ def wait_until(what: str, cond: Any, deadline: float, check: Any = None) -> None
 
 
 def start_stack(procs: Processes, run_dir: Path, devices: dict[str, str], dtype: str,
-                deadline: float) -> tuple[str, str, str]:
+                engine: str, deadline: float) -> tuple[str, str, str]:
     """redis-server, a tiny model, `gspo serve`. Returns (server URL, redis URL, model dir)."""
     import httpx
 
@@ -135,12 +151,13 @@ def start_stack(procs: Processes, run_dir: Path, devices: dict[str, str], dtype:
                           "--appendonly", "no", "--dir", str(run_dir)])
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     model = str(make_tiny_model(run_dir / "model", seed=0))
-    procs.start("server", [sys.executable, "-m", "gspo.cli", "serve", "--model", model,
-                           "--device", devices["server"], "--dtype", dtype, "--port", str(port),
+    flags, env = server_args(devices, engine)
+    procs.start("server", [sys.executable, "-m", "gspo.cli", "serve", "--model", model, *flags,
+                           "--dtype", dtype, "--port", str(port),
                            "--redis-url", redis_url, "--server-id", "gpu-check",
                            "--log-level", "warning"],
                 env={"GSPO_API_KEY": API_KEY, "GSPO_ADMIN_KEY": ADMIN_KEY,
-                     "PYTHONPATH": str(REPO)})
+                     "PYTHONPATH": str(REPO), **env})
     url = f"http://127.0.0.1:{port}"
     wait_until("the server's /health", lambda: httpx.get(f"{url}/health").status_code == 200,
                deadline, lambda: procs.alive("server"))
@@ -227,13 +244,15 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device, "gpus": gpus,
         "gpu_names": [torch.cuda.get_device_name(i) for i in range(gpus)],
         "torch": torch.__version__, "cuda": torch.version.cuda, "weight_path": devices["path"],
-        "server_dtype": args.dtype, "learner_dtype": "float32", "steps": args.steps}
+        "engine": args.engine, "server_dtype": args.dtype, "learner_dtype": "float32",
+        "steps": args.steps}
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="gspo-gpu-check-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     procs = Processes(run_dir)
     stop, errors = threading.Event(), []
     try:
-        url, redis_url, model = start_stack(procs, run_dir, devices, args.dtype, deadline)
+        url, redis_url, model = start_stack(procs, run_dir, devices, args.dtype, args.engine,
+                                            deadline)
         feeder = threading.Thread(target=feed_groups, args=(url, stop, errors), daemon=True)
         feeder.start()
         learner = train(model, redis_url, devices, args.steps, run_dir,
@@ -267,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="the server's dtype (the learner trains in float32)")
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--json", type=Path, help="also write the summary here")

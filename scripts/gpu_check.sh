@@ -39,13 +39,28 @@ timeout 900 "$PY" scripts/gpu_check.py --device cuda --dtype bfloat16 --json "$O
   --run-dir "$OUT/bf16" >"$OUT/bf16.log" 2>&1
 BF16_RC=$?
 
+RUNS="f32 bf16"
+if timeout 60 "$PY" -c "import vllm" >/dev/null 2>&1; then
+  VLLM_RC=0
+  for dt in float32 bfloat16; do
+    echo "== end to end, vLLM engine, $dt"
+    timeout 900 "$PY" scripts/gpu_check.py --device cuda --engine vllm --dtype "$dt" \
+      --json "$OUT/vllm-$dt.json" --run-dir "$OUT/vllm-$dt" >"$OUT/vllm-$dt.log" 2>&1 \
+      || VLLM_RC=1
+    RUNS="$RUNS vllm-$dt"
+  done
+else
+  VLLM_RC=0
+  echo "== vLLM not installed: its end-to-end run is skipped"
+fi
+
 field() { "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get(sys.argv[2], '-'))" "$1" "$2" 2>/dev/null || echo "-"; }
 echo
 echo "---- gspo-rl gpu_check ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)) ----"
 echo "gpus: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | paste -sd';')"
 echo "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
 echo "gpu tests: $TESTS_LINE (rc $TESTS_RC)"
-for run in f32 bf16; do
+for run in $RUNS; do
   if [ -f "$OUT/$run.json" ]; then
     echo "e2e $run: $(field "$OUT/$run.json" result) | path: $(field "$OUT/$run.json" weight_path)" \
          "| server version $(field "$OUT/$run.json" server_policy_version)" \
@@ -56,4 +71,5 @@ for run in f32 bf16; do
   fi
 done
 echo "logs: $OUT"
-[ $TESTS_RC -eq 0 ] && [ $F32_RC -eq 0 ] && [ $BF16_RC -eq 0 ]
+[ "$RUNS" = "f32 bf16" ] && echo "vllm: not installed, not run"
+[ $TESTS_RC -eq 0 ] && [ $F32_RC -eq 0 ] && [ $BF16_RC -eq 0 ] && [ $VLLM_RC -eq 0 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.gpu_check import CheckFailed, plan
+from scripts.gpu_check import CheckFailed, plan, server_args
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,6 +24,13 @@ def test_plan_follows_the_gpus() -> None:
     assert one["server"] == one["learner"] == "cuda:0" and "IPC" in one["path"]
     with pytest.raises(CheckFailed, match="no CUDA device"):
         plan("cuda", 0)
+    # the server sees only its own GPU; vLLM leaves room when it shares the learner's
+    assert server_args(two, "hf") == (["--engine", "hf", "--device", "cuda:0"],
+                                      {"CUDA_VISIBLE_DEVICES": "1"})
+    assert server_args(two, "vllm") == (["--engine", "vllm"], {"CUDA_VISIBLE_DEVICES": "1"})
+    assert server_args(one, "vllm") == (
+        ["--engine", "vllm", "--gpu-memory-utilization", "0.3"], {"CUDA_VISIBLE_DEVICES": "0"})
+    assert server_args(plan("cpu", 0), "hf") == (["--engine", "hf", "--device", "cpu"], {})
 
 
 @pytest.mark.slow
