@@ -10,7 +10,7 @@ One push:
    without it and the push retried once, so the live servers end on the new version.
 
 A server on the learner's own GPU (same GPU UUID, ``GET /admin/weights/transport``) cannot
-take an NCCL rank next to the learner: it gets CUDA IPC handles of the learner's buckets
+take an NCCL rank next to the learner: it gets CUDA IPC handles of the learner's weights
 instead (``server.cuda_ipc``), posted to ``/admin/weights/update_ipc``. The choice is
 ``server.weight_transport.choose_transport``; the broadcast group holds the other servers.
 
@@ -30,7 +30,7 @@ import redis
 import torch
 import torch.distributed as dist
 
-from server.cuda_ipc import IpcUpdateRequest, export_buckets
+from server.cuda_ipc import IpcUpdateRequest, export_tensors
 from server.redis_schema import Keys
 from server.registry import ServerInfo, live_servers
 from server.weight_transport import (
@@ -246,18 +246,19 @@ class BroadcastSync:
 
     def _send_ipc(self, named: list[tuple[str, torch.Tensor]], version: int,
                   servers: Sequence[ServerInfo], device: torch.device) -> list[ServerInfo]:
-        """CUDA IPC handles of fresh buckets to every server on our GPU; returns those that
-        failed. The buckets stay alive until every server answered (they copy before)."""
+        """CUDA IPC handles of the weights (shared in place) to every server on our GPU;
+        returns those that failed. This blocks until every server answered, and servers copy
+        before they answer: nothing writes the weights while they are read."""
         if not servers:
             return []
-        metas, buffers, buckets = export_buckets(named, self.bucket_bytes, device)
-        body = IpcUpdateRequest(version=version, tensors=metas, bucket_bytes=self.bucket_bytes,
-                                buckets=buckets, timeout_s=self.timeout_s).model_dump()
+        metas, kept, handles = export_tensors(named, device)
+        body = IpcUpdateRequest(version=version, tensors=metas, handles=handles,
+                                timeout_s=self.timeout_s).model_dump()
         futures = [(s, self.pool.submit(self.http.post, f"{s.url}/admin/weights/update_ipc",
                                         json=body)) for s in servers]
         failed = [s for s, fut in futures if not self._all_ok([(s, fut)], "load IPC weights")]
-        del buffers
-        torch.cuda.ipc_collect()  # free the buckets the servers have let go of
+        del kept
+        torch.cuda.ipc_collect()  # release what the servers have let go of
         return failed
 
     def _send(self, named: list[tuple[str, torch.Tensor]], version: int,

@@ -20,20 +20,18 @@ import pytest
 import torch
 
 from server.cuda_ipc import (
-    CudaIpcBucket,
+    CudaIpcTensor,
     IpcUpdateRequest,
-    bucket_message,
-    check_plan,
-    open_buckets,
+    check_request,
+    handle_message,
+    open_tensors,
     rebuild_args,
-    split_buckets,
 )
 from server.engines.base import Completion, Engine, EngineStats, SamplingParams
 from server.weight_transport import (
     JoinRequest,
     UpdateRequest,
     choose_transport,
-    plan_buckets,
     tensor_metas,
     transport_device,
 )
@@ -163,52 +161,39 @@ def _fake_share(seed: int) -> tuple:
     return (0, raw, 4096, 512, b"/torch_123_456", 3, raw[::-1], True)
 
 
-def test_ipc_bucket_message_survives_json_and_rebuilds_exact_args() -> None:
+def test_ipc_message_survives_json_and_rebuilds_exact_args() -> None:
     shared = _fake_share(1)
-    msg = bucket_message(shared, "bfloat16", numel=1000, tensor_offset=0)
-    back = CudaIpcBucket.model_validate(json.loads(json.dumps(msg.model_dump())))
-    args = rebuild_args(back, device_index=2)
+    msg = handle_message(shared, tensor_offset=10)
+    back = CudaIpcTensor.model_validate(json.loads(json.dumps(msg.model_dump())))
+    meta = tensor_metas([("w", torch.zeros(3, 4, 5, dtype=torch.bfloat16))])[0]
+    args = rebuild_args(meta, back, device_index=2)
     assert args[6] == 2  # opened on the receiver's own index for the GPU
-    assert args[5] is torch.bfloat16 and args[1] == (1000,) and args[2] == (1,)
-    assert args[7] == shared[1] and args[8:10] == (4096, 512)
+    assert args[5] is torch.bfloat16 and args[1] == (3, 4, 5) and args[2] == (20, 5, 1)
+    assert args[3] == 10 and args[7] == shared[1] and args[8:10] == (4096, 512)
     assert args[11:15] == (shared[4], 3, shared[6], True)
 
 
-def test_ipc_request_checks_the_bucket_plan() -> None:
+def test_ipc_request_checks_handles_against_tensors() -> None:
     metas = tensor_metas(_named())
-    plan = plan_buckets(metas, 16 * 1024)
-    buckets = [bucket_message(_fake_share(i), metas[idx[0]].dtype,
-                              sum(metas[j].numel for j in idx), 0)
-               for i, idx in enumerate(plan)]
-    req = IpcUpdateRequest(version=1, tensors=metas, bucket_bytes=16 * 1024, buckets=buckets)
-    assert check_plan(req) == plan
-    short = req.model_copy(update={"buckets": buckets[:-1]})
-    with pytest.raises(ValueError, match="IPC buckets for a plan"):
-        check_plan(short)
-    wrong = req.model_copy(update={"buckets": [buckets[0].model_copy(update={"numel": 3}),
-                                               *buckets[1:]]})
-    with pytest.raises(ValueError, match="does not match"):
-        check_plan(wrong)
+    handles = [handle_message(_fake_share(i), 0) for i in range(len(metas))]
+    for h, m in zip(handles, metas, strict=True):  # storages exactly large enough
+        h.storage_size_bytes = m.nbytes
+    req = IpcUpdateRequest(version=1, tensors=metas, handles=handles)
+    check_request(req)
+    with pytest.raises(ValueError, match="IPC handles for"):
+        check_request(req.model_copy(update={"handles": handles[:-1]}))
+    over = [handles[0].model_copy(update={"tensor_offset": 1}), *handles[1:]]
+    with pytest.raises(ValueError, match="overruns its shared storage"):
+        check_request(req.model_copy(update={"handles": over}))
     with pytest.raises(ValueError, match="need a CUDA engine"):
-        open_buckets(req, torch.device("cpu"))
-
-
-def test_split_buckets_gives_back_every_tensor() -> None:
-    named = _named()
-    metas = tensor_metas(named)
-    plan = plan_buckets(metas, 16 * 1024)
-    buffers = [torch.cat([named[i][1].reshape(-1) for i in idx]) for idx in plan]
-    out = list(split_buckets(metas, plan, buffers))
-    assert [n for n, _ in out] == [n for n, _ in named]
-    for (_, got), (_, want) in zip(out, named, strict=True):
-        assert torch.equal(got, want)
+        open_tensors(req, torch.device("cpu"))
 
 
 def test_ipc_route_refuses_a_cpu_engine_and_reports_its_devices(tiny_model_dir: Path,
                                                                 redis_url: str) -> None:
     metas = tensor_metas([("model.norm.weight", torch.ones(64))])
-    bucket = bucket_message(_fake_share(0), "float32", 64, 0)
-    body = IpcUpdateRequest(version=1, tensors=metas, buckets=[bucket]).model_dump()
+    handle = handle_message(_fake_share(0), 0)
+    body = IpcUpdateRequest(version=1, tensors=metas, handles=[handle]).model_dump()
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
     with running_server(tiny_model_dir, redis_url) as served:
         info = httpx.get(f"{served.url}/admin/weights/transport", headers=auth)
@@ -222,14 +207,13 @@ def test_ipc_route_refuses_a_cpu_engine_and_reports_its_devices(tiny_model_dir: 
 # ------------------------------------------------------------------ CUDA (gpu)
 
 def _ipc_sender(q: Any, done: Any) -> None:
-    """A learner on the same GPU: export buckets, wait until the receiver copied them."""
-    from server.cuda_ipc import export_buckets
+    """A learner on the same GPU: export its tensors, wait until the receiver copied them."""
+    from server.cuda_ipc import export_tensors
 
-    metas, buffers, buckets = export_buckets(_named(), 16 * 1024, torch.device("cuda", 0))
-    q.put(IpcUpdateRequest(version=3, tensors=metas, bucket_bytes=16 * 1024,
-                           buckets=buckets).model_dump_json())
+    metas, kept, handles = export_tensors(_named("cuda:0"), torch.device("cuda", 0))
+    q.put(IpcUpdateRequest(version=3, tensors=metas, handles=handles).model_dump_json())
     done.wait(120)
-    del buffers
+    del kept
 
 
 @pytest.mark.gpu

@@ -159,9 +159,9 @@ class Engine(abc.ABC):
         """Load weights the learner shares on this engine's GPU (``server.cuda_ipc``). Every
         copy has finished on the device before this returns: the learner frees the memory
         once answered."""
-        from server.cuda_ipc import open_buckets
+        from server.cuda_ipc import open_tensors
 
-        tensors = await asyncio.to_thread(open_buckets, req, self.device)
+        tensors = await asyncio.to_thread(open_tensors, req, self.device)
         await self.pause()
         try:
             await self.load_weights(tensors, req.version)

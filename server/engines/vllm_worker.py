@@ -254,11 +254,11 @@ class GspoWorkerExtension:
     def gspo_load_ipc(self, request: dict[str, Any]) -> int:
         """Load weights the learner shares on this worker's GPU (``server.cuda_ipc``); the
         copies have finished on the device when this returns (the learner then frees them)."""
-        from server.cuda_ipc import IpcUpdateRequest, open_buckets
+        from server.cuda_ipc import IpcUpdateRequest, open_tensors
 
         model = self.model_runner.get_model()
         device = _model_device(model)
-        named = open_buckets(IpcUpdateRequest.model_validate(request), device)
+        named = open_tensors(IpcUpdateRequest.model_validate(request), device)
         reload_in_place(self.vllm_config, model, named)
         torch.cuda.synchronize(device)
         return len(named)
