@@ -153,8 +153,10 @@ def _gspo(*args: str) -> list[str]:
 def _server_device_args(cfg: UpConfig) -> list[str]:
     """Server flags for ``cfg.device``. Server and learner on one GPU: the learner passes
     its weights as CUDA IPC handles (chosen automatically, ``server.weight_transport``), and
-    vLLM takes only ``gpu_memory_utilization`` of the GPU so that the learner fits."""
-    args = ["--engine", cfg.engine]
+    vLLM takes only ``gpu_memory_utilization`` of the GPU so that the learner fits. float32
+    on every device: the learner uses the servers' log-probabilities as pi_old ("behavior"),
+    exact only when both sides compute in the same dtype (README, "On GPUs")."""
+    args = ["--engine", cfg.engine, "--dtype", "float32"]
     if cfg.device is None:
         return args
     if cfg.engine == "vllm":

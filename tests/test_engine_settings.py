@@ -86,9 +86,10 @@ def test_gspo_serve_refuses_bad_engine_flags() -> None:
 def test_gspo_up_device_reaches_the_server() -> None:
     from gspo.up import UpConfig, _server_device_args
 
-    assert _server_device_args(UpConfig(run_dir=Path("r"))) == ["--engine", "hf"]
+    f32 = ["--dtype", "float32"]  # behavior log-probs: exact only at the learner's dtype
+    assert _server_device_args(UpConfig(run_dir=Path("r"))) == ["--engine", "hf", *f32]
     assert _server_device_args(UpConfig(run_dir=Path("r"), device="cuda")) == [
-        "--engine", "hf", "--device", "cuda"]
+        "--engine", "hf", *f32, "--device", "cuda"]
     # vLLM beside the learner on one GPU: its memory share leaves room for the learner
     assert _server_device_args(UpConfig(run_dir=Path("r"), device="cuda", engine="vllm")) == [
-        "--engine", "vllm", "--gpu-memory-utilization", "0.3"]
+        "--engine", "vllm", *f32, "--gpu-memory-utilization", "0.3"]
