@@ -184,7 +184,11 @@ class BroadcastSync:
                 resp = self.http.get(f"{s.url}/admin/weights/transport", timeout=10.0)
                 resp.raise_for_status()
                 self._transports[key] = TransportInfo.model_validate(resp.json()).devices
-            except (httpx.HTTPError, ValueError) as exc:
+            except httpx.HTTPStatusError as exc:  # it answered: an older server, ask no more
+                log.warning("server %s: no transport info (%s): using the broadcast",
+                            s.server_id, exc)
+                self._transports[key] = []
+            except (httpx.HTTPError, ValueError) as exc:  # not reachable now: ask next push
                 log.warning("server %s: no transport info (%s): using the broadcast",
                             s.server_id, exc)
                 return []
