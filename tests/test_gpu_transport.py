@@ -202,6 +202,24 @@ def test_ipc_route_refuses_a_cpu_engine_and_reports_its_devices(tiny_model_dir: 
         assert resp.status_code == 400 and "CUDA engine" in resp.json()["error"]["message"]
         assert httpx.get(f"{served.url}/health").json()["policy_version"] == 0
         assert httpx.post(f"{served.url}/admin/weights/update_ipc", json=body).status_code == 401
+        _learner_asks_servers_for_their_devices(served.url)
+
+
+def _learner_asks_servers_for_their_devices(url: str) -> None:
+    from learner.weight_sync import BroadcastSync
+    from server.registry import ServerInfo
+    from tests.conftest import free_port
+
+    sync = BroadcastSync(client=None, admin_key=ADMIN_KEY)  # type: ignore[arg-type]
+    try:
+        live = ServerInfo(server_id="test-server", url=url, engine="hf", model="tiny")
+        assert sync._server_devices(live) == ["cpu"] and ("test-server", url) in sync._transports
+        gone = ServerInfo(server_id="gone", url=f"http://127.0.0.1:{free_port()}", engine="hf",
+                          model="tiny")
+        assert sync._server_devices(gone) == []  # broadcast for now, asked again next push
+        assert ("gone", gone.url) not in sync._transports
+    finally:
+        sync.close()
 
 
 # ------------------------------------------------------------------ CUDA (gpu)
