@@ -43,14 +43,17 @@ class CheckFailed(RuntimeError):
     """A clear reason to stop: printed as the summary's FAIL line."""
 
 
-def plan(device: str, gpus: int) -> dict[str, str]:
-    """Devices and weight transport for ``device`` on a machine with ``gpus`` GPUs."""
+def plan(device: str, gpus: int, path: str = "auto") -> dict[str, str]:
+    """Devices and weight transport for ``device`` on a machine with ``gpus`` GPUs; ``path``
+    "ipc" puts both on one GPU even when there are more, "nccl" demands two."""
     if device == "cpu":
         return {"server": "cpu", "learner": "cpu", "backend": "gloo", "path": "gloo (CPU)",
                 "server_gpu": ""}
     if gpus < 1:
         raise CheckFailed("--device cuda but torch sees no CUDA device")
-    if gpus >= 2:
+    if path == "nccl" and gpus < 2:
+        raise CheckFailed(f"--path nccl needs two GPUs, torch sees {gpus}")
+    if gpus >= 2 and path != "ipc":
         return {"server": "cuda:1", "learner": "cuda:0", "backend": "nccl",
                 "path": "NCCL broadcast, 2 GPUs", "server_gpu": "1"}
     return {"server": "cuda:0", "learner": "cuda:0", "backend": "nccl",
@@ -210,6 +213,16 @@ def train(model: str, redis_url: str, devices: dict[str, str], steps: int, run_d
     return learner
 
 
+def chosen_paths(learner: Any, devices: dict[str, str]) -> dict[str, str]:
+    """Server id -> the transport the learner's weight sync chose for it."""
+    from server.weight_transport import choose_transport, device_ids
+
+    mine = device_ids(devices["learner"])
+    known = getattr(learner.sync, "_transports", {})  # filled only when the learner is on CUDA
+    return {sid: choose_transport(devices["backend"], mine, devs)  # type: ignore[arg-type]
+            for (sid, _url), devs in known.items()}
+
+
 def logprob_gap(url: str, learner: Any) -> float:
     """Largest |server - learner| log-probability over fresh samples at T = 0.7."""
     import torch
@@ -239,7 +252,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     deadline = t0 + args.timeout_s
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    devices = plan(args.device, gpus)
+    devices = plan(args.device, gpus, args.path)
     summary: dict[str, Any] = {
         "device": args.device, "gpus": gpus,
         "gpu_names": [torch.cuda.get_device_name(i) for i in range(gpus)],
@@ -260,6 +273,11 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         stop.set()
         version = httpx.get(f"{url}/health").json()["policy_version"]
         summary["server_policy_version"] = version
+        summary["transport_chosen"] = chosen_paths(learner, devices).get("gpu-check",
+                                                                        devices["backend"])
+        want = "ipc" if devices["server"] == devices["learner"] != "cpu" else devices["backend"]
+        if summary["transport_chosen"] != want:
+            raise CheckFailed(f"the learner chose {summary['transport_chosen']}, not {want}")
         if version != args.steps:
             raise CheckFailed(f"server serves version {version}, the learner pushed "
                               f"{args.steps} (server log: {run_dir / 'server.log'})")
@@ -287,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="the server's dtype (the learner trains in float32)")
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    ap.add_argument("--path", choices=["auto", "ipc", "nccl"], default="auto",
+                    help="auto: NCCL with 2+ GPUs, CUDA IPC with one; ipc: one GPU anyway")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--json", type=Path, help="also write the summary here")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from scripts.gpu_check import CheckFailed, plan, server_args
 
@@ -24,6 +25,10 @@ def test_plan_follows_the_gpus() -> None:
     assert one["server"] == one["learner"] == "cuda:0" and "IPC" in one["path"]
     with pytest.raises(CheckFailed, match="no CUDA device"):
         plan("cuda", 0)
+    forced = plan("cuda", 2, "ipc")  # both on one GPU although there are two
+    assert forced["server"] == forced["learner"] == "cuda:0" and forced["server_gpu"] == "0"
+    with pytest.raises(CheckFailed, match="needs two GPUs"):
+        plan("cuda", 1, "nccl")
     # the server sees only its own GPU; vLLM leaves room when it shares the learner's
     assert server_args(two, "hf") == (["--engine", "hf", "--device", "cuda:0"],
                                       {"CUDA_VISIBLE_DEVICES": "1"})
@@ -50,8 +55,6 @@ def test_gpu_check_passes_on_cpu(tmp_path: Path) -> None:
 
 
 def test_gpu_check_fails_clearly_without_a_gpu(tmp_path: Path) -> None:
-    import torch
-
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     out = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cuda"],
@@ -59,3 +62,29 @@ def test_gpu_check_fails_clearly_without_a_gpu(tmp_path: Path) -> None:
                          env={"PYTHONPATH": str(REPO), "PATH": os.environ["PATH"]})
     assert out.returncode == 1 and "result: FAIL" in out.stdout
     assert "no CUDA device" in out.stdout
+
+
+def _run_check(tmp_path: Path, *args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", *args, "--steps", "2", "--timeout-s", "400",
+         "--json", str(tmp_path / "s.json"), "--run-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=500,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads((tmp_path / "s.json").read_text())
+
+
+@pytest.mark.gpu
+def test_one_gpu_loop_passes_weights_by_cuda_ipc(tmp_path: Path) -> None:
+    """Finding 4: server and learner on one GPU train, the learner picks CUDA IPC by itself,
+    and the server then samples exactly the learner's policy (float32, 1e-4)."""
+    s = _run_check(tmp_path, "--device", "cuda", "--path", "ipc")
+    assert s["transport_chosen"] == "ipc" and s["logprob_gap"] < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpu_loop_broadcasts_over_nccl(tmp_path: Path) -> None:
+    """Finding 1 end to end: the NCCL broadcast reaches a server on another GPU."""
+    s = _run_check(tmp_path, "--device", "cuda", "--path", "nccl")
+    assert s["transport_chosen"] == "nccl" and s["logprob_gap"] < 1e-4
