@@ -333,14 +333,24 @@ class VLLMEngine(Engine):
         return TransportInfo(devices=list(self._devices))
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:
-        """The worker opens the learner's CUDA IPC handles and reloads (``server.cuda_ipc``)."""
-        try:
-            self._check_names([(m.name, tuple(m.shape)) for m in req.tensors])
-        except (KeyError, ValueError) as exc:
-            raise RuntimeError(f"refusing these weights: {exc}") from exc
+        """The worker opens the learner's CUDA IPC handles, then pause, reload, resume
+        (``server.cuda_ipc``). Nothing is loaded unless every handle opened."""
+        from server.cuda_ipc import check_request
+
+        if not self._devices or any(not d.startswith("GPU-") for d in self._devices):
+            raise ValueError(f"CUDA IPC weights need a CUDA engine, this one is on "
+                             f"{self._devices}")
+        check_request(req)
+        self._check_names([(m.name, tuple(m.shape)) for m in req.tensors])
         body = req.model_dump()
         async with self._weights_lock:
-            await self._swap(lambda: self._rpc("gspo_load_ipc", body), req.version)
+            try:
+                with _runtime_errors("opening CUDA IPC handles"):
+                    await self._rpc("gspo_open_ipc", body)
+                await self._swap(lambda: self._rpc("gspo_load_ipc"), req.version)
+            finally:
+                with contextlib.suppress(Exception):
+                    await self._rpc("gspo_drop_ipc")
 
     async def join_weight_group(self, req: JoinRequest) -> None:
         """The worker joins group ``req.epoch`` as rank ``req.rank`` (+ its worker index)."""

@@ -251,17 +251,30 @@ class GspoWorkerExtension:
         if self.weight_transfer_engine.status()["epoch"] == epoch:
             self.weight_transfer_engine.shutdown()
 
-    def gspo_load_ipc(self, request: dict[str, Any]) -> int:
-        """Load weights the learner shares on this worker's GPU (``server.cuda_ipc``); the
-        copies have finished on the device when this returns (the learner then frees them)."""
+    def gspo_open_ipc(self, request: dict[str, Any]) -> int:
+        """Open the CUDA IPC handles of a learner on this worker's GPU (``server.cuda_ipc``)
+        and keep the tensors for ``gspo_load_ipc``. Separate from the load so that a handle
+        that does not open fails before the model is touched."""
         from server.cuda_ipc import IpcUpdateRequest, open_tensors
 
+        self._ipc_staged: list[tuple[str, torch.Tensor]] | None = None
+        device = _model_device(self.model_runner.get_model())
+        self._ipc_staged = open_tensors(IpcUpdateRequest.model_validate(request), device)
+        return len(self._ipc_staged)
+
+    def gspo_load_ipc(self) -> int:
+        """Load what ``gspo_open_ipc`` opened; the copies have finished on the device when this
+        returns (the learner may write its weights again once the server answers)."""
+        named, self._ipc_staged = getattr(self, "_ipc_staged", None), None
+        if named is None:
+            raise RuntimeError("no CUDA IPC weights opened")
         model = self.model_runner.get_model()
-        device = _model_device(model)
-        named = open_tensors(IpcUpdateRequest.model_validate(request), device)
         reload_in_place(self.vllm_config, model, named)
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(_model_device(model))
         return len(named)
+
+    def gspo_drop_ipc(self) -> None:
+        self._ipc_staged = None
 
     def gspo_load_file(self, path: str) -> int:
         """Load a safetensors file of HF-named tensors (the server's ``load_weights``)."""
