@@ -157,8 +157,8 @@ class Engine(abc.ABC):
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:
         """Load weights the learner shares on this engine's GPU (``server.cuda_ipc``). Every
-        copy has finished on the device before this returns: the learner frees the memory
-        once answered."""
+        copy has finished on the device before this returns: once answered, the learner
+        trains (writes those tensors) again."""
         from server.cuda_ipc import open_tensors
 
         tensors = await asyncio.to_thread(open_tensors, req, self.device)
