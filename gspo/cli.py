@@ -71,6 +71,9 @@ def serve(
     max_n: int = typer.Option(None, help="Most samples per request."),
     max_tokens: int = typer.Option(None, help="Most generated tokens per sample."),
     max_body_bytes: int = typer.Option(None, help="Largest accepted request body."),
+    max_ready_groups: int = typer.Option(None, help="Bound on the ready queue: new groups get "
+                                         "a 503 while the learner is this far behind; 0: "
+                                         "none. (default: 1024)"),
     max_episode_turns: int = typer.Option(None, help="Most model turns of a multi-turn "
                                           "episode. (default: 64)"),
     episode_history_rewrite: str = typer.Option(None, help="When the chat template rewrites "

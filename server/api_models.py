@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.limits import Metadata
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -75,7 +77,7 @@ class SamplingFields(BaseModel):
     """With n > 1, sample i uses seed + i: n copies of one sample would carry no signal."""
     ignore_eos: bool = False
     """vLLM extension: do not stop at EOS / end of turn (benchmarks, fixed-length rollouts)."""
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     """Stored with the group in Redis (the environment's task id, answer key, ...)."""
 
 

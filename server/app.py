@@ -24,11 +24,14 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
+from server.admission import ReadyQueueGate
 from server.chat import TokenTexts
 from server.deps import require_admin_key, require_api_key
+from server.disconnect import CancelOnDisconnectMiddleware
 from server.engines.base import Engine
 from server.episode_store import EpisodeStore
 from server.errors import install_error_handlers
+from server.limits import check_request_json
 from server.metrics import RequestMetricsMiddleware, ServerMetrics
 from server.redis_schema import Keys
 from server.registry import ServerInfo, heartbeat_loop
@@ -38,6 +41,8 @@ from server.store import make_redis
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 10.0
+SAMPLING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/rollouts")
+"""Routes whose generation is aborted when the client disconnects (``server.disconnect``)."""
 
 
 def build_engine(settings: ServerSettings) -> Engine:
@@ -98,6 +103,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         app.state.engine, app.state.redis, app.state.keys, app.state.store = (
             engine, redis, keys, store)
+        app.state.ready_gate = ReadyQueueGate(redis, keys.ready_stream,
+                                              settings.max_ready_groups, app.state.metrics)
         app.state.tokenizer = load_tokenizer(engine)
         app.state.token_texts = TokenTexts(app.state.tokenizer)
         tasks.append(asyncio.create_task(store.run_sweeper(settings.sweep_interval_s)))
@@ -122,11 +129,14 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.state.settings = settings
     app.state.injected_engine = engine
     app.state.metrics = ServerMetrics()
+    app.add_middleware(  # innermost: cancels the handler, the error handlers stay outside
+        CancelOnDisconnectMiddleware, paths=SAMPLING_PATHS,
+        on_disconnect=lambda path: app.state.metrics.disconnected.labels(path).inc())
     install_error_handlers(app, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)  # outermost
     app.include_router(health.router)
     app.include_router(metrics.router)
-    api_guard = [Depends(require_api_key)]
+    api_guard = [Depends(require_api_key), Depends(check_request_json)]  # key first
     for module in (chat, completions, rollouts, rewards, groups):
         app.include_router(module.router, dependencies=api_guard)
     app.include_router(admin.router, dependencies=[Depends(require_admin_key)])

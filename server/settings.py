@@ -104,6 +104,10 @@ class ServerSettings(BaseSettings):
     """Most alternatives per token a request may ask for (``top_logprobs``/``logprobs``)."""
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """Request bodies larger than this are refused with a 413 before they are parsed."""
+    max_ready_groups: int = Field(default=1024, ge=0)
+    """Bound on the ready queue (published groups the learner has not yet acknowledged): at
+    or over it, requests that would start a new group get a 503 until the learner catches up
+    (``server.admission``). 0: no bound."""
     sanitize_control_tokens: bool = True
     """Chat templating encodes control tokens (``<|im_end|>``...) found inside message
     contents as plain text, so a user message cannot forge a turn boundary."""

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from server.cuda_ipc import IpcUpdateRequest
 from server.engines.base import Engine
+from server.error_docs import error_responses
 from server.errors import APIError
 from server.weight_transport import JoinRequest, TransportInfo, UpdateRequest
 
@@ -39,7 +40,8 @@ class UpdateBody(UpdateRequest):
     """Upper bound for receiving every bucket."""
 
 
-@router.post("/weights/join", response_model=VersionResponse)
+@router.post("/weights/join", response_model=VersionResponse,
+             responses=error_responses(400, 401, 403, 413, 422, 504))
 async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
     """Join broadcast group ``epoch`` (blocks until every rank has joined, or times out)."""
     try:
@@ -51,7 +53,8 @@ async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
     return VersionResponse(policy_version=engine.policy_version)
 
 
-@router.post("/weights/update", response_model=VersionResponse)
+@router.post("/weights/update", response_model=VersionResponse,
+             responses=error_responses(400, 401, 403, 409, 413, 422, 504))
 async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
     """Receive the tensors the learner broadcasts, load them, bump the policy version."""
     if req.version < engine.policy_version:  # equal: a retried round, loading again is harmless
@@ -68,14 +71,16 @@ async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
     return VersionResponse(policy_version=engine.policy_version)
 
 
-@router.get("/weights/transport", response_model=TransportInfo)
+@router.get("/weights/transport", response_model=TransportInfo,
+            responses=error_responses(401, 403))
 async def transport(engine: EngineDep) -> TransportInfo:
     """The devices holding the engine's weights: a learner on the same GPU passes CUDA IPC
     handles (``/admin/weights/update_ipc``) instead of joining a broadcast group."""
     return await engine.transport_info()
 
 
-@router.post("/weights/update_ipc", response_model=VersionResponse)
+@router.post("/weights/update_ipc", response_model=VersionResponse,
+             responses=error_responses(400, 401, 403, 409, 413, 422, 504))
 async def update_ipc(req: IpcUpdateRequest, engine: EngineDep) -> VersionResponse:
     """Load weights shared as CUDA IPC handles by a learner on this server's GPU."""
     if req.version < engine.policy_version:
@@ -92,13 +97,15 @@ async def update_ipc(req: IpcUpdateRequest, engine: EngineDep) -> VersionRespons
     return VersionResponse(policy_version=engine.policy_version)
 
 
-@router.post("/pause", response_model=VersionResponse)
+@router.post("/pause", response_model=VersionResponse,
+             responses=error_responses(401, 403))
 async def pause(engine: EngineDep) -> VersionResponse:
     await engine.pause()
     return VersionResponse(policy_version=engine.policy_version, paused=True)
 
 
-@router.post("/resume", response_model=VersionResponse)
+@router.post("/resume", response_model=VersionResponse,
+             responses=error_responses(401, 403))
 async def resume(engine: EngineDep) -> VersionResponse:
     await engine.resume()
     return VersionResponse(policy_version=engine.policy_version)

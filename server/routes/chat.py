@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from server.admission import admit_new_group
 from server.api_models import (
     AssistantMessage,
     ChatChoice,
@@ -42,8 +43,10 @@ from server.deps import (
 )
 from server.engines.base import Engine
 from server.episodes import episode_turn
+from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import chat_logprobs, usage
+from server.limits import check_chat_messages
 from server.sampling import (
     GroupResult,
     Sample,
@@ -118,13 +121,16 @@ def chat_response(result: GroupResult, body: ChatCompletionRequest, tokenizer: A
                                   usage=usage(result), group_id=result.group_id)
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+             dependencies=[Depends(admit_new_group)],
+             responses=error_responses(*V1_POST, 404, 409, 410, 501))
 async def chat_completions(
     body: ChatCompletionRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
     tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,
 ) -> ChatCompletionResponse:
     """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group."""
     check_model(body.model, settings)
+    check_chat_messages(body.messages)
     with_tools, top_k = check_chat_options(body)
     if body.rollout_id is not None:  # one more turn of a multi-turn episode
         result = await episode_turn(body, store=store, engine=engine, tokenizer=tokenizer,

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Depends, Path
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.admission import admit_new_group
 from server.deps import MetricsDep, SettingsDep
 from server.episodes import open_episode_group
+from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
+from server.limits import Metadata, check_group_size
 from server.routes.rewards import StoreDep
 
 
@@ -26,7 +29,7 @@ class OpenGroupIn(BaseModel):
 
     size: int = Field(ge=1)
     """Episodes in the group (G); at most the queue's ``max_group_size``."""
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     """Stored with the group and handed to the learner (task id, answer key, ...)."""
 
 
@@ -66,11 +69,14 @@ class GroupOut(BaseModel):
 router = APIRouter(tags=["groups"])
 
 
-@router.post("/v1/groups", response_model=OpenGroupOut)
+@router.post("/v1/groups", response_model=OpenGroupOut,
+             dependencies=[Depends(admit_new_group)],
+             responses=error_responses(*V1_POST, 501))
 async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
                      metrics: MetricsDep) -> OpenGroupOut:
     """Opens ``size`` empty multi-turn episodes as one group (recorded in Redis before the
     response, so every returned ``rollout_id`` can take turns and rewards at once)."""
+    check_group_size(body.size, settings.queue.max_group_size)
     group_id, rollout_ids = await open_episode_group(store, body.size, body.metadata,
                                                      settings.server_id)
     metrics.groups.inc()
@@ -78,7 +84,8 @@ async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
     return OpenGroupOut(group_id=group_id, rollout_ids=rollout_ids)
 
 
-@router.get("/v1/groups/{group_id}", response_model=GroupOut)
+@router.get("/v1/groups/{group_id}", response_model=GroupOut,
+            responses=error_responses(401, 404, 422, 503))
 async def get_group(
     group_id: Annotated[str, Path(min_length=1, max_length=256)], store: StoreDep
 ) -> GroupOut:
