@@ -20,10 +20,11 @@ command -v redis-server >/dev/null || fail "redis-server not on PATH"
 timeout 60 "$PY" -c "import fastapi, uvicorn, redis, transformers, httpx, pytest" \
   || fail "missing Python packages (fastapi, uvicorn, redis, transformers, httpx, pytest)"
 
+# A test module whose imports are missing here (hypothesis, ...) is reported, not fatal.
 MARKS="gpu and not vllm"   # vLLM's gpu tests too when vLLM is installed
 timeout 60 "$PY" -c "import vllm" >/dev/null 2>&1 && MARKS="gpu"
 echo "== gpu tests (-m '$MARKS')"
-timeout 1200 "$PY" -m pytest -m "$MARKS" -q -p no:cacheprovider tests \
+timeout 1200 "$PY" -m pytest -m "$MARKS" -q -p no:cacheprovider --continue-on-collection-errors tests \
   >"$OUT/pytest.log" 2>&1
 TESTS_RC=$?
 TESTS_LINE="$(tail -1 "$OUT/pytest.log")"
