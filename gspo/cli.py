@@ -55,6 +55,19 @@ def serve(
                                   "differ from the API key. (env GSPO_ADMIN_KEY)"),
     device: str = typer.Option(None, help="Torch device of the hf engine (cpu, cuda, ...)."),
     max_batch_size: int = typer.Option(None, help="Most sequences decoded together."),
+    dtype: str = typer.Option(None, help="auto | float32 | bfloat16 | float16 (default auto: "
+                              "bfloat16 on GPUs, float32 on CPUs)."),
+    max_model_len: int = typer.Option(None, help="Longest prompt + completion (default: the "
+                                      "model's)."),
+    tensor_parallel_size: int = typer.Option(None, help="vLLM: GPUs to shard the model over."),
+    gpu_memory_utilization: float = typer.Option(None, help="vLLM: share of GPU memory for "
+                                                 "weights + KV cache (default 0.9; lower it "
+                                                 "when the learner shares the GPU)."),
+    enforce_eager: bool = typer.Option(None, "--enforce-eager/--no-enforce-eager",
+                                       help="vLLM: no CUDA graphs (default: eager on CPU)."),
+    vllm_arg: list[str] = typer.Option(None, "--vllm-arg", help="vLLM: any other engine "
+                                       "argument as key=value (value parsed as JSON when it "
+                                       "is JSON), repeatable: --vllm-arg swap_space=8."),
     max_n: int = typer.Option(None, help="Most samples per request."),
     max_tokens: int = typer.Option(None, help="Most generated tokens per sample."),
     max_body_bytes: int = typer.Option(None, help="Largest accepted request body."),
@@ -78,10 +91,14 @@ def serve(
     log_level: str = typer.Option("info", help="uvicorn log level."),
 ) -> None:
     """Run the rollout server (HTTP API + engine). Unset flags fall back to GSPO_* env vars."""
-    flags = {k: v for k, v in locals().items() if v is not None and k not in
-             ("log_level", "group_ttl_s")}
-    if group_ttl_s is not None:
-        flags["queue"] = {"group_ttl_s": group_ttl_s}
+    params = dict(locals())  # the flags, before any other local name exists
+    from gspo.engine_args import serve_flags
+
+    try:
+        flags = serve_flags(params)
+    except ValueError as exc:
+        typer.echo(f"invalid --vllm-arg: {exc}", err=True)
+        raise typer.Exit(2) from exc
     from pydantic import ValidationError
 
     from server.settings import ServerSettings
@@ -223,6 +240,10 @@ def up(
     target_reward: float = typer.Option(0.8, help="Stop once the mean reward of the last 32 "
                                         "sampled groups reaches this (0: never)."),
     seed: int = typer.Option(0, help="Seed of the tiny model, the tasks and the learner."),
+    device: str = typer.Option(None, help="Device of the server and the learner: cpu | cuda "
+                               "| cuda:N. One GPU: weights pass as CUDA IPC handles. "
+                               "(default: each picks, CUDA when available)"),
+    engine: str = typer.Option("hf", help="Rollout engine: hf | vllm."),
 ) -> None:
     """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
     from pathlib import Path
@@ -234,7 +255,7 @@ def up(
                    group_size=group_size, lr=lr, max_staleness=max_staleness,
                    concurrency=concurrency, minutes=minutes,
                    target_reward=target_reward or None,
-                   seed=seed)
+                   seed=seed, device=device, engine=engine)
     try:
         result = run_up(cfg)
     except KeyboardInterrupt:

@@ -113,7 +113,8 @@ class LearnerConfig(BaseModel):
     admin_key: SecretStr | None = None
     """Bearer key of the servers' admin routes (``gspo learn`` reads env GSPO_ADMIN_KEY)."""
     sync_backend: Literal["gloo", "nccl"] = "gloo"
-    """torch.distributed backend of the weight broadcast (nccl when servers are on GPUs)."""
+    """torch.distributed backend of the weight broadcast (nccl when servers are on GPUs). A
+    server on the learner's own GPU gets CUDA IPC handles instead, whatever this says."""
     sync_master_addr: str = "127.0.0.1"
     """Address the servers reach the learner's rendezvous store at."""
     sync_timeout_s: float = Field(default=60.0, gt=0.0)

@@ -48,14 +48,23 @@ SAMPLING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/rollouts")
 
 def build_engine(settings: ServerSettings) -> Engine:
     """The engine ``settings.engine`` names (imported here, only when chosen)."""
+    import torch
+
+    dtype = settings.resolved_dtype(torch.cuda.is_available())
     if settings.engine == "hf":
         from server.engines.hf import HFEngine
 
         return HFEngine(settings.model, max_batch_size=settings.max_batch_size,
-                        device=settings.device)
+                        device=settings.device, dtype=getattr(torch, dtype),
+                        max_model_len=settings.max_model_len)
     from server.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine(settings.model, max_batch_size=settings.max_batch_size)
+    return VLLMEngine(settings.model, max_batch_size=settings.max_batch_size, dtype=dtype,
+                      max_model_len=settings.max_model_len,
+                      tensor_parallel_size=settings.tensor_parallel_size,
+                      gpu_memory_utilization=settings.gpu_memory_utilization,
+                      enforce_eager=settings.enforce_eager,
+                      engine_args=dict(settings.vllm_args))
 
 
 def load_tokenizer(engine: Engine) -> Any:

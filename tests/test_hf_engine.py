@@ -86,7 +86,7 @@ def test_max_tokens_seed_and_greedy(tiny_model_dir: Path) -> None:
             assert g1.token_ids == g2.token_ids
             assert engine.model is not None
             with torch.no_grad():
-                ids = torch.tensor([[4, 5] + g1.token_ids])
+                ids = torch.tensor([[4, 5] + g1.token_ids], device=engine.device)
                 logits = engine.model(input_ids=ids).logits[0, 1:-1]
             assert logits.argmax(-1).tolist() == g1.token_ids
             assert max_err(engine.model, [4, 5], g1, 1.0) < 1e-4  # greedy: reported at T = 1
@@ -300,7 +300,7 @@ def test_load_weights_versions_and_parity(tiny_model_dir: Path, tiny_model_untie
             assert engine.model is not None
             if tied:  # the output layer followed the embedding
                 assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
-                assert torch.equal(engine.model.lm_head.weight, update[0][1])
+                assert torch.equal(engine.model.lm_head.weight.cpu(), update[0][1])
             assert before.policy_versions == [0] * 10 and after.policy_versions == [1] * 10
             assert before.token_ids != after.token_ids
             assert max_err(ref_old, [1, 2, 3], before, 1.0) < 1e-4

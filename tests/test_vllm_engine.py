@@ -321,6 +321,26 @@ def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> No
         client.close()
 
 
+def test_cuda_ipc_update_is_refused_on_a_cpu_engine_and_changes_nothing(stack: Stack) -> None:
+    """The one-GPU path's route on a CPU vLLM engine: a clear 400, the engine stays usable on
+    its weights (a refused update must not mark it broken)."""
+    from server.cuda_ipc import IpcUpdateRequest, handle_message
+    from server.weight_transport import tensor_metas
+
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    info = httpx.get(f"{stack.url}/admin/weights/transport", headers=auth)
+    assert info.status_code == 200 and info.json() == {"devices": ["cpu"]}
+    v = stack.engine.policy_version
+    meta = tensor_metas([("model.norm.weight", torch.ones(64))])
+    shared = (0, b"\x01" * 64, 4096, 0, b"/torch_1_1", 0, b"", False)
+    body = IpcUpdateRequest(version=v + 1, tensors=meta,
+                            handles=[handle_message(shared, 0)]).model_dump()
+    r = httpx.post(f"{stack.url}/admin/weights/update_ipc", json=body, headers=auth)
+    assert r.status_code == 400 and "CUDA engine" in r.json()["error"]["message"], r.text
+    assert stack.engine.policy_version == v
+    assert_parity(stack, temps=(1.0,))
+
+
 def test_openai_chat_completion_with_logprobs(stack: Stack) -> None:
     import openai
 

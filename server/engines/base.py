@@ -24,7 +24,8 @@ import torch
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from server.weight_transport import JoinRequest, UpdateRequest
+    from server.cuda_ipc import IpcUpdateRequest
+    from server.weight_transport import Backend, JoinRequest, TransportInfo, UpdateRequest
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -70,6 +71,7 @@ class Engine(abc.ABC):
     name: str
     model_path: str
     max_model_len: int
+    device: torch.device = torch.device("cpu")  # where the weights live (hf: its device)
 
     @property
     @abc.abstractmethod
@@ -114,10 +116,17 @@ class Engine(abc.ABC):
 
     _weight_pg: dist.ProcessGroup | None = None
     _weight_epoch: int | None = None
+    _weight_backend: Backend = "gloo"
 
     def weight_ranks(self) -> int:
         """How many ranks of the broadcast group this engine takes."""
         return 1
+
+    async def transport_info(self) -> TransportInfo:
+        """The physical devices holding the weights; the learner picks the transport by it."""
+        from server.weight_transport import TransportInfo, device_ids
+
+        return TransportInfo(devices=device_ids(self.device))
 
     async def join_weight_group(self, req: JoinRequest) -> None:
         from server.weight_transport import make_process_group
@@ -126,22 +135,38 @@ class Engine(abc.ABC):
         self._weight_pg = await asyncio.to_thread(
             make_process_group, req.backend, req.master_addr, req.master_port, req.rank,
             req.world_size, req.epoch, req.timeout_s)
-        self._weight_epoch = req.epoch
+        self._weight_epoch, self._weight_backend = req.epoch, req.backend
 
     async def receive_weights(self, req: UpdateRequest, timeout_s: float) -> None:
         """Receive every tensor first, then pause, load and resume: a broadcast that fails
         half-way leaves the engine on its old weights, never on a mix."""
-        from server.weight_transport import receive_tensors
+        from server.weight_transport import receive_tensors, transport_device
 
         if self._weight_pg is None or req.epoch != self._weight_epoch:
             raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
                                f"(member of {self._weight_epoch})")
         pg = self._weight_pg
+        # NCCL: buckets land straight in the engine's GPU memory; gloo: in host memory.
+        device = transport_device(self._weight_backend, self.device)
         tensors = await asyncio.to_thread(
-            lambda: list(receive_tensors(pg, req.tensors, req.bucket_bytes, timeout_s)))
+            lambda: list(receive_tensors(pg, req.tensors, req.bucket_bytes, timeout_s, device)))
         await self.pause()
         try:
             await self.load_weights(tensors, req.version)
+        finally:
+            await self.resume()
+
+    async def receive_ipc(self, req: IpcUpdateRequest) -> None:
+        """Load weights the learner shares on this engine's GPU (``server.cuda_ipc``). Every
+        copy has finished on the device before this returns: once answered, the learner
+        trains (writes those tensors) again."""
+        from server.cuda_ipc import open_tensors
+
+        tensors = await asyncio.to_thread(open_tensors, req, self.device)
+        await self.pause()
+        try:
+            await self.load_weights(tensors, req.version)
+            await asyncio.to_thread(torch.cuda.synchronize, self.device)
         finally:
             await self.resume()
 

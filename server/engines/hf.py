@@ -84,6 +84,15 @@ def _set_exception(fut: asyncio.Future[Completion], exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
+def _resolve_device(device: str | None) -> torch.device:
+    """The engine's device with its CUDA index filled in ("cuda" -> "cuda:<current>"): every
+    tensor, generator and transfer buffer of the engine is then made on exactly that GPU."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class HFEngine(Engine):
     """transformers + torch engine with continuous batching (see the module docstring)."""
 
@@ -105,7 +114,7 @@ class HFEngine(Engine):
             raise ValueError("max_batch_size must be >= 1")
         self.model_path = str(model_path)
         self.max_batch_size = max_batch_size
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = _resolve_device(device)
         self.dtype = dtype
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         # The scheduler thread decodes for stop strings with its own instance: a Rust tokenizer

@@ -13,10 +13,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
+from server.cuda_ipc import IpcUpdateRequest
 from server.engines.base import Engine
 from server.error_docs import error_responses
 from server.errors import APIError
-from server.weight_transport import JoinRequest, UpdateRequest
+from server.weight_transport import JoinRequest, TransportInfo, UpdateRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])
@@ -65,6 +66,32 @@ async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
     except (TimeoutError, RuntimeError) as exc:
         engine.leave_weight_group()  # the group is broken: the learner rebuilds it
         log.warning("weight update %s failed: %s", req.version, exc)
+        raise APIError(504, f"weight update to version {req.version} failed: {exc}",
+                       "weight_sync_error") from exc
+    return VersionResponse(policy_version=engine.policy_version)
+
+
+@router.get("/weights/transport", response_model=TransportInfo,
+            responses=error_responses(401, 403))
+async def transport(engine: EngineDep) -> TransportInfo:
+    """The devices holding the engine's weights: a learner on the same GPU passes CUDA IPC
+    handles (``/admin/weights/update_ipc``) instead of joining a broadcast group."""
+    return await engine.transport_info()
+
+
+@router.post("/weights/update_ipc", response_model=VersionResponse,
+             responses=error_responses(400, 401, 403, 409, 413, 422, 504))
+async def update_ipc(req: IpcUpdateRequest, engine: EngineDep) -> VersionResponse:
+    """Load weights shared as CUDA IPC handles by a learner on this server's GPU."""
+    if req.version < engine.policy_version:
+        raise APIError(409, f"version {req.version} is older than the loaded "
+                       f"{engine.policy_version}", "stale_version")
+    try:
+        await asyncio.wait_for(engine.receive_ipc(req), timeout=req.timeout_s)
+    except (ValueError, KeyError) as exc:  # names, shapes or plan wrong; engine not on CUDA
+        raise APIError(400, f"bad IPC weight update: {exc}", code="invalid_ipc_update") from exc
+    except (TimeoutError, RuntimeError) as exc:
+        log.warning("IPC weight update %s failed: %s", req.version, exc)
         raise APIError(504, f"weight update to version {req.version} failed: {exc}",
                        "weight_sync_error") from exc
     return VersionResponse(policy_version=engine.policy_version)
