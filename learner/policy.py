@@ -2,7 +2,9 @@
 
 ``token_logprobs`` returns ``logprobs_BT`` aligned with ``tokens_BT``: entry ``t`` (t >= 1) is
 ``log_softmax(logits[t-1] / temperature)[tokens[t]]``, exactly what the rollout servers record
-as behavior log-probabilities (after temperature, no top-p/top-k); entry 0 is 0.
+as behavior log-probabilities; entry 0 is 0. Rows sampled with a top-p / top-k cut get the
+log-probability under the same cut, renormalised (``learner.sampling_dist``), as the servers
+record it; rows without one take the lean path below unchanged.
 
 Memory: the ``[B, T, V]`` logits are the largest tensor of a step. Three things keep them lean:
 
@@ -36,8 +38,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from learner.logprob_head import fused_logprobs
+from learner.logprob_head import ChunkFn, fused_logprobs
 from learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
+from learner.sampling_dist import sampled_logprobs, truncating
 
 # Row chunk of the logprob kernel: about 2**24 float32 elements (64 MiB) at a time.
 _CHUNK_ELEMS = 2**24
@@ -101,6 +104,36 @@ def selected_logprobs(
     temp_N = temperature_B.to(torch.float32)[:, None].expand(b, k).reshape(-1)
     out_N = _SelectedLogprob.apply(logits_BKV.reshape(b * k, v), targets_BK.reshape(-1), temp_N)
     return out_N.view(b, k)
+
+
+def cut_logprobs(
+    logits_BKV: torch.Tensor, targets_BK: torch.Tensor, temperature_B: torch.Tensor,
+    top_p_B: torch.Tensor | None, top_k_B: torch.Tensor | None,
+) -> torch.Tensor:
+    """``selected_logprobs``, except for rows sampled with a top-p / top-k cut: those get
+    ``learner.sampling_dist.sampled_logprobs`` (more memory: plain autograd over their
+    ``[K, V]`` logits in row chunks). Float32 ``[B, K]``."""
+    b, k, v = logits_BKV.shape
+    dev = logits_BKV.device
+    if top_p_B is None or top_k_B is None:
+        return selected_logprobs(logits_BKV, targets_BK, temperature_B)
+    cut_B = truncating(top_p_B.to(dev), top_k_B.to(dev), v)
+    if not bool(cut_B.any()):
+        return selected_logprobs(logits_BKV, targets_BK, temperature_B)
+    out_BK = torch.zeros(b, k, dtype=torch.float32, device=dev)
+    plain, rows = (~cut_B).nonzero()[:, 0], cut_B.nonzero()[:, 0]
+    if plain.numel():
+        out_BK = out_BK.index_put((plain,), selected_logprobs(
+            logits_BKV[plain], targets_BK[plain], temperature_B[plain]))
+    n = rows.numel()
+
+    def per_token(x_R: torch.Tensor) -> torch.Tensor:
+        return x_R.to(dev)[rows][:, None].expand(n, k).reshape(-1)
+
+    lp_N = sampled_logprobs(logits_BKV[rows].reshape(n * k, v), targets_BK[rows].reshape(-1),
+                            per_token(temperature_B.float()), per_token(top_p_B),
+                            per_token(top_k_B))
+    return out_BK.index_put((rows,), lp_N.view(n, k).float())
 
 
 def _disable_dropout(model: nn.Module) -> None:
@@ -175,18 +208,22 @@ class Policy:
         attention_BT: torch.Tensor,
         temperature_B: torch.Tensor,
         mask_BT: torch.Tensor | None = None,
+        top_p_B: torch.Tensor | None = None,
+        top_k_B: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Float32 ``[B, T]`` log-probs of ``tokens_BT[:, t]`` given ``tokens_BT[:, :t]``.
 
         With ``mask_BT`` only columns from the first trained token on are computed; the others
-        are 0. Differentiable when grad is enabled. Inputs may live on the CPU.
+        are 0. ``top_p_B`` / ``top_k_B``: each row's sampling cut (``cut_logprobs``).
+        Differentiable when grad is enabled. Inputs may live on the CPU.
         """
         dev = self.device
         tokens_BT = tokens_BT.to(dev, non_blocking=True)
         attention_BT = attention_BT.to(dev, non_blocking=True)
         temperature_B = temperature_B.to(dev, torch.float32, non_blocking=True)
         if fused_head_weight(self.model) is not None:
-            return self._hidden_logprobs(tokens_BT, attention_BT, temperature_B, mask_BT)
+            return self._hidden_logprobs(tokens_BT, attention_BT, temperature_B, mask_BT,
+                                         top_p_B, top_k_B)
         B, T = tokens_BT.shape
         first = 1  # first target column that needs a logit
         if mask_BT is not None:
@@ -202,7 +239,7 @@ class Policy:
             out = self.model(input_ids=tokens_BT[:, :-1], attention_mask=attention_BT[:, :-1],
                              **kwargs)
         logits = out.logits[:, -keep:]
-        lp_BK = selected_logprobs(logits, tokens_BT[:, first:], temperature_B)
+        lp_BK = cut_logprobs(logits, tokens_BT[:, first:], temperature_B, top_p_B, top_k_B)
         pad = torch.zeros(B, first, dtype=torch.float32, device=dev)
         return torch.cat([pad, lp_BK], dim=1)
 
@@ -212,6 +249,8 @@ class Policy:
         attention_BT: torch.Tensor,
         temperature_B: torch.Tensor,
         mask_BT: torch.Tensor | None,
+        top_p_B: torch.Tensor | None = None,
+        top_k_B: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``token_logprobs`` from hidden states at the selected positions only (``K`` of
         them) through the fused head; padded or packed forward."""
@@ -231,7 +270,30 @@ class Policy:
                             use_cache=False).last_hidden_state[sel_BT]
         weight_VD = fused_head_weight(self.model)
         assert weight_VD is not None
-        temp_K = temperature_B[:, None].expand(B, T - 1)[sel_BT]
-        lp_K = fused_logprobs(h_KD.to(weight_VD.dtype), weight_VD, tokens_BT[:, 1:][sel_BT],
-                              temperature_N=temp_K)
+
+        def per_token(x_B: torch.Tensor) -> torch.Tensor:
+            return x_B.to(self.device)[:, None].expand(B, T - 1)[sel_BT]
+
+        targets_K, temp_K = tokens_BT[:, 1:][sel_BT], per_token(temperature_B)
+        h_KD = h_KD.to(weight_VD.dtype)
+        cut = top_p_B is not None and top_k_B is not None and bool(
+            truncating(top_p_B, top_k_B, weight_VD.shape[0]).any())
+        if cut:  # the sampler's truncated distribution, chunk by chunk (it scales by T itself)
+            assert top_p_B is not None and top_k_B is not None
+            chunk_fn = _sampled_chunk_fn(temp_K, per_token(top_p_B), per_token(top_k_B))
+            lp_K = fused_logprobs(h_KD, weight_VD, targets_K, chunk_fn)
+        else:
+            lp_K = fused_logprobs(h_KD, weight_VD, targets_K, temperature_N=temp_K)
         return scatter_rows(lp_K.float(), sel_BT)
+
+
+def _sampled_chunk_fn(temp_K: torch.Tensor, top_p_K: torch.Tensor,
+                      top_k_K: torch.Tensor) -> ChunkFn:
+    """``learner.sampling_dist.sampled_logprobs`` as the fused head's per-chunk function
+    (rows without a cut get plain ``log_softmax(z / T)`` from it)."""
+
+    def fn(logits_CV: torch.Tensor, targets_C: torch.Tensor, rows: slice) -> torch.Tensor:
+        return sampled_logprobs(logits_CV, targets_C, temp_K[rows], top_p_K[rows],
+                                top_k_K[rows])
+
+    return fn

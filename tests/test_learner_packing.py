@@ -101,3 +101,36 @@ def test_flex_attention_keeps_packed_sequences_apart(tiny_model_dir):
         packed = policy.token_logprobs(*args)
     trained = mb.mask_BT > 0
     torch.testing.assert_close(packed[trained], padded[trained], rtol=2e-6, atol=1e-5)
+
+
+def test_top_p_top_k_rows_through_the_fused_head_equal_the_logits_path(tiny_model_dir,
+                                                                       monkeypatch):
+    """Rows sampled with a top-p / top-k cut (``learner.sampling_dist``) plug into the fused
+    head as its per-chunk function: packed and padded equal the logits path, values and
+    gradients; rows without a cut in the same batch stay plain."""
+    policy = Policy.load(tiny_model_dir, device="cpu")
+    mb = _batch(policy)
+    n = mb.tokens_BT.shape[0]
+    top_p = torch.tensor([0.9, 1.0, 0.7] * (n // 3) + [1.0] * (n % 3))
+    top_k = torch.tensor([0, 20, 5] * (n // 3) + [0] * (n % 3))
+    w = torch.randn(mb.tokens_BT.shape, generator=torch.Generator().manual_seed(2))
+
+    def run():
+        policy.model.zero_grad(set_to_none=True)
+        lp = policy.token_logprobs(mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT,
+                                   top_p, top_k)
+        (lp * w * mb.mask_BT).sum().backward()
+        return lp.detach(), {k: p.grad.clone() for k, p in policy.model.named_parameters()}
+
+    policy.packing = True
+    packed, g_packed = run()
+    policy.packing = False
+    padded, g_padded = run()
+    with monkeypatch.context() as m:
+        m.setattr(policy_mod, "fused_head_weight", lambda model: None)
+        ref, g_ref = run()
+    trained = mb.mask_BT > 0
+    for got, grads in ((packed, g_packed), (padded, g_padded)):
+        torch.testing.assert_close(got[trained], ref[trained], rtol=2e-6, atol=1e-5)
+        for name, g in g_ref.items():
+            assert float((grads[name] - g).abs().max()) <= 1e-5 * float(g.abs().max()), name
