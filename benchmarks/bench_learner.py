@@ -14,7 +14,8 @@ Ours: the trainer as configured by default (``learner.speed``): on CUDA bf16 par
 float32 master weights, packed microbatches with variable-length attention, the fused
 hidden-state -> log-prob head at trained positions only, fused AdamW, checkpointing chosen by
 size. Baseline: full ``[B, T, V]`` logits, ``log_softmax(logits.float() / t).gather(..)``,
-padded microbatches, float32 weights under bf16 autocast (on CUDA), the same checkpointing.
+padded microbatches, float32 weights under bf16 autocast (on CUDA), stock AdamW, the same
+checkpointing.
 Each runs on its own freshly initialised model; on CUDA one after the other (peak memory is
 one trainer's; one that runs out of GPU memory is reported as such), on the CPU with steps
 alternating between the two (a shared CPU's noise then hits both alike).
@@ -142,7 +143,11 @@ def make_trainer(naive: bool, args, device: torch.device) -> Trainer:
     cfg = LearnerConfig(model=args.model or args.shape, minibatches=args.minibatches, lr=1e-6,
                         micro_batch_tokens=args.micro_batch_tokens, loss={"kind": "gspo"},
                         **levers)
-    return Trainer(policy, cfg)
+    trainer = Trainer(policy, cfg)
+    if naive:  # the stock optimizer (foreach AdamW), not the fused one
+        trainer.optimizer = torch.optim.AdamW(trainer.params, lr=cfg.lr)
+        trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda k: 1.0)
+    return trainer
 
 
 def step_flops(model: torch.nn.Module, groups: list[ReadyGroup]) -> float:
