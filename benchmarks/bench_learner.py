@@ -1,29 +1,53 @@
-"""Learner throughput: ``Trainer.step`` tokens/s, ours against a plain log-softmax baseline.
+"""Learner throughput: ``Trainer.step`` tokens/s, MFU and peak memory, ours against a naive
+baseline measured in the same run.
 
-    .venv/bin/python benchmarks/bench_learner.py [--model DIR] [--groups 8 --group-size 8
-        --prompt 64 --completion 192 --steps 3 --minibatches 2 --device auto]
+    .venv/bin/python benchmarks/bench_learner.py --shape 0.5b [--micro-batch-tokens 16384
+        --groups 16 --group-size 8 --prompt 256 --completion 768 --steps 3 --minibatches 2]
+    .venv/bin/python benchmarks/bench_learner.py --suite     # the three GPU cases of issue 16
 
-Ours: ``Policy.token_logprobs`` (logits only from the first trained position on, the chunked
-selected-logprob kernel). Baseline, same run, same data: full ``[B, T, V]`` logits and
-``log_softmax(logits.float() / t).gather(..)`` (the usual transcription). Prints tokens/s of
-each, their ratio (goal >= 1.0) and, on CUDA, the peak memory of a step (goal <= 1.0x).
-Without ``--model`` a tiny model is made in a temporary directory (``server.tiny_model``).
+Shapes: ``tiny`` (2 layers, 128 hidden, vocab 1024; the CPU default), ``0.5b`` and ``1.5b``
+(Qwen2.5-0.5B / -1.5B dimensions, random init: nothing is downloaded), or ``--model DIR``.
+The batch: ``groups x group-size`` rollouts of ``prompt`` tokens plus a completion of
+``completion/2 .. completion`` tokens (defaults: 128 rollouts, 256 + 384..768 tokens).
 
-    .venv/bin/python benchmarks/bench_learner.py --head [--tokens 2048 --vocab 32768]
+Ours: the trainer as configured by default (``learner.speed``): on CUDA bf16 parameters with
+float32 master weights, packed microbatches with variable-length attention, the fused
+hidden-state -> log-prob head at trained positions only, fused AdamW, checkpointing chosen by
+size. Baseline: full ``[B, T, V]`` logits, ``log_softmax(logits.float() / t).gather(..)``,
+padded microbatches, float32 weights under bf16 autocast (on CUDA), stock AdamW, the same
+checkpointing.
+Each runs on its own freshly initialised model; on CUDA one after the other (peak memory is
+one trainer's; one that runs out of GPU memory is reported as such), on the CPU with steps
+alternating between the two (a shared CPU's noise then hits both alike).
 
-The log-prob head alone (``[N, V]`` logits with grad -> log-probs of the targets ->
-backward), where the vocabulary is realistic: time ratio ours/baseline and, on CPU, the
-resident high-water mark of one forward+backward above the logits, in a fresh process per
-implementation (on CUDA ``max_memory_allocated``), as a multiple of the logits' bytes.
+MFU (CUDA) = model FLOPs per second / the GPU's dense bf16 peak (989 TFLOP/s for H100/H200
+SXM; ``--peak-tflops`` otherwise). Model FLOPs of a step, the same for both implementations:
+
+    6 * (N - N_head) * tokens  +  6 * N_head * trained_tokens  +  sum_seq 6 * l * d * L^2
+
+with ``N`` the parameters that do matmuls (all, the input embedding excluded unless it is
+tied to the output head), ``N_head = V * d`` the output projection, counted only for tokens
+that get a log-prob (the useful work: prompt tokens need no vocabulary projection), and the
+causal attention term per sequence of ``L`` tokens over ``l`` layers of width ``d``
+(``QK^T`` and ``PV``: ``2 * 2 * d * L^2 / 2`` forward, three times that with backward). The
+recomputation of gradient checkpointing is not counted (MFU, not hardware FLOPs).
+
+    .venv/bin/python benchmarks/bench_learner.py --head [--tokens 8192 --vocab 151936]
+
+The log-prob head alone, hidden states ``[N, D]`` and output weight ``[V, D]`` with grad ->
+log-probs of the targets -> backward: the fused chunked head (``learner.logprob_head``)
+against the plain ``hidden @ W.T`` + float32 ``log_softmax`` + gather (bf16 inputs on CUDA,
+float32 on the CPU): time ratio and peak memory (CUDA ``max_memory_allocated``; CPU the
+resident high-water mark in a fresh process) as multiples of the float32 logits' bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,9 +58,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.config import LearnerConfig  # noqa: E402
 from learner.losses import group_advantages  # noqa: E402
-from learner.policy import Policy, selected_logprobs  # noqa: E402
+from learner.policy import Policy  # noqa: E402
 from learner.trainer import Trainer  # noqa: E402
 from server.redis_schema import ReadyGroup, RolloutRecord  # noqa: E402
+
+# hidden, layers, heads, kv heads, intermediate, vocab (Qwen2.5 configs; both tie embeddings)
+SHAPES = {
+    "tiny": (128, 2, 2, 2, 256, 1024),
+    "0.5b": (896, 24, 14, 2, 4864, 151936),
+    "1.5b": (1536, 28, 12, 2, 8960, 151936),
+}
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0}
+# issue 16's cases: shape, micro_batch_tokens
+SUITE = (("0.5b", 16384), ("1.5b", 32768), ("0.5b", 65536))
 
 
 class NaivePolicy(Policy):
@@ -74,49 +108,179 @@ def make_groups(vocab: int, n: int, g: int, prompt: int, completion: int,
     return groups
 
 
-def make_trainer(policy_cls: type[Policy], model_dir: str, args) -> Trainer:
-    policy = policy_cls.load(model_dir, device=args.device)
-    cfg = LearnerConfig(model=model_dir, minibatches=args.minibatches, lr=1e-6,
-                        micro_batch_tokens=args.micro_batch_tokens, loss={"kind": "grpo"})
-    return Trainer(policy, cfg)
+def build_model(args, device: torch.device) -> torch.nn.Module:
+    """A float32 model on ``device``: ``--model DIR`` or a random-init ``--shape``."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    if args.model:
+        return AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(device)
+    h, layers, heads, kv, inter, vocab = SHAPES[args.shape]
+    cfg = Qwen2Config(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
+                      tie_word_embeddings=True, max_position_embeddings=32768,
+                      attn_implementation="sdpa", use_cache=False)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
 
-def measure(trainers: list[Trainer], groups, steps: int) -> list[tuple[float, float]]:
-    """Median tokens/s and peak MiB (CUDA; NaN on CPU) of each trainer. Steps alternate
-    between the trainers so that a noisy machine slows both alike."""
-    for t in trainers:
-        t.step(groups)  # warm-up
-    rates: list[list[float]] = [[] for _ in trainers]
-    peaks = [float("nan")] * len(trainers)
-    for _ in range(steps):
-        for i, t in enumerate(trainers):
-            cuda = t.policy.device.type == "cuda"
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(t.policy.device)
-            t0 = time.perf_counter()
-            m = t.step(groups)
-            rates[i].append(m["tokens"] / (time.perf_counter() - t0))
-            if cuda:
-                peaks[i] = max(peaks[i] if peaks[i] == peaks[i] else 0.0,
-                               torch.cuda.max_memory_allocated(t.policy.device) / 2**20)
-    return [(statistics.median(r), p) for r, p in zip(rates, peaks, strict=True)]
+def make_trainer(naive: bool, args, device: torch.device) -> Trainer:
+    model = build_model(args, device)
+    ckpt = {"on": True, "off": False, "auto": None}[args.gradient_checkpointing]
+    if naive:
+        if ckpt is None:  # the same choice as ours, from the same rule
+            from learner.speed import needs_checkpointing
 
-
-def head_once(impl: str, logits_NV: torch.Tensor, targets_N: torch.Tensor) -> None:
-    """Forward + backward of the log-prob head alone."""
-    x = logits_NV.detach().requires_grad_(True)
-    t_N = torch.full((x.shape[0],), 0.7, device=x.device)
-    if impl == "ours":
-        lp = selected_logprobs(x[None], targets_N[None], t_N[:1])[0]
+            ckpt = device.type == "cuda" and needs_checkpointing(
+                model.config, sum(p.numel() for p in model.parameters()),
+                args.micro_batch_tokens, True, torch.cuda.get_device_properties(
+                    device).total_memory)
+        policy: Policy = NaivePolicy(model, device, bf16_autocast=True)
+        levers = {"param_dtype": "float32", "packing": "off", "gradient_checkpointing": ckpt}
     else:
-        lp = torch.log_softmax(x.float() / t_N[:, None], -1).gather(1, targets_N[:, None])
-    lp.sum().backward()
+        policy = Policy(model, device)
+        levers = {"gradient_checkpointing": ckpt, "compile": args.compile}
+    cfg = LearnerConfig(model=args.model or args.shape, minibatches=args.minibatches, lr=1e-6,
+                        micro_batch_tokens=args.micro_batch_tokens, loss={"kind": "gspo"},
+                        **levers)
+    trainer = Trainer(policy, cfg)
+    if naive:  # the stock optimizer (foreach AdamW), not the fused one
+        trainer.optimizer = torch.optim.AdamW(trainer.params, lr=cfg.lr)
+        trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda k: 1.0)
+    return trainer
 
 
-def head_inputs(n: int, v: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def step_flops(model: torch.nn.Module, groups: list[ReadyGroup]) -> float:
+    """Model FLOPs of one step (see the module doc)."""
+    cfg = model.config
+    head = model.get_output_embeddings().weight.numel()
+    tied = model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    n = sum(p.numel() for p in model.parameters())
+    if not tied:
+        n -= model.get_input_embeddings().weight.numel()
+    lengths = np.array([len(r.token_ids) for g in groups for r in g.rollouts], dtype=np.float64)
+    trained = sum(int(r.loss_mask.sum()) for g in groups for r in g.rollouts)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    d_attn = cfg.num_attention_heads * head_dim
+    attn = 6.0 * cfg.num_hidden_layers * d_attn * float((lengths ** 2).sum())
+    return 6.0 * (n - head) * lengths.sum() + 6.0 * head * trained + attn
+
+
+def peak_flops(device: torch.device, override: float | None) -> float | None:
+    if override is not None:
+        return override * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v * 1e12 for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+def _timed_step(trainer: Trainer, groups) -> tuple[float, float]:
+    """Seconds and tokens of one step (``Trainer.step`` synchronises at its end on CUDA)."""
+    t0 = time.perf_counter()
+    m = trainer.step(groups)
+    return time.perf_counter() - t0, m["tokens"]
+
+
+def _result(trainer: Trainer, secs: list[float], tokens: float, flops: float,
+            peak_gib: float) -> dict[str, float | str]:
+    s = statistics.median(secs)
+    return {"tokens_s": tokens / s, "flops_s": flops / s, "peak_gib": peak_gib,
+            "ckpt": str(trainer.speed.gradient_checkpointing)}
+
+
+def measure_cuda(naive: bool, args, device: torch.device, groups) -> dict[str, float | str]:
+    """One trainer alone on the GPU (its peak memory is its own): median over
+    ``args.steps`` after a warm-up step (which also compiles)."""
+    trainer = None
+    try:
+        trainer = make_trainer(naive, args, device)
+        flops = step_flops(trainer.policy.model, groups)
+        trainer.step(groups)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        runs = [_timed_step(trainer, groups) for _ in range(args.steps)]
+        return _result(trainer, [r[0] for r in runs], runs[-1][1], flops,
+                       torch.cuda.max_memory_allocated(device) / 2**30)
+    except torch.OutOfMemoryError:
+        return {"oom": "out of memory"}
+    finally:
+        del trainer
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def measure_cpu(args, device: torch.device, groups) -> dict[str, dict[str, float | str]]:
+    """Both trainers at once, steps alternating, so that a shared, noisy CPU slows both
+    alike (memory is not measured on the CPU)."""
+    names = ["ours"] + ([] if args.skip_baseline else ["baseline"])
+    trainers = {n: make_trainer(n == "baseline", args, device) for n in names}
+    flops = step_flops(trainers["ours"].policy.model, groups)
+    secs: dict[str, list[float]] = {n: [] for n in names}
+    tokens = 0.0
+    for t in trainers.values():
+        t.step(groups)  # warm-up
+    for _ in range(args.steps):
+        for n, t in trainers.items():
+            sec, tokens = _timed_step(t, groups)
+            secs[n].append(sec)
+    return {n: _result(t, secs[n], tokens, flops, float("nan")) for n, t in trainers.items()}
+
+
+def run_case(args, device: torch.device) -> None:
+    vocab = SHAPES[args.shape][5] if not args.model else int(
+        __import__("transformers").AutoConfig.from_pretrained(args.model).vocab_size)
+    groups = make_groups(vocab, args.groups, args.group_size, args.prompt, args.completion)
+    n_tok = sum(len(r.token_ids) for g in groups for r in g.rollouts)
+    peak = peak_flops(device, args.peak_tflops)
+    print(f"\n{args.model or args.shape}: {args.groups}x{args.group_size} rollouts, {n_tok} "
+          f"tokens per step, {args.minibatches} minibatches, micro_batch_tokens "
+          f"{args.micro_batch_tokens}, {device} "
+          f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'})")
+    if device.type == "cuda":
+        rows = {"ours": measure_cuda(False, args, device, groups)}
+        if not args.skip_baseline:
+            rows["baseline"] = measure_cuda(True, args, device, groups)
+    else:
+        rows = measure_cpu(args, device, groups)
+    for name, r in rows.items():
+        if "oom" in r:
+            print(f"{name:9s} out of memory")
+            continue
+        mfu = f"MFU {100 * r['flops_s'] / peak:5.1f}%" if peak else "MFU n/a"
+        mem = f"{r['peak_gib']:6.1f} GiB" if device.type == "cuda" else "n/a"
+        print(f"{name:9s} {r['tokens_s']:10.0f} tokens/s   {mfu}   peak {mem}   "
+              f"checkpointing {r['ckpt']}")
+    ours, base = rows["ours"], rows.get("baseline", {})
+    if "tokens_s" in ours and "tokens_s" in base:
+        print(f"throughput ratio ours/baseline: {ours['tokens_s'] / base['tokens_s']:.2f} "
+              f"(goal >= 1.5 on CUDA)")
+        if device.type == "cuda":
+            print(f"peak memory ratio ours/baseline: {ours['peak_gib'] / base['peak_gib']:.2f} "
+                  f"(goal <= 1.0)")
+
+
+# ---------------------------------------------------------------- the head alone
+
+def head_inputs(n: int, v: int, d: int, device: str):
     g = torch.Generator().manual_seed(0)
-    return (torch.randn(n, v, generator=g).to(device),
-            torch.randint(0, v, (n,), generator=g).to(device))
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    h = torch.randn(n, d, generator=g).to(device, dtype)
+    w = (torch.randn(v, d, generator=g) * d ** -0.5).to(device, dtype)
+    return h, w, torch.randint(0, v, (n,), generator=g).to(device)
+
+
+def head_once(impl: str, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor) -> None:
+    """Forward + backward of the log-prob head alone."""
+    from learner.logprob_head import fused_logprobs
+
+    h, w = h.detach().requires_grad_(True), w.detach().requires_grad_(True)
+    t_N = torch.full((h.shape[0],), 0.7, device=h.device)
+    if impl == "fused":
+        lp = fused_logprobs(h, w, targets, temperature_N=t_N)
+    else:
+        lp = torch.log_softmax((h @ w.T).float() / t_N[:, None], -1).gather(1, targets[:, None])
+    lp.sum().backward()
 
 
 _HEAD_PEAK = """
@@ -129,95 +293,92 @@ def status(key):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
 
-head_once({impl!r}, *head_inputs(8, 64, "cpu"))
-x, t = head_inputs({n}, {v}, "cpu")
+head_once({impl!r}, *head_inputs(8, 64, 16, "cpu"))
+args = head_inputs({n}, {v}, {d}, "cpu")
 open("/proc/self/clear_refs", "w").write("5")  # reset the resident high-water mark
 base = status("VmRSS:")
-head_once({impl!r}, x, t)
+head_once({impl!r}, *args)
 print(status("VmHWM:") - base)
 """
 
 
-def head_peak(impl: str, n: int, v: int, device: str) -> float:
+def head_peak(impl: str, n: int, v: int, d: int, device: str) -> float:
     """Peak extra bytes of one head forward+backward."""
     if device.startswith("cuda"):
-        x, t = head_inputs(n, v, device)
+        args = head_inputs(n, v, d, device)
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        head_once(impl, x, t)
+        head_once(impl, *args)
         return float(torch.cuda.max_memory_allocated() - base)
-    code = _HEAD_PEAK.format(root=str(Path(__file__).resolve().parents[1]), impl=impl, n=n, v=v)
+    code = _HEAD_PEAK.format(root=str(Path(__file__).resolve().parents[1]), impl=impl, n=n,
+                             v=v, d=d)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def bench_head(args) -> None:
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
-        "cpu" if args.device == "auto" else args.device)
-    x, t = head_inputs(args.tokens, args.vocab, device)
-    times: dict[str, list[float]] = {"ours": [], "baseline": []}
+def bench_head(args, device: str) -> None:
+    x = head_inputs(args.tokens, args.vocab, args.hidden, device)
+    times: dict[str, list[float]] = {"fused": [], "plain": []}
     for impl in times:
-        head_once(impl, x, t)  # warm-up
+        head_once(impl, *x)  # warm-up
     for _ in range(args.steps):
         for impl in times:
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
             t0 = time.perf_counter()
-            head_once(impl, x, t)
+            head_once(impl, *x)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             times[impl].append(time.perf_counter() - t0)
-    logits_bytes = x.numel() * x.element_size()
-    peaks = {impl: head_peak(impl, args.tokens, args.vocab, device) for impl in times}
-    print(f"log-prob head: N={args.tokens} tokens, V={args.vocab}, float32, {device}")
+    logits_bytes = args.tokens * args.vocab * 4
+    peaks = {impl: head_peak(impl, args.tokens, args.vocab, args.hidden, device)
+             for impl in times}
+    print(f"log-prob head: N={args.tokens} tokens, D={args.hidden}, V={args.vocab}, "
+          f"{x[0].dtype}, {device}")
     for impl in times:
-        print(f"{impl:9s} {statistics.median(times[impl]) * 1e3:8.1f} ms   "
-              f"peak {peaks[impl] / logits_bytes:5.2f}x logits")
-    print(f"time ratio ours/baseline: "
-          f"{statistics.median(times['ours']) / statistics.median(times['baseline']):.2f}; "
-          f"peak ratio: {peaks['ours'] / peaks['baseline']:.2f} (goals <= 1.0)")
+        print(f"{impl:6s} {statistics.median(times[impl]) * 1e3:8.1f} ms   "
+              f"peak {peaks[impl] / logits_bytes:5.2f}x float32 logits")
+    print(f"time ratio fused/plain: "
+          f"{statistics.median(times['fused']) / statistics.median(times['plain']):.2f}; "
+          f"peak ratio: {peaks['fused'] / peaks['plain']:.2f} (goals <= 1.0)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                    help="random-init model shape (default: 0.5b on CUDA, tiny on the CPU)")
+    ap.add_argument("--model", default=None, help="a Hugging Face model directory instead")
+    ap.add_argument("--suite", action="store_true", help="issue 16's three CUDA cases")
+    ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--completion", type=int, default=192)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--completion", type=int, default=768)
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--minibatches", type=int, default=2)
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
+    ap.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--compile", action="store_true", help="torch.compile decoder layers")
+    ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--head", action="store_true", help="benchmark the log-prob head alone")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--hidden", type=int, default=896)
     args = ap.parse_args()
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
     if args.head:
-        bench_head(args)
+        bench_head(args, str(device))
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = args.model
-        if model_dir is None:
-            from server.tiny_model import make_tiny_model
-
-            model_dir = str(make_tiny_model(Path(tmp) / "tiny"))
-        from transformers import AutoConfig
-
-        vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
-        groups = make_groups(vocab, args.groups, args.group_size, args.prompt, args.completion)
-        trainers = [make_trainer(Policy, model_dir, args),
-                    make_trainer(NaivePolicy, model_dir, args)]
-        (ours, ours_peak), (base, base_peak) = measure(trainers, groups, args.steps)
-    n_tok = sum(len(r.token_ids) for g in groups for r in g.rollouts)
-    print(f"model {model_dir if args.model else 'tiny (2 layers, 128 hidden, vocab 1024)'}; "
-          f"{args.groups}x{args.group_size} rollouts, {n_tok} tokens per step, "
-          f"{args.minibatches} minibatches, device {args.device}")
-    print(f"ours     {ours:10.0f} tokens/s   peak {ours_peak:8.1f} MiB")
-    print(f"baseline {base:10.0f} tokens/s   peak {base_peak:8.1f} MiB")
-    print(f"throughput ratio ours/baseline: {ours / base:.2f} (goal >= 1.0)")
-    if ours_peak == ours_peak:  # not NaN: CUDA
-        print(f"peak memory ratio ours/baseline: {ours_peak / base_peak:.2f} (goal <= 1.0)")
+    if args.shape is None:
+        args.shape = "0.5b" if device.type == "cuda" else "tiny"
+    cases = SUITE if args.suite else ((args.shape, args.micro_batch_tokens),)
+    for shape, micro in cases:
+        args.shape, args.micro_batch_tokens = shape, micro
+        run_case(args, device)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ Two levels, because they answer different questions:
   (longest first) and cut greedily so that ``rows x longest row <= micro_batch_tokens``. Rows
   are right-padded to the longest row of their own microbatch only. Sorting makes neighbours
   similar in length, so the padding left is small (``padding_fraction`` in the plan measures
-  it); it is not zero: removing it entirely needs varlen attention kernels (packing), which a
-  plain Hugging Face forward does not offer on every backend.
+  it); it is not zero. With ``packed`` (the GPU default, ``learner.packing``) the policy
+  feeds each microbatch as one packed row, the budget counts real tokens (sum of lengths)
+  and no padding goes through the model; the microbatch is still collated padded here.
 
 Loss normalisation: each minibatch's loss is the seq-mean-token-mean over *its* sequences.
 ``policy_loss`` averages over the valid sequences of the tensors it is given, so the trainer
@@ -231,9 +232,11 @@ def deal_minibatches(samples: Sequence[Sample], n_minibatches: int) -> list[list
 
 
 def split_micro(
-    samples: Sequence[Sample], micro_batch_tokens: int, min_parts: int = 1
+    samples: Sequence[Sample], micro_batch_tokens: int, min_parts: int = 1,
+    packed: bool = False,
 ) -> list[list[Sample]]:
-    """Longest first, cut greedily so that rows x longest row <= ``micro_batch_tokens``.
+    """Longest first, cut greedily so that rows x longest row <= ``micro_batch_tokens`` (with
+    ``packed``, the policy's packed forward: the sum of the lengths).
 
     A single rollout longer than the budget gets a microbatch of its own. With ``min_parts``
     (data parallelism: one per rank) the budget shrinks until there are that many parts, or
@@ -241,10 +244,16 @@ def split_micro(
     """
     ordered = sorted(samples, key=lambda s: -s.length)
     budget = micro_batch_tokens
+
+    def cost(part: list[Sample], s: Sample) -> int:
+        if packed:
+            return sum(x.length for x in part) + s.length
+        return (len(part) + 1) * part[0].length
+
     while True:
         out: list[list[Sample]] = []
         for s in ordered:
-            if out and (len(out[-1]) + 1) * out[-1][0].length <= budget:
+            if out and cost(out[-1], s) <= budget:
                 out[-1].append(s)
             else:
                 out.append([s])
@@ -259,15 +268,18 @@ def plan_step(
     micro_batch_tokens: int,
     advantage_fn: AdvantageFn = sequence_advantage,
     min_micro: int = 1,
+    packed: bool = False,
 ) -> Plan:
     """The whole batching pipeline for one training step (``min_micro``: microbatches per
-    minibatch wanted at least, one per data-parallel rank)."""
+    minibatch wanted at least, one per data-parallel rank; ``packed``: the policy packs each
+    microbatch, so its budget counts real tokens and no padding goes through the model)."""
     samples = samples_from_groups(groups, advantage_fn)
     if not samples:
         raise ValueError("no rollouts to train on")
     minibatches: list[MiniBatch] = []
     for part in deal_minibatches(samples, n_minibatches):
-        mb = MiniBatch([collate(c) for c in split_micro(part, micro_batch_tokens, min_micro)])
+        cuts = split_micro(part, micro_batch_tokens, min_micro, packed)
+        mb = MiniBatch([collate(c) for c in cuts])
         n_valid = mb.n_valid
         for micro in mb.micro:
             micro.loss_scale = micro.n_valid / n_valid if n_valid else 0.0
@@ -278,5 +290,6 @@ def plan_step(
         n_rollouts=len(samples),
         n_tokens=sum(s.length for s in samples),
         n_trained_tokens=sum(s.n_trained for s in samples),
-        n_padded_tokens=sum(m.n_padded_tokens for m in micros),
+        n_padded_tokens=(sum(s.length for s in samples) if packed
+                         else sum(m.n_padded_tokens for m in micros)),
     )

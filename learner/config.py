@@ -57,8 +57,9 @@ class LearnerConfig(BaseModel):
     minibatches: int = Field(default=1, ge=1)
     """The step's batch is split into this many minibatches; each is one optimizer step."""
     micro_batch_tokens: int = Field(default=16384, ge=1)
-    """Padded-token budget (rows x longest row) of one forward/backward; gradients of the
-    microbatches of a minibatch accumulate. Bounds activation memory, not the maths."""
+    """Token budget of one forward/backward: rows x longest row when padded, the sum of the
+    lengths when packed; gradients of the microbatches of a minibatch accumulate. Bounds
+    activation memory, not the maths."""
 
     # ---------------------------------------------------------------- optimiser
     lr: float = Field(default=1e-5, gt=0.0)
@@ -80,8 +81,18 @@ class LearnerConfig(BaseModel):
     """"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1", ..."""
     bf16_autocast: bool = False
     """On CUDA, run forward passes under bf16 autocast (weights and optimiser stay float32)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward (less memory, ~30% more compute)."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in backward (less memory, ~30% more compute). ``None``: chosen
+    by size on CUDA (``learner.speed.needs_checkpointing``), off on the CPU."""
+    param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Parameter dtype. "bfloat16": bf16 weights and activations, float32 master weights and
+    AdamW state held by the optimizer (``learner.precision``). "auto": bfloat16 on CUDA
+    (unless FSDP2-sharded), float32 on the CPU (exact)."""
+    packing: Literal["auto", "on", "off"] = "auto"
+    """Run each microbatch as one packed row (no padding, variable-length attention;
+    ``learner.packing``); ``micro_batch_tokens`` then counts real tokens. "auto": on CUDA."""
+    compile: bool = False
+    """``torch.compile`` each decoder layer (CUDA; minutes of compilation at start)."""
     data_parallel: Literal["auto", "allreduce", "fsdp2"] = "auto"
     """Under ``torchrun`` with several ranks: "allreduce" keeps a full replica per rank and
     sums gradients; "fsdp2" shards weights, gradients and optimiser state

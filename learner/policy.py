@@ -17,6 +17,14 @@ Memory: the ``[B, T, V]`` logits are the largest tensor of a step. Three things 
    float32 tensors alive instead of one.
 3. Optional gradient checkpointing and bf16 autocast on CUDA.
 
+When the model has a plain linear output head (``fused_head_weight``), a faster path replaces
+1-2: the decoder's hidden states are taken only at positions whose next token is trained, and
+``learner.logprob_head.fused_logprobs`` projects them onto the vocabulary chunk by chunk, so
+no ``[B, T, V]`` logits exist at all. With ``packing`` the microbatch's sequences go through
+the model as one packed row (``learner.packing``: no padding tokens, variable-length
+attention). FSDP-sharded models keep the logits path (their root parameters are gathered only
+by the root module's forward).
+
 Dropout is switched off: an importance ratio compares the learner's function with the
 sampler's, and the sampler never drops units.
 """
@@ -30,6 +38,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from learner.logprob_head import ChunkFn, fused_logprobs
+from learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
 from learner.sampling_dist import sampled_logprobs, truncating
 
 # Row chunk of the logprob kernel: about 2**24 float32 elements (64 MiB) at a time.
@@ -137,13 +147,32 @@ def _disable_dropout(model: nn.Module) -> None:
             setattr(cfg, name, 0.0)
 
 
+def fused_head_weight(model: nn.Module) -> torch.Tensor | None:
+    """The ``[V, D]`` output-projection weight when logits are exactly ``hidden @ W.T`` (a
+    bias-free linear head, no logit scaling or soft-capping, not an FSDP-sharded DTensor);
+    ``None`` otherwise (the policy then uses the model's own logits)."""
+    from torch.distributed.tensor import DTensor
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    cfg = getattr(model, "config", None)
+    scaled = any(getattr(cfg, k, None) not in (None, 1.0)
+                 for k in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+    if (not isinstance(head, nn.Linear) or head.bias is not None or base is None or scaled
+            or isinstance(head.weight, DTensor)):
+        return None
+    return head.weight
+
+
 class Policy:
     """A causal LM in float32 with a memory-lean ``token_logprobs``."""
 
-    def __init__(self, model: nn.Module, device: torch.device, bf16_autocast: bool = False):
+    def __init__(self, model: nn.Module, device: torch.device, bf16_autocast: bool = False,
+                 packing: bool = False):
         self.model = model
         self.device = device
         self.bf16_autocast = bf16_autocast and device.type == "cuda"
+        self.packing = packing  # one packed row per microbatch (needs the fused-head path)
         _disable_dropout(model)
         model.train()  # gradient checkpointing is active only in train mode; dropout is off
         self._has_logits_to_keep = "logits_to_keep" in inspect.signature(
@@ -192,6 +221,9 @@ class Policy:
         tokens_BT = tokens_BT.to(dev, non_blocking=True)
         attention_BT = attention_BT.to(dev, non_blocking=True)
         temperature_B = temperature_B.to(dev, torch.float32, non_blocking=True)
+        if fused_head_weight(self.model) is not None:
+            return self._hidden_logprobs(tokens_BT, attention_BT, temperature_B, mask_BT,
+                                         top_p_B, top_k_B)
         B, T = tokens_BT.shape
         first = 1  # first target column that needs a logit
         if mask_BT is not None:
@@ -210,3 +242,58 @@ class Policy:
         lp_BK = cut_logprobs(logits, tokens_BT[:, first:], temperature_B, top_p_B, top_k_B)
         pad = torch.zeros(B, first, dtype=torch.float32, device=dev)
         return torch.cat([pad, lp_BK], dim=1)
+
+    def _hidden_logprobs(
+        self,
+        tokens_BT: torch.Tensor,
+        attention_BT: torch.Tensor,
+        temperature_B: torch.Tensor,
+        mask_BT: torch.Tensor | None,
+        top_p_B: torch.Tensor | None = None,
+        top_k_B: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``token_logprobs`` from hidden states at the selected positions only (``K`` of
+        them) through the fused head; padded or packed forward."""
+        B, T = tokens_BT.shape
+        sel_BT = target_positions(attention_BT, mask_BT)
+        if not bool(sel_BT.any()):
+            return torch.zeros(B, T, dtype=torch.float32, device=self.device)
+        base = getattr(self.model, self.model.base_model_prefix)
+        with self._autocast():
+            if self.packing:
+                p = pack_inputs(tokens_BT, attention_BT)
+                h_ND = base(input_ids=p.input_ids_1N, position_ids=p.position_ids_1N,
+                            attention_mask=None, use_cache=False).last_hidden_state[0]
+                h_KD = h_ND[packed_selection(p, sel_BT)]
+            else:
+                h_KD = base(input_ids=tokens_BT[:, :-1], attention_mask=attention_BT[:, :-1],
+                            use_cache=False).last_hidden_state[sel_BT]
+        weight_VD = fused_head_weight(self.model)
+        assert weight_VD is not None
+
+        def per_token(x_B: torch.Tensor) -> torch.Tensor:
+            return x_B.to(self.device)[:, None].expand(B, T - 1)[sel_BT]
+
+        targets_K, temp_K = tokens_BT[:, 1:][sel_BT], per_token(temperature_B)
+        h_KD = h_KD.to(weight_VD.dtype)
+        cut = top_p_B is not None and top_k_B is not None and bool(
+            truncating(top_p_B, top_k_B, weight_VD.shape[0]).any())
+        if cut:  # the sampler's truncated distribution, chunk by chunk (it scales by T itself)
+            assert top_p_B is not None and top_k_B is not None
+            chunk_fn = _sampled_chunk_fn(temp_K, per_token(top_p_B), per_token(top_k_B))
+            lp_K = fused_logprobs(h_KD, weight_VD, targets_K, chunk_fn)
+        else:
+            lp_K = fused_logprobs(h_KD, weight_VD, targets_K, temperature_N=temp_K)
+        return scatter_rows(lp_K.float(), sel_BT)
+
+
+def _sampled_chunk_fn(temp_K: torch.Tensor, top_p_K: torch.Tensor,
+                      top_k_K: torch.Tensor) -> ChunkFn:
+    """``learner.sampling_dist.sampled_logprobs`` as the fused head's per-chunk function
+    (rows without a cut get plain ``log_softmax(z / T)`` from it)."""
+
+    def fn(logits_CV: torch.Tensor, targets_C: torch.Tensor, rows: slice) -> torch.Tensor:
+        return sampled_logprobs(logits_CV, targets_C, temp_K[rows], top_p_K[rows],
+                                top_k_K[rows])
+
+    return fn

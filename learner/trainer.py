@@ -16,6 +16,11 @@ pi_old, by ``LearnerConfig.old_logprobs``:
 
 Safety: a minibatch whose gradient norm is not finite is skipped (counted in
 ``skipped_updates``) rather than written into the weights.
+
+Speed (``learner.speed``, decided once here): on CUDA the model runs in bf16 while the
+optimizer steps float32 master weights (``learner.precision``; gradients are moved into them
+after every microbatch), AdamW is fused, microbatches are packed, and gradient checkpointing
+is chosen by size. On the CPU nothing changes: float32, padded, exact.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from learner.fsdp import (
 )
 from learner.losses import policy_loss
 from learner.policy import Policy
+from learner.precision import MasterWeights
+from learner.speed import apply_speed, plan_speed
 from server.redis_schema import ReadyGroup
 
 # Loss metrics averaged over tokens vs over sequences when minibatches are combined.
@@ -79,11 +86,19 @@ class Trainer:
         self.advantage_fn = advantage_fn or advantage_fn_for(config.loss.kind)
         self.dist = dist
         self.sharded = dist is not None and dist.fsdp
-        params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.speed = plan_speed(config, policy.model, policy.device, self.sharded)
+        apply_speed(policy, self.speed)
+        # bf16 parameters: the optimizer (and the gradient sum and clip) work on float32
+        # masters; otherwise on the parameters themselves.
+        self.master = (MasterWeights(policy.model, self.speed.param_dtype)
+                       if self.speed.param_dtype != torch.float32 else None)
+        params = (self.master.master if self.master is not None
+                  else [p for p in policy.model.parameters() if p.requires_grad])
         self.params = params
+        fused = {"fused": True} if self.speed.fused_adamw else {}
         self.optimizer = torch.optim.AdamW(
             params, lr=config.lr, betas=config.betas, eps=config.adam_eps,
-            weight_decay=config.weight_decay)
+            weight_decay=config.weight_decay, **fused)
         warmup = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
@@ -98,17 +113,39 @@ class Trainer:
         if self.sharded:
             return {"optimizer": full_optimizer_state(self.policy.model, self.optimizer),
                     "optimizer_format": FULL_FORMAT, "scheduler": self.scheduler.state_dict()}
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        state = {"optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict()}
+        if self.master is not None:  # the saved bf16 model alone would lose the low bits
+            state["master_weights"] = self.master.state()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Either format loads in either mode (a collective when sharded)."""
         name_keyed = state.get("optimizer_format") == FULL_FORMAT
-        if self.sharded or name_keyed:
+        if name_keyed and self.master is not None:  # masters are numbered like the params
+            names = [n for n, p in self.policy.model.named_parameters() if p.requires_grad]
+            self.optimizer.load_state_dict(names_to_ids(state["optimizer"], names))
+        elif self.sharded or name_keyed:
             load_optimizer_state(self.policy.model, self.optimizer, state["optimizer"],
                                  name_keyed)
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if "master_weights" in state:
+            self._load_masters(state["master_weights"])
+
+    @torch.no_grad()
+    def _load_masters(self, tensors: list[torch.Tensor]) -> None:
+        """float32 masters of a bf16 run: into our masters, or (a float32 run resuming it)
+        straight into the parameters."""
+        if self.master is not None:
+            self.master.load_state(tensors)
+            return
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        if len(params) != len(tensors):
+            raise ValueError(f"{len(tensors)} master tensors for {len(params)} parameters")
+        torch._foreach_copy_(params, [t.to(p.device) for p, t in zip(params, tensors,
+                                                                      strict=True)])
 
     # ---------------------------------------------------------------- the step
 
@@ -117,7 +154,7 @@ class Trainer:
         t0 = time.perf_counter()
         world = self.dist.world if self.dist is not None else 1
         plan = plan_step(groups, self.config.minibatches, self.config.micro_batch_tokens,
-                         self.advantage_fn, min_micro=world)
+                         self.advantage_fn, min_micro=world, packed=self.policy.packing)
         mine = [self._my_share(mb) for mb in plan.minibatches]
         metrics: dict[str, float] = {}
         if self.config.old_logprobs == "recompute":
@@ -219,6 +256,8 @@ class Trainer:
             out = policy_loss(lp, old, d["advantages"], d["mask"], self.config.loss,
                               is_weights=m.is_weights_B)
             (out.loss * m.loss_scale).backward()
+            if self.master is not None:
+                self.master.accumulate_grads()
             _accumulate(acc, out.metrics, m.loss_scale)
         if self.dist is not None and not self.sharded:  # FSDP reduced them in backward
             self.dist.sum_grads(self.params)
@@ -231,6 +270,8 @@ class Trainer:
         if math.isfinite(grad_norm):
             self.optimizer.step()
             self.scheduler.step()
+            if self.master is not None:
+                self.master.copy_to_model()
         else:
             acc["skipped"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
@@ -259,6 +300,14 @@ class Trainer:
             if k + "@seq" in done[0]:
                 out[k] = sum(m[k + "@seq"] for m in done) / max(n_seq, 1)
         return out
+
+
+def names_to_ids(osd: dict, names: Sequence[str]) -> dict:
+    """A name-keyed full optimiser state (``learner.fsdp``) numbered in ``names`` order: the
+    inverse of ``learner.fsdp.ids_to_names``."""
+    index = {n: i for i, n in enumerate(names)}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]
+    return {"state": {index[n]: s for n, s in osd["state"].items()}, "param_groups": groups}
 
 
 def _accumulate(acc: dict[str, float], metrics: dict[str, float], loss_scale: float) -> None:

@@ -153,3 +153,15 @@ def test_bad_rollouts_are_rejected_with_a_clear_message(defect, match):
 def test_empty_step_is_an_error():
     with pytest.raises(ValueError, match="no rollouts"):
         plan_step([], 1, 100)
+
+
+def test_packed_split_budgets_real_tokens_not_rows_times_longest():
+    g = _group("a", [1, 9, 3, 5, 2, 8])  # lengths 4..12 with the 3-token prompt
+    samples = samples_from_groups([g])
+    packed = split_micro(samples, micro_batch_tokens=24, packed=True)
+    for p in packed:
+        assert sum(s.length for s in p) <= 24 or len(p) == 1
+    # Padded cutting wastes budget on padding: packing needs fewer microbatches.
+    assert len(packed) < len(split_micro(samples, micro_batch_tokens=24))
+    plan = plan_step([g], 1, 24, packed=True)
+    assert plan.n_padded_tokens == plan.n_tokens and plan.padding_fraction == 0.0

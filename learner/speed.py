@@ -1,0 +1,117 @@
+"""How the learner runs fast on a GPU: one decision per lever, taken once when the trainer is
+built (``plan_speed``) and applied to the policy (``apply_speed``).
+
+Levers and their "auto" rules (``LearnerConfig``: ``param_dtype``, ``packing``,
+``gradient_checkpointing``, ``compile``):
+
+- bf16 parameters with float32 master weights (``learner.precision``): on CUDA, unless the
+  model is FSDP-sharded (FSDP2 keeps its float32 shards). float32 on the CPU (exact).
+- Packing (``learner.packing``): on CUDA (not under FSDP), with variable-length attention:
+  flash-attention-2 (``cu_seqlens``) when the ``flash_attn`` package is installed, else
+  PyTorch's flex attention (a block-sparse mask). Off on the CPU: its attention there is a
+  dense ``N x N`` mask.
+- Fused AdamW (one kernel for all parameters): on CUDA.
+- Gradient checkpointing by size: on when the estimated activations of one microbatch, with
+  the weights, gradients and optimizer state, would exceed 80% of the GPU's memory
+  (``needs_checkpointing``). Never switched on by "auto" on the CPU or under FSDP.
+- ``torch.compile`` of each decoder layer: only when asked (``compile = true``); compile time
+  is minutes, and shapes vary with packing (``dynamic=True``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# Fraction of the GPU's memory a step may plan for; the rest is the allocator's slack.
+_MEMORY_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class SpeedPlan:
+    """The levers for one trainer (see the module doc)."""
+
+    param_dtype: torch.dtype
+    packing: bool
+    attn_implementation: str | None  # None: keep the model's
+    gradient_checkpointing: bool | None  # None: keep the model's
+    fused_adamw: bool
+    compile: bool
+
+
+def pick_attention(device: torch.device, packing: bool, dtype: torch.dtype) -> str | None:
+    """A variable-length attention for packed rows on CUDA; ``None`` keeps the model's.
+    flash-attention-2 only for bf16 weights (its kernels take no float32)."""
+    if device.type != "cuda" or not packing:
+        return None
+    fa2 = dtype == torch.bfloat16 and importlib.util.find_spec("flash_attn") is not None
+    return "flash_attention_2" if fa2 else "flex_attention"
+
+
+def activation_bytes_per_token(model_config: Any, dtype_bytes: int) -> int:
+    """Activations kept for backward per token by all decoder layers, a deliberately generous
+    estimate: ~16 hidden-size and ~5 intermediate-size vectors per layer (norm inputs and
+    outputs, q/k/v/o and attention outputs, the MLP's gate, up, activation and product)."""
+    h = int(model_config.hidden_size)
+    inter = int(getattr(model_config, "intermediate_size", 4 * h))
+    return int(model_config.num_hidden_layers) * dtype_bytes * (16 * h + 5 * inter)
+
+
+def needs_checkpointing(model_config: Any, n_params: int, micro_batch_tokens: int,
+                        bf16_params: bool, device_bytes: int) -> bool:
+    """Whether a microbatch of ``micro_batch_tokens`` would not fit without checkpointing.
+
+    Fixed bytes per parameter: bf16 weight and gradient, float32 master, master gradient and
+    two AdamW moments (20); float32 throughout (16) otherwise."""
+    fixed = n_params * (20 if bf16_params else 16)
+    acts = micro_batch_tokens * activation_bytes_per_token(model_config, 2 if bf16_params else 4)
+    return fixed + acts > _MEMORY_FRACTION * device_bytes
+
+
+def plan_speed(config: Any, model: nn.Module, device: torch.device, sharded: bool) -> SpeedPlan:
+    """Resolve ``config``'s "auto" levers for ``model`` on ``device``."""
+    cuda = device.type == "cuda"
+    dtype_name = config.param_dtype
+    if dtype_name == "auto":
+        dtype_name = "bfloat16" if cuda and not sharded else "float32"
+    if dtype_name == "bfloat16" and sharded:
+        raise ValueError("param_dtype bfloat16 is not supported with FSDP2 sharding (its "
+                         "shards stay float32); use bf16_autocast there")
+    dtype = torch.bfloat16 if dtype_name == "bfloat16" else torch.float32
+    # FSDP-sharded policies keep the padded logits path (learner.policy), so no packing there.
+    packing = not sharded and (config.packing == "on" or (config.packing == "auto" and cuda))
+    ckpt = config.gradient_checkpointing
+    if ckpt is None and cuda and not sharded:
+        n_params = sum(p.numel() for p in model.parameters())
+        total = torch.cuda.get_device_properties(device).total_memory
+        ckpt = needs_checkpointing(model.config, n_params, config.micro_batch_tokens,
+                                   dtype == torch.bfloat16, total)
+    return SpeedPlan(param_dtype=dtype, packing=packing,
+                     attn_implementation=pick_attention(device, packing, dtype),
+                     gradient_checkpointing=ckpt, fused_adamw=cuda, compile=config.compile)
+
+
+def apply_speed(policy: Any, plan: SpeedPlan) -> None:
+    """Set the policy's attention, checkpointing, packing and compilation per ``plan`` (the
+    parameter dtype is the trainer's: it owns the master weights)."""
+    model = policy.model
+    if plan.attn_implementation is not None:
+        model.set_attn_implementation(plan.attn_implementation)
+    if plan.gradient_checkpointing is True:
+        model.gradient_checkpointing_enable()
+    elif plan.gradient_checkpointing is False and getattr(model, "is_gradient_checkpointing",
+                                                          False):
+        model.gradient_checkpointing_disable()
+    policy.packing = plan.packing
+    if plan.compile:
+        base = getattr(model, model.base_model_prefix)
+        for layer in base.layers:  # in place: parameter names unchanged
+            layer.compile(dynamic=True)
+    log.info("learner speed plan: %s", plan)
