@@ -12,7 +12,10 @@ Exactly-once training across learner crashes (the protocol this reader is built 
    ``read_batch`` of a new reader returns every entry still pending in the consumer group
    (``claim_all_on_start``: they were delivered after the checkpoint, and their updates died
    with the process), oldest first, before new entries. So every group is in exactly one
-   committed step: none lost, none trained twice.
+   committed step: none lost, none trained twice. The startup claim stops at the group's
+   last-delivered id as it was when the reader was made: entries this reader delivers itself
+   afterwards have larger ids, so they are never handed out a second time (nor dropped as
+   stale while their step waits for its checkpoint).
 
 Entries left pending by *another* consumer idle longer than ``claim_idle_s`` are claimed as
 well (a second learner replacing a dead one under a new name). Pending entries of this reader
@@ -91,6 +94,16 @@ class GroupReader:
         self._startup_claim = claim_all_on_start
         self._cursor = "-"  # where the startup claim goes on (pending ids, ascending)
         self._ensure_group()
+        # The startup claim covers only entries delivered before this reader existed: every
+        # entry delivered later (by '>') has a larger id, so it can never come back through
+        # the claim pages while this process still holds it untrained or uncheckpointed.
+        self._claim_end = self._last_delivered()
+
+    def _last_delivered(self) -> str:
+        for g in self.client.xinfo_groups(self._stream):
+            if _id(g["name"]) == self.group:
+                return _id(g["last-delivered-id"])
+        return "0-0"
 
     def _ensure_group(self) -> None:
         """Creates the consumer group at id 0: groups published before the first learner
@@ -164,7 +177,8 @@ class GroupReader:
         pending entry of the consumer group; later those of other consumers idle longer than
         ``claim_idle_s``. Entries deleted from the stream are acked and skipped."""
         if self._startup_claim:
-            rows = self.client.xpending_range(self._stream, self.group, self._cursor, "+", limit)
+            rows = self.client.xpending_range(self._stream, self.group, self._cursor,
+                                              self._claim_end, limit)
             if len(rows) < limit:
                 self._startup_claim = False  # everything pending at startup is now ours
             if rows:
