@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -98,6 +98,8 @@ class GroupReader:
         # entry delivered later (by '>') has a larger id, so it can never come back through
         # the claim pages while this process still holds it untrained or uncheckpointed.
         self._claim_end = self._last_delivered()
+        self._held: set[str] = set()  # see ``rearm``
+        self._committed: set[str] = set()
 
     def _last_delivered(self) -> str:
         for g in self.client.xinfo_groups(self._stream):
@@ -113,6 +115,16 @@ class GroupReader:
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
+
+    def rearm(self, held: Collection[str], committed: Collection[str]) -> None:
+        """After a Redis outage: claim this consumer group's pending entries again, as on
+        start-up, so entries delivered to a read that then failed do not wait for the next
+        restart. ``held`` (trained, awaiting their checkpoint) are never handed out again
+        nor acked here; ``committed`` (acked before, which a restarted Redis may have
+        forgotten) are acked again, not trained."""
+        self._startup_claim, self._cursor = True, "-"
+        self._claim_end = self._last_delivered()
+        self._held, self._committed = set(held), set(committed)
 
     def read_batch(self, n_groups: int, current_version: int, timeout_s: float) -> Batch:
         """Up to ``n_groups`` groups: reclaimed pending entries first, then new ones, blocking
@@ -145,6 +157,11 @@ class GroupReader:
         stale = 0
         for raw_id, fields in entries:
             entry_id = _id(raw_id)
+            if entry_id in self._held:
+                continue
+            if entry_id in self._committed:
+                drop.append(entry_id)
+                continue
             data = (fields or {}).get(READY_STREAM_FIELD.encode()) if fields else None
             try:
                 group = unpack_ready_group(data) if data is not None else None

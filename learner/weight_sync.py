@@ -2,14 +2,18 @@
 takes the next ranks.
 
 One push:
-1. read the live servers from Redis (heartbeats); if the set changed since the last push, or
-   the last push failed, rebuild the group: host a fresh ``TCPStore``, ask every server to join
-   epoch ``e`` over HTTP (admin key) while rank 0 joins too;
+1. read the live servers from Redis (heartbeats; only registrations signed with the admin key,
+   ``server.registry``), ask each for ``/health`` (a few seconds at most) and leave out those
+   that do not answer; if the set changed since the last push (a restarted server is a new
+   member), or the last push failed, rebuild the group: host a fresh ``TCPStore``, ask every
+   server to join epoch ``e`` over HTTP (admin key) while rank 0 joins too;
 2. post ``/admin/weights/update`` to every server and broadcast the buckets at the same time;
 3. a server whose HTTP call fails or times out is dropped and logged; the group is rebuilt
    without it and the push retried once, so the live servers end on the new version.
 
-Every wait is bounded: HTTP calls by ``timeout_s``, collectives by the group's timeout.
+Every wait is bounded: HTTP calls by ``timeout_s``, collectives by the group's timeout, the
+health check by ``health_timeout_s``. Redis being down fails the push (``ok=False``, reason in
+``error``); it never raises into the training loop.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from server.redis_schema import Keys
-from server.registry import ServerInfo, live_servers
+from server.registry import ServerInfo, read_registry
 from server.weight_transport import (
     DEFAULT_BUCKET_BYTES,
     Backend,
@@ -50,6 +54,8 @@ class BroadcastReport:
     seconds: float = 0.0
     rebuilt: bool = False
     ok: bool = False  # every live server that was kept loaded the version
+    rejected: list[str] = field(default_factory=list)  # registry entries that did not verify
+    error: str = ""  # why the push failed before reaching any server (e.g. Redis down)
 
 
 def _free_port() -> int:
@@ -82,8 +88,11 @@ class BroadcastSync:
         backend: Backend = "gloo",
         timeout_s: float = 60.0,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        health_timeout_s: float = 3.0,
     ) -> None:
         self.client, self.keys = client, keys
+        self.admin_key = admin_key
+        self.health_timeout_s = min(health_timeout_s, timeout_s)
         self.master_addr, self.backend = master_addr, backend
         self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
         headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
@@ -144,7 +153,8 @@ class BroadcastSync:
         """After a failed round, the culprits: servers whose /health does not answer 200."""
         def healthy(s: ServerInfo) -> bool:
             try:
-                return self.http.get(f"{s.url}/health", timeout=5.0).status_code == 200
+                return self.http.get(f"{s.url}/health",
+                                     timeout=self.health_timeout_s).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -164,10 +174,19 @@ class BroadcastSync:
         named = named_weights(model)
         excluded: set[str] = set()
         for _round in range(3):
-            servers = [s for s in live_servers(self.client, self.keys)
-                       if s.server_id not in excluded]
-            ids = [s.server_id for s in servers]
-            if self.pg is None or ids != [m.server_id for m in self.members]:
+            try:
+                registry = read_registry(self.client, self.keys, self.admin_key)
+            except redis.RedisError as exc:
+                report.error = f"reading the server registry failed: {exc}"
+                log.warning("weight push of version %d: %s", version, report.error)
+                break
+            report.rejected = sorted(registry.rejected)
+            servers = [s for s in registry.servers if s.server_id not in excluded]
+            # Health first: a dead server costs a few seconds here, not the full sync timeout.
+            self._drop(self._unresponsive(servers), excluded, report)
+            servers = [s for s in servers if s.server_id not in excluded]
+            if self.pg is None or [s.member() for s in servers] != [
+                    m.member() for m in self.members]:
                 report.rebuilt = True
                 if not self._rebuild(servers):
                     self._drop(self._unresponsive(servers), excluded, report)
