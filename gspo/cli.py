@@ -155,8 +155,13 @@ def learn(
         typer.echo("invalid learner settings:\n" + msg, err=True)
         raise typer.Exit(2) from exc
     from learner.loop import run_learner
+    from learner.progress import RedisUnavailable
 
-    state = run_learner(cfg)
+    try:
+        state = run_learner(cfg)
+    except RedisUnavailable as exc:  # EX_TEMPFAIL: a supervisor restarts it (compose does)
+        typer.echo(f"learner stopped: {exc}", err=True)
+        raise typer.Exit(75) from exc
     if state is not None:  # None: a data-parallel rank > 0 (rank 0 reports)
         typer.echo(f"stopped at step {state.step}, policy version {state.version}", err=True)
 

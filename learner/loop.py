@@ -326,12 +326,13 @@ class Learner:
         self.groups_trained += len(batch.groups)
         self.pending_ack.extend(batch.entry_ids)
         sync_s = self._push() if self.step % self.config.sync_every == 0 else 0.0
-        ckpt_s = self._checkpoint(force=False)
-        self._publish_state()
         rec = self._record(batch, metrics, invalid,
-                           {"time_wait_s": wait_s, "time_sync_s": sync_s,
-                            "time_checkpoint_s": ckpt_s})
+                           {"time_wait_s": wait_s, "time_sync_s": sync_s})
+        # Logged before the checkpoint that may cover it: a crash right after the save must
+        # not leave a durable step missing from the audit log (``trained_history``).
         self.metrics.log(rec)
+        self._checkpoint(force=False)
+        self._publish_state()
         return rec
 
     def _screen(self, batch: Batch) -> int:
@@ -397,6 +398,9 @@ class Learner:
             assert trainer_state is not None
             save_checkpoint(cfg.save_dir, model, trainer_state, state,
                             tokenizer_src=self.tokenizer_src, keep_last=cfg.keep_last)
+            self.metrics.event({"event": "checkpoint", "run_id": self.run_id,
+                                "step": self.step, "groups": len(self.pending_ack),
+                                "time_checkpoint_s": time.perf_counter() - t0})
         try:
             self.reader.ack(self.pending_ack)
             self.recent_acked.extend(self.pending_ack)
