@@ -91,6 +91,19 @@ def _steps(jsonl: Path) -> int:
     return n
 
 
+def _looping(jsonl: Path, runs: int) -> bool:
+    """The ``runs``-th learner wrote a step or stall record after its start record."""
+    seen, after = 0, False
+    for line in jsonl.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            event = json.loads(line).get("event")
+            if event == "start":
+                seen, after = seen + 1, False
+            elif event in ("step", "stall") and seen == runs:
+                after = True
+    return after
+
+
 def _wait(cond, what: str, proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -115,7 +128,7 @@ def _counter(client: redis.Redis, name: str) -> int:
 def test_sigkills_and_resumes_train_every_group_exactly_once(tiny_model_dir, redis_url,
                                                             tmp_path):
     client = redis.Redis.from_url(redis_url)
-    toml = _toml(tmp_path, tiny_model_dir, redis_url, groups_per_step=2, save_every=2,
+    toml = _toml(tmp_path, tiny_model_dir, redis_url, groups_per_step=2, save_every=3,
                  max_staleness=2, read_timeout_s=0.3, lr=1e-4)
     jsonl, log = tmp_path / "ck" / "metrics.jsonl", tmp_path / "learner.log"
     published: list[str] = []
@@ -125,8 +138,8 @@ def test_sigkills_and_resumes_train_every_group_exactly_once(tiny_model_dir, red
     proc = _spawn(toml, log)
     producer.start()
     try:
-        for _ in range(KILLS):  # kill after 2-3 new steps, at a varying point of a step
-            target = _steps(jsonl) + pick.choice((2, 3))
+        for _ in range(KILLS):  # kill after 3-5 new steps, at a varying point of a step
+            target = _steps(jsonl) + pick.choice((3, 4, 5))
             _wait(lambda t=target: _steps(jsonl) >= t, f"step record {target}", proc, 120)
             time.sleep(pick.uniform(0.0, 0.3))
             proc.send_signal(signal.SIGKILL)
@@ -135,6 +148,8 @@ def test_sigkills_and_resumes_train_every_group_exactly_once(tiny_model_dir, red
         producer.join(timeout=120)
         assert not producer.is_alive() and len(published) == N_GROUPS
         _wait(lambda: _all_delivered(client), "every group delivered", proc, 120)
+        # SIGTERM only once the last learner's loop runs (its signal handlers are installed).
+        _wait(lambda: _looping(jsonl, KILLS + 1), "the last learner's loop", proc, 120)
         proc.send_signal(signal.SIGTERM)  # finish, checkpoint, ack
         assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:

@@ -208,3 +208,21 @@ def test_every_no_progress_state_is_warned_once_and_recorded(
               if '"stall"' in x]
     assert [e["reason"] for e in events] == ["all_stale", "no_groups", "no_servers",
                                              "servers_behind"]
+
+
+def test_gspo_learn_exits_75_with_a_message_when_redis_never_answers(tiny_model_dir,
+                                                                     tmp_path):
+    from tests.conftest import free_port
+    from tests.test_learner_loop import _spawn, _toml
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    toml = _toml(tmp_path, tiny_model_dir, dead, redis_retry_s=2)
+    log = tmp_path / "learner.log"
+    proc = _spawn(toml, log)
+    try:
+        assert proc.wait(timeout=180) == 75, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "learner stopped: Redis unreachable" in text and "(redis_down)" in text
