@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -73,7 +74,14 @@ def load_trainer_state(
     ``weights_only=True``: the file holds only tensors and plain containers (see
     ``capture_rng``), so whoever can write the save directory cannot make loading run code.
     """
-    return torch.load(Path(path) / TRAINER_FILE, map_location=map_location, weights_only=True)
+    file = Path(path) / TRAINER_FILE
+    try:
+        return torch.load(file, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"{file} holds more than tensors and plain containers (weights only "
+                         "load refused it): not loaded, since unpickling it could run code. "
+                         "Checkpoints written before weights_only loading keep their "
+                         "weights (model.safetensors) but not the optimiser state") from exc
 
 
 def capture_rng() -> dict[str, Any]:
