@@ -79,6 +79,7 @@ from server.registry import read_registry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_REDIS_SOCKET_TIMEOUT_S = 30.0
 _HEAL_INTERVAL_S = 5.0  # > the servers' heartbeat interval (2 s): versions have settled
 
 
@@ -117,7 +118,11 @@ class Learner:
         self.config = config
         self.dist = dist
         self.run_id = uuid.uuid4().hex[:12]
-        self.client = client or redis.Redis.from_url(config.redis_url)
+        # Bounded socket waits: a paused Redis is an error to retry, not a hang (reads block
+        # in slices of at most 1 s, see learner.reader).
+        self.client = client or redis.Redis.from_url(
+            config.redis_url, socket_timeout=_REDIS_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=_REDIS_SOCKET_TIMEOUT_S)
         self.keys = Keys(config.key_prefix)
         self.sync = sync if sync is not None else build_weight_sync(config, self.client)
         ckpt = self._checkpoint_to_resume()
