@@ -65,9 +65,10 @@ class ProgressMonitor:
             log.info("%s ended after %.0f s", reason, time.monotonic() - start)
 
     def progressed(self) -> dict[str, Any]:
-        """A step was trained: every no-progress state ends. Returns the step record's
-        ``stalls`` field (iterations per reason since the previous step)."""
-        for reason in list(self.since):
+        """A step was trained: the states about the queue end (the server states end when a
+        registry check says so: training on a backlog does not bring a server back). Returns
+        the step record's ``stalls`` field (iterations per reason since the previous step)."""
+        for reason in ("redis_down", "all_stale", "no_groups"):
             self.clear(reason)
         counts, self.counts = dict(self.counts), Counter()
         return {"stalls": counts}

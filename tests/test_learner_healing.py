@@ -226,3 +226,22 @@ def test_gspo_learn_exits_75_with_a_message_when_redis_never_answers(tiny_model_
             proc.kill()
     text = log.read_text()
     assert "learner stopped: Redis unreachable" in text and "(redis_down)" in text
+
+
+def test_a_server_state_is_not_warned_again_by_each_trained_step(tmp_path, caplog):
+    from learner.metrics import MetricsLogger
+    from learner.progress import ProgressMonitor
+
+    monitor = ProgressMonitor(MetricsLogger(tmp_path / "m.jsonl", console=False))
+    with caplog.at_level(logging.WARNING, logger="learner.progress"):
+        for _ in range(3):  # training goes on from a backlog while no server is registered
+            monitor.stalled("no_servers", "none registered")
+            monitor.stalled("no_groups", "empty")
+            assert monitor.progressed()["stalls"] == {"no_servers": 1, "no_groups": 1}
+    warned = [r.getMessage() for r in caplog.records]
+    assert sum("(no_servers)" in m for m in warned) == 1  # once per interval, not per step
+    assert sum("(no_groups)" in m for m in warned) == 3  # a trained step ends that state
+    monitor.clear("no_servers")
+    with caplog.at_level(logging.WARNING, logger="learner.progress"):
+        monitor.stalled("no_servers", "gone again")
+    assert sum("(no_servers)" in r.getMessage() for r in caplog.records) == 2
