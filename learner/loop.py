@@ -69,13 +69,13 @@ from learner.checkpoint import (
 )
 from learner.config import LearnerConfig
 from learner.distributed import DistContext, export_full, follow, init_from_env, load_policy
+from learner.healing import ServerHealer
 from learner.metrics import MetricsLogger, read_drop_counters, reward_stats, staleness_histogram
 from learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
 from learner.reader import Batch, GroupReader
 from learner.sync_base import NoSync, WeightSync
 from learner.trainer import Trainer
 from server.redis_schema import Keys
-from server.registry import read_registry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -151,7 +151,10 @@ class Learner:
         self.metrics = MetricsLogger(config.metrics_path, config.tensorboard_dir, config.console)
         self.progress = ProgressMonitor(self.metrics)
         self.retry = RedisRetry(config.redis_retry_s)
-        self._pushed_version, self._last_heal, self.registry_rejected = -1, 0.0, 0
+        self._pushed_version = -1
+        key = config.admin_key.get_secret_value() if config.admin_key else None
+        self.healer = None if isinstance(self.sync, NoSync) else ServerHealer(
+            self.client, self.keys, key, self.progress, _HEAL_INTERVAL_S)
         self.reader = self._retrying(lambda: GroupReader(
             self.client, self.keys, config.consumer, config.max_staleness))
         if ckpt is not None:  # idempotent: the crash may follow the ack
@@ -280,30 +283,9 @@ class Learner:
         self.reader.rearm(held=self.pending_ack, committed=self.recent_acked)
 
     def _heal(self) -> None:
-        """Every few seconds: find live servers behind the last push (restarted) and push
-        again; name the no-progress states that the registry shows."""
-        now = time.monotonic()
-        if isinstance(self.sync, NoSync) or now - self._last_heal < _HEAL_INTERVAL_S:
-            return
-        self._last_heal = now
-        key = self.config.admin_key
-        reg = read_registry(self.client, self.keys, key.get_secret_value() if key else None)
-        self.registry_rejected = len(reg.rejected)
-        if not reg.servers:
-            self.progress.stalled("no_servers", f"no live verified server registered "
-                                  f"({len(reg.rejected)} entries rejected)")
-            return
-        self.progress.clear("no_servers")
-        behind = [s for s in reg.servers if 0 <= s.policy_version < self._pushed_version]
-        if not behind:
-            self.progress.clear("servers_behind")
-            return
-        log.info("servers %s are behind version %d: pushing",
-                 [f"{s.server_id}@{s.policy_version}" for s in behind], self._pushed_version)
-        if not self._push_ok():
-            ids = [s.server_id for s in behind]
-            self.progress.stalled("servers_behind", f"learner at version {self.version}, "
-                                  f"servers {ids} behind it; the push failed")
+        """Push to restarted servers (``learner.healing``); raises on Redis errors."""
+        if self.healer is not None:
+            self.healer.check(self._pushed_version, self.version, self._push_ok)
 
     def run_step(self) -> dict[str, Any] | None:
         """Read one batch and train on it; returns the step record (None: nothing trained)."""
@@ -385,7 +367,8 @@ class Learner:
             log.warning("weight push of version %d did not reach every server", self.version)
         self._last_sync_ok = bool(report.ok)
         self._pushed_version = self.version
-        self._last_heal = time.monotonic()  # heartbeats need a few seconds to show it
+        if self.healer is not None:
+            self.healer.pushed()
         return self._last_sync_ok
 
     def _checkpoint(self, force: bool) -> float:
@@ -437,7 +420,8 @@ class Learner:
             "dropped": dropped, "dropped_stale_step": batch.dropped_stale,
             "dropped_invalid_step": invalid, "reclaimed": batch.reclaimed,
             "sync_ok": getattr(self, "_last_sync_ok", True),
-            "registry_rejected": self.registry_rejected, **self.progress.progressed(),
+            "registry_rejected": self.healer.rejected if self.healer else 0,
+            **self.progress.progressed(),
             "group_ids": [g.group_id for g in batch.groups], "entry_ids": batch.entry_ids,
         }
 

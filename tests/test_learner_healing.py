@@ -189,9 +189,9 @@ def test_every_no_progress_state_is_warned_once_and_recorded(
     with caplog.at_level(logging.WARNING, logger="learner.progress"):
         for _ in range(4):
             assert learner.run_step() is None
-        learner._last_heal = 0.0  # due now (not 5 s after the start-up push)
+        learner.healer.last_check = 0.0  # due now (not 5 s after the start-up push)
         learner._heal()  # no server registered
-        learner._last_heal = 0.0
+        learner.healer.last_check = 0.0
         register(client, KEYS, ServerInfo(server_id="s", url="http://127.0.0.1:9",
                                            engine="hf", model="m", policy_version=0),
                  ADMIN_KEY)
