@@ -149,7 +149,7 @@ class Learner:
             self._restore(ckpt)
         self.resumed_from = self.step
         self.metrics = MetricsLogger(config.metrics_path, config.tensorboard_dir, config.console)
-        self.progress = ProgressMonitor(self.metrics)
+        self.progress = ProgressMonitor(self.metrics, run_id=self.run_id)
         self.retry = RedisRetry(config.redis_retry_s)
         self._pushed_version = -1
         key = config.admin_key.get_secret_value() if config.admin_key else None

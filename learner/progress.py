@@ -36,8 +36,9 @@ class RedisUnavailable(RuntimeError):
 class ProgressMonitor:
     """Tracks the no-progress states; ``stalled`` reports one, ``progressed`` ends them."""
 
-    def __init__(self, metrics: MetricsLogger, interval_s: float = 30.0) -> None:
-        self.metrics = metrics
+    def __init__(self, metrics: MetricsLogger, interval_s: float = 30.0,
+                 run_id: str = "") -> None:
+        self.metrics, self.run_id = metrics, run_id
         self.interval_s = interval_s
         self.since: dict[str, float] = {}  # reason -> when it started (monotonic)
         self._last_warned: dict[str, float] = {}
@@ -54,8 +55,9 @@ class ProgressMonitor:
             return
         self._last_warned[reason] = now
         log.warning("no training progress (%s) for %.0f s: %s", reason, now - start, detail)
-        self.metrics.event({"event": "stall", "reason": reason, "detail": detail,
-                            "for_s": round(now - start, 3), "time": time.time()})
+        self.metrics.event({"event": "stall", "run_id": self.run_id, "reason": reason,
+                            "detail": detail, "for_s": round(now - start, 3),
+                            "time": time.time()})
 
     def clear(self, reason: str) -> None:
         """``reason`` no longer holds (the next occurrence warns at once)."""

@@ -81,27 +81,30 @@ async def _produce(redis_url: str, stop: threading.Event, out: list[str]) -> Non
         await client.aclose()
 
 
-def _steps(jsonl: Path) -> int:
+def _run_steps(jsonl: Path, run: int) -> int:
+    """Step records written by the ``run``-th learner run (0 until it has started)."""
     if not jsonl.exists():
         return 0
-    n = 0
-    for line in jsonl.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            n += json.loads(line).get("event") == "step"
-    return n
-
-
-def _looping(jsonl: Path, runs: int) -> bool:
-    """The ``runs``-th learner wrote a step or stall record after its start record."""
-    seen, after = 0, False
+    seen, n = 0, 0
     for line in jsonl.read_text().splitlines():
         with contextlib.suppress(json.JSONDecodeError):
             event = json.loads(line).get("event")
-            if event == "start":
-                seen, after = seen + 1, False
-            elif event in ("step", "stall") and seen == runs:
-                after = True
-    return after
+            seen += event == "start"
+            n += event == "step" and seen == run
+    return n
+
+
+def _idle(jsonl: Path, run: int) -> bool:
+    """The ``run``-th learner's last step or stall record says it found nothing to read: its
+    startup claim is done and the stream had nothing new (what it holds is trained)."""
+    seen, last = 0, None
+    for line in jsonl.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            rec = json.loads(line)
+            seen += rec.get("event") == "start"
+            if seen == run and rec.get("event") in ("step", "stall"):
+                last = rec
+    return last is not None and last.get("reason") == "no_groups"
 
 
 def _wait(cond, what: str, proc: subprocess.Popen, timeout: float) -> None:
@@ -138,9 +141,13 @@ def test_sigkills_and_resumes_train_every_group_exactly_once(tiny_model_dir, red
     proc = _spawn(toml, log)
     producer.start()
     try:
-        for _ in range(KILLS):  # kill after 3-5 new steps, at a varying point of a step
-            target = _steps(jsonl) + pick.choice((3, 4, 5))
-            _wait(lambda t=target: _steps(jsonl) >= t, f"step record {target}", proc, 120)
+        for k in range(1, KILLS + 1):
+            # Spread the kills over the run (the producer stays at most 4 groups ahead of the
+            # learner), each once this learner has trained a few steps, at a varying point.
+            due = k * N_GROUPS // (KILLS + 1)
+            least = pick.choice((2, 3, 4))
+            _wait(lambda d=due, n=least, k=k: len(published) >= d and _run_steps(jsonl, k) >= n,
+                  f"kill {k}: {due} groups published, {least} steps trained", proc, 120)
             time.sleep(pick.uniform(0.0, 0.3))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
@@ -148,8 +155,9 @@ def test_sigkills_and_resumes_train_every_group_exactly_once(tiny_model_dir, red
         producer.join(timeout=120)
         assert not producer.is_alive() and len(published) == N_GROUPS
         _wait(lambda: _all_delivered(client), "every group delivered", proc, 120)
-        # SIGTERM only once the last learner's loop runs (its signal handlers are installed).
-        _wait(lambda: _looping(jsonl, KILLS + 1), "the last learner's loop", proc, 120)
+        # SIGTERM once the last learner has read everything (its loop runs, so its signal
+        # handlers are installed; a batch it is training is finished and checkpointed).
+        _wait(lambda: _idle(jsonl, KILLS + 1), "the last learner idle", proc, 120)
         proc.send_signal(signal.SIGTERM)  # finish, checkpoint, ack
         assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
