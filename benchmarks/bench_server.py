@@ -261,11 +261,12 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
     engine = HFEngine(str(model), max_batch_size=args.max_batch_size, device=args.device)
     await engine.start()
     n_req = args.concurrency * args.waves
-    prompts = make_prompts(max(args.pairs_1, n_req), args.prompt_len, 900)
+    n_all = max(args.pairs_1, n_req, 4)  # the warm-up sends 4, the c=1 pairs pairs_1
+    prompts = make_prompts(n_all, args.prompt_len, 900)
     engine_clocks = {"serving": cpu_clock(None)}
     server_clocks = {"serving": cpu_clock(server_pid), "client": cpu_clock(None),
                      "redis": cpu_clock(redis_pid)}
-    lengths = request_lengths(n_req, args.max_tokens, "fixed")
+    lengths = request_lengths(n_all, args.max_tokens, "fixed")
 
     async def direct(i: int) -> int:
         params = SamplingParams(max_tokens=lengths[i], temperature=1.0, seed=i)
@@ -292,7 +293,7 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
             res.c1.append(await both([i], 1, swap=i % 2 == 1))
         for r in range(2 * args.rounds):  # c=N: one phase each way, back to back
             kind = "fixed" if r % 2 == 0 else "mixed"
-            lengths[:] = request_lengths(n_req, args.max_tokens, kind)
+            lengths[:n_req] = request_lengths(n_req, args.max_tokens, kind)
             e, s = await both(list(range(n_req)), args.concurrency, swap=(r // 2) % 2 == 1)
             getattr(res, kind).append((e, s))
             print(f"c={args.concurrency} {kind} round {r // 2 + 1}: tok/s engine {e.tps:.0f} "

@@ -51,6 +51,7 @@ def plot(runs: dict[str, list[dict]], out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-steps", type=int, default=60)
+    ap.add_argument("--groups-per-step", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -61,6 +62,7 @@ def main() -> None:
     sampled: dict[str, dict[str, float]] = {}
     for kind in KINDS:
         cfg = UpConfig(run_dir=root / kind, loss=kind, max_steps=args.max_steps, lr=args.lr,
+                       groups_per_step=args.groups_per_step,
                        minutes=args.minutes, seed=args.seed)
         result = run_up(cfg)
         runs[kind] = [r for r in step_records(read_metrics(result.metrics_path))

@@ -13,7 +13,9 @@ Two shapes:
   as returned (see ``server/episodes.py``).
 
 ``run_groups`` / ``arun_groups`` drive either shape with bounded concurrency and post the
-rewards. A scoring function that raises stops the run: errors are never turned into a reward.
+rewards. Errors are never turned into a reward: a group whose episode, sampling or scoring
+raises is retried or abandoned (``clients.failures.FailurePolicy``), counted in ``RunStats``,
+and the run goes on.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clients.client import AsyncGSPOClient, RetryPolicy
+from clients.failures import FailurePolicy, RunStats, record_failure
 
 
 @dataclass
@@ -158,18 +161,37 @@ async def arun_groups(
     on_group: Callable[[GroupOutcome], None] | None = None,
     stop: asyncio.Event | None = None,
     gate: Callable[[], Awaitable[None]] | None = None,
+    failures: FailurePolicy = FailurePolicy(),
+    stats: RunStats | None = None,
 ) -> list[GroupOutcome]:
     """Run ``num_groups`` groups (forever if None, until ``stop`` is set), ``concurrency`` at a
     time. ``gate`` is awaited before each group starts: backpressure, e.g. wait while the
-    learner has more groups waiting than it can train within its staleness bound. The first
-    exception cancels the rest and propagates. ``model``: the served model's name for the
-    episodes' chat completions (None: asked from the server once, when needed)."""
+    learner has more groups waiting than it can train within its staleness bound. A failed
+    group is retried or abandoned by ``failures`` and counted in ``stats`` (pass one to read
+    the counts); ``num_groups`` counts tasks started, abandoned ones included. An error the
+    policy does not absorb cancels the rest and propagates. ``model``: the served model's
+    name for the episodes' chat completions (None: asked from the server once, when needed)."""
     rng = random.Random(seed)
     if model is None and isinstance(env, MultiTurnEnvironment):
         model = await served_model(client)
     outcomes: list[GroupOutcome] = []
     started = 0
     stop = stop or asyncio.Event()
+    stats = stats if stats is not None else RunStats()
+
+    async def play(task: Any) -> GroupOutcome | None:
+        """The task's group, retried by the policy; None when abandoned."""
+        for attempt in range(failures.max_retries + 1):
+            try:
+                outcome = await arun_group(env, client, task, model)
+            except Exception as exc:  # noqa: BLE001 - counted and re-raised by the policy
+                if not record_failure(stats, failures, exc, attempt, repr(task)[:80]):
+                    return None
+            else:
+                stats.completed += 1
+                stats.consecutive_failures = 0
+                return outcome
+        return None
 
     async def worker() -> None:
         nonlocal started
@@ -179,41 +201,58 @@ async def arun_groups(
                 if stop.is_set():
                     break
             started += 1
-            outcome = await arun_group(env, client, env.sample_task(rng), model)
+            outcome = await play(env.sample_task(rng))
+            if outcome is None:
+                continue
             outcomes.append(outcome)
             if on_group is not None:
                 on_group(outcome)
 
-    async with asyncio.TaskGroup() as tg:
-        for _ in range(concurrency):
-            tg.create_task(worker())
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(concurrency):
+                tg.create_task(worker())
+    except ExceptionGroup as group:  # one worker's error: raise it as itself
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
     return outcomes
 
 
 def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
                api_key: str | None = None, concurrency: int = 4, seed: int = 0,
                model: str | None = None, retry: RetryPolicy = RetryPolicy(),
-               on_group: Callable[[GroupOutcome], None] | None = None) -> list[GroupOutcome]:
+               on_group: Callable[[GroupOutcome], None] | None = None,
+               failures: FailurePolicy = FailurePolicy(),
+               stats: RunStats | None = None) -> list[GroupOutcome]:
     """Synchronous entry point: runs ``arun_groups`` on a fresh event loop."""
 
     async def main() -> list[GroupOutcome]:
         async with AsyncGSPOClient(base_url, api_key=api_key, retry=retry) as client:
             return await arun_groups(env, client, num_groups, concurrency=concurrency,
-                                     seed=seed, model=model, on_group=on_group)
+                                     seed=seed, model=model, on_group=on_group,
+                                     failures=failures, stats=stats)
 
     return asyncio.run(main())
 
 
 def run_and_print(env: Environment, base_url: str, num_groups: int | None, *,
-                  api_key: str | None = None, concurrency: int = 4, seed: int = 0) -> float:
+                  api_key: str | None = None, concurrency: int = 4, seed: int = 0,
+                  failures: FailurePolicy = FailurePolicy()) -> float:
     """``run_groups`` for a terminal: prints each group's mean reward as it finishes, then the
-    mean over all groups, and returns it (the examples' and ``gspo env``'s entry point)."""
+    mean over all groups and the failure counts, and returns the mean (the examples' and
+    ``gspo env``'s entry point)."""
+    stats = RunStats()
 
     def report(g: GroupOutcome) -> None:
         print(f"{g.group_id} reward {sum(g.rewards) / len(g.rewards):.3f}", flush=True)
 
-    outcomes = run_groups(env, base_url, num_groups, api_key=api_key, concurrency=concurrency,
-                          seed=seed, on_group=report)
+    try:
+        outcomes = run_groups(env, base_url, num_groups, api_key=api_key,
+                              concurrency=concurrency, seed=seed, on_group=report,
+                              failures=failures, stats=stats)
+    finally:
+        print(stats.summary(), flush=True)
     mean = sum(sum(g.rewards) / len(g.rewards) for g in outcomes) / max(1, len(outcomes))
     print(f"mean reward over {len(outcomes)} groups: {mean:.3f}")
     return mean

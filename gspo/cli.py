@@ -55,24 +55,50 @@ def serve(
                                   "differ from the API key. (env GSPO_ADMIN_KEY)"),
     device: str = typer.Option(None, help="Torch device of the hf engine (cpu, cuda, ...)."),
     max_batch_size: int = typer.Option(None, help="Most sequences decoded together."),
+    dtype: str = typer.Option(None, help="auto | float32 | bfloat16 | float16 (default auto: "
+                              "bfloat16 on GPUs, float32 on CPUs)."),
+    max_model_len: int = typer.Option(None, help="Longest prompt + completion (default: the "
+                                      "model's)."),
+    tensor_parallel_size: int = typer.Option(None, help="vLLM: GPUs to shard the model over."),
+    gpu_memory_utilization: float = typer.Option(None, help="vLLM: share of GPU memory for "
+                                                 "weights + KV cache (default 0.9; lower it "
+                                                 "when the learner shares the GPU)."),
+    enforce_eager: bool = typer.Option(None, "--enforce-eager/--no-enforce-eager",
+                                       help="vLLM: no CUDA graphs (default: eager on CPU)."),
+    vllm_arg: list[str] = typer.Option(None, "--vllm-arg", help="vLLM: any other engine "
+                                       "argument as key=value (value parsed as JSON when it "
+                                       "is JSON), repeatable: --vllm-arg swap_space=8."),
     max_n: int = typer.Option(None, help="Most samples per request."),
     max_tokens: int = typer.Option(None, help="Most generated tokens per sample."),
     max_body_bytes: int = typer.Option(None, help="Largest accepted request body."),
+    max_ready_groups: int = typer.Option(None, help="Bound on the ready queue: new groups get "
+                                         "a 503 while the learner is this far behind; 0: "
+                                         "none. (default: 1024)"),
     max_episode_turns: int = typer.Option(None, help="Most model turns of a multi-turn "
                                           "episode. (default: 64)"),
     episode_history_rewrite: str = typer.Option(None, help="When the chat template rewrites "
                                                 "an episode's history: append | reject. "
                                                 "(default: append)"),
+    tool_call_parser: str = typer.Option(None, help="Tool-call format of the model: hermes | "
+                                         "llama3_json | mistral | qwen3_coder | none. "
+                                         "(default: hermes)"),
+    reasoning_parser: str = typer.Option(None, help="Reasoning format, returned as "
+                                         "reasoning_content: none | qwen3 | deepseek_r1. "
+                                         "(default: none)"),
     group_ttl_s: float = typer.Option(None, help="Seconds a group waits for its rewards."),
     server_id: str = typer.Option(None, help="Id in the Redis server registry."),
     advertise_url: str = typer.Option(None, help="URL the learner reaches this server at."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
 ) -> None:
     """Run the rollout server (HTTP API + engine). Unset flags fall back to GSPO_* env vars."""
-    flags = {k: v for k, v in locals().items() if v is not None and k not in
-             ("log_level", "group_ttl_s")}
-    if group_ttl_s is not None:
-        flags["queue"] = {"group_ttl_s": group_ttl_s}
+    params = dict(locals())  # the flags, before any other local name exists
+    from gspo.engine_args import serve_flags
+
+    try:
+        flags = serve_flags(params)
+    except ValueError as exc:
+        typer.echo(f"invalid --vllm-arg: {exc}", err=True)
+        raise typer.Exit(2) from exc
     from pydantic import ValidationError
 
     from server.settings import ServerSettings
@@ -171,35 +197,35 @@ def learn(
 
 @app.command()
 def env(
-    name: str = typer.Argument("alphabet", help="Example environment: alphabet | calculator."),
+    name: str = typer.Argument("alphabet", help="Environment: alphabet | calculator | "
+                               "path/to/module.py:EnvClass | package.module:EnvClass."),
     url: str = typer.Option("http://127.0.0.1:8000", envvar="GSPO_SERVER_URL",
                             help="Rollout server base URL. (env GSPO_SERVER_URL)"),
     groups: int = typer.Option(0, help="Groups to run; 0 runs until stopped."),
-    group_size: int = typer.Option(8, help="Samples (episodes) per group."),
+    group_size: int = typer.Option(None, help="Samples (episodes) per group. (default: the "
+                                   "environment's own; 8 for the examples)"),
     concurrency: int = typer.Option(4, help="Groups run at the same time."),
     seed: int = typer.Option(0, help="Seed of the task sampler."),
+    on_error: str = typer.Option("retry", help="A failed group: retry | abandon | raise."),
+    max_retries: int = typer.Option(1, help="Retries of a failed group's task (retry)."),
 ) -> None:
-    """Run an example environment against a rollout server (reads env GSPO_API_KEY)."""
+    """Run an environment against a rollout server (reads env GSPO_API_KEY)."""
     import os
 
-    from clients.environment import Environment, run_and_print
-
-    environment: Environment
-    if name == "alphabet":
-        from clients.examples.alphabet import AlphabetEnvironment
-
-        environment = AlphabetEnvironment(group_size=group_size)
-    elif name == "calculator":
-        from clients.examples.calculator import CalculatorEnvironment
-
-        environment = CalculatorEnvironment(group_size=group_size)
-    else:
-        typer.echo(f"unknown environment {name!r}: alphabet | calculator", err=True)
-        raise typer.Exit(2)
+    from clients.environment import run_and_print
+    from clients.failures import FailurePolicy
+    from clients.loading import BUILTIN, load_environment
 
     try:
+        size = group_size if group_size is not None else (8 if name in BUILTIN else None)
+        environment = load_environment(name, size)
+        policy = FailurePolicy(on_error=on_error, max_retries=max_retries)  # type: ignore[arg-type]
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    try:
         run_and_print(environment, url, groups or None, api_key=os.environ.get("GSPO_API_KEY"),
-                      concurrency=concurrency, seed=seed)
+                      concurrency=concurrency, seed=seed, failures=policy)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -222,6 +248,10 @@ def up(
     target_reward: float = typer.Option(0.8, help="Stop once the mean reward of the last 32 "
                                         "sampled groups reaches this (0: never)."),
     seed: int = typer.Option(0, help="Seed of the tiny model, the tasks and the learner."),
+    device: str = typer.Option(None, help="Device of the server and the learner: cpu | cuda "
+                               "| cuda:N. One GPU: weights pass as CUDA IPC handles. "
+                               "(default: each picks, CUDA when available)"),
+    engine: str = typer.Option("hf", help="Rollout engine: hf | vllm."),
 ) -> None:
     """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
     from pathlib import Path
@@ -233,7 +263,7 @@ def up(
                    group_size=group_size, lr=lr, max_staleness=max_staleness,
                    concurrency=concurrency, minutes=minutes,
                    target_reward=target_reward or None,
-                   seed=seed)
+                   seed=seed, device=device, engine=engine)
     try:
         result = run_up(cfg)
     except KeyboardInterrupt:

@@ -123,23 +123,23 @@ def summarize(records: list[dict[str, Any]], threshold: float = 0.8, window: int
     out: dict[str, float] = {"steps": float(len(steps))}
     if env_records:
         rewards = [float(r["reward"]) for r in env_records]
-        moving = moving(rewards, ENV_WINDOW)
+        env_avg = moving(rewards, ENV_WINDOW)
         t0 = env_records[0]["time"]
-        out["sampled_final_reward"] = moving[-1]
+        out["sampled_final_reward"] = env_avg[-1]
         out["sampled_time_to_threshold_s"] = next(
-            (env_records[i]["time"] - t0 for i, m in enumerate(moving)
+            (env_records[i]["time"] - t0 for i, m in enumerate(env_avg)
              if i + 1 >= ENV_WINDOW and m >= threshold), float("nan"))
     if len(steps) < 2:
         return out
     t0, t1 = steps[0]["time"], steps[-1]["time"]
-    moving = moving([float(r["reward_mean"]) for r in steps], window)
+    step_avg = moving([float(r["reward_mean"]) for r in steps], window)
     stale = [(int(k), v) for r in steps for k, v in (r.get("staleness") or {}).items()]
     n_stale = sum(v for _, v in stale)
     out.update({
         "tokens_per_s": sum(float(r.get("tokens", 0)) for r in steps[1:]) / max(t1 - t0, 1e-9),
-        "time_to_threshold_s": next((steps[i]["time"] - t0 for i, m in enumerate(moving)
+        "time_to_threshold_s": next((steps[i]["time"] - t0 for i, m in enumerate(step_avg)
                                      if m >= threshold), float("nan")),
-        "final_reward": moving[-1],
+        "final_reward": step_avg[-1],
         "staleness_mean": sum(k * v for k, v in stale) / n_stale if n_stale else 0.0,
         "clip_fraction_mean": sum(float(r.get("clip_fraction", 0.0)) for r in steps) / len(steps),
         "dropped_stale": float((steps[-1].get("dropped") or {}).get("dropped_stale", 0)),

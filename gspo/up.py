@@ -55,6 +55,9 @@ class UpConfig:
     minutes: float = 10.0  # hard wall-clock limit
     target_reward: float | None = None  # stop once the last 32 sampled groups average this
     seed: int = 0
+    device: str | None = None  # server and learner device (cpu, cuda, cuda:1); None: theirs
+    engine: str = "hf"
+    gpu_memory_utilization: float = 0.3  # vLLM's share when it shares the GPU with the learner
     extra_learn_args: list[str] = field(default_factory=list)
 
 
@@ -147,6 +150,22 @@ def _gspo(*args: str) -> list[str]:
     return [sys.executable, "-m", "gspo.cli", *args]
 
 
+def _server_device_args(cfg: UpConfig) -> list[str]:
+    """Server flags for ``cfg.device``. Server and learner on one GPU: the learner passes
+    its weights as CUDA IPC handles (chosen automatically, ``server.weight_transport``), and
+    vLLM takes only ``gpu_memory_utilization`` of the GPU so that the learner fits. float32
+    on every device: the learner uses the servers' log-probabilities as pi_old ("behavior"),
+    exact only when both sides compute in the same dtype (README, "On GPUs")."""
+    args = ["--engine", cfg.engine, "--dtype", "float32"]
+    if cfg.device is None:
+        return args
+    if cfg.engine == "vllm":
+        if cfg.device.startswith("cuda"):
+            args += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+        return args
+    return [*args, "--device", cfg.device]
+
+
 def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     """Redis, model, server, learner. Returns (server URL, api key, redis URL, metrics)."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
@@ -161,7 +180,8 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     port = _free_port()
     procs.start("server", _gspo("serve", "--model", model, "--port", str(port),
                                 "--redis-url", redis_url, "--server-id", "up-server",
-                                "--log-level", "warning"), env=keys_env)
+                                "--log-level", "warning", *_server_device_args(cfg)),
+                env=keys_env)
     url = f"http://127.0.0.1:{port}"
     _wait_http(f"{url}/health", procs, "server", timeout_s=120)
     metrics = cfg.run_dir / "metrics.jsonl"
@@ -170,7 +190,8 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         "--max-staleness", str(cfg.max_staleness), "--groups-per-step",
         str(cfg.groups_per_step), "--lr", str(cfg.lr), "--max-steps", str(cfg.max_steps),
         "--save-dir", str(cfg.run_dir / "checkpoints"), "--metrics-jsonl", str(metrics),
-        "--weight-sync", "broadcast", "--seed", str(cfg.seed), *cfg.extra_learn_args),
+        "--weight-sync", "broadcast", "--seed", str(cfg.seed),
+        *(["--device", cfg.device] if cfg.device else []), *cfg.extra_learn_args),
         env=keys_env)
     return url, api_key, redis_url, metrics
 

@@ -60,6 +60,8 @@ class Sample:
     advantage: float | np.ndarray  # scalar, or float32 [L] per-token advantages
     rollout_id: str
     group_index: int  # index of the group in the step's list
+    top_p: float = 1.0  # the sampler's cut (learner.sampling_dist): 1 and 0 are "off"
+    top_k: int = 0
 
     @property
     def length(self) -> int:
@@ -83,6 +85,9 @@ class MicroBatch:
     lengths_B: torch.Tensor  # int64 real lengths
     rollout_ids: list[str]
     loss_scale: float = 1.0  # n_valid(this) / n_valid(minibatch)
+    # The sampler's top-p / top-k cut per row (None: no row has one; see policy.Policy).
+    top_p_B: torch.Tensor | None = None  # float32
+    top_k_B: torch.Tensor | None = None  # int64
     # Filled by the trainer in "recompute" mode: pi_prox and the truncated IS weights.
     old_BT: torch.Tensor | None = None
     is_weights_B: torch.Tensor | None = None
@@ -164,9 +169,12 @@ def _sample(r: RolloutRecord, adv: float | np.ndarray, group_index: int) -> Samp
         adv = np.where(mask > 0, adv.astype(np.float32), 0.0).astype(np.float32)
     elif not np.isfinite(adv):
         raise ValueError(f"rollout {r.rollout_id}: non-finite advantage {adv}")
+    if not 0 < r.top_p <= 1:
+        raise ValueError(f"rollout {r.rollout_id}: top_p must be in (0, 1], got {r.top_p}")
     return Sample(tokens_L=np.asarray(r.token_ids, dtype=np.int64), mask_L=mask,
                   behavior_L=behavior.astype(np.float32), temperature=float(r.temperature),
-                  advantage=adv, rollout_id=r.rollout_id, group_index=group_index)
+                  advantage=adv, rollout_id=r.rollout_id, group_index=group_index,
+                  top_p=float(r.top_p), top_k=max(int(r.top_k), 0))
 
 
 def collate(samples: Sequence[Sample]) -> MicroBatch:
@@ -186,7 +194,10 @@ def collate(samples: Sequence[Sample]) -> MicroBatch:
             adv[i, :n] = s.advantage * s.mask_L if np.isscalar(s.advantage) else s.advantage
         else:
             adv[i] = s.advantage
+    cut = any(s.top_p < 1.0 or s.top_k > 0 for s in samples)
     return MicroBatch(
+        top_p_B=torch.tensor([s.top_p for s in samples], dtype=torch.float32) if cut else None,
+        top_k_B=torch.tensor([s.top_k for s in samples], dtype=torch.int64) if cut else None,
         tokens_BT=torch.from_numpy(tokens), attention_BT=torch.from_numpy(attention),
         mask_BT=torch.from_numpy(mask), behavior_BT=torch.from_numpy(behavior),
         temperature_B=torch.tensor([s.temperature for s in samples], dtype=torch.float32),

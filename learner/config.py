@@ -61,8 +61,9 @@ class LearnerConfig(BaseModel):
     microbatches of a minibatch accumulate. Bounds activation memory, not the maths."""
 
     # ---------------------------------------------------------------- optimiser
-    lr: float = Field(default=1e-6, gt=0.0)
-    """AdamW learning rate (after warm-up)."""
+    lr: float = Field(default=1e-5, gt=0.0)
+    """AdamW learning rate (after warm-up). The default moves a small (~1B) model within tens
+    of steps; large models usually want 1e-6, the tiny demo model 2e-3 (``gspo up``)."""
     warmup_steps: int = Field(default=0, ge=0)
     """Linear learning-rate warm-up, in optimizer steps."""
     weight_decay: float = Field(default=0.0, ge=0.0)
@@ -109,13 +110,15 @@ class LearnerConfig(BaseModel):
     """Resume from the newest complete checkpoint in ``save_dir`` (fresh start if none)."""
     sync_every: int = Field(default=1, ge=1)
     """Push weights to the rollout servers every k steps."""
-    weight_sync: Literal["none", "broadcast"] = "none"
-    """"broadcast": push to every live registered server (``learner.weight_sync``);
-    "none": servers keep their weights (offline training, tests)."""
+    weight_sync: Literal["none", "broadcast"] = "broadcast"
+    """"broadcast": push to every live registered server (``learner.weight_sync``; none
+    registered: nothing to send); "none": servers keep their weights (offline training,
+    tests): a loud warning at start and on every step line while servers are registered."""
     admin_key: SecretStr | None = None
     """Bearer key of the servers' admin routes (``gspo learn`` reads env GSPO_ADMIN_KEY)."""
     sync_backend: Literal["gloo", "nccl"] = "gloo"
-    """torch.distributed backend of the weight broadcast (nccl when servers are on GPUs)."""
+    """torch.distributed backend of the weight broadcast (nccl when servers are on GPUs). A
+    server on the learner's own GPU gets CUDA IPC handles instead, whatever this says."""
     sync_master_addr: str = "127.0.0.1"
     """Address the servers reach the learner's rendezvous store at."""
     sync_timeout_s: float = Field(default=60.0, gt=0.0)

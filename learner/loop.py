@@ -86,7 +86,7 @@ _HEAL_INTERVAL_S = 5.0  # > the servers' heartbeat interval (2 s): versions have
 def build_weight_sync(config: LearnerConfig, client: redis.Redis) -> WeightSync:
     """The ``WeightSync`` that ``config.weight_sync`` names."""
     if config.weight_sync == "none":
-        return NoSync()
+        return NoSync(client, Keys(config.key_prefix))
     from learner.weight_sync import BroadcastSync
 
     key = config.admin_key.get_secret_value() if config.admin_key is not None else None

@@ -85,7 +85,8 @@ def console_line(rec: dict[str, Any]) -> str:
              f"stale {g('staleness', {})}",
              f"dropped {sum((g('dropped') or {}).values())}",
              f"wait {g('time_wait_s', 0.0):.2f}s compute {g('time_compute_s', 0.0):.2f}s "
-             f"sync {g('time_sync_s', 0.0):.2f}s"]
+             f"sync {g('time_sync_s', 0.0):.2f}s"
+             + ("" if g("sync_ok", True) else " NOT SYNCED: servers run older weights")]
     return " | ".join(parts)
 
 

@@ -2,7 +2,9 @@
 
 ``token_logprobs`` returns ``logprobs_BT`` aligned with ``tokens_BT``: entry ``t`` (t >= 1) is
 ``log_softmax(logits[t-1] / temperature)[tokens[t]]``, exactly what the rollout servers record
-as behavior log-probabilities (after temperature, no top-p/top-k); entry 0 is 0.
+as behavior log-probabilities; entry 0 is 0. Rows sampled with a top-p / top-k cut get the
+log-probability under the same cut, renormalised (``learner.sampling_dist``), as the servers
+record it; rows without one take the lean path below unchanged.
 
 Memory: the ``[B, T, V]`` logits are the largest tensor of a step. Three things keep them lean:
 
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from learner.sampling_dist import sampled_logprobs, truncating
 
 # Row chunk of the logprob kernel: about 2**24 float32 elements (64 MiB) at a time.
 _CHUNK_ELEMS = 2**24
@@ -92,6 +96,36 @@ def selected_logprobs(
     return out_N.view(b, k)
 
 
+def cut_logprobs(
+    logits_BKV: torch.Tensor, targets_BK: torch.Tensor, temperature_B: torch.Tensor,
+    top_p_B: torch.Tensor | None, top_k_B: torch.Tensor | None,
+) -> torch.Tensor:
+    """``selected_logprobs``, except for rows sampled with a top-p / top-k cut: those get
+    ``learner.sampling_dist.sampled_logprobs`` (more memory: plain autograd over their
+    ``[K, V]`` logits in row chunks). Float32 ``[B, K]``."""
+    b, k, v = logits_BKV.shape
+    dev = logits_BKV.device
+    if top_p_B is None or top_k_B is None:
+        return selected_logprobs(logits_BKV, targets_BK, temperature_B)
+    cut_B = truncating(top_p_B.to(dev), top_k_B.to(dev), v)
+    if not bool(cut_B.any()):
+        return selected_logprobs(logits_BKV, targets_BK, temperature_B)
+    out_BK = torch.zeros(b, k, dtype=torch.float32, device=dev)
+    plain, rows = (~cut_B).nonzero()[:, 0], cut_B.nonzero()[:, 0]
+    if plain.numel():
+        out_BK = out_BK.index_put((plain,), selected_logprobs(
+            logits_BKV[plain], targets_BK[plain], temperature_B[plain]))
+    n = rows.numel()
+
+    def per_token(x_R: torch.Tensor) -> torch.Tensor:
+        return x_R.to(dev)[rows][:, None].expand(n, k).reshape(-1)
+
+    lp_N = sampled_logprobs(logits_BKV[rows].reshape(n * k, v), targets_BK[rows].reshape(-1),
+                            per_token(temperature_B.float()), per_token(top_p_B),
+                            per_token(top_k_B))
+    return out_BK.index_put((rows,), lp_N.view(n, k).float())
+
+
 def _disable_dropout(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, nn.Dropout):
@@ -145,11 +179,14 @@ class Policy:
         attention_BT: torch.Tensor,
         temperature_B: torch.Tensor,
         mask_BT: torch.Tensor | None = None,
+        top_p_B: torch.Tensor | None = None,
+        top_k_B: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Float32 ``[B, T]`` log-probs of ``tokens_BT[:, t]`` given ``tokens_BT[:, :t]``.
 
         With ``mask_BT`` only columns from the first trained token on are computed; the others
-        are 0. Differentiable when grad is enabled. Inputs may live on the CPU.
+        are 0. ``top_p_B`` / ``top_k_B``: each row's sampling cut (``cut_logprobs``).
+        Differentiable when grad is enabled. Inputs may live on the CPU.
         """
         dev = self.device
         tokens_BT = tokens_BT.to(dev, non_blocking=True)
@@ -170,6 +207,6 @@ class Policy:
             out = self.model(input_ids=tokens_BT[:, :-1], attention_mask=attention_BT[:, :-1],
                              **kwargs)
         logits = out.logits[:, -keep:]
-        lp_BK = selected_logprobs(logits, tokens_BT[:, first:], temperature_B)
+        lp_BK = cut_logprobs(logits, tokens_BT[:, first:], temperature_B, top_p_B, top_k_B)
         pad = torch.zeros(B, first, dtype=torch.float32, device=dev)
         return torch.cat([pad, lp_BK], dim=1)

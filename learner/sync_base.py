@@ -8,10 +8,17 @@ The loop only knows ``WeightSync``: after every ``sync_every`` steps it calls
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import redis
 import torch
+
+from server.redis_schema import Keys
+from server.registry import live_servers
+
+log = logging.getLogger(__name__)
 
 
 class SyncReport(Protocol):
@@ -46,10 +53,33 @@ class NoSyncReport:
 
 
 class NoSync:
-    """Pushes nothing: the servers keep their weights (or there are none)."""
+    """Pushes nothing: the servers keep their weights (or there are none). Given the Redis
+    client and keys, it checks the server registry at start and on every push: a live server
+    then samples from weights the learner has moved past, which is loud (WARNING, and the
+    push reports ``ok=False`` so every step line says so)."""
+
+    def __init__(self, client: redis.Redis | None = None, keys: Keys | None = None) -> None:
+        self.client, self.keys = client, keys
+        n = self._live()
+        if n:
+            log.warning("weight_sync is 'none' but %d rollout server(s) are registered: they "
+                        "will keep sampling from their initial weights while this learner "
+                        "trains (start it with --weight-sync broadcast)", n)
+
+    def _live(self) -> int:
+        if self.client is None or self.keys is None:
+            return 0
+        try:
+            return len(live_servers(self.client, self.keys))
+        except redis.RedisError:
+            return 0
 
     def push(self, model: torch.nn.Module, version: int) -> NoSyncReport:
-        return NoSyncReport(version=version)
+        n = self._live()
+        if n:
+            log.warning("learner at version %d pushes no weights (weight_sync 'none'): %d "
+                        "registered server(s) are behind", version, n)
+        return NoSyncReport(version=version, ok=not n)
 
     def close(self) -> None:
         return None

@@ -160,6 +160,13 @@ class Trainer:
                 "temperature": m.temperature_B.to(dev), "mask": m.mask_BT.to(dev),
                 "behavior": m.behavior_BT.to(dev), "advantages": m.advantages.to(dev)}
 
+    def _logprobs(self, m: MicroBatch, d: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The policy's log-probs of ``m`` under each row's sampling distribution (the
+        top-p / top-k cut only for batches that have one: the plain call stays the same)."""
+        cut = {} if m.top_p_B is None else {"top_p_B": m.top_p_B, "top_k_B": m.top_k_B}
+        return self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
+                                          d["mask"], **cut)
+
     @torch.no_grad()
     def _recompute(self, shares: list[Share]) -> dict[str, float]:
         """pi_prox for every microbatch (before any update) and the truncated IS weights."""
@@ -169,8 +176,7 @@ class Trainer:
             self._pad_passes(s, backward=False)
         for m in (m for s in shares for m in s.micro):
             d = self._device_batch(m)
-            prox = self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
-                                              d["mask"])
+            prox = self._logprobs(m, d)
             m.old_BT = prox
             m.is_weights_B = w = truncated_is_weights(prox, d["behavior"], d["mask"], cap)
             keep = d["mask"] > 0
@@ -191,8 +197,7 @@ class Trainer:
         for _ in range(share.n_pad):
             assert share.pad is not None
             d = self._device_batch(share.pad)
-            lp = self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
-                                            d["mask"])
+            lp = self._logprobs(share.pad, d)
             if backward:
                 (lp.sum() * 0.0).backward()
 
@@ -209,8 +214,7 @@ class Trainer:
             if m.n_valid == 0:
                 continue
             d = self._device_batch(m)
-            lp = self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
-                                            d["mask"])
+            lp = self._logprobs(m, d)
             old = m.old_BT if m.old_BT is not None else d["behavior"]
             out = policy_loss(lp, old, d["advantages"], d["mask"], self.config.loss,
                               is_weights=m.is_weights_B)

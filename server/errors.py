@@ -10,7 +10,9 @@ same way. ``install_error_handlers(app)`` renders:
 - bodies larger than ``max_body_bytes`` as 413, checked on ``Content-Length`` and while the
   body streams in (a chunked upload cannot bypass it);
 - Starlette's own HTTP errors (unknown route 404, wrong method 405);
-- Redis being unreachable as 503 (the client should retry; nothing was stored);
+- Redis being unreachable as 503 (the client should retry; nothing was stored), and Redis
+  out of memory (``maxmemory`` reached, writes refused) as 503 too: retryable, so the SDK
+  (which retries 502/503/504) keeps the reward instead of dropping it on a 500;
 - anything else as a 500 without internals.
 """
 
@@ -172,6 +174,14 @@ async def _redis_down_handler(request: Request, exc: Exception) -> JSONResponse:
                     code="redis_unavailable", headers={"Retry-After": "1"}).response()
 
 
+async def _redis_oom_handler(request: Request, exc: Exception) -> JSONResponse:
+    logger.warning("redis refused a write (out of memory) during %s %s: %s", request.method,
+                   request.url.path, exc)
+    return APIError(503, "the queue (Redis) is out of memory and refuses writes; nothing was "
+                         "stored, retry later", code="redis_out_of_memory",
+                    headers={"Retry-After": "5"}).response()
+
+
 async def _unexpected_handler(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error in %s %s", request.method, request.url.path)
     return error_response(500, "internal server error", "internal_error")
@@ -186,4 +196,5 @@ def install_error_handlers(app: FastAPI, max_body_bytes: int = DEFAULT_MAX_BODY_
     app.add_exception_handler(redis.exceptions.ConnectionError, _redis_down_handler)
     app.add_exception_handler(redis.exceptions.TimeoutError, _redis_down_handler)
     app.add_exception_handler(redis.exceptions.BusyLoadingError, _redis_down_handler)
+    app.add_exception_handler(redis.exceptions.OutOfMemoryError, _redis_oom_handler)
     app.add_exception_handler(Exception, _unexpected_handler)

@@ -45,6 +45,15 @@ class ServerMetrics:
                                     registry=r)
         self.policy_version = Gauge("gspo_policy_version", "Policy version of the weights",
                                     registry=r)
+        self.disconnected = Counter("gspo_requests_disconnected", "Sampling requests "
+                                    "aborted because their client disconnected", ["route"],
+                                    registry=r)
+        self.ready_queue_depth = Gauge("gspo_ready_queue_depth", "Groups on the ready stream "
+                                       "(published, not yet acknowledged by the learner)",
+                                       registry=r)
+        self.ready_queue_refused = Counter("gspo_ready_queue_refused", "New groups refused "
+                                           "(503) because the ready queue was at its bound",
+                                           ["route"], registry=r)
         self.engine_extra = Gauge("gspo_engine_stat", "Engine-specific numbers (EngineStats."
                                   "extra: decode steps, prefills, ...)", ["name"], registry=r)
 
@@ -91,5 +100,7 @@ class RequestMetricsMiddleware:
             route = scope.get("route")
             # Routing stores the matched route in the (shared) scope; unmatched: one label.
             name = getattr(route, "path", None) or "unmatched"
+            if scope.get("gspo.client_disconnected"):
+                status = 499  # client closed the request (server.disconnect)
             self.metrics.requests.labels(name, scope.get("method", ""), str(status)).inc()
             self.metrics.latency.labels(name).observe(time.perf_counter() - start)

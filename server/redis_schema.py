@@ -16,7 +16,8 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   ``completed_at``, ``partial`` (1: finalised at expiry with the rewarded rollouts it had),
   ``stream_id`` (published) or ``drop_reason`` (dropped / expired).
 - ``{p}:group:{group_id}:rollouts``: list of rollout ids in the group, in creation order.
-- ``{p}:group:{group_id}:rewards``: hash rollout_id -> msgpack {"reward", "turn_rewards"}.
+- ``{p}:group:{group_id}:rewards``: hash rollout_id -> msgpack {"reward", "turn_rewards",
+  "n_turns"}.
 - ``{p}:episode:{rollout_id}``: hash, a multi-turn episode's state besides its trajectory
   (which is the ``{p}:rollout:{rollout_id}`` record, grown by one model turn per chat call):
   ``group_id``, ``n_turns`` (model turns recorded; the compare-and-set guard of the next one),
@@ -127,6 +128,8 @@ class RolloutRecord:
     versions: np.ndarray  # int32 [L]
     prompt_len: int  # tokens before the first model token
     temperature: float = 1.0  # the learner recomputes log_softmax(logits / temperature)
+    top_p: float = 1.0  # 1: off; with top_k, the cut the sampler made (and the learner redoes)
+    top_k: int = 0  # <= 0: off
     turns: list[tuple[int, int]] = field(default_factory=list)
     finish_reason: str = "length"
     created_at: float = 0.0
@@ -151,6 +154,8 @@ def pack_rollout(r: RolloutRecord) -> bytes:
         "versions": np.ascontiguousarray(r.versions, dtype="<i4").tobytes(),
         "prompt_len": r.prompt_len,
         "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k,
         "turns": [list(t) for t in r.turns],
         "finish_reason": r.finish_reason,
         "created_at": r.created_at,
@@ -168,6 +173,8 @@ def rollout_from_dict(d: dict[str, Any]) -> RolloutRecord:
         versions=np.frombuffer(d["versions"], dtype="<i4"),
         prompt_len=int(d["prompt_len"]),
         temperature=float(d.get("temperature", 1.0)),
+        top_p=float(d.get("top_p", 1.0)),
+        top_k=int(d.get("top_k", 0)),
         turns=[(int(a), int(b)) for a, b in d.get("turns", [])],
         finish_reason=d.get("finish_reason", "length"),
         created_at=float(d.get("created_at", 0.0)),
@@ -183,8 +190,11 @@ def unpack_rollout(data: bytes) -> RolloutRecord:
 class ReadyGroup:
     """A complete group, as published on the ready stream and read by the learner.
 
-    ``rewards[i]``, ``advantages[i]`` and ``turn_rewards[i]`` belong to ``rollouts[i]``;
-    advantages come from ``learner.losses.group_advantages`` over the group's rewards.
+    ``rewards[i]``, ``advantages[i]``, ``turn_rewards[i]`` and ``turn_advantages[i]`` belong
+    to ``rollouts[i]``. Both kinds of advantage come from one call of
+    ``learner.advantages.group_credit`` when the group completes: ``advantages`` one per
+    rollout (``--loss gspo``), ``turn_advantages`` one per model turn (the per-token kinds);
+    empty in records written before they were published.
     """
 
     group_id: str
@@ -194,6 +204,7 @@ class ReadyGroup:
     turn_rewards: list[list[float] | None]
     metadata: dict[str, Any] = field(default_factory=dict)
     published_at: float = 0.0
+    turn_advantages: list[list[float]] = field(default_factory=list)
 
     def min_version(self) -> int:
         """The oldest policy version of any sampled token in the group (for staleness)."""
@@ -209,6 +220,7 @@ def pack_ready_group(g: ReadyGroup) -> bytes:
         "rewards": g.rewards,
         "advantages": g.advantages,
         "turn_rewards": g.turn_rewards,
+        "turn_advantages": g.turn_advantages,
         "rollouts": [msgpack.unpackb(pack_rollout(r)) for r in g.rollouts],
     })
 
@@ -223,4 +235,5 @@ def unpack_ready_group(data: bytes) -> ReadyGroup:
         turn_rewards=d["turn_rewards"],
         metadata=d.get("metadata", {}),
         published_at=float(d.get("published_at", 0.0)),
+        turn_advantages=[[float(a) for a in t] for t in d.get("turn_advantages", [])],
     )

@@ -129,6 +129,12 @@ def plan_generation(
     if body.n > settings.max_n:
         raise APIError(400, f"n {body.n} is over this server's limit of {settings.max_n}",
                        code="n_too_large")
+    if body.temperature == 0:
+        raise APIError(400, "temperature 0 (greedy decoding) is refused: every sample this "
+                            "server returns is recorded for training, and greedy tokens come "
+                            "from no distribution the learner can compute log-probabilities "
+                            "under; send a temperature > 0 (e.g. 1.0, or omit it)",
+                       code="temperature_zero")
     if top_logprobs > settings.max_top_logprobs:
         raise APIError(400, f"top_logprobs {top_logprobs} is over this server's limit of "
                             f"{settings.max_top_logprobs}", code="top_logprobs_too_large")
@@ -171,7 +177,7 @@ async def generate_n(engine: Engine, plan: GenerationPlan) -> list[Completion]:
 
 
 def rollout_record(group_id: str, sample: Sample, prompt_token_ids: list[int],
-                   temperature: float, metadata: dict[str, Any]) -> RolloutRecord:
+                   params: SamplingParams, metadata: dict[str, Any]) -> RolloutRecord:
     """A single-turn rollout: prompt (mask 0) then the sampled completion (mask 1)."""
     c = sample.completion
     p, n = len(prompt_token_ids), len(c.token_ids)
@@ -184,7 +190,7 @@ def rollout_record(group_id: str, sample: Sample, prompt_token_ids: list[int],
         versions=np.concatenate([np.full(p, -1, np.int32),
                                  np.asarray(c.policy_versions, np.int32)]),
         prompt_len=p,
-        temperature=temperature,
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
         turns=[(p, p + n)],
         finish_reason=c.finish_reason,
         created_at=time.time(),
@@ -203,7 +209,7 @@ async def sample_group(engine: Engine, store: RolloutStore, plan: GenerationPlan
     await store.create_group(group_id, plan.n, plan.metadata)
     record_meta = {"server_id": server_id, "route": plan.route}
     await store.record_rollouts([rollout_record(group_id, s, plan.prompt_token_ids,
-                                                plan.params.temperature, record_meta)
+                                                plan.params, record_meta)
                                  for s in samples])  # one round trip for the group
     metrics.groups.inc()
     metrics.rollouts.inc(len(samples))

@@ -11,15 +11,18 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from server.parsers.reasoning import ReasoningParserName
+from server.parsers.tool_calls import ToolParserName
 from server.redis_schema import DEFAULT_PREFIX
 from server.store import QueueConfig
 
 EngineKind = Literal["hf", "vllm"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 def _default_server_id() -> str:
@@ -45,6 +48,22 @@ class ServerSettings(BaseSettings):
     """Torch device for the hf engine ("cpu", "cuda", "cuda:1"); None: the engine's choice."""
     max_batch_size: int = Field(default=64, ge=1)
     """Most sequences the engine decodes together (the engine batches concurrent requests)."""
+    dtype: DType = "auto"
+    """Weights and activations of the engine: "auto" is bfloat16 on a GPU, float32 on a CPU
+    (``resolved_dtype``). The learner trains in float32 either way: see the README on
+    ``--old-logprobs recompute`` for serving in bfloat16."""
+    max_model_len: int | None = Field(default=None, ge=2)
+    """Longest prompt + completion; None: the model's ``max_position_embeddings``."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """vLLM: GPUs one server shards the model over."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    """vLLM: share of each GPU's memory for weights + KV cache (None: vLLM's 0.9). Lower it
+    when the learner shares the GPU (``gspo up --device cuda``, compose ``gpu1``)."""
+    enforce_eager: bool | None = None
+    """vLLM: no CUDA graphs (faster start, slower decode). None: eager on CPU only."""
+    vllm_args: dict[str, Any] = Field(default_factory=dict)
+    """vLLM: any other ``AsyncEngineArgs`` field, as it is (CLI ``--vllm-arg key=value``,
+    repeatable; env ``GSPO_VLLM_ARGS='{"key": value}'``)."""
 
     # ---------------------------------------------------------------- network and auth
     host: str = "127.0.0.1"
@@ -87,9 +106,23 @@ class ServerSettings(BaseSettings):
     """Most alternatives per token a request may ask for (``top_logprobs``/``logprobs``)."""
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """Request bodies larger than this are refused with a 413 before they are parsed."""
+    max_ready_groups: int = Field(default=1024, ge=0)
+    """Bound on the ready queue (published groups the learner has not yet acknowledged): at
+    or over it, requests that would start a new group get a 503 until the learner catches up
+    (``server.admission``). 0: no bound."""
     sanitize_control_tokens: bool = True
-    """Chat templating encodes control tokens (``<|im_end|>``...) found inside message
-    contents as plain text, so a user message cannot forge a turn boundary."""
+    """Chat templating encodes special tokens (``<|im_end|>``, ``<|eot_id|>``...) found inside
+    message contents and tool definitions as plain text, so a user message cannot forge a
+    turn boundary (env ``GSPO_SANITIZE_CONTROL_TOKENS``). Added tokens that are not special
+    (Qwen3's ``<think>``) always pass as tokens (``server.chat_sanitize``)."""
+
+    tool_call_parser: ToolParserName = "hermes"
+    """How tool calls are read from a completion (vLLM's names): hermes (Qwen2.5/Qwen3
+    ``<tool_call>`` JSON) | llama3_json | mistral | qwen3_coder | none
+    (``server.parsers.tool_calls``). Only the response changes: the trajectory keeps the ids."""
+    reasoning_parser: ReasoningParserName = "none"
+    """How reasoning is split off a completion into ``reasoning_content``: none | qwen3 |
+    deepseek_r1 (``server.parsers.reasoning``)."""
 
     # ---------------------------------------------------------------- multi-turn episodes
     max_episode_turns: int = Field(default=64, ge=1)
@@ -110,6 +143,10 @@ class ServerSettings(BaseSettings):
         if self.max_n > self.queue.max_group_size:
             raise ValueError(f"max_n ({self.max_n}) is over the queue's max_group_size "
                              f"({self.queue.max_group_size}): such groups could not be stored")
+        if self.engine == "hf" and (self.tensor_parallel_size > 1 or self.vllm_args
+                                    or self.gpu_memory_utilization is not None):
+            raise ValueError("tensor_parallel_size, gpu_memory_utilization and vllm_args are "
+                             "vLLM settings: use --engine vllm")
         for name, key in (("api_key", self.api_key), ("admin_key", self.admin_key)):
             if key is not None and not key.get_secret_value().strip():
                 raise ValueError(f"{name} is empty: leave it unset to disable it")
@@ -119,3 +156,14 @@ class ServerSettings(BaseSettings):
     def model_name(self) -> str:
         """The name clients must send in ``model``."""
         return self.served_model_name or Path(self.model.rstrip("/")).name
+
+    def resolved_dtype(self, cuda_available: bool) -> str:
+        """``dtype`` with "auto" decided: bfloat16 when the engine runs on a GPU (vLLM on a
+        CUDA machine, the hf engine on a CUDA device), float32 on CPUs."""
+        if self.dtype != "auto":
+            return self.dtype
+        if self.engine == "vllm":
+            on_gpu = cuda_available
+        else:
+            on_gpu = self.device.startswith("cuda") if self.device else cuda_available
+        return "bfloat16" if on_gpu else "float32"

@@ -8,7 +8,7 @@ complete --finisher (advantages, XADD)--> published | dropped (zero variance)
 
 Why two steps for "complete" and "published": the reward script (Lua, atomic) only records
 the reward and flips ``open -> complete``; the advantages are computed here in Python
-(``learner.losses.group_advantages``), and a second script appends the group to the ready
+(``learner.advantages.group_credit``), and a second script appends the group to the ready
 stream only if its state is still ``complete``, moving it to ``published`` in the same step.
 A process that dies between the two leaves the group in the ``complete`` set, where the
 sweeper (``run_sweeper``) finds and publishes it: exactly once, crash or not.
@@ -64,7 +64,8 @@ class QueueConfig(BaseModel):
     """At expiry, a group with at least this many rewarded rollouts is published with them
     (partial); one with fewer is dropped (counted as ``groups_expired_dropped``)."""
     drop_zero_variance: bool = True
-    """Drop groups whose rewards are all equal (all advantages 0: no learning signal)."""
+    """Drop groups without learning signal: every advantage of the credit rule is 0 (final
+    rewards all equal, and so are the turn rewards of every turn index)."""
     rollout_ttl_s: float = Field(default=3600.0, gt=0)
     """Lifetime of a rollout record from its last write while its group is open (never less
     than the group's own keys)."""
@@ -78,9 +79,9 @@ class QueueConfig(BaseModel):
     max_group_size: int = Field(default=4096, ge=1)
     """Largest accepted group."""
     advantage_eps: float = Field(default=1e-6, gt=0)
-    """``eps`` of ``group_advantages``: (r - mean) / (std + eps)."""
+    """``eps`` of the credit rule (``learner.advantages.group_credit``): c / (sigma + eps)."""
     scale_advantages: bool = True
-    """Divide by the group's std (False: only centre, Dr. GRPO style)."""
+    """Divide by the group's spread (False: only centre, Dr. GRPO style)."""
 
 
 class StoreError(APIError):
@@ -96,6 +97,7 @@ class RewardItem:
     rollout_id: str
     reward: float
     turn_rewards: list[float] | None = None
+    n_turns: int | None = None  # the rollout's model turns, when the store knows them
 
 
 @dataclass
@@ -135,11 +137,15 @@ class GroupView:
     drop_reason: str | None
 
 
-def pack_reward(reward: float, turn_rewards: Sequence[float] | None) -> bytes:
+def pack_reward(reward: float, turn_rewards: Sequence[float] | None,
+                n_turns: int | None = None) -> bytes:
     """Canonical bytes for a reward, compared byte for byte by the reward script (so a repeat
-    with equal values is a duplicate). ``+ 0.0`` folds -0.0 into 0.0."""
+    with equal values is a duplicate). ``+ 0.0`` folds -0.0 into 0.0. ``n_turns`` (the
+    rollout's model turns; fixed once it is rewarded) lets the credit rule place an episode
+    without turn rewards among the others' turns (``server.store_finish.reward_turns``)."""
     turns = None if turn_rewards is None else [float(t) + 0.0 for t in turn_rewards]
-    return msgpack.packb({"reward": float(reward) + 0.0, "turn_rewards": turns})
+    return msgpack.packb({"reward": float(reward) + 0.0, "turn_rewards": turns,
+                          "n_turns": n_turns})
 
 
 def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
@@ -246,7 +252,7 @@ class RolloutStore:
         packed: dict[str, bytes] = {}
         in_call_conflict: set[str] = set()
         for it in items:
-            p = pack_reward(it.reward, it.turn_rewards)
+            p = pack_reward(it.reward, it.turn_rewards, it.n_turns)
             if packed.setdefault(it.rollout_id, p) != p:
                 in_call_conflict.add(it.rollout_id)
         if in_call_conflict:

@@ -18,7 +18,7 @@ import msgpack
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
-from learner.losses import group_advantages
+from learner.advantages import group_credit
 from server.redis_schema import Keys
 from server.store_scripts import FINISH_BOOKKEEPING
 
@@ -42,14 +42,16 @@ def ready_group_head(
     rewards_G: list[float],
     advantages_G: list[float],
     turn_rewards_G: list[list[float] | None],
+    turn_advantages_G: list[list[float]],
 ) -> bytes:
     """``pack_ready_group``'s bytes up to and including the rollouts' array header (same keys,
     same order): appending the G packed rollouts completes the record."""
     packer = msgpack.Packer()
-    head = packer.pack_map_header(7)
+    head = packer.pack_map_header(8)
     for key, value in (("group_id", group_id), ("metadata", metadata),
                        ("published_at", published_at), ("rewards", rewards_G),
-                       ("advantages", advantages_G), ("turn_rewards", turn_rewards_G)):
+                       ("advantages", advantages_G), ("turn_rewards", turn_rewards_G),
+                       ("turn_advantages", turn_advantages_G)):
         head += packer.pack(key) + packer.pack(value)
     return head + packer.pack("rollouts") + packer.pack_array_header(len(rewards_G))
 
@@ -89,23 +91,38 @@ async def read_snapshot(redis: aioredis.Redis, keys: Keys, group_id: str) -> Sna
                     {_str(r): v for r, v in rewards_raw.items()})
 
 
+def reward_turns(entry: dict[str, Any]) -> int:
+    """An entry's model-turn count: stored with the reward (``n_turns``); entries written
+    before it was stored have one per turn reward, or one (a single-turn rollout)."""
+    if entry.get("n_turns") is not None:
+        return int(entry["n_turns"])
+    return len(entry["turn_rewards"]) if entry.get("turn_rewards") else 1
+
+
 def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decision:
-    """Publish (with advantages from ``group_advantages``) or drop, and why. Pure."""
+    """Publish (with the advantages of ``group_credit``) or drop, and why. Pure.
+
+    Zero variance is ``group_credit``'s own verdict (every advantage exactly 0), so a group is
+    dropped exactly when the learner would get nothing but zeros from it: equal final rewards
+    with different turn rewards are published."""
     rewards = {r: msgpack.unpackb(v) for r, v in snap.rewards_raw.items()}
     rewarded = [r for r in snap.rollout_ids if r in rewards]
     if not rewarded:
         return Decision("drop", reason="no_rewards")
     rewards_G = [float(rewards[r]["reward"]) for r in rewarded]
-    if config.drop_zero_variance and max(rewards_G) == min(rewards_G):
-        return Decision("drop", reason="zero_variance")
+    turn_rewards_G = [rewards[r]["turn_rewards"] for r in rewarded]
     try:
-        advantages_G = group_advantages(
-            rewards_G, eps=config.advantage_eps, scale=config.scale_advantages).tolist()
+        credit = group_credit(rewards_G, turn_rewards_G,
+                              [reward_turns(rewards[r]) for r in rewarded],
+                              eps=config.advantage_eps, scale=config.scale_advantages)
     except ValueError:  # cannot happen for API-validated rewards; never block the sweeper
         return Decision("drop", reason="invalid_rewards")
+    if config.drop_zero_variance and not credit.has_signal:
+        return Decision("drop", reason="zero_variance")
     head = ready_group_head(
-        group_id, msgpack.unpackb(snap.metadata_raw), time.time(), rewards_G, advantages_G,
-        [rewards[r]["turn_rewards"] for r in rewarded])
+        group_id, msgpack.unpackb(snap.metadata_raw), time.time(), rewards_G,
+        credit.sequence_advantages.tolist(), turn_rewards_G,
+        [a.tolist() for a in credit.turn_advantages])
     return Decision("publish", head=head, rollout_ids=rewarded)
 
 

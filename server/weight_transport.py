@@ -13,6 +13,13 @@ group's timeout: a dead rank raises instead of hanging.
 Tensors travel in buckets: consecutive tensors of one dtype are flattened into one buffer of at
 most ``bucket_bytes`` (a larger tensor gets a bucket of its own), so the number of collective
 calls is the number of buckets, not of tensors.
+
+Where the bytes live is decided in one place, ``transport_device``: NCCL moves CUDA memory
+only, so both ends use their own GPU (the learner its model's device, a server its engine's or
+worker's device) and buckets are received straight into GPU memory; gloo moves host tensors,
+so both ends use the CPU (the engine then copies to its device on load). A learner and a server
+on the same GPU cannot form an NCCL group (NCCL refuses two ranks on one device): they use the
+CUDA IPC path of ``server.cuda_ipc`` instead, chosen by ``choose_transport``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, Field
 
 Backend = Literal["gloo", "nccl"]
+Transport = Literal["gloo", "nccl", "ipc"]
 DEFAULT_BUCKET_BYTES = 64 * 2**20
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -77,6 +85,50 @@ class UpdateRequest(BaseModel):
     version: int = Field(ge=0)
     tensors: list[TensorMeta] = Field(min_length=1)
     bucket_bytes: int = Field(default=DEFAULT_BUCKET_BYTES, gt=0)
+
+
+def transport_device(backend: Backend, device: torch.device | str) -> torch.device:
+    """The device of one rank's broadcast buffers, given its compute ``device``.
+
+    NCCL: that CUDA device itself (an index is filled in: NCCL binds a rank to one GPU). gloo:
+    the CPU, whatever the compute device (the gloo path is the host-memory transport).
+    """
+    dev = torch.device(device)
+    if backend == "gloo":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise ValueError(f"the nccl weight broadcast needs a CUDA device, not {dev}: use "
+                         "sync_backend gloo for servers or learners on CPUs")
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def device_ids(device: torch.device | str) -> list[str]:
+    """Identity of the physical device(s) behind ``device``: the GPU's UUID for CUDA (the same
+    GPU has the same UUID in every process and container, whatever CUDA_VISIBLE_DEVICES
+    numbers it), ``"cpu"`` otherwise."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return [dev.type]
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return [f"GPU-{torch.cuda.get_device_properties(index).uuid}"]
+
+
+def choose_transport(backend: Backend, learner_devices: Sequence[str],
+                     server_devices: Sequence[str]) -> Transport:
+    """How the learner reaches one server: CUDA IPC when the server runs on exactly the
+    learner's one GPU (NCCL cannot put two ranks on one device), else the configured
+    broadcast backend. The only place this choice is made."""
+    shared = [d for d in server_devices if d.startswith("GPU-")]
+    if len(learner_devices) == 1 and shared and list(server_devices) == list(learner_devices):
+        return "ipc"
+    return backend
+
+
+class TransportInfo(BaseModel):
+    """Server -> learner (``GET /admin/weights/transport``): where its engine's weights live."""
+
+    devices: list[str]
+    """``device_ids`` of every device holding the engine's weights (one per worker)."""
 
 
 def tensor_metas(named: Iterable[tuple[str, torch.Tensor]]) -> list[TensorMeta]:

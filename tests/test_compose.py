@@ -26,6 +26,7 @@ import pytest
 import typer.main
 
 from gspo.cli import app
+from gspo.engine_args import serve_flags
 from learner.config import LearnerConfig
 from server.settings import ServerSettings
 from tests.compose_helpers import (
@@ -46,7 +47,7 @@ from tests.compose_helpers import (
     services_in,
 )
 
-PROFILES = ("gpu", "cpu")
+PROFILES = ("gpu", "gpu1", "cpu")
 # Test ids without the bare word "gpu": conftest skips items with a "gpu" keyword on CPU hosts.
 for_each_profile = pytest.mark.parametrize("profile", PROFILES,
                                            ids=[f"{p}-profile" for p in PROFILES])
@@ -206,9 +207,7 @@ def server_settings(svc: dict[str, Any], mp: pytest.MonkeyPatch) -> ServerSettin
         mp.setenv(k, str(v))
     sub, params = parse_gspo(gspo_argv(svc["command"]) or [])
     assert sub == "serve"
-    flags = {k: v for k, v in params.items() if v is not None
-             and k not in ("log_level", "group_ttl_s")}
-    return ServerSettings(**flags)
+    return ServerSettings(**serve_flags(params))
 
 
 def learner_config(svc: dict[str, Any]) -> LearnerConfig:
@@ -323,9 +322,13 @@ def test_server_and_learner_share_redis_model_and_rendezvous(
     assert cfg.weight_sync == "broadcast"
     assert cfg.sync_master_addr == learner_name, \
         "servers connect to the learner's rendezvous store at this address"
-    assert cfg.sync_backend == {"gpu": "nccl", "cpu": "gloo"}[profile]
-    assert s.engine == {"gpu": "vllm", "cpu": "hf"}[profile]
-    assert cfg.device.startswith("cuda") if profile == "gpu" else cfg.device == "cpu"
+    # gpu1: the server shares the learner's GPU and gets CUDA IPC handles; gloo is the fallback
+    assert cfg.sync_backend == {"gpu": "nccl", "gpu1": "gloo", "cpu": "gloo"}[profile]
+    assert s.engine == {"gpu": "vllm", "gpu1": "vllm", "cpu": "hf"}[profile]
+    on_gpu = profile.startswith("gpu")
+    assert cfg.device.startswith("cuda") if on_gpu else cfg.device == "cpu"
+    # bf16 sampler (the default dtype on GPUs), float32 learner: recompute pi_old (README)
+    assert s.dtype == "auto" and cfg.old_logprobs == ("recompute" if on_gpu else "behavior")
     # The learner starts from the very weights the server serves.
     assert s.model == cfg.model
     m_server, m_learner = mount_for(server, s.model), mount_for(learner, cfg.model)
@@ -380,17 +383,25 @@ def test_cpu_model_is_made_before_the_server_starts(doc: dict[str, Any],
 
 def test_gpu_services_reserve_gpus_and_cpu_services_none(doc: dict[str, Any],
                                                          clean_env: pytest.MonkeyPatch) -> None:
-    gpu = roles_of(services_in(doc, "gpu"))
-    server_name, server = gpu["serve"]
-    learner_name, learner = gpu["learn"]
     needs_gpu = {n for n, s in doc["services"].items() if gpu_requests(s)}
-    assert needs_gpu == {server_name, learner_name}
-    ids = []
-    for svc in (server, learner):
-        (req,) = gpu_requests(svc)
-        assert req["driver"] == "nvidia" and "count" not in req and len(req["device_ids"]) == 1
-        ids.append(req["device_ids"][0])
-    assert ids[0] != ids[1], "the NCCL broadcast needs the server and learner on two GPUs"
+    wanted = set()
+    for profile in ("gpu", "gpu1"):
+        roles = roles_of(services_in(doc, profile))
+        (server_name, server), (learner_name, learner) = roles["serve"], roles["learn"]
+        wanted |= {server_name, learner_name}
+        ids = []
+        for svc in (server, learner):
+            (req,) = gpu_requests(svc)
+            assert req["driver"] == "nvidia" and "count" not in req
+            assert len(req["device_ids"]) == 1
+            ids.append(req["device_ids"][0])
+        if profile == "gpu":
+            assert ids[0] != ids[1], "the NCCL broadcast needs the server and learner on two GPUs"
+        else:  # one GPU: CUDA IPC handles, which need a shared IPC namespace; vLLM leaves room
+            assert ids[0] == ids[1] and server.get("ipc") == learner.get("ipc") == "host"
+            share = server_settings(server, clean_env).gpu_memory_utilization
+            assert share is not None and share <= 0.5
+    assert needs_gpu == wanted
     for name, svc in services_in(doc, "cpu").items():
         assert not gpu_requests(svc) and "gpus" not in svc and "runtime" not in svc, name
 

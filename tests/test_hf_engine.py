@@ -86,7 +86,7 @@ def test_max_tokens_seed_and_greedy(tiny_model_dir: Path) -> None:
             assert g1.token_ids == g2.token_ids
             assert engine.model is not None
             with torch.no_grad():
-                ids = torch.tensor([[4, 5] + g1.token_ids])
+                ids = torch.tensor([[4, 5] + g1.token_ids], device=engine.device)
                 logits = engine.model(input_ids=ids).logits[0, 1:-1]
             assert logits.argmax(-1).tolist() == g1.token_ids
             assert max_err(engine.model, [4, 5], g1, 1.0) < 1e-4  # greedy: reported at T = 1
@@ -130,9 +130,14 @@ def test_top_logprobs_top_k_top_p(tiny_model_dir: Path) -> None:
             p0 = await engine.generate([3, 1, 4], SamplingParams(max_tokens=8, top_p=1e-6,
                                                                  seed=6))
             assert k1.token_ids == greedy.token_ids == p0.token_ids
-            # log-probabilities are those before truncation (logprobs_after_truncation False)
-            assert not engine.logprobs_after_truncation
-            assert k1.logprobs == pytest.approx(greedy.logprobs, abs=1e-5)
+            # log-probabilities are those of the truncated, renormalised distribution: with
+            # one token kept, log 1 = 0 (they used to be those before truncation)
+            assert engine.logprobs_after_truncation
+            assert k1.logprobs == p0.logprobs == pytest.approx([0.0] * 8, abs=1e-6)
+            cut = await engine.generate([3, 1, 4], SamplingParams(
+                max_tokens=4, top_k=2, top_logprobs=5, seed=2))
+            assert cut.top_logprobs is not None
+            assert all(len(top) == 2 for top in cut.top_logprobs)  # cut tokens are not listed
             out = await engine.generate([3, 1, 4], SamplingParams(
                 max_tokens=8, temperature=0.7, top_logprobs=3, seed=1))
             assert out.top_logprobs is not None and len(out.top_logprobs) == 8
@@ -295,7 +300,7 @@ def test_load_weights_versions_and_parity(tiny_model_dir: Path, tiny_model_untie
             assert engine.model is not None
             if tied:  # the output layer followed the embedding
                 assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
-                assert torch.equal(engine.model.lm_head.weight, update[0][1])
+                assert torch.equal(engine.model.lm_head.weight.cpu(), update[0][1])
             assert before.policy_versions == [0] * 10 and after.policy_versions == [1] * 10
             assert before.token_ids != after.token_ids
             assert max_err(ref_old, [1, 2, 3], before, 1.0) < 1e-4

@@ -59,4 +59,4 @@ def test_server_learner_round_trip_with_weight_broadcast(tiny_model_dir, redis_u
             with torch.no_grad():
                 lp = policy.token_logprobs(ids, torch.ones_like(ids), torch.tensor([0.7]), mask)
             ours = lp[0, len(after.prompt_token_ids):]
-            torch.testing.assert_close(ours, torch.tensor(r.logprobs), atol=1e-4, rtol=0)
+            torch.testing.assert_close(ours.cpu(), torch.tensor(r.logprobs), atol=1e-4, rtol=0)

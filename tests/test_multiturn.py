@@ -211,6 +211,7 @@ def test_bad_turns_are_refused_and_change_nothing(
         ({"messages": [*first, said]}, 400, "no_new_messages"),
         ({"messages": good, "tools": [CALCULATOR_TOOL]}, 409, "tools_changed"),
         ({"messages": good, "temperature": 0.5}, 409, "temperature_changed"),
+        ({"messages": good, "top_p": 0.9}, 409, "sampling_changed"),
         ({"messages": good, "max_tokens": 10**6}, 400, "max_tokens_too_large"),
         ({"messages": [*good[:2], {"role": "user", "content": "word " * 3000}]}, 400,
          "context_length_exceeded"),
@@ -250,6 +251,36 @@ def test_bad_turns_are_refused_and_change_nothing(
     assert [len(x.turns) for x in group.rollouts] == [MAX_TURNS, 1]
     assert group.rollouts[1].token_ids.tolist() == (c.model_extra["prompt_token_ids"]
                                                     + c.model_extra["token_ids"])
+
+
+def test_malformed_turn_rewards_and_temperature_zero_are_refused(
+    served: Served, client: openai.OpenAI, r: redis.Redis
+) -> None:
+    # A single-turn rollout has one model turn: two turn rewards used to get a 200, and the
+    # learner then dropped the whole group.
+    single = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+        n=2, seed=1)
+    rids = [c.model_extra["rollout_id"] for c in single.choices]
+    gid = single.model_extra["group_id"]
+    for bad in ([0.5, 0.5], [0.0, 0.0, 1.0]):
+        resp = reward(served, [{"rollout_id": rids[0], "reward": 1.0, "turn_rewards": bad},
+                               {"rollout_id": rids[1], "reward": 0.0}])
+        assert resp.status_code == 422, resp.text
+        err = resp.json()["error"]
+        assert err["code"] == "turn_count_mismatch" and "at most one" in err["message"]
+        assert not r.exists(KEYS.group_rewards(gid))  # nothing of the call was stored
+    ok = reward(served, [{"rollout_id": rids[0], "reward": 1.0, "turn_rewards": [0.5]},
+                         {"rollout_id": rids[1], "reward": 1.0, "turn_rewards": [0.0]}])
+    assert ok.status_code == 200, ok.text
+    # Equal final rewards, different turn rewards: published, not dropped as zero variance.
+    assert r.hget(KEYS.group(gid), "state") == b"published"
+    # Temperature 0 on an episode's turn: refused before anything is sampled or recorded.
+    rid = open_group(served, 1)["rollout_ids"][0]
+    snapshot = episode_keys(r, rid)
+    expect_error(lambda: turn(client, rid, [{"role": "user", "content": "hi"}],
+                              temperature=0), 400, "temperature_zero")
+    assert episode_keys(r, rid) == snapshot
 
 
 def test_concurrent_turns_of_one_episode_one_wins(

@@ -29,11 +29,11 @@ import torch
 from clients.client import AsyncGSPOClient, GSPOClient
 from clients.environment import arun_groups
 from clients.examples.calculator import CalculatorEnvironment
-from learner.advantages import TurnAdvantages, group_turn_advantages
+from learner.advantages import TurnAdvantages, advantage_fn_for, group_turn_advantages
 from learner.batching import plan_step, sequence_advantage
 from learner.config import LearnerConfig
 from learner.loop import run_learner
-from learner.losses import LossConfig, policy_loss
+from learner.losses import LossConfig, group_advantages, policy_loss
 from learner.policy import Policy
 from learner.trainer import Trainer
 from server.redis_schema import Keys, ReadyGroup, unpack_ready_group, unpack_rollout
@@ -122,10 +122,13 @@ def test_gspo_token_on_real_episodes(served: Served, redis_url: str,
             np.testing.assert_allclose(adv[a:b], want, rtol=1e-6)
         assert np.all(adv[~r.loss_mask.astype(bool)] == 0)
     assert expected[0][0] != expected[0][1]  # turn rewards give the turns different credit
-    # A turn-reward count the store could not check (single-turn rollouts) is refused here:
-    # the learner drops such a group as invalid instead of guessing.
+    # The published per-turn advantages are the ones the learner spreads; a group without
+    # them (an older record) is recomputed, and a turn-reward count that does not match is
+    # refused: the learner drops such a group as invalid instead of guessing.
+    assert [len(t) for t in g_credit.turn_advantages] == [2, 2, 1]
     with pytest.raises(ValueError, match="turn rewards"):
-        TurnAdvantages()(dataclasses.replace(g_credit, turn_rewards=[[1.0], None, None]), 0)
+        TurnAdvantages()(dataclasses.replace(g_credit, turn_rewards=[[1.0], None, None],
+                                             turn_advantages=[]), 0)
 
     # The trainer picks per-token credit for gspo_token, sequence advantages for gspo.
     policy = Policy.load(tiny_model_dir, "cpu", False, False)
@@ -145,6 +148,28 @@ def test_gspo_token_on_real_episodes(served: Served, redis_url: str,
     assert torch.all(lp_grad[mask == 0] == 0)
     seq_grads, _, _ = param_grads(policy, [g_credit], "gspo", sequence_advantage)
     assert any(not torch.allclose(a, b) for a, b in zip(tok_grads, seq_grads, strict=True))
+
+
+def test_gspo_uses_the_turn_rewards_gspo_token_uses(served: Served, redis_url: str,
+                                                    tiny_model_dir: Path) -> None:
+    # Turn rewards that give every model token of an episode the same advantage: one turn per
+    # episode, or rewards only on the last of equally many turns. GSPO-token must then equal
+    # GSPO in value and gradient, on data that went server -> Redis -> learner; GSPO used to
+    # take its advantages from the final rewards alone.
+    one = play_group(served, [1, 1, 1], [1.0, 1.0, 0.0], [[0.5], [0.0], [0.25]], seed=3)
+    last = play_group(served, [2, 2, 2], [1.0, 1.0, 0.0], [[0.0, 0.5], [0.0, 0.0],
+                                                             [0.0, 0.25]], seed=4)
+    groups = ready_groups(redis_url)
+    policy = Policy.load(tiny_model_dir, "cpu", False, False)
+    for gid in (one, last):
+        g = groups[gid]
+        totals = [w + sum(tr) for w, tr in zip(g.rewards, g.turn_rewards, strict=True)]
+        np.testing.assert_allclose(g.advantages, group_advantages(totals).numpy(), rtol=1e-5)
+        tok = param_grads(policy, [g], "gspo_token", advantage_fn_for("gspo_token"))
+        seq = param_grads(policy, [g], "gspo", advantage_fn_for("gspo"))
+        torch.testing.assert_close(tok[1], seq[1], rtol=1e-6, atol=1e-9)
+        for a, b in zip(tok[0], seq[0], strict=True):  # float32 roundoff through backward
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))
 
 
 def test_calculator_example_end_to_end_with_learner(served: Served, redis_url: str,

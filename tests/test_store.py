@@ -200,7 +200,8 @@ def test_reward_bytes_are_canonical() -> None:
     assert pack_reward(-0.0, None) == pack_reward(0.0, None)
     assert pack_reward(1, [2]) == pack_reward(1.0, [2.0])
     assert pack_reward(1.0, []) != pack_reward(1.0, None)
-    assert msgpack.unpackb(pack_reward(0.5, [1.0])) == {"reward": 0.5, "turn_rewards": [1.0]}
+    assert msgpack.unpackb(pack_reward(0.5, [1.0])) == {"reward": 0.5, "turn_rewards": [1.0],
+                                                       "n_turns": None}
 
 
 def test_rejects_a_decoding_client(redis_url: str) -> None:

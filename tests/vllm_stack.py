@@ -91,19 +91,22 @@ def _wait_healthy(url: str, fut: Future[Any], timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def serve_vllm(model_dir: Path, redis_url: str, server_id: str) -> Iterator[Stack]:
+def serve_vllm(model_dir: Path, redis_url: str, server_id: str,
+               **overrides: Any) -> Iterator[Stack]:
     """The real app with ``engine="vllm"`` on ``model_dir`` under uvicorn, on a loop thread
-    the tests share; the app's lifespan starts the engine and shuts it down."""
+    the tests share; the app's lifespan starts the engine and shuts it down. ``overrides``:
+    ``ServerSettings`` fields to change from the defaults below."""
     import uvicorn
 
     from server.app import create_app
     from server.settings import ServerSettings
 
     port = free_port()
-    settings = ServerSettings(
+    fields: dict[str, Any] = dict(
         engine="vllm", model=str(model_dir), redis_url=redis_url, served_model_name=MODEL_NAME,
         api_key=API_KEY, admin_key=ADMIN_KEY, max_n=8, max_tokens=64, max_batch_size=16,
         port=port, server_id=server_id)
+    settings = ServerSettings(**{**fields, **overrides})
     app = create_app(settings)
     loop = LoopThread()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,

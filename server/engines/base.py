@@ -4,10 +4,11 @@ One engine fronts one model. Requests are token ids in, token ids + log-probabil
 server does all tokenisation and chat templating, so both engines see exactly the same tokens.
 
 Log-probabilities are those of the distribution actually sampled from: after temperature
-(``log_softmax(logits / temperature)``). Top-p / top-k truncation is applied when asked for,
-but the returned log-probabilities are then those of the truncated, renormalised distribution
-only if the engine says so in ``Engine.logprobs_after_truncation``; training rollouts use the
-defaults top_p = 1 and top_k = 0 (off), where the question does not arise.
+(``log_softmax(logits / temperature)``) and, when top-k / top-p are on, after truncation and
+renormalisation, with vLLM's rule for the kept set (``learner.sampling_dist.keep_mask``); both
+engines say so in ``Engine.logprobs_after_truncation``. The rollout record stores the
+temperature, top_p and top_k, and the learner computes its log-probabilities under the same
+truncated distribution.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from server.weight_transport import JoinRequest, UpdateRequest
+    from server.cuda_ipc import IpcUpdateRequest
+    from server.weight_transport import Backend, JoinRequest, TransportInfo, UpdateRequest
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -69,6 +71,7 @@ class Engine(abc.ABC):
     name: str
     model_path: str
     max_model_len: int
+    device: torch.device = torch.device("cpu")  # where the weights live (hf: its device)
 
     @property
     @abc.abstractmethod
@@ -113,10 +116,17 @@ class Engine(abc.ABC):
 
     _weight_pg: dist.ProcessGroup | None = None
     _weight_epoch: int | None = None
+    _weight_backend: Backend = "gloo"
 
     def weight_ranks(self) -> int:
         """How many ranks of the broadcast group this engine takes."""
         return 1
+
+    async def transport_info(self) -> TransportInfo:
+        """The physical devices holding the weights; the learner picks the transport by it."""
+        from server.weight_transport import TransportInfo, device_ids
+
+        return TransportInfo(devices=device_ids(self.device))
 
     async def join_weight_group(self, req: JoinRequest) -> None:
         from server.weight_transport import make_process_group
@@ -125,22 +135,38 @@ class Engine(abc.ABC):
         self._weight_pg = await asyncio.to_thread(
             make_process_group, req.backend, req.master_addr, req.master_port, req.rank,
             req.world_size, req.epoch, req.timeout_s)
-        self._weight_epoch = req.epoch
+        self._weight_epoch, self._weight_backend = req.epoch, req.backend
 
     async def receive_weights(self, req: UpdateRequest, timeout_s: float) -> None:
         """Receive every tensor first, then pause, load and resume: a broadcast that fails
         half-way leaves the engine on its old weights, never on a mix."""
-        from server.weight_transport import receive_tensors
+        from server.weight_transport import receive_tensors, transport_device
 
         if self._weight_pg is None or req.epoch != self._weight_epoch:
             raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
                                f"(member of {self._weight_epoch})")
         pg = self._weight_pg
+        # NCCL: buckets land straight in the engine's GPU memory; gloo: in host memory.
+        device = transport_device(self._weight_backend, self.device)
         tensors = await asyncio.to_thread(
-            lambda: list(receive_tensors(pg, req.tensors, req.bucket_bytes, timeout_s)))
+            lambda: list(receive_tensors(pg, req.tensors, req.bucket_bytes, timeout_s, device)))
         await self.pause()
         try:
             await self.load_weights(tensors, req.version)
+        finally:
+            await self.resume()
+
+    async def receive_ipc(self, req: IpcUpdateRequest) -> None:
+        """Load weights the learner shares on this engine's GPU (``server.cuda_ipc``). Every
+        copy has finished on the device before this returns: once answered, the learner
+        trains (writes those tensors) again."""
+        from server.cuda_ipc import open_tensors
+
+        tensors = await asyncio.to_thread(open_tensors, req, self.device)
+        await self.pause()
+        try:
+            await self.load_weights(tensors, req.version)
+            await asyncio.to_thread(torch.cuda.synchronize, self.device)
         finally:
             await self.resume()
 

@@ -17,11 +17,12 @@ new weights before the next step (one prefill), so a token tagged with version v
 from exactly pi_v(. | prefix), the distribution the learner's reference forward computes; a
 cache kept from the old weights would give a mixture that no single policy reproduces.
 
-Log-probabilities: ``log_softmax(logits / T)`` at the sampled token, before top-p / top-k
-truncation (``logprobs_after_truncation = False``); greedy requests (T = 0) report them under
-T = 1. Stop strings are matched on the decoded completion; the token that completes a stop
-string is kept (the server trims the text). Only ``stop_token_ids`` end a completion on a token:
-there is no implicit EOS, the server passes it.
+Log-probabilities: ``log_softmax(logits / T)`` at the sampled token, after top-k / top-p
+truncation and renormalisation when those are on (``logprobs_after_truncation = True``, the
+same kept set as vLLM's: ``learner.sampling_dist.keep_mask``); greedy requests (T = 0) report
+them under T = 1. Stop strings are matched on the decoded completion; the token that
+completes a stop string is kept (the server trims the text). Only ``stop_token_ids`` end a
+completion on a token: there is no implicit EOS, the server passes it.
 """
 
 from __future__ import annotations
@@ -83,11 +84,20 @@ def _set_exception(fut: asyncio.Future[Completion], exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
+def _resolve_device(device: str | None) -> torch.device:
+    """The engine's device with its CUDA index filled in ("cuda" -> "cuda:<current>"): every
+    tensor, generator and transfer buffer of the engine is then made on exactly that GPU."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class HFEngine(Engine):
     """transformers + torch engine with continuous batching (see the module docstring)."""
 
     name = "hf"
-    logprobs_after_truncation = False
+    logprobs_after_truncation = True
 
     def __init__(
         self,
@@ -104,7 +114,7 @@ class HFEngine(Engine):
             raise ValueError("max_batch_size must be >= 1")
         self.model_path = str(model_path)
         self.max_batch_size = max_batch_size
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = _resolve_device(device)
         self.dtype = dtype
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         # The scheduler thread decodes for stop strings with its own instance: a Rust tokenizer

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from learner.sampling_dist import keep_mask, truncating
 from server.engines.base import SamplingParams
 
 
@@ -28,22 +29,23 @@ class StepSample:
     top_logprobs: list[list[tuple[int, float]] | None]
 
 
-def truncate_logprobs(logp_V: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
-    """Set tokens outside the top-k / nucleus to -inf (sampling only; not renormalised, which
-    sampling does not need)."""
-    out_V = logp_V
-    if 0 < top_k < logp_V.shape[-1]:
-        kth = torch.topk(logp_V, top_k).values[-1]
-        out_V = out_V.masked_fill(logp_V < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_V, order_V = torch.sort(out_V, descending=True)
-        probs_V = torch.softmax(sorted_V, dim=-1)
-        before_V = torch.cumsum(probs_V, dim=-1) - probs_V  # mass strictly before each token
-        drop_sorted_V = before_V >= top_p
-        drop_sorted_V[0] = False  # always keep the most likely token
-        drop_V = torch.empty_like(drop_sorted_V).scatter_(0, order_V, drop_sorted_V)
-        out_V = out_V.masked_fill(drop_V, float("-inf"))
-    return out_V
+def processed_logprobs(logp_BV: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """The distribution each row samples from: ``log_softmax(z / T)`` cut by the row's top-k /
+    top-p (``learner.sampling_dist.keep_mask``, vLLM's rule) and renormalised. Rows without a
+    cut are returned as they are."""
+    vocab = logp_BV.shape[-1]
+    top_p_B = torch.tensor([p.top_p for p in params], device=logp_BV.device)
+    top_k_B = torch.tensor([p.top_k for p in params], device=logp_BV.device)
+    rows_B = truncating(top_p_B, top_k_B, vocab) & torch.tensor(
+        [p.temperature > 0 for p in params], device=logp_BV.device)
+    if not bool(rows_B.any()):
+        return logp_BV
+    cut_RV = logp_BV[rows_B]
+    keep_RV = keep_mask(cut_RV, top_p_B[rows_B], top_k_B[rows_B])
+    cut_RV = torch.log_softmax(cut_RV.masked_fill(~keep_RV, float("-inf")), dim=-1)
+    out_BV = logp_BV.clone()
+    out_BV[rows_B] = cut_RV
+    return out_BV
 
 
 def sample_rows(
@@ -53,24 +55,26 @@ def sample_rows(
 ) -> StepSample:
     """Sample one token per row with its own parameters and generator.
 
-    The reported log-probability is ``log_softmax(logits / T)`` at the sampled token, before
-    any top-p / top-k truncation; greedy rows (T = 0) report it under T = 1. Sampling uses the
-    exponential-race form of Gumbel-max (argmax p_i / E_i, E_i ~ Exp(1) from the row's seeded
-    generator), so a seed gives the same token even if batching perturbs logits by rounding.
+    The reported log-probability (and the top log-probabilities) are those of the
+    distribution actually sampled from: ``log_softmax(logits / T)``, cut by top-k / top-p and
+    renormalised when those are on (as vLLM's ``processed_logprobs``); greedy rows (T = 0)
+    report ``log_softmax(logits)``. Sampling uses the exponential-race form of Gumbel-max
+    (argmax p_i / E_i, E_i ~ Exp(1) from the row's seeded generator), so a seed gives the
+    same token even if batching perturbs logits by rounding.
     """
     logits_BV = logits_BV.float()
     temps_B = torch.tensor(
         [p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits_BV.device
     )
-    logp_BV = torch.log_softmax(logits_BV / temps_B[:, None], dim=-1)
+    logp_BV = processed_logprobs(torch.log_softmax(logits_BV / temps_B[:, None], dim=-1),
+                                 params)
     tokens: list[int] = []
     for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
         if p.temperature == 0:
             tokens.append(int(torch.argmax(logits_BV[row])))
             continue
-        trunc_V = truncate_logprobs(logp_BV[row], p.top_p, p.top_k)
-        noise_V = torch.empty_like(trunc_V).exponential_(generator=gen)
-        tokens.append(int(torch.argmax(trunc_V - noise_V.log())))
+        noise_V = torch.empty_like(logp_BV[row]).exponential_(generator=gen)
+        tokens.append(int(torch.argmax(logp_BV[row] - noise_V.log())))
     idx_B = torch.tensor(tokens, device=logits_BV.device)
     chosen_B = logp_BV.gather(-1, idx_B[:, None]).squeeze(-1)
     tops: list[list[tuple[int, float]] | None] = []
@@ -79,7 +83,9 @@ def sample_rows(
             tops.append(None)
             continue
         vals, ids = torch.topk(logp_BV[row], min(p.top_logprobs, logp_BV.shape[-1]))
-        tops.append(list(zip(ids.tolist(), vals.tolist(), strict=True)))
+        # Tokens the cut removed (-inf) are not among the alternatives, as in JSON they can't be
+        tops.append([(i, v) for i, v in zip(ids.tolist(), vals.tolist(), strict=True)
+                     if v > float("-inf")])
     return StepSample(tokens, chosen_B.tolist(), tops)
 
 

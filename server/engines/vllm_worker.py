@@ -42,7 +42,13 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from server.weight_transport import TensorMeta, make_process_group, receive_tensors
+from server.weight_transport import (
+    TensorMeta,
+    device_ids,
+    make_process_group,
+    receive_tensors,
+    transport_device,
+)
 
 BACKEND = "gspo"
 
@@ -135,6 +141,7 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
         super().__init__(config, vllm_config, device, model)
         self._join: _Job | None = None
         self._join_epoch: int | None = None
+        self._join_backend: str = "gloo"
         self._receive: _Job | None = None
 
     # ------------------------------------------------------------ group
@@ -144,7 +151,7 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
             raise ValueError(f"unknown broadcast backend {init_info.backend!r}")
         rank = init_info.rank + self.parallel_config.rank
         info = init_info
-        self._join_epoch = info.epoch
+        self._join_epoch, self._join_backend = info.epoch, info.backend
         self._join = _Job(lambda: make_process_group(
             info.backend, info.master_addr, info.master_port, rank, info.world_size,
             info.epoch, info.timeout_s), name=f"gspo-join-{info.epoch}")
@@ -168,7 +175,10 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
     def receive_weights(self, update_info: GspoUpdateInfo) -> None:
         pg = self._group(update_info.epoch)
         metas = [TensorMeta(**t) for t in update_info.tensors]
-        info, device = update_info, self.device
+        # NCCL: straight into this worker's GPU; gloo: host memory (server.weight_transport)
+        info = update_info
+        device = transport_device("nccl" if self._join_backend == "nccl" else "gloo",
+                                  self.device)
 
         def receive() -> list[tuple[str, torch.Tensor]]:
             return list(receive_tensors(pg, metas, info.bucket_bytes, info.timeout_s, device))
@@ -213,6 +223,10 @@ def _named_from_file(path: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield key, fh.get_tensor(key)
 
 
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 class GspoWorkerExtension:
     """Methods mixed into vLLM's worker class; called with ``collective_rpc(name, ...)``."""
 
@@ -224,7 +238,7 @@ class GspoWorkerExtension:
         model = self.model_runner.get_model()
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         return {"packed_modules_mapping": {k: list(v) for k, v in packed.items()},
-                "pid": os.getpid()}
+                "pid": os.getpid(), "devices": device_ids(_model_device(model))}
 
     def gspo_transfer_status(self) -> dict[str, Any]:
         return self.weight_transfer_engine.status()
@@ -236,6 +250,31 @@ class GspoWorkerExtension:
         """Drop group ``epoch`` (only that one: a newer join may have overtaken this call)."""
         if self.weight_transfer_engine.status()["epoch"] == epoch:
             self.weight_transfer_engine.shutdown()
+
+    def gspo_open_ipc(self, request: dict[str, Any]) -> int:
+        """Open the CUDA IPC handles of a learner on this worker's GPU (``server.cuda_ipc``)
+        and keep the tensors for ``gspo_load_ipc``. Separate from the load so that a handle
+        that does not open fails before the model is touched."""
+        from server.cuda_ipc import IpcUpdateRequest, open_tensors
+
+        self._ipc_staged: list[tuple[str, torch.Tensor]] | None = None
+        device = _model_device(self.model_runner.get_model())
+        self._ipc_staged = open_tensors(IpcUpdateRequest.model_validate(request), device)
+        return len(self._ipc_staged)
+
+    def gspo_load_ipc(self) -> int:
+        """Load what ``gspo_open_ipc`` opened; the copies have finished on the device when this
+        returns (the learner may write its weights again once the server answers)."""
+        named, self._ipc_staged = getattr(self, "_ipc_staged", None), None
+        if named is None:
+            raise RuntimeError("no CUDA IPC weights opened")
+        model = self.model_runner.get_model()
+        reload_in_place(self.vllm_config, model, named)
+        torch.cuda.synchronize(_model_device(model))
+        return len(named)
+
+    def gspo_drop_ipc(self) -> None:
+        self._ipc_staged = None
 
     def gspo_load_file(self, path: str) -> int:
         """Load a safetensors file of HF-named tensors (the server's ``load_weights``)."""

@@ -13,9 +13,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
+from server.cuda_ipc import IpcUpdateRequest
 from server.engines.base import Engine
+from server.error_docs import error_responses
 from server.errors import APIError
-from server.weight_transport import JoinRequest, UpdateRequest
+from server.weight_transport import JoinRequest, TransportInfo, UpdateRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])
@@ -38,7 +40,8 @@ class UpdateBody(UpdateRequest):
     """Upper bound for receiving every bucket."""
 
 
-@router.post("/weights/join", response_model=VersionResponse)
+@router.post("/weights/join", response_model=VersionResponse,
+             responses=error_responses(400, 401, 403, 413, 422, 504))
 async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
     """Join broadcast group ``epoch`` (blocks until every rank has joined, or times out)."""
     try:
@@ -50,7 +53,8 @@ async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
     return VersionResponse(policy_version=engine.policy_version)
 
 
-@router.post("/weights/update", response_model=VersionResponse)
+@router.post("/weights/update", response_model=VersionResponse,
+             responses=error_responses(400, 401, 403, 409, 413, 422, 504))
 async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
     """Receive the tensors the learner broadcasts, load them, bump the policy version."""
     if req.version < engine.policy_version:  # equal: a retried round, loading again is harmless
@@ -67,13 +71,41 @@ async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
     return VersionResponse(policy_version=engine.policy_version)
 
 
-@router.post("/pause", response_model=VersionResponse)
+@router.get("/weights/transport", response_model=TransportInfo,
+            responses=error_responses(401, 403))
+async def transport(engine: EngineDep) -> TransportInfo:
+    """The devices holding the engine's weights: a learner on the same GPU passes CUDA IPC
+    handles (``/admin/weights/update_ipc``) instead of joining a broadcast group."""
+    return await engine.transport_info()
+
+
+@router.post("/weights/update_ipc", response_model=VersionResponse,
+             responses=error_responses(400, 401, 403, 409, 413, 422, 504))
+async def update_ipc(req: IpcUpdateRequest, engine: EngineDep) -> VersionResponse:
+    """Load weights shared as CUDA IPC handles by a learner on this server's GPU."""
+    if req.version < engine.policy_version:
+        raise APIError(409, f"version {req.version} is older than the loaded "
+                       f"{engine.policy_version}", "stale_version")
+    try:
+        await asyncio.wait_for(engine.receive_ipc(req), timeout=req.timeout_s)
+    except (ValueError, KeyError) as exc:  # names, shapes or plan wrong; engine not on CUDA
+        raise APIError(400, f"bad IPC weight update: {exc}", code="invalid_ipc_update") from exc
+    except (TimeoutError, RuntimeError) as exc:
+        log.warning("IPC weight update %s failed: %s", req.version, exc)
+        raise APIError(504, f"weight update to version {req.version} failed: {exc}",
+                       "weight_sync_error") from exc
+    return VersionResponse(policy_version=engine.policy_version)
+
+
+@router.post("/pause", response_model=VersionResponse,
+             responses=error_responses(401, 403))
 async def pause(engine: EngineDep) -> VersionResponse:
     await engine.pause()
     return VersionResponse(policy_version=engine.policy_version, paused=True)
 
 
-@router.post("/resume", response_model=VersionResponse)
+@router.post("/resume", response_model=VersionResponse,
+             responses=error_responses(401, 403))
 async def resume(engine: EngineDep) -> VersionResponse:
     await engine.resume()
     return VersionResponse(policy_version=engine.policy_version)

@@ -11,10 +11,12 @@ rollout as one more turn instead of opening a group.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from server.admission import admit_new_group
 from server.api_models import (
     AssistantMessage,
     ChatChoice,
@@ -29,7 +31,6 @@ from server.chat import (
     completion_text,
     end_token_ids,
     off_loop_if_large,
-    parse_tool_calls,
 )
 from server.chat import render_chat_prompt as render
 from server.deps import (
@@ -42,8 +43,11 @@ from server.deps import (
 )
 from server.engines.base import Engine
 from server.episodes import episode_turn
+from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import chat_logprobs, usage
+from server.limits import check_chat_messages
+from server.parsers import AssistantParse, parse_assistant
 from server.sampling import (
     GroupResult,
     Sample,
@@ -83,23 +87,32 @@ async def chat_prompt(body: ChatCompletionRequest, tokenizer: Any,
     (in a worker thread when long: templating must not stall the event loop)."""
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    ids = await off_loop_if_large(approx_chars([messages, tools]), render, tokenizer,
-                                  messages, tools, settings.sanitize_control_tokens)
+    ids = await off_loop_if_large(approx_chars([messages, tools]), partial(
+        render, template_kwargs=body.chat_template_kwargs), tokenizer, messages, tools,
+        settings.sanitize_control_tokens)
     return check_prompt_ids(ids, len(tokenizer))
 
 
+def parsed_completion(text: str, body: ChatCompletionRequest, settings: ServerSettings,
+                      with_tools: bool) -> AssistantParse:
+    """The completion's text as the client sees it (``server.parsers``)."""
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    return parse_assistant(text, tool_parser=settings.tool_call_parser,
+                           reasoning_parser=settings.reasoning_parser, with_tools=with_tools,
+                           tools=tools, template_kwargs=body.chat_template_kwargs)
+
+
 def _choice(index: int, sample: Sample, prompt_ids: list[int], tokenizer: Any,
-            texts: TokenTexts, engine: Engine, with_tools: bool,
+            texts: TokenTexts, engine: Engine, parsed: AssistantParse,
             top_k: int | None) -> ChatChoice:
     c = sample.completion
-    text = completion_text(tokenizer, c, end_token_ids(tokenizer))
-    content, calls = parse_tool_calls(text) if with_tools else (text, [])
     tool_calls = [ToolCallOut(id=t.id, function=FunctionCallOut(name=t.name,
                                                                 arguments=t.arguments))
-                  for t in calls] or None
+                  for t in parsed.calls] or None
     return ChatChoice(
         index=index,
-        message=AssistantMessage(content=content, tool_calls=tool_calls),
+        message=AssistantMessage(content=parsed.content, reasoning_content=parsed.reasoning,
+                                 tool_calls=tool_calls),
         finish_reason="tool_calls" if tool_calls else c.finish_reason,
         logprobs=chat_logprobs(texts, c, top_k) if top_k is not None else None,
         rollout_id=sample.rollout_id, token_ids=c.token_ids, prompt_token_ids=prompt_ids,
@@ -111,20 +124,26 @@ def chat_response(result: GroupResult, body: ChatCompletionRequest, tokenizer: A
                   texts: TokenTexts, engine: Engine, settings: ServerSettings,
                   with_tools: bool, top_k: int) -> ChatCompletionResponse:
     k = top_k if body.logprobs else None
-    choices = [_choice(i, s, result.prompt_token_ids, tokenizer, texts, engine, with_tools, k)
+    stop_ids = end_token_ids(tokenizer)
+    choices = [_choice(i, s, result.prompt_token_ids, tokenizer, texts, engine,
+                       parsed_completion(completion_text(tokenizer, s.completion, stop_ids),
+                                         body, settings, with_tools), k)
                for i, s in enumerate(result.samples)]
     return ChatCompletionResponse(id=f"chatcmpl-{result.group_id}", created=int(time.time()),
                                   model=settings.model_name, choices=choices,
                                   usage=usage(result), group_id=result.group_id)
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+             dependencies=[Depends(admit_new_group)],
+             responses=error_responses(*V1_POST, 404, 409, 410, 501))
 async def chat_completions(
     body: ChatCompletionRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
     tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,
 ) -> ChatCompletionResponse:
     """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group."""
     check_model(body.model, settings)
+    check_chat_messages(body.messages)
     with_tools, top_k = check_chat_options(body)
     if body.rollout_id is not None:  # one more turn of a multi-turn episode
         result = await episode_turn(body, store=store, engine=engine, tokenizer=tokenizer,

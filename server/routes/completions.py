@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from server.admission import admit_new_group
 from server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
 from server.chat import completion_text, end_token_ids, off_loop_if_large
 from server.deps import (
@@ -22,6 +23,7 @@ from server.deps import (
     TokenizerDep,
     TokenTextsDep,
 )
+from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import completion_logprobs, usage
 from server.sampling import (
@@ -67,7 +69,9 @@ async def completion_prompt(prompt: Any, tokenizer: Any) -> list[int]:
     return check_prompt_ids(ids, len(tokenizer))
 
 
-@router.post("/v1/completions", response_model=CompletionResponse)
+@router.post("/v1/completions", response_model=CompletionResponse,
+             dependencies=[Depends(admit_new_group)],
+             responses=error_responses(*V1_POST, 404))
 async def completions(
     body: CompletionRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
     tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,

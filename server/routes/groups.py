@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.admission import admit_new_group
 from server.deps import MetricsDep, SettingsDep
 from server.episodes import open_episode_group
+from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
+from server.limits import Metadata, check_group_size
 from server.routes.rewards import StoreDep
+from server.trajectory_view import TrajectoryOut, load_trajectories
 
 
 class OpenGroupIn(BaseModel):
@@ -26,7 +30,7 @@ class OpenGroupIn(BaseModel):
 
     size: int = Field(ge=1)
     """Episodes in the group (G); at most the queue's ``max_group_size``."""
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     """Stored with the group and handed to the learner (task id, answer key, ...)."""
 
 
@@ -42,6 +46,9 @@ class GroupRolloutOut(BaseModel):
     rewarded: bool
     reward: float | None = None
     turn_rewards: list[float] | None = None
+    trajectory: TrajectoryOut | None = None
+    """Only with ``?include=tokens``: the stored tokens, mask, log-probs, versions and turns
+    (``server.trajectory_view``); null when the record has expired."""
 
 
 class GroupOut(BaseModel):
@@ -66,11 +73,14 @@ class GroupOut(BaseModel):
 router = APIRouter(tags=["groups"])
 
 
-@router.post("/v1/groups", response_model=OpenGroupOut)
+@router.post("/v1/groups", response_model=OpenGroupOut,
+             dependencies=[Depends(admit_new_group)],
+             responses=error_responses(*V1_POST, 501))
 async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
                      metrics: MetricsDep) -> OpenGroupOut:
     """Opens ``size`` empty multi-turn episodes as one group (recorded in Redis before the
     response, so every returned ``rollout_id`` can take turns and rewards at once)."""
+    check_group_size(body.size, settings.queue.max_group_size)
     group_id, rollout_ids = await open_episode_group(store, body.size, body.metadata,
                                                      settings.server_id)
     metrics.groups.inc()
@@ -78,22 +88,36 @@ async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
     return OpenGroupOut(group_id=group_id, rollout_ids=rollout_ids)
 
 
-@router.get("/v1/groups/{group_id}", response_model=GroupOut)
+# exclude_unset: ``trajectory`` appears only with ?include=tokens (every other field is set).
+@router.get("/v1/groups/{group_id}", response_model=GroupOut, response_model_exclude_unset=True,
+            responses=error_responses(401, 404, 422, 501, 503))
 async def get_group(
-    group_id: Annotated[str, Path(min_length=1, max_length=256)], store: StoreDep
+    group_id: Annotated[str, Path(min_length=1, max_length=256)], store: StoreDep,
+    request: Request,
+    include: Annotated[Literal["tokens"] | None, Query(
+        description="'tokens': each rollout's trajectory (token ids, loss mask, log-probs, "
+                    "versions, turns with decoded text, advantage once published)")] = None,
 ) -> GroupOut:
     """A group's state. 404 for an unknown group, or one whose records have expired."""
     g = await store.get_group(group_id)
     if g is None:
         raise APIError(404, f"unknown group {group_id!r} (never created, or expired)",
                        code="unknown_group")
+    trajectories = {}
+    if include == "tokens":  # the tokenizer only then: a queue-only app has none
+        tokenizer = getattr(request.app.state, "tokenizer", None)
+        if tokenizer is None:
+            raise APIError(501, "this server has no tokenizer to decode trajectories",
+                           code="tokens_unsupported")
+        trajectories = await load_trajectories(store, tokenizer, g.rollout_ids, g.stream_id)
     rollouts = []
     for rid in g.rollout_ids:
         rw = g.rewards.get(rid)
+        extra = {"trajectory": trajectories.get(rid)} if include == "tokens" else {}
         rollouts.append(GroupRolloutOut(
             rollout_id=rid, rewarded=rw is not None,
             reward=None if rw is None else rw["reward"],
-            turn_rewards=None if rw is None else rw["turn_rewards"]))
+            turn_rewards=None if rw is None else rw["turn_rewards"], **extra))
     return GroupOut(
         group_id=g.group_id, state=g.state, size=g.size,  # type: ignore[arg-type]
         n_rollouts=len(g.rollout_ids), n_rewarded=g.n_rewarded, created_at=g.created_at,

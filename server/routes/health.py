@@ -1,7 +1,9 @@
 """``GET /health``: is this server ready to sample and record, and with which weights.
 
-Open (no key): load balancers and the tests' start-up wait poll it. It pings Redis with a short
-timeout because a server that cannot record rollouts is not serving its purpose: 503 then.
+Open (no key): load balancers and the tests' start-up wait poll it. It checks Redis with a short
+timeout because a server that cannot record rollouts is not serving its purpose: 503 then. The
+check is a write (a small key with a TTL), not only a ping: a Redis at ``maxmemory`` answers
+pings but refuses every write, and the server then refuses every rollout and reward.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from server.deps import EngineDep, SettingsDep
 
 router = APIRouter(tags=["health"])
 REDIS_PING_TIMEOUT_S = 1.0
+RedisState = Literal["ok", "unreachable", "out_of_memory"]
+PROBE_TTL_MS = 60_000
 
 
 class HealthResponse(BaseModel):
@@ -27,25 +31,36 @@ class HealthResponse(BaseModel):
     model_path: str
     policy_version: int
     server_id: str
-    redis: Literal["ok", "unreachable"]
+    redis: RedisState
     running: int
     waiting: int
 
 
 @router.get("/health", response_model=HealthResponse,
-            responses={503: {"model": HealthResponse, "description": "Redis unreachable"}})
+            responses={503: {"model": HealthResponse,
+                             "description": "Redis unreachable or refusing writes"}})
 async def health(request: Request, settings: SettingsDep, engine: EngineDep) -> JSONResponse:
-    redis_ok = True
-    try:
-        await asyncio.wait_for(request.app.state.redis.ping(), REDIS_PING_TIMEOUT_S)
-    except (TimeoutError, redis.exceptions.RedisError, OSError):
-        redis_ok = False
+    redis_state = await _probe_redis(request, settings.server_id)
+    redis_ok = redis_state == "ok"
     stats = engine.stats()
     body = HealthResponse(
         status="ok" if redis_ok else "degraded", engine=engine.name,
         model=settings.model_name, model_path=engine.model_path,
         policy_version=engine.policy_version, server_id=settings.server_id,
-        redis="ok" if redis_ok else "unreachable", running=stats.running,
+        redis=redis_state, running=stats.running,
         waiting=stats.waiting,
     )
     return JSONResponse(body.model_dump(), status_code=200 if redis_ok else 503)
+
+
+async def _probe_redis(request: Request, server_id: str) -> RedisState:
+    """"ok", "out_of_memory" (writes refused) or "unreachable"."""
+    client = request.app.state.redis
+    key = f"{request.app.state.keys.prefix}:server:{server_id}:health"
+    try:
+        await asyncio.wait_for(client.set(key, b"1", px=PROBE_TTL_MS), REDIS_PING_TIMEOUT_S)
+    except redis.exceptions.OutOfMemoryError:
+        return "out_of_memory"
+    except (TimeoutError, redis.exceptions.RedisError, OSError):
+        return "unreachable"
+    return "ok"

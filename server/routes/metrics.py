@@ -3,7 +3,11 @@ every Prometheus target; it carries counts and timings, no request content)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+import asyncio
+import contextlib
+
+import redis.exceptions
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from server.deps import EngineDep, MetricsDep
@@ -12,5 +16,10 @@ router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", response_class=Response)
-async def metrics(metrics: MetricsDep, engine: EngineDep) -> Response:
+async def metrics(request: Request, metrics: MetricsDep, engine: EngineDep) -> Response:
+    gate = getattr(request.app.state, "ready_gate", None)
+    if gate is not None:
+        # The queue depth is read from Redis: /metrics still answers while Redis is down.
+        with contextlib.suppress(TimeoutError, redis.exceptions.RedisError, OSError):
+            await asyncio.wait_for(gate.depth(), 1.0)
     return Response(metrics.render(engine), media_type=CONTENT_TYPE_LATEST)

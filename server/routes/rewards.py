@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Depends, Request
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.store import RewardItem, RolloutStore, status_http_code
 
@@ -101,7 +102,8 @@ _MESSAGES = {
 router = APIRouter(tags=["rewards"])
 
 
-@router.post("/v1/rewards", response_model=RewardsOut)
+@router.post("/v1/rewards", response_model=RewardsOut,
+             responses=error_responses(*V1_POST, 404, 409, 410))
 async def post_rewards(body: RewardsBody, store: StoreDep) -> RewardsOut:
     """Stores rewards, all of them or none (see the module docstring)."""
     items_in = body if isinstance(body, list) else [body]

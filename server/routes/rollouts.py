@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from server.admission import admit_new_group
 from server.api_models import RolloutOut, RolloutRequest, RolloutResponse
 from server.chat import (
     approx_chars,
@@ -28,8 +29,10 @@ from server.deps import (
     TokenizerDep,
     TokenTextsDep,
 )
+from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import rollout_top_logprobs, usage
+from server.limits import check_chat_messages
 from server.sampling import (
     check_model,
     check_prompt_ids,
@@ -56,6 +59,7 @@ async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
     if body.messages is not None:
         if not body.messages:
             raise APIError(400, "messages is empty", code="empty_prompt")
+        check_chat_messages(body.messages)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         ids = await off_loop_if_large(approx_chars([messages, tools]), render_chat_prompt,
@@ -68,7 +72,9 @@ async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
     return check_prompt_ids(ids, len(tokenizer))
 
 
-@router.post("/v1/rollouts", response_model=RolloutResponse)
+@router.post("/v1/rollouts", response_model=RolloutResponse,
+             dependencies=[Depends(admit_new_group)],
+             responses=error_responses(*V1_POST, 404))
 async def rollouts(
     body: RolloutRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
     tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,

@@ -1,0 +1,103 @@
+"""A group's trajectories as a person reads them: ``GET /v1/groups/{id}?include=tokens``.
+
+For each rollout: the token ids, loss mask (1 = sampled by the model, trained on), behaviour
+log-probabilities and per-token policy versions, the model turns' ``[start, end)`` spans with
+the decoded text of each turn and of the context before it (prompt, tool results, template
+tokens), and, once the group is published, the advantage the learner will use. A published
+group is read from its ready-stream entry, the very bytes the learner trains on; otherwise
+from the rollout records. Read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel
+
+from server.redis_schema import (
+    READY_STREAM_FIELD,
+    RolloutRecord,
+    unpack_ready_group,
+    unpack_rollout,
+)
+from server.store import RolloutStore
+
+
+class TurnOut(BaseModel):
+    start: int
+    end: int
+    """``[start, end)``: the model's tokens of this turn in ``token_ids``."""
+    context_text: str
+    """Decoded tokens between the previous turn (or the start) and this one: the prompt, tool
+    results, user messages, template markup (loss mask 0)."""
+    text: str
+    """Decoded tokens the model sampled in this turn (loss mask 1), special tokens kept."""
+
+
+class TrajectoryOut(BaseModel):
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    """Behaviour log-probability of each sampled token (0.0 where the mask is 0)."""
+    versions: list[int]
+    """Policy version that sampled each token (-1 where the mask is 0)."""
+    prompt_len: int
+    temperature: float
+    finish_reason: str
+    turns: list[TurnOut]
+    advantage: float | None = None
+    """The advantage the learner trains this rollout with (published groups only)."""
+    source: str
+    """"ready_stream" (what the learner reads) or "rollout" (the stored record)."""
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def trajectory_out(rec: RolloutRecord, tokenizer: Any, advantage: float | None,
+                   source: str) -> TrajectoryOut:
+    ids = rec.token_ids.tolist()
+    turns, prev = [], 0
+    for start, end in rec.turns:
+        turns.append(TurnOut(start=start, end=end, context_text=_decode(tokenizer, ids[prev:start]),
+                             text=_decode(tokenizer, ids[start:end])))
+        prev = end
+    return TrajectoryOut(
+        token_ids=ids, loss_mask=rec.loss_mask.astype(int).tolist(),
+        logprobs=rec.logprobs.astype(float).tolist(), versions=rec.versions.tolist(),
+        prompt_len=rec.prompt_len, temperature=rec.temperature,
+        finish_reason=rec.finish_reason, turns=turns, advantage=advantage, source=source)
+
+
+async def _published(store: RolloutStore, stream_id: str) -> dict[str, tuple[RolloutRecord,
+                                                                           float]]:
+    entries = await store.redis.xrange(store.keys.ready_stream, stream_id, stream_id)
+    if not entries:  # trimmed from the stream: fall back to the records
+        return {}
+    data = entries[0][1].get(READY_STREAM_FIELD.encode())
+    if data is None:
+        return {}
+    group = unpack_ready_group(data)
+    return {r.rollout_id: (r, a) for r, a in zip(group.rollouts, group.advantages,
+                                                 strict=True)}
+
+
+async def load_trajectories(store: RolloutStore, tokenizer: Any, rollout_ids: list[str],
+                            stream_id: str | None) -> dict[str, TrajectoryOut | None]:
+    """Each rollout's trajectory (None: its record has expired)."""
+    published = await _published(store, stream_id) if stream_id else {}
+    missing = [r for r in rollout_ids if r not in published]
+    blobs = await store.redis.mget([store.keys.rollout(r) for r in missing]) if missing else []
+
+    def build() -> dict[str, TrajectoryOut | None]:  # decoding: off the event loop
+        out: dict[str, TrajectoryOut | None] = {}
+        for rid, blob in zip(missing, blobs, strict=True):
+            out[rid] = None if blob is None else trajectory_out(
+                unpack_rollout(blob), tokenizer, None, "rollout")
+        for rid, (rec, adv) in published.items():
+            out[rid] = trajectory_out(rec, tokenizer, adv, "ready_stream")
+        return out
+
+    return await asyncio.to_thread(build)
