@@ -49,9 +49,14 @@ def _rollout(rid: str, gid: str, version: int, rng: np.random.Generator) -> Roll
 
 async def _backlog(client) -> int:
     """Groups not yet delivered to the learner (everything, before it first starts)."""
-    groups = await client.xinfo_groups(KEYS.ready_stream) if await client.exists(
-        KEYS.ready_stream) else []
-    return int(groups[0]["lag"] or 0) if groups else 1 << 30
+    if not await client.exists(KEYS.ready_stream):
+        return 0
+    groups = await client.xinfo_groups(KEYS.ready_stream)
+    if not groups:
+        return 1 << 30
+    last = groups[0]["last-delivered-id"]
+    last = last.decode() if isinstance(last, bytes) else last
+    return len(await client.xrange(KEYS.ready_stream, f"({last}", "+", count=8))
 
 
 async def _produce(redis_url: str, stop: threading.Event, out: list[str]) -> None:
