@@ -125,7 +125,8 @@ def learn(
     config: str = typer.Option(None, "--config", help="TOML file of learner settings "
                                "(LearnerConfig fields); flags override it."),
     model: str = typer.Option(None, help="Model directory to start from."),
-    redis_url: str = typer.Option(None, help="Redis URL. (default: redis://127.0.0.1:6379/0)"),
+    redis_url: str = typer.Option(None, help="Redis URL (env GSPO_REDIS_URL: flags show in "
+                                  "`ps`). (default: redis://127.0.0.1:6379/0)"),
     key_prefix: str = typer.Option(None, help="Prefix of every Redis key. (default: gspo)"),
     consumer: str = typer.Option(None, help="Consumer name in the stream's consumer group."),
     loss: str = typer.Option(None, help="Objective: gspo | gspo_token | grpo | sapo."),
@@ -164,6 +165,8 @@ def learn(
 
     if os.environ.get("GSPO_ADMIN_KEY"):
         flags["admin_key"] = os.environ["GSPO_ADMIN_KEY"]
+    if redis_url is None and os.environ.get("GSPO_REDIS_URL"):  # it may hold the password
+        flags["redis_url"] = os.environ["GSPO_REDIS_URL"]
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pydantic import ValidationError
@@ -181,8 +184,13 @@ def learn(
         typer.echo("invalid learner settings:\n" + msg, err=True)
         raise typer.Exit(2) from exc
     from learner.loop import run_learner
+    from learner.progress import RedisUnavailable
 
-    state = run_learner(cfg)
+    try:
+        state = run_learner(cfg)
+    except RedisUnavailable as exc:  # EX_TEMPFAIL: a supervisor restarts it (compose does)
+        typer.echo(f"learner stopped: {exc}", err=True)
+        raise typer.Exit(75) from exc
     if state is not None:  # None: a data-parallel rank > 0 (rank 0 reports)
         typer.echo(f"stopped at step {state.step}, policy version {state.version}", err=True)
 

@@ -4,7 +4,8 @@ Layout of ``save_dir``::
 
     step-00000012/              one complete checkpoint; loadable by from_pretrained as is
       config.json, model.safetensors, generation_config.json, tokenizer files (copied)
-      trainer_state.pt          optimiser + LR schedule state, RNG states (torch.save)
+      trainer_state.pt          optimiser + LR schedule state, RNG states (torch.save of
+                                tensors and plain containers: loads with weights_only=True)
       learner_state.json        step, policy version, reader position, counters
     .tmp-step-00000012-<pid>/   a checkpoint being written (removed on the next start)
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -67,25 +69,58 @@ class Checkpoint:
 def load_trainer_state(
     path: str | Path, map_location: str | torch.device = "cpu"
 ) -> dict[str, Any]:
-    """Optimiser, schedule and RNG states of the checkpoint directory ``path``."""
-    # Our own file (the RNG states hold numpy arrays): not weights_only.
-    return torch.load(Path(path) / TRAINER_FILE, map_location=map_location, weights_only=False)
+    """Optimiser, schedule and RNG states of the checkpoint directory ``path``.
+
+    ``weights_only=True``: the file holds only tensors and plain containers (see
+    ``capture_rng``), so whoever can write the save directory cannot make loading run code.
+    """
+    file = Path(path) / TRAINER_FILE
+    try:
+        return torch.load(file, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"{file} holds more than tensors and plain containers (weights only "
+                         "load refused it): not loaded, since unpickling it could run code. "
+                         "Checkpoints written before weights_only loading keep their "
+                         "weights (model.safetensors) but not the optimiser state") from exc
 
 
 def capture_rng() -> dict[str, Any]:
-    rng: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                           "python": random.getstate()}
+    """Every RNG state as tensors and plain containers (loadable with ``weights_only=True``).
+
+    numpy's MT19937 key becomes an int64 tensor; CUDA states (one per device) are CPU byte
+    tensors, as ``torch.cuda.get_rng_state_all`` returns them.
+    """
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    version, py_state, gauss = random.getstate()
+    rng: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "key": torch.from_numpy(key.astype(np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python": {"version": int(version), "state": list(py_state), "gauss": gauss},
+    }
     if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
+        rng["cuda"] = [s.cpu() for s in torch.cuda.get_rng_state_all()]
     return rng
 
 
+def _byte_state(t: torch.Tensor) -> torch.Tensor:
+    """``torch.set_rng_state`` and ``torch.cuda.set_rng_state_all`` take CPU ByteTensors only;
+    ``torch.load(map_location="cuda")`` moves every tensor of the file to the GPU."""
+    return t.detach().to(device="cpu", dtype=torch.uint8)
+
+
 def restore_rng(rng: dict[str, Any]) -> None:
-    torch.set_rng_state(rng["torch"])
-    np.random.set_state(rng["numpy"])
-    random.setstate(rng["python"])
+    """Undo ``capture_rng`` (whatever device the states were loaded onto)."""
+    torch.set_rng_state(_byte_state(rng["torch"]))
+    n = rng["numpy"]
+    np.random.set_state((n["kind"], n["key"].cpu().numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached"]))
+    p = rng["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
     if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+        states = [_byte_state(s) for s in rng["cuda"]]
+        # A checkpoint from a machine with more GPUs restores the devices this one has.
+        torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
 
 
 def _fsync_path(path: Path) -> None:

@@ -105,6 +105,10 @@ class LearnerConfig(BaseModel):
     """Longest wait for a full batch; a partial batch after it is trained as it is, an empty
     one is waited for again (the loop checks for a stop signal between waits)."""
 
+    redis_retry_s: float = Field(default=120.0, gt=0.0)
+    """How long the learner keeps retrying (with back-off) while Redis does not answer; then
+    it exits with code 75 (``gspo learn``) so a supervisor restarts it."""
+
     # ---------------------------------------------------------------- checkpoints and sync
     save_dir: str | None = None
     """Checkpoint directory (Hugging Face format per step). ``None``: no checkpoints, and

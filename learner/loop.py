@@ -23,9 +23,17 @@ Without ``save_dir`` groups are acked right after their step (at-most-once on a 
 Policy versions: the servers start at version 0 with the learner's initial weights; each step
 adds one. On a restart the servers may already hold weights the dead learner pushed after its
 last checkpoint, under versions the new one would reuse. So a restarted learner that finds a
-published version at or above its own moves to ``published + 1`` and pushes its weights at
-once; versions stay monotonic and each names one set of weights. The version is published to
-Redis *before* each push, so the published version is never behind the servers'.
+published version at or above its own moves to ``published + 1``; versions stay monotonic and
+each names one set of weights. The version is published to Redis *before* each push, so the
+published version is never behind the servers'.
+
+Healing (any component may restart): the learner pushes its weights at start, and, every few
+seconds, to the registered servers again when one's heartbeat reports a version older than
+the last push (a restarted server is back at 0: without the push every group it samples would
+be too stale to train, and nothing would ever be pushed), also while it has nothing to train.
+Redis errors are retried with back-off (``learner.progress.RedisRetry``) for
+``redis_retry_s``, then ``RedisUnavailable`` ends the run (``gspo learn`` exits 75). Every
+state without progress is logged and recorded (``learner.progress.ProgressMonitor``).
 
 Stopping: SIGINT / SIGTERM finish the current step, checkpoint, ack and return; a second
 signal aborts at once (unacked groups are redelivered on the next start). A batch read after
@@ -38,11 +46,12 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import redis
@@ -60,14 +69,18 @@ from learner.checkpoint import (
 )
 from learner.config import LearnerConfig
 from learner.distributed import DistContext, export_full, follow, init_from_env, load_policy
+from learner.healing import ServerHealer
 from learner.metrics import MetricsLogger, read_drop_counters, reward_stats, staleness_histogram
+from learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
 from learner.reader import Batch, GroupReader
 from learner.sync_base import NoSync, WeightSync
 from learner.trainer import Trainer
 from server.redis_schema import Keys
 
 log = logging.getLogger(__name__)
-_REDIS_RETRY_S = 2.0
+T = TypeVar("T")
+_REDIS_SOCKET_TIMEOUT_S = 30.0
+_HEAL_INTERVAL_S = 5.0  # > the servers' heartbeat interval (2 s): versions have settled
 
 
 def build_weight_sync(config: LearnerConfig, client: redis.Redis) -> WeightSync:
@@ -105,7 +118,11 @@ class Learner:
         self.config = config
         self.dist = dist
         self.run_id = uuid.uuid4().hex[:12]
-        self.client = client or redis.Redis.from_url(config.redis_url)
+        # Bounded socket waits: a paused Redis is an error to retry, not a hang (reads block
+        # in slices of at most 1 s, see learner.reader).
+        self.client = client or redis.Redis.from_url(
+            config.redis_url, socket_timeout=_REDIS_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=_REDIS_SOCKET_TIMEOUT_S)
         self.keys = Keys(config.key_prefix)
         self.sync = sync if sync is not None else build_weight_sync(config, self.client)
         ckpt = self._checkpoint_to_resume()
@@ -125,15 +142,24 @@ class Learner:
         self.trainer = Trainer(self.policy, config, advantage_fn, dist=dist)
         self.step, self.version, self.groups_trained = 0, 0, 0
         self.pending_ack: list[str] = []
+        # Acked after a checkpoint; acked again after a Redis outage (AOF may lose ~1 s).
+        self.recent_acked: deque[str] = deque(maxlen=10_000)
         self._stop = False
         if ckpt is not None:
             self._restore(ckpt)
         self.resumed_from = self.step
-        self.reader = GroupReader(self.client, self.keys, config.consumer, config.max_staleness)
-        if ckpt is not None:
-            self.reader.ack(ckpt.state.entry_ids)  # idempotent: the crash may follow the ack
         self.metrics = MetricsLogger(config.metrics_path, config.tensorboard_dir, config.console)
-        self._resync()
+        self.progress = ProgressMonitor(self.metrics, run_id=self.run_id)
+        self.retry = RedisRetry(config.redis_retry_s)
+        self._pushed_version = -1
+        key = config.admin_key.get_secret_value() if config.admin_key else None
+        self.healer = None if isinstance(self.sync, NoSync) else ServerHealer(
+            self.client, self.keys, key, self.progress, _HEAL_INTERVAL_S)
+        self.reader = self._retrying(lambda: GroupReader(
+            self.client, self.keys, config.consumer, config.max_staleness))
+        if ckpt is not None:  # idempotent: the crash may follow the ack
+            self._retrying(lambda: self.reader.ack(ckpt.state.entry_ids))
+        self._retrying(self._resync)
         self.metrics.event({"event": "start", "run_id": self.run_id, "time": time.time(),
                             "resumed_from": self.resumed_from, "version": self.version,
                             "checkpoint": str(ckpt.path) if ckpt else None})
@@ -167,15 +193,28 @@ class Learner:
         return int(raw) if raw is not None else -1
 
     def _resync(self) -> None:
-        """After a restart, move past any version a previous learner published and push."""
+        """At start, move past any version a previous learner published, and push: restarted
+        servers are back at their initial weights, the others may hold unsaved ones."""
         published = self._published_version()
-        if published <= self.version:  # nothing newer than our weights can be out there
-            self._publish_state()
-            return
-        self.version = published + 1
-        log.info("servers may hold unsaved weights up to version %d: pushing version %d",
-                 published, self.version)
+        if published > self.version:
+            self.version = published + 1
+            log.info("servers may hold unsaved weights up to version %d: pushing version %d",
+                     published, self.version)
         self._push()
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        """``fn()``, retried while Redis does not answer (``RedisUnavailable`` after
+        ``redis_retry_s``)."""
+        while True:
+            try:
+                out = fn()
+            except redis.RedisError as exc:
+                self.progress.stalled("redis_down", str(exc))
+                self.retry.failed(exc)
+                continue
+            if self.retry.ok():
+                self.progress.clear("redis_down")
+            return out
 
     # ---------------------------------------------------------------- the loop
 
@@ -206,7 +245,7 @@ class Learner:
         """Train until ``max_steps`` or a stop request; returns the final state."""
         try:
             while not self.done():
-                self.run_step()
+                self._iterate()
             self._checkpoint(force=True)
             if self.dist is not None:
                 self.dist.broadcast(("stop",))
@@ -218,16 +257,41 @@ class Learner:
         return LearnerState(self.step, self.version, list(self.pending_ack),
                             self.groups_trained)
 
+    def _iterate(self) -> None:
+        """One pass of the loop: heal the servers, train a step; Redis errors are retried
+        (bounded); giving up saves what was trained first."""
+        try:
+            self._heal()
+            self.run_step()
+        except redis.RedisError as exc:
+            self.progress.stalled("redis_down", str(exc))
+            try:
+                self.retry.failed(exc)
+            except RedisUnavailable:
+                log.error("giving up: %s", exc)
+                self._checkpoint(force=True)  # the ack fails; --resume acks it
+                raise
+            return
+        if self.retry.ok():
+            self.progress.clear("redis_down")
+            self._retrying(self._recover_reader)
+
+    def _recover_reader(self) -> None:
+        """After an outage: re-ack what Redis may have forgotten, and claim again what a
+        failed read left pending (not what awaits its checkpoint)."""
+        self.reader.ack(list(self.recent_acked))
+        self.reader.rearm(held=self.pending_ack, committed=self.recent_acked)
+
+    def _heal(self) -> None:
+        """Push to restarted servers (``learner.healing``); raises on Redis errors."""
+        if self.healer is not None:
+            self.healer.check(self._pushed_version, self.version, self._push_ok)
+
     def run_step(self) -> dict[str, Any] | None:
         """Read one batch and train on it; returns the step record (None: nothing trained)."""
         t0 = time.perf_counter()
-        try:
-            batch = self.reader.read_batch(self.config.groups_per_step, self.version,
-                                           self.config.read_timeout_s)
-        except redis.RedisError as exc:
-            log.warning("reading the ready stream failed (%s); retrying", exc)
-            time.sleep(_REDIS_RETRY_S)
-            batch = Batch(groups=[], entry_ids=[], dropped_stale=0, staleness=[])
+        batch = self.reader.read_batch(self.config.groups_per_step, self.version,
+                                       self.config.read_timeout_s)
         wait_s = time.perf_counter() - t0
         invalid = self._screen(batch)
         # A batch already read is the current step: a stop request arriving during the read
@@ -236,6 +300,12 @@ class Learner:
         if self.dist is not None:  # every read, so no rank waits longer than one read
             self.dist.broadcast(("train", batch.groups) if train else ("idle",))
         if not train:
+            if batch.dropped_stale:
+                self.progress.stalled("all_stale", f"{batch.dropped_stale} groups older than "
+                                      f"{self.config.max_staleness} versions (learner at "
+                                      f"{self.version}) dropped, none to train")
+            else:
+                self.progress.stalled("no_groups", "the ready stream is empty")
             return None
         metrics = self.trainer.step(batch.groups)
         self.step += 1
@@ -243,12 +313,13 @@ class Learner:
         self.groups_trained += len(batch.groups)
         self.pending_ack.extend(batch.entry_ids)
         sync_s = self._push() if self.step % self.config.sync_every == 0 else 0.0
-        ckpt_s = self._checkpoint(force=False)
-        self._publish_state()
         rec = self._record(batch, metrics, invalid,
-                           {"time_wait_s": wait_s, "time_sync_s": sync_s,
-                            "time_checkpoint_s": ckpt_s})
+                           {"time_wait_s": wait_s, "time_sync_s": sync_s})
+        # Logged before the checkpoint that may cover it: a crash right after the save must
+        # not leave a durable step missing from the audit log (``trained_history``).
         self.metrics.log(rec)
+        self._checkpoint(force=False)
+        self._publish_state()
         return rec
 
     def _screen(self, batch: Batch) -> int:
@@ -286,12 +357,19 @@ class Learner:
     def _push(self) -> float:
         """Publish the version, then push the weights; returns the seconds it took."""
         t0 = time.perf_counter()
+        self._push_ok()
+        return time.perf_counter() - t0
+
+    def _push_ok(self) -> bool:
         self._publish_state()
         report = self.sync.push(self._export(with_optimizer=False)[0], self.version)
         if not report.ok:
             log.warning("weight push of version %d did not reach every server", self.version)
         self._last_sync_ok = bool(report.ok)
-        return time.perf_counter() - t0
+        self._pushed_version = self.version
+        if self.healer is not None:
+            self.healer.pushed()
+        return self._last_sync_ok
 
     def _checkpoint(self, force: bool) -> float:
         """Checkpoint (every ``save_every`` steps, or when forced with steps unsaved), then
@@ -308,8 +386,12 @@ class Learner:
             assert trainer_state is not None
             save_checkpoint(cfg.save_dir, model, trainer_state, state,
                             tokenizer_src=self.tokenizer_src, keep_last=cfg.keep_last)
+            self.metrics.event({"event": "checkpoint", "run_id": self.run_id,
+                                "step": self.step, "groups": len(self.pending_ack),
+                                "time_checkpoint_s": time.perf_counter() - t0})
         try:
             self.reader.ack(self.pending_ack)
+            self.recent_acked.extend(self.pending_ack)
             self.pending_ack = []
         except redis.RedisError as exc:  # kept: the next checkpoint records them again
             log.warning("ack failed (%s); will retry after the next checkpoint", exc)
@@ -338,6 +420,8 @@ class Learner:
             "dropped": dropped, "dropped_stale_step": batch.dropped_stale,
             "dropped_invalid_step": invalid, "reclaimed": batch.reclaimed,
             "sync_ok": getattr(self, "_last_sync_ok", True),
+            "registry_rejected": self.healer.rejected if self.healer else 0,
+            **self.progress.progressed(),
             "group_ids": [g.group_id for g in batch.groups], "entry_ids": batch.entry_ids,
         }
 

@@ -6,8 +6,13 @@ A step record is a flat dict of floats plus a few structured fields:
   (policy versions between the group's oldest sampled token and the weights it trains).
 - ``dropped``: totals by reason from the Redis counters hash (``dropped_stale``,
   ``expired_dropped``, ...); ``dropped_stale_step``: groups the reader dropped this step.
-- ``time_wait_s`` / ``time_compute_s`` / ``time_sync_s`` / ``time_checkpoint_s``: where the
-  step's wall time went (waiting for data vs computing vs pushing weights vs saving).
+- ``time_wait_s`` / ``time_compute_s`` / ``time_sync_s``: where the step's wall time went
+  (waiting for data vs computing vs pushing weights); a step record is written before the
+  checkpoint that covers it, which writes its own ``{"event": "checkpoint", ...,
+  "time_checkpoint_s"}`` record.
+- ``stalls``: loop iterations since the previous step that made no progress, by reason
+  (``learner.progress``; each such state also writes ``{"event": "stall", ...}`` records);
+  ``registry_rejected``: server registrations that did not parse or verify.
 - ``group_ids`` / ``entry_ids``: what was trained (the JSONL is also the audit log of
   exactly-once training; see ``trained_history``).
 
@@ -95,7 +100,10 @@ class MetricsLogger:
         self._jsonl = None
         if jsonl_path is not None:
             jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+            torn = _ends_mid_line(jsonl_path)
             self._jsonl = open(jsonl_path, "a", encoding="utf-8")  # noqa: SIM115 - long-lived
+            if torn:  # a process killed mid-write: end its line so ours parse
+                self._jsonl.write("\n")
         self._console = None
         if console:
             from rich.console import Console
@@ -151,17 +159,30 @@ class MetricsLogger:
             self._tb = None
 
 
+def _ends_mid_line(path: Path) -> bool:
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
+
+
 def trained_history(jsonl_path: Path) -> list[dict[str, Any]]:
     """The step records of the surviving model's history.
 
     Each run writes a ``start`` record with ``resumed_from`` (the checkpoint step it loaded,
     0 for a fresh start). Steps logged by an earlier run after that step died with its process
-    (their updates were never checkpointed), so they are cut when the next run starts.
+    (their updates were never checkpointed), so they are cut when the next run starts. A line
+    torn by a killed process is skipped (its step, if any, was never checkpointed either: a
+    step record is written before the checkpoint that covers it).
     """
     history: list[dict[str, Any]] = []
     with open(jsonl_path, encoding="utf-8") as f:
         for line in f:
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
             if rec.get("event") == "start":
                 keep = int(rec.get("resumed_from", 0))
                 history = [h for h in history if h["step"] <= keep]

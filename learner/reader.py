@@ -12,7 +12,10 @@ Exactly-once training across learner crashes (the protocol this reader is built 
    ``read_batch`` of a new reader returns every entry still pending in the consumer group
    (``claim_all_on_start``: they were delivered after the checkpoint, and their updates died
    with the process), oldest first, before new entries. So every group is in exactly one
-   committed step: none lost, none trained twice.
+   committed step: none lost, none trained twice. The startup claim stops at the group's
+   last-delivered id as it was when the reader was made: entries this reader delivers itself
+   afterwards have larger ids, so they are never handed out a second time (nor dropped as
+   stale while their step waits for its checkpoint).
 
 Entries left pending by *another* consumer idle longer than ``claim_idle_s`` are claimed as
 well (a second learner replacing a dead one under a new name). Pending entries of this reader
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -91,6 +94,18 @@ class GroupReader:
         self._startup_claim = claim_all_on_start
         self._cursor = "-"  # where the startup claim goes on (pending ids, ascending)
         self._ensure_group()
+        # The startup claim covers only entries delivered before this reader existed: every
+        # entry delivered later (by '>') has a larger id, so it can never come back through
+        # the claim pages while this process still holds it untrained or uncheckpointed.
+        self._claim_end = self._last_delivered()
+        self._held: set[str] = set()  # see ``rearm``
+        self._committed: set[str] = set()
+
+    def _last_delivered(self) -> str:
+        for g in self.client.xinfo_groups(self._stream):
+            if _id(g["name"]) == self.group:
+                return _id(g["last-delivered-id"])
+        return "0-0"
 
     def _ensure_group(self) -> None:
         """Creates the consumer group at id 0: groups published before the first learner
@@ -100,6 +115,16 @@ class GroupReader:
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
+
+    def rearm(self, held: Collection[str], committed: Collection[str]) -> None:
+        """After a Redis outage: claim this consumer group's pending entries again, as on
+        start-up, so entries delivered to a read that then failed do not wait for the next
+        restart. ``held`` (trained, awaiting their checkpoint) are never handed out again
+        nor acked here; ``committed`` (acked before, which a restarted Redis may have
+        forgotten) are acked again, not trained."""
+        self._startup_claim, self._cursor = True, "-"
+        self._claim_end = self._last_delivered()
+        self._held, self._committed = set(held), set(committed)
 
     def read_batch(self, n_groups: int, current_version: int, timeout_s: float) -> Batch:
         """Up to ``n_groups`` groups: reclaimed pending entries first, then new ones, blocking
@@ -132,6 +157,11 @@ class GroupReader:
         stale = 0
         for raw_id, fields in entries:
             entry_id = _id(raw_id)
+            if entry_id in self._held:
+                continue
+            if entry_id in self._committed:
+                drop.append(entry_id)
+                continue
             data = (fields or {}).get(READY_STREAM_FIELD.encode()) if fields else None
             try:
                 group = unpack_ready_group(data) if data is not None else None
@@ -164,7 +194,8 @@ class GroupReader:
         pending entry of the consumer group; later those of other consumers idle longer than
         ``claim_idle_s``. Entries deleted from the stream are acked and skipped."""
         if self._startup_claim:
-            rows = self.client.xpending_range(self._stream, self.group, self._cursor, "+", limit)
+            rows = self.client.xpending_range(self._stream, self.group, self._cursor,
+                                              self._claim_end, limit)
             if len(rows) < limit:
                 self._startup_claim = False  # everything pending at startup is now ours
             if rows:

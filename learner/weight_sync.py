@@ -2,9 +2,11 @@
 takes the next ranks.
 
 One push:
-1. read the live servers from Redis (heartbeats); if the set changed since the last push, or
-   the last push failed, rebuild the group: host a fresh ``TCPStore``, ask every server to join
-   epoch ``e`` over HTTP (admin key) while rank 0 joins too;
+1. read the live servers from Redis (heartbeats; only registrations signed with the admin key,
+   ``server.registry``), ask each for ``/health`` (a few seconds at most) and leave out those
+   that do not answer; if the set changed since the last push (a restarted server is a new
+   member), or the last push failed, rebuild the group: host a fresh ``TCPStore``, ask every
+   server to join epoch ``e`` over HTTP (admin key) while rank 0 joins too;
 2. post ``/admin/weights/update`` to every server and broadcast the buckets at the same time;
 3. a server whose HTTP call fails or times out is dropped and logged; the group is rebuilt
    without it and the push retried once, so the live servers end on the new version.
@@ -14,7 +16,9 @@ take an NCCL rank next to the learner: it gets CUDA IPC handles of the learner's
 instead (``server.cuda_ipc``), posted to ``/admin/weights/update_ipc``. The choice is
 ``server.weight_transport.choose_transport``; the broadcast group holds the other servers.
 
-Every wait is bounded: HTTP calls by ``timeout_s``, collectives by the group's timeout.
+Every wait is bounded: HTTP calls by ``timeout_s``, collectives by the group's timeout, the
+health check by ``health_timeout_s``. Redis being down fails the push (``ok=False``, reason in
+``error``); it never raises into the training loop.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch.distributed as dist
 
 from server.cuda_ipc import IpcUpdateRequest, export_tensors
 from server.redis_schema import Keys
-from server.registry import ServerInfo, live_servers
+from server.registry import ServerInfo, read_registry
 from server.weight_transport import (
     DEFAULT_BUCKET_BYTES,
     Backend,
@@ -61,6 +65,8 @@ class BroadcastReport:
     rebuilt: bool = False
     ok: bool = False  # every live server that was kept loaded the version
     ipc_servers: list[str] = field(default_factory=list)  # ids reached by CUDA IPC handles
+    rejected: list[str] = field(default_factory=list)  # registry entries that did not verify
+    error: str = ""  # why the push failed before reaching any server (e.g. Redis down)
 
 
 def _free_port() -> int:
@@ -94,11 +100,14 @@ class BroadcastSync:
         timeout_s: float = 60.0,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         device: torch.device | str | None = None,
+        health_timeout_s: float = 3.0,
     ) -> None:
         """``device``: the learner's compute device (None: the pushed model's, or the current
         GPU when that model is a host copy, as under FSDP2). It sets where NCCL buckets are
         sent from and whether a server shares the learner's GPU."""
         self.client, self.keys = client, keys
+        self.admin_key = admin_key
+        self.health_timeout_s = min(health_timeout_s, timeout_s)
         self.master_addr, self.backend = master_addr, backend
         self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
         headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
@@ -160,7 +169,8 @@ class BroadcastSync:
         """After a failed round, the culprits: servers whose /health does not answer 200."""
         def healthy(s: ServerInfo) -> bool:
             try:
-                return self.http.get(f"{s.url}/health", timeout=5.0).status_code == 200
+                return self.http.get(f"{s.url}/health",
+                                     timeout=self.health_timeout_s).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -218,11 +228,20 @@ class BroadcastSync:
         device = self._compute_device(model)
         excluded: set[str] = set()
         for _round in range(3):
-            servers = [s for s in live_servers(self.client, self.keys)
-                       if s.server_id not in excluded]
+            try:
+                registry = read_registry(self.client, self.keys, self.admin_key)
+            except redis.RedisError as exc:
+                report.error = f"reading the server registry failed: {exc}"
+                log.warning("weight push of version %d: %s", version, report.error)
+                break
+            report.rejected = sorted(registry.rejected)
+            servers = [s for s in registry.servers if s.server_id not in excluded]
+            # Health first: a dead server costs a few seconds here, not the full sync timeout.
+            self._drop(self._unresponsive(servers), excluded, report)
+            servers = [s for s in servers if s.server_id not in excluded]
             ipc, group = self.split(servers, device)
-            ids = [s.server_id for s in group]
-            if self.pg is None or ids != [m.server_id for m in self.members]:
+            if self.pg is None or [s.member() for s in group] != [
+                    m.member() for m in self.members]:
                 report.rebuilt = True
                 if not self._rebuild(group):
                     self._drop(self._unresponsive(group), excluded, report)

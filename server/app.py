@@ -113,7 +113,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         info = ServerInfo(server_id=settings.server_id, url=advertised_url(settings),
                           engine=engine.name, model=settings.model_name,
                           ranks=engine.weight_ranks())
-        tasks.append(asyncio.create_task(heartbeat_loop(redis, keys, info)))
+        admin_key = settings.admin_key.get_secret_value() if settings.admin_key else None
+        tasks.append(asyncio.create_task(heartbeat_loop(
+            redis, keys, info, admin_key=admin_key, version=lambda: engine.policy_version)))
         log.info("serving %s (%s engine) as %r", engine.model_path, engine.name,
                  settings.model_name)
         yield

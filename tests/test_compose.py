@@ -15,6 +15,9 @@ import json
 import os
 import re
 import secrets
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -156,7 +159,7 @@ def test_keys_agree_between_services(raw: dict[str, Any], profile: str) -> None:
 
 def test_compose_refuses_to_start_without_keys(raw: dict[str, Any],
                                                env_values: dict[str, str]) -> None:
-    for var in ("GSPO_API_KEY", "GSPO_ADMIN_KEY"):
+    for var in ("GSPO_API_KEY", "GSPO_ADMIN_KEY", "GSPO_REDIS_PASSWORD"):
         with pytest.raises(MissingVariable, match=f"{var}.*\\.env"):
             interpolate(raw, {**env_values, var: ""})
 
@@ -216,8 +219,10 @@ def learner_config(svc: dict[str, Any]) -> LearnerConfig:
     assert config is None or (toml_file is not None and toml_file.is_file()), \
         f"--config {config} is not a file bind-mounted from the repository"
     params.pop("log_level")
-    admin = svc.get("environment", {}).get("GSPO_ADMIN_KEY")
-    return LearnerConfig.from_toml(toml_file, **params, admin_key=admin)
+    env = svc.get("environment", {})
+    if params.get("redis_url") is None:  # as `gspo learn` does: the flag, else the env var
+        params["redis_url"] = env.get("GSPO_REDIS_URL")
+    return LearnerConfig.from_toml(toml_file, **params, admin_key=env.get("GSPO_ADMIN_KEY"))
 
 
 def test_every_service_command_is_a_valid_gspo_command(doc: dict[str, Any],
@@ -405,11 +410,78 @@ def test_redis_keeps_its_append_only_file_on_a_volume(doc: dict[str, Any]) -> No
     name = redis_service(doc["services"])
     redis = doc["services"][name]
     assert not redis.get("profiles"), "Redis runs in every profile"
-    conf_path = redis["command"][-1]
+    conf_path = redis["command"][1]
     conf = repo_file_for(redis, conf_path)
     assert conf == REPO / "docker" / "redis.conf" and redis["command"][0] == "redis-server"
     assert re.search(r"^appendonly yes$", conf.read_text(), re.M)
     data = mount_for(redis, "/data")
     assert data is not None and data.type == "volume" and data.source in doc["volumes"]
-    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    # The probe authenticates (REDISCLI_AUTH) and fails on NOAUTH (redis-cli exits 0 on it).
+    assert redis["healthcheck"]["test"] == ["CMD-SHELL", "redis-cli ping | grep -q PONG"]
+    assert redis["environment"]["REDISCLI_AUTH"] == redis_password(redis)
+
+
+def redis_password(redis_svc: dict[str, Any]) -> str:
+    cmd = redis_svc["command"]
+    assert "--requirepass" in cmd, "Redis must require a password"
+    return cmd[cmd.index("--requirepass") + 1]
+
+
+@for_each_profile
+def test_redis_has_a_password_only_the_server_and_the_learner_hold(
+        raw: dict[str, Any], doc: dict[str, Any], profile: str,
+        clean_env: pytest.MonkeyPatch) -> None:
+    services = services_in(doc, profile)
+    roles = roles_of(services)
+    redis_name = redis_service(services)
+    redis_svc = services[redis_name]
+    password = redis_password(redis_svc)
+    assert required_variable(raw["services"][redis_name]["command"][-1]) == \
+        "GSPO_REDIS_PASSWORD", "the password comes from .env, required"
+    conf = (REPO / "docker" / "redis.conf").read_text()
+    assert re.search(r"^protected-mode yes$", conf, re.M)
+    assert not re.search(r"^requirepass", conf, re.M), "no password in the repository"
+    (_, server), (_, learner), (_, env) = (roles[r] for r in ("serve", "learn", "env"))
+    s, cfg = server_settings(server, clean_env), learner_config(learner)
+    for url in (s.redis_url, cfg.redis_url):
+        assert urlsplit(url).password == password
+    for svc in (server, learner, env):
+        assert not any("redis://" in a for a in gspo_argv(svc.get("command")) or []), \
+            "the Redis URL holds the password: env var, not a flag (flags show in `ps`)"
+    # The environment gets nothing of Redis and shares no network with it.
+    assert not any(password in str(v) for v in env.get("environment", {}).values())
+    redis_nets = set(redis_svc["networks"])
+    assert not redis_nets & set(env.get("networks", ["default"]))
+    for svc in (server, learner):
+        assert redis_nets & set(svc["networks"])
+    assert set(server["networks"]) & set(env["networks"]), "the environment reaches the server"
+
+
+def test_shipped_redis_refuses_clients_without_the_password(doc: dict[str, Any],
+                                                            tmp_path: Path) -> None:
+    """redis-server run as the compose file runs it (its conf and --requirepass), on a free
+    loopback port: no password, no access; the server's URL gets in."""
+    import redis as redis_py
+
+    from tests.conftest import free_port, wait_for_port
+
+    redis_svc = doc["services"][redis_service(doc["services"])]
+    assert redis_password(redis_svc)
+    port = free_port()
+    exe = shutil.which("redis-server")
+    assert exe is not None
+    args = [exe, str(REPO / "docker" / "redis.conf"), *redis_svc["command"][2:],
+            "--port", str(port), "--dir", str(tmp_path)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, proc)
+        with pytest.raises(redis_py.AuthenticationError):
+            redis_py.Redis(port=port).ping()
+        server_url = doc["services"]["server"]["environment"]["GSPO_REDIS_URL"]
+        u = urlsplit(server_url)
+        assert redis_py.Redis.from_url(
+            server_url.replace(f"@{u.hostname}:{u.port}", f"@127.0.0.1:{port}")).ping()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -98,3 +99,69 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(tiny_model_dir, tmp_pat
     assert load_latest(tmp_path).state.entry_ids == ["a"]
     assert remove_partial(tmp_path) == [f".tmp-step-00000002-{os.getpid()}"]
     assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
+
+
+class _Exploit:
+    """A pickle that runs code on load (what weights_only=False would execute)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_trainer_state_loads_weights_only_and_refuses_code(tiny_model_dir, tmp_path):
+    t = _trainer(tiny_model_dir, tiny_model_dir)
+    t.step([sample_group(t.policy.model, seed=0)])
+    path = save_checkpoint(tmp_path, t.policy.model, t.state_dict(), LearnerState(1, 1))
+    # Optimiser, schedule and every RNG state are tensors and plain containers.
+    plain = torch.load(path / ckpt_mod.TRAINER_FILE, weights_only=True)
+    assert set(plain["rng"]) >= {"torch", "numpy", "python"}
+    marker = tmp_path / "pwned"
+    torch.save({"optimizer": _Exploit(str(marker))}, path / ckpt_mod.TRAINER_FILE)
+    with pytest.raises(Exception, match="[Ww]eights only"):
+        load_latest(tmp_path).trainer_state()
+    assert not marker.exists()
+
+
+def _rng_draws() -> tuple[torch.Tensor, float, float]:
+    return torch.rand(4), float(np.random.rand()), random.random()
+
+
+def test_rng_states_restore_from_any_dtype_they_were_loaded_as(tiny_model_dir, tmp_path):
+    """restore_rng hands torch CPU ByteTensors, however the file was loaded (map_location
+    may move and cast the tensors: ``RNG state must be a torch.ByteTensor``)."""
+    model = Policy.load(tiny_model_dir, device="cpu").model
+    torch.manual_seed(7)
+    np.random.seed(7)
+    random.seed(7)
+    path = save_checkpoint(tmp_path, model, {}, LearnerState(1, 1))
+    expect = _rng_draws()
+    rng = load_latest(tmp_path).trainer_state()["rng"]
+    rng["torch"] = rng["torch"].to(torch.int64)  # not a ByteTensor any more
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    restore_rng(rng)
+    got = _rng_draws()
+    assert torch.equal(got[0], expect[0]) and got[1:] == expect[1:]
+    assert path.name == "step-00000001"
+
+
+@pytest.mark.gpu
+def test_rng_states_restore_after_loading_onto_cuda(tiny_model_dir, tmp_path):
+    """The resume path loads the trainer state with map_location=<the policy's device>: on a
+    GPU machine every RNG tensor lands on CUDA, and both CPU and CUDA states must restore."""
+    model = Policy.load(tiny_model_dir, device="cpu").model
+    torch.manual_seed(11)
+    torch.cuda.manual_seed_all(11)
+    save_checkpoint(tmp_path, model, {}, LearnerState(1, 1))
+    expect_cpu, expect_cuda = torch.rand(4), torch.rand(4, device="cuda")
+    rng = load_latest(tmp_path).trainer_state(map_location="cuda")["rng"]
+    assert rng["torch"].device.type == "cuda"
+    torch.manual_seed(0)
+    torch.cuda.manual_seed_all(0)
+    restore_rng(rng)
+    assert torch.equal(torch.rand(4), expect_cpu)
+    assert torch.equal(torch.rand(4, device="cuda"), expect_cuda)

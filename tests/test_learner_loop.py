@@ -88,7 +88,7 @@ def test_loop_trains_checkpoints_acks_and_pushes(tiny_model_dir, redis_url, tmp_
                       client=client, sync=sync)
     state = learner.run()
     assert (state.step, state.version, state.groups_trained) == (3, 3, 6)
-    assert sync.pushes == [2] and sync.closed
+    assert sync.pushes == [0, 2] and sync.closed  # at start, then every 2 steps
     assert pending(client) == 0  # everything trained was checkpointed, then acked
     assert [c.state.step for c in list_checkpoints(tmp_path / "ck")] == [2, 3]
     latest = load_latest(tmp_path / "ck")

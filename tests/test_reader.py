@@ -164,3 +164,37 @@ def test_memory_is_bounded_after_a_full_cycle(redis_url: str, r: redis.Redis) ->
         if name in (KEYS.counters, KEYS.ready_stream):
             continue
         assert r.ttl(name) > 0, f"{name} has no TTL"
+
+
+def test_startup_claim_never_redelivers_what_this_reader_read(redis_url: str,
+                                                              r: redis.Redis) -> None:
+    old = publish(redis_url, [f"old{i}" for i in range(3)], version=0)
+    assert GroupReader(r, consumer="dead").read_batch(3, 0, 5).entry_ids == old
+    new = publish(redis_url, ["new0", "new1"], version=5)
+    reader = GroupReader(r, consumer="learner-0", max_staleness=2)
+    first = reader.read_batch(3, current_version=5, timeout_s=0.5)
+    # A full page of pending entries, all stale: the batch is filled from new entries.
+    assert first.dropped_stale == 3 and first.entry_ids == new
+    # The next page of the startup claim must not hand the same (unacked) entries out again.
+    again = reader.read_batch(3, current_version=5, timeout_s=0.2)
+    assert again.entry_ids == [] and again.dropped_stale == 0
+    assert reader.pending_ids() == new and counter(r, "groups_dropped_stale") == 3
+
+
+def test_rearm_after_an_outage_reclaims_lost_reads_not_held_ones(redis_url: str,
+                                                                r: redis.Redis) -> None:
+    ids = publish(redis_url, [f"g{i}" for i in range(4)])
+    reader = GroupReader(r, consumer="learner-0")
+    held = reader.read_batch(1, 0, 5).entry_ids  # trained, awaiting its checkpoint
+    committed = reader.read_batch(1, 0, 5).entry_ids  # acked, but Redis lost the ack
+    lost = reader.read_batch(1, 0, 5).entry_ids  # delivered to a read that then failed
+    assert reader.read_batch(1, 0, 0.1).entry_ids == ids[3:]  # (trained and acked)
+    reader.ack(ids[3:])
+    # Without rearm the lost entry would wait for the next restart: own pending entries are
+    # never handed out again while the reader runs.
+    assert reader.read_batch(3, 0, 0.1).entry_ids == []
+    reader.rearm(held=held, committed=committed)
+    batch = reader.read_batch(3, 0, 0.2)
+    assert batch.entry_ids == lost and batch.reclaimed == 1
+    assert reader.pending_ids() == held + lost  # the committed one is acked again
+    assert counter(r, "groups_dropped_stale") == 0

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 from learner.weight_sync import BroadcastSync
 from server.engines.reference import sequence_logprobs
 from server.redis_schema import Keys
-from server.registry import ServerInfo, live_servers
+from server.registry import ServerInfo, live_servers, register
 from tests.conftest import free_port
 from tests.serving import ADMIN_KEY, API_KEY, running_server
 
@@ -102,8 +102,7 @@ def test_dead_server_is_dropped_and_the_live_one_still_updates(tiny_model_dir, r
         # A registered server with a fresh heartbeat that never answers (nothing listens).
         ghost = ServerInfo(server_id="ghost", url=f"http://127.0.0.1:{free_port()}",
                            engine="hf", model="tiny")
-        client.hset(keys.servers, "ghost", ghost.model_dump_json())
-        client.set(keys.server_alive("ghost"), "1", ex=60)
+        register(client, keys, ghost, ADMIN_KEY, ttl_s=60)  # it held the key, then died
         sync = BroadcastSync(client, keys, admin_key=ADMIN_KEY, timeout_s=5)
         try:
             _perturb(learner_model, seed=3)
