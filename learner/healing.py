@@ -47,7 +47,7 @@ class ServerHealer:
         if not self.due():
             return
         self.last_check = time.monotonic()
-        reg = read_registry(self.client, self.keys, self.admin_key)
+        reg = read_registry(self.client, self.keys, self.admin_key, for_push=True)
         self.rejected = len(reg.rejected)
         if not reg.servers:
             self.progress.stalled("no_servers", f"no live verified server registered "

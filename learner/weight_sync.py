@@ -229,7 +229,8 @@ class BroadcastSync:
         excluded: set[str] = set()
         for _round in range(3):
             try:
-                registry = read_registry(self.client, self.keys, self.admin_key)
+                registry = read_registry(self.client, self.keys, self.admin_key,
+                                         for_push=True)
             except redis.RedisError as exc:
                 report.error = f"reading the server registry failed: {exc}"
                 log.warning("weight push of version %d: %s", version, report.error)

@@ -107,7 +107,11 @@ def test_signed_registrations_verify_and_forgeries_do_not(r: redis.Redis) -> Non
     assert [s.server_id for s in reg.servers] == ["good"]
     assert sorted(reg.rejected) == ["forged", "garbage", "renamed", "shape", "unsigned"]
     assert "signature" in reg.rejected["forged"] and "malformed" in reg.rejected["garbage"]
-    # Without an admin key there is nothing to leak: unsigned entries are taken.
+    # Without an admin key there is nothing to leak: unsigned entries are taken; signed ones
+    # want a key this learner lacks (their admin routes would answer 401).
+    keyless = read_registry(r, KEYS, for_push=True)
+    assert [s.server_id for s in keyless.servers] == ["unsigned"]
+    assert "has none" in keyless.rejected["good"]
     assert [s.server_id for s in live_servers(r, KEYS)] == ["forged", "good", "unsigned"]
     with pytest.raises(ValueError, match="signature"):
         parse_registration(registration(_info("x", "http://a:1"), KEY), "other")
