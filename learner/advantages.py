@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.redis_schema import ReadyGroup
+from contract.redis_schema import ReadyGroup
 
 
 def turn_returns(reward: float, turn_rewards: Sequence[float] | None, n_turns: int) -> np.ndarray:

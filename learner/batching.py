@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from server.redis_schema import ReadyGroup, RolloutRecord
+from contract.redis_schema import ReadyGroup, RolloutRecord
 
 AdvantageFn = Callable[[ReadyGroup, int], float | np.ndarray]
 

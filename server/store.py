@@ -35,8 +35,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
 from server.errors import APIError
-from server.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
 from server.store_finish import (
     Snapshot,
     decide_finish,

@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
+from contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
 from learner.advantages import TurnAdvantages, group_credit, group_turn_advantages
 from learner.losses import group_advantages
-from server.redis_schema import Keys, pack_ready_group, unpack_ready_group
 from server.store import QueueConfig, RewardItem, RolloutStore, make_redis
 from tests.queue_helpers import open_group
 

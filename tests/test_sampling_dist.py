@@ -13,6 +13,7 @@ import pytest
 import redis
 import torch
 
+from contract.redis_schema import Keys, unpack_ready_group, unpack_rollout
 from learner.batching import plan_step
 from learner.config import LearnerConfig
 from learner.losses import LossConfig, policy_loss
@@ -21,7 +22,6 @@ from learner.sampling_dist import keep_mask, sampled_logprobs, truncating
 from learner.trainer import Trainer
 from server.engines.base import SamplingParams
 from server.engines.hf import HFEngine
-from server.redis_schema import Keys, unpack_ready_group, unpack_rollout
 from tests.serving import API_KEY, running_server
 
 KEYS = Keys()

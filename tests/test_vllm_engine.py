@@ -256,7 +256,7 @@ def _assert_http_parity(stack: Stack, version: int) -> None:
 
 def _half_broadcast(stack: Stack, named: list[tuple[str, torch.Tensor]]) -> httpx.Response:
     """A learner that joins, announces every tensor, sends the first bucket only and dies."""
-    from server.weight_transport import host_store, make_process_group, send_tensors, tensor_metas
+    from contract.weight_transport import host_store, make_process_group, send_tensors, tensor_metas
 
     port, bucket, admin = free_port(), 64 * 1024, {"Authorization": f"Bearer {ADMIN_KEY}"}
     store = host_store("127.0.0.1", port, 10.0)
@@ -283,9 +283,9 @@ def _half_broadcast(stack: Stack, named: list[tuple[str, torch.Tensor]]) -> http
 def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> None:
     import redis
 
+    from contract.redis_schema import Keys
+    from contract.registry import live_servers
     from learner.weight_sync import BroadcastSync
-    from server.redis_schema import Keys
-    from server.registry import live_servers
 
     client = redis.Redis.from_url(stack.redis_url)
     deadline = time.monotonic() + 30
@@ -324,8 +324,8 @@ def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> No
 def test_cuda_ipc_update_is_refused_on_a_cpu_engine_and_changes_nothing(stack: Stack) -> None:
     """The one-GPU path's route on a CPU vLLM engine: a clear 400, the engine stays usable on
     its weights (a refused update must not mark it broken)."""
-    from server.cuda_ipc import IpcUpdateRequest, handle_message
-    from server.weight_transport import tensor_metas
+    from contract.cuda_ipc import IpcUpdateRequest, handle_message
+    from contract.weight_transport import tensor_metas
 
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
     info = httpx.get(f"{stack.url}/admin/weights/transport", headers=auth)

@@ -33,7 +33,7 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
 - ``{p}:stream:ready``: stream of ready groups (field ``group`` = msgpack ``ReadyGroup``).
 - ``{p}:counters``: hash of monotonically increasing counters (published, dropped_*, ...).
 - ``{p}:servers``: hash server_id -> signed JSON registration
-  (``server.registry``); ``{p}:server:{id}:alive`` heartbeat
+  (``contract.registry``); ``{p}:server:{id}:alive`` heartbeat
   key with a short TTL.
 - ``{p}:learner:state``: hash, the learner's policy version and step.
 
