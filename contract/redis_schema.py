@@ -192,7 +192,7 @@ class ReadyGroup:
 
     ``rewards[i]``, ``advantages[i]``, ``turn_rewards[i]`` and ``turn_advantages[i]`` belong
     to ``rollouts[i]``. Both kinds of advantage come from one call of
-    ``learner.advantages.group_credit`` when the group completes: ``advantages`` one per
+    ``contract.credit.group_credit`` when the group completes: ``advantages`` one per
     rollout (``--loss gspo``), ``turn_advantages`` one per model turn (the per-token kinds);
     empty in records written before they were published.
     """

@@ -61,7 +61,7 @@ class Sample:
     advantage: float | np.ndarray  # scalar, or float32 [L] per-token advantages
     rollout_id: str
     group_index: int  # index of the group in the step's list
-    top_p: float = 1.0  # the sampler's cut (learner.sampling_dist): 1 and 0 are "off"
+    top_p: float = 1.0  # the sampler's cut (contract.sampling_dist): 1 and 0 are "off"
     top_k: int = 0
 
     @property

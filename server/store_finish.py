@@ -18,8 +18,8 @@ import msgpack
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
+from contract.credit import group_credit
 from contract.redis_schema import Keys
-from learner.advantages import group_credit
 from server.store_scripts import FINISH_BOOKKEEPING
 
 if TYPE_CHECKING:

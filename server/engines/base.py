@@ -5,7 +5,7 @@ server does all tokenisation and chat templating, so both engines see exactly th
 
 Log-probabilities are those of the distribution actually sampled from: after temperature
 (``log_softmax(logits / temperature)``) and, when top-k / top-p are on, after truncation and
-renormalisation, with vLLM's rule for the kept set (``learner.sampling_dist.keep_mask``); both
+renormalisation, with vLLM's rule for the kept set (``contract.sampling_dist.keep_mask``); both
 engines say so in ``Engine.logprobs_after_truncation``. The rollout record stores the
 temperature, top_p and top_k, and the learner computes its log-probabilities under the same
 truncated distribution.
