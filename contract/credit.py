@@ -64,6 +64,29 @@ from dataclasses import dataclass
 import numpy as np
 
 
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How the credit rule scales a group: ``A = c / (sigma + eps)``, or ``A = c`` when
+    ``scale`` is False (only centred, Dr. GRPO style). Defined once: the server's
+    ``QueueConfig`` sets it, each published group records it (``ReadyGroup.advantage_config``),
+    and the learner recomputes a group's advantages with the group's own config, falling back
+    to these defaults only for records written before it was recorded."""
+
+    eps: float = 1e-6
+    scale: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.eps > 0:
+            raise ValueError(f"advantage eps must be > 0, got {self.eps}")
+
+    def to_dict(self) -> dict[str, float | bool]:
+        return {"eps": self.eps, "scale": self.scale}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> AdvantageConfig:
+        return cls(eps=float(d["eps"]), scale=bool(d["scale"]))  # type: ignore[arg-type]
+
+
 def turn_returns(reward: float, turn_rewards: Sequence[float] | None, n_turns: int) -> np.ndarray:
     """``G_k = R + sum_{j >= k} r_j`` for each of ``n_turns`` model turns."""
     return float(reward) + turn_rewards_to_go(turn_rewards, n_turns)
@@ -98,8 +121,8 @@ def group_credit(
     rewards_G: Sequence[float],
     turn_rewards_G: Sequence[Sequence[float] | None],
     n_turns_G: Sequence[int],
-    eps: float = 1e-6,
-    scale: bool = True,
+    eps: float = AdvantageConfig.eps,
+    scale: bool = AdvantageConfig.scale,
 ) -> GroupCredit:
     """The credit rule (module docstring) for one group. Pure. Raises ``ValueError`` on a
     turn-reward count that does not match an episode's model turns, or non-finite rewards."""
@@ -135,8 +158,8 @@ def group_turn_advantages(
     rewards: Sequence[float],
     turn_rewards: Sequence[Sequence[float] | None],
     n_turns: Sequence[int],
-    eps: float = 1e-6,
-    scale: bool = True,
+    eps: float = AdvantageConfig.eps,
+    scale: bool = AdvantageConfig.scale,
 ) -> list[np.ndarray]:
     """``A_{i,k}`` for every episode ``i`` and model turn ``k`` of one group."""
     return group_credit(rewards, turn_rewards, n_turns, eps, scale).turn_advantages

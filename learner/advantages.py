@@ -7,24 +7,26 @@ from collections.abc import Callable
 
 import numpy as np
 
-from contract.credit import group_turn_advantages, token_advantages
+from contract.credit import AdvantageConfig, group_turn_advantages, token_advantages
 from contract.redis_schema import ReadyGroup
 
 
 class TurnAdvantages:
     """``learner.batching.AdvantageFn`` of the per-token kinds (gspo_token, grpo, sapo): the
-    credit rule above, spread over each rollout's model turns.
+    credit rule (``contract.credit``), spread over each rollout's model turns.
 
     A group published with per-turn advantages (``ReadyGroup.turn_advantages``, computed by
-    the server with its ``eps`` / ``scale``) uses them as they are. One without (records
+    the server with its ``AdvantageConfig``) uses them as they are. One without (records
     written by older servers, groups built in tests) spreads its sequence advantages when it
-    has no turn rewards (what the rule gives), else gets ``group_credit`` with this object's
-    ``eps`` and ``scale`` (the queue's defaults). A count that does not match a rollout's
+    has no turn rewards (what the rule gives), else gets ``group_credit`` with the group's
+    own ``advantage_config``, or this object's ``eps`` and ``scale`` (the ``AdvantageConfig``
+    defaults) for records that carry none. A count that does not match a rollout's
     turns raises ``ValueError`` (the learner drops the group as invalid and counts it). The
     last group's result is cached: the batching calls this once per rollout, in order.
     """
 
-    def __init__(self, eps: float = 1e-6, scale: bool = True) -> None:
+    def __init__(self, eps: float = AdvantageConfig.eps,
+                 scale: bool = AdvantageConfig.scale) -> None:
         self.eps, self.scale = eps, scale
         self._group: object = None
         self._per_token: list[np.ndarray] = []
@@ -46,9 +48,10 @@ class TurnAdvantages:
             per_turn = [np.full(len(r.turns), float(a))
                         for r, a in zip(rollouts, group.advantages, strict=True)]
         else:
+            config = group.advantage_config or AdvantageConfig(self.eps, self.scale)
             per_turn = group_turn_advantages(group.rewards, group.turn_rewards,
-                                             [len(r.turns) for r in rollouts], self.eps,
-                                             self.scale)
+                                             [len(r.turns) for r in rollouts], config.eps,
+                                             config.scale)
         return [token_advantages(len(r.token_ids), r.turns, a)
                 for r, a in zip(rollouts, per_turn, strict=True)]
 

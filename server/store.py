@@ -35,6 +35,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.credit import AdvantageConfig
 from contract.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
 from server.errors import APIError
 from server.store_finish import (
@@ -78,10 +79,15 @@ class QueueConfig(BaseModel):
     """Due groups handled per sweep pass (bounds the time one script blocks Redis)."""
     max_group_size: int = Field(default=4096, ge=1)
     """Largest accepted group."""
-    advantage_eps: float = Field(default=1e-6, gt=0)
+    advantage_eps: float = Field(default=AdvantageConfig.eps, gt=0)
     """``eps`` of the credit rule (``contract.credit.group_credit``): c / (sigma + eps)."""
-    scale_advantages: bool = True
+    scale_advantages: bool = AdvantageConfig.scale
     """Divide by the group's spread (False: only centre, Dr. GRPO style)."""
+
+    @property
+    def advantage(self) -> AdvantageConfig:
+        """The credit rule's config, recorded with each published group."""
+        return AdvantageConfig(eps=self.advantage_eps, scale=self.scale_advantages)
 
 
 class StoreError(APIError):
