@@ -57,6 +57,7 @@ import numpy as np
 import redis
 import torch
 
+from contract.redis_schema import Keys
 from learner.batching import AdvantageFn, samples_from_groups
 from learner.checkpoint import (
     Checkpoint,
@@ -75,7 +76,6 @@ from learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
 from learner.reader import Batch, GroupReader
 from learner.sync_base import NoSync, WeightSync
 from learner.trainer import Trainer
-from server.redis_schema import Keys
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from server.redis_schema import (
+from contract.redis_schema import (
     LEARNER_CONSUMER_GROUP,
     READY_STREAM_FIELD,
     Keys,

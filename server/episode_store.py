@@ -3,7 +3,7 @@ their reward.
 
 An episode is a rollout whose record (``Keys.rollout``) is the token trajectory so far, plus a
 small hash (``Keys.episode``) with what the next turn must be checked against (see
-``server.redis_schema``). Every change is one Lua script, so it is atomic:
+``contract.redis_schema``). Every change is one Lua script, so it is atomic:
 
 - ``open_episodes``: the group (``RolloutStore.create_group``), then in one script its
   ``size`` empty rollouts (no tokens, no turns) and their episode hashes. A process that dies
@@ -46,8 +46,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
+from contract.redis_schema import Keys, RolloutRecord, pack_rollout, unpack_rollout
 from server.errors import APIError
-from server.redis_schema import Keys, RolloutRecord, pack_rollout, unpack_rollout
 from server.store import QueueConfig, RewardItem, RewardsOutcome, RolloutStore, StoreError
 
 _NOW = """

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import redis
 
+from contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys, RolloutRecord
 from learner.metrics import trained_history
-from server.redis_schema import LEARNER_CONSUMER_GROUP, Keys, RolloutRecord
 from server.store import RewardItem, RolloutStore, make_redis
 from tests.test_learner_loop import _spawn, _toml
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from contract.redis_schema import Keys
 from learner.reader import GroupReader
-from server.redis_schema import Keys
 from tests.conftest import RedisServer
 from tests.queue_helpers import publish_groups
 

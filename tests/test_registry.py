@@ -18,9 +18,8 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from learner.weight_sync import BroadcastSync
-from server.redis_schema import Keys
-from server.registry import (
+from contract.redis_schema import Keys
+from contract.registry import (
     ServerInfo,
     live_servers,
     parse_registration,
@@ -28,6 +27,7 @@ from server.registry import (
     register,
     registration,
 )
+from learner.weight_sync import BroadcastSync
 from tests.conftest import free_port
 
 KEY = "the-admin-key"

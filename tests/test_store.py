@@ -11,7 +11,7 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-from server.redis_schema import Keys, pack_ready_group, unpack_ready_group
+from contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
 from server.store import (
     QueueConfig,
     RewardItem,
