@@ -36,8 +36,9 @@ Redis errors are retried with back-off (``learner.progress.RedisRetry``) for
 state without progress is logged and recorded (``learner.progress.ProgressMonitor``).
 
 Stopping: SIGINT / SIGTERM finish the current step, checkpoint, ack and return; a second
-signal aborts at once (unacked groups are redelivered on the next start). A batch read after
-the stop request is left pending, not trained.
+signal aborts at once (unacked groups are redelivered on the next start). A batch that was
+being read when the stop request arrived is still trained (it is the current step), then
+checkpointed and acknowledged on exit.
 """
 
 from __future__ import annotations
