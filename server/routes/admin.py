@@ -8,26 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from pydantic import BaseModel
 
 from server.cuda_ipc import IpcUpdateRequest
-from server.engines.base import Engine
+from server.deps import EngineDep
 from server.error_docs import error_responses
 from server.errors import APIError
 from server.weight_transport import JoinRequest, TransportInfo, UpdateRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])
-
-
-def _engine(request: Request) -> Engine:
-    return request.app.state.engine
-
-
-EngineDep = Annotated[Engine, Depends(_engine)]
 
 
 class VersionResponse(BaseModel):
