@@ -24,11 +24,11 @@ from pydantic import SecretStr
 from redis.asyncio import Redis
 
 from server.admission import ReadyQueueGate
-from server.chat import TokenTexts
 from server.engines.base import Engine
 from server.errors import APIError
 from server.metrics import ServerMetrics
 from server.redis_schema import Keys
+from server.sampling_service import SamplingService
 from server.settings import ServerSettings
 from server.store import RolloutStore
 
@@ -48,8 +48,8 @@ async def get_store(request: Request) -> RolloutStore:
     return request.app.state.store
 
 
-async def get_tokenizer(request: Request) -> Any:
-    return request.app.state.tokenizer
+async def get_sampling(request: Request) -> SamplingService:
+    return request.app.state.sampling
 
 
 async def get_redis(request: Request) -> Redis:
@@ -70,10 +70,6 @@ async def get_optional_tokenizer(request: Request) -> Any | None:
     return getattr(request.app.state, "tokenizer", None)
 
 
-async def get_token_texts(request: Request) -> TokenTexts:
-    return request.app.state.token_texts
-
-
 async def get_metrics(request: Request) -> ServerMetrics:
     return request.app.state.metrics
 
@@ -81,12 +77,11 @@ async def get_metrics(request: Request) -> ServerMetrics:
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 StoreDep = Annotated[RolloutStore, Depends(get_store)]
-TokenizerDep = Annotated[Any, Depends(get_tokenizer)]
+SamplingDep = Annotated[SamplingService, Depends(get_sampling)]
 RedisDep = Annotated[Redis, Depends(get_redis)]
 KeysDep = Annotated[Keys, Depends(get_keys)]
 ReadyGateDep = Annotated[ReadyQueueGate | None, Depends(get_ready_gate)]
 OptionalTokenizerDep = Annotated[Any | None, Depends(get_optional_tokenizer)]
-TokenTextsDep = Annotated[TokenTexts, Depends(get_token_texts)]
 MetricsDep = Annotated[ServerMetrics, Depends(get_metrics)]
 
 
