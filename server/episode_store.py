@@ -46,9 +46,9 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
-from server.errors import APIError
 from server.redis_schema import Keys, RolloutRecord, pack_rollout, unpack_rollout
-from server.store import QueueConfig, RewardItem, RewardsOutcome, RolloutStore, StoreError
+from server.store import QueueConfig, RewardItem, RewardsOutcome, RolloutStore
+from server.store_errors import StoreError, StoreReason
 
 _NOW = """
 local t = redis.call('TIME')
@@ -229,24 +229,30 @@ def empty_record(rollout_id: str, group_id: str, metadata: dict[str, Any]) -> Ro
 
 
 _LOAD_ERRORS = {
-    "unknown": (404, "unknown_episode", "unknown episode {rid!r} (never opened with POST "
-                "/v1/groups, or its records expired)"),
-    "not_episode": (409, "not_an_episode", "rollout {rid!r} is a single-turn rollout, not a "
-                    "multi-turn episode: open episodes with POST /v1/groups"),
-    "finished": (409, "episode_finished", "episode {rid!r} is finished: a reward was posted "
-                 "for it, so it takes no more turns"),
-    "group_gone": (410, "group_expired", "the group of episode {rid!r} expired"),
-    "group_closed": (410, "group_closed", "the group of episode {rid!r} no longer accepts "
-                     "turns (it was finalised or expired)"),
-    "concurrent_turn": (409, "concurrent_turn", "another turn of episode {rid!r} was recorded "
-                        "while this one was sampled: send one turn of an episode at a time"),
+    "unknown": (StoreReason.NOT_FOUND, "unknown_episode",
+                "unknown episode {rid!r} (never opened with POST /v1/groups, or its records "
+                "expired)"),
+    "not_episode": (StoreReason.CONFLICT, "not_an_episode",
+                    "rollout {rid!r} is a single-turn rollout, not a multi-turn episode: open "
+                    "episodes with POST /v1/groups"),
+    "finished": (StoreReason.CONFLICT, "episode_finished",
+                 "episode {rid!r} is finished: a reward was posted for it, so it takes no more "
+                 "turns"),
+    "group_gone": (StoreReason.GONE, "group_expired", "the group of episode {rid!r} expired"),
+    "group_closed": (StoreReason.GONE, "group_closed",
+                     "the group of episode {rid!r} no longer accepts turns (it was finalised "
+                     "or expired)"),
+    "concurrent_turn": (StoreReason.CONFLICT, "concurrent_turn",
+                        "another turn of episode {rid!r} was recorded while this one was "
+                        "sampled: send one turn of an episode at a time"),
 }
 
 
 def load_error(status: str, rollout_id: str) -> StoreError:
     code = status.split(":", 1)[0]
-    http, name, message = _LOAD_ERRORS.get(code, (409, code, "episode {rid!r}: " + code))
-    return StoreError(http, name, message.format(rid=rollout_id))
+    reason, name, message = _LOAD_ERRORS.get(
+        code, (StoreReason.CONFLICT, code, "episode {rid!r}: " + code))
+    return StoreError(reason, name, message.format(rid=rollout_id))
 
 
 class EpisodeStore(RolloutStore):
@@ -278,8 +284,8 @@ class EpisodeStore(RolloutStore):
         res = _s(await self._open(
             keys=[self.keys.group(group_id), self.keys.group_rollouts(group_id)], args=args))
         if res != "ok":
-            raise StoreError(409, res, f"could not open the episodes of group {group_id!r}: "
-                                       f"{res}")
+            raise StoreError(StoreReason.CONFLICT, res,
+                             f"could not open the episodes of group {group_id!r}: {res}")
 
     async def _in_multi(self, script: AsyncScript, keys: list[str], args: list[Any],
                         before: Callable[[Any], None] = lambda pipe: None,
@@ -350,25 +356,26 @@ class EpisodeStore(RolloutStore):
         raise _close_error(items, statuses)
 
 
-def _close_error(items: Sequence[RewardItem], statuses: list[str]) -> APIError:
-    """The first failing item decides the status (422 wrong count, 409 empty episode); the
+def _close_error(items: Sequence[RewardItem], statuses: list[str]) -> StoreError:
+    """The first failing item decides the reason (invalid: wrong count, conflict: empty
+    episode); the
     details list every item, as the rewards route does for its own failures."""
     results = []
-    first: tuple[int, str, str] | None = None
+    first: tuple[StoreReason, str, str] | None = None
     for i, (it, st) in enumerate(zip(items, statuses, strict=True)):
         if st.startswith("turns:"):
             n = int(st.split(":", 1)[1])
             got = len(it.turn_rewards or [])
-            code, status = "turn_count_mismatch", 422
+            code, reason = "turn_count_mismatch", StoreReason.INVALID
             why = (f"{got} turn_rewards for an episode with {n} model turn(s): send one per "
                    "model turn, in order, or none")
         elif st == "single_turn":
-            code, status = "turn_count_mismatch", 422
+            code, reason = "turn_count_mismatch", StoreReason.INVALID
             why = (f"{len(it.turn_rewards or [])} turn_rewards for a rollout that is not a "
                    "multi-turn episode: a single-turn rollout has one model turn, send at "
                    "most one turn reward")
         elif st == "episode_empty":
-            code, status = "episode_empty", 409
+            code, reason = "episode_empty", StoreReason.CONFLICT
             why = ("the episode has no model turn yet: run at least one chat completion "
                    "with its rollout_id before posting its reward")
         else:
@@ -376,10 +383,10 @@ def _close_error(items: Sequence[RewardItem], statuses: list[str]) -> APIError:
             continue
         results.append({"rollout_id": it.rollout_id, "status": code})
         if first is None:
-            first = (status, code, (f"item {i} " if len(items) > 1 else "")
+            first = (reason, code, (f"item {i} " if len(items) > 1 else "")
                      + f"rollout {it.rollout_id!r}: {why}")
     assert first is not None
-    status, code, message = first
+    reason, code, message = first
     if len(items) > 1:
         message += "; nothing in this call was stored"
-    return APIError(status, message, code=code, details={"results": results})
+    return StoreError(reason, code, message, details={"results": results})

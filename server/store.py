@@ -35,8 +35,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.errors import APIError
 from server.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
+from server.store_errors import StoreError, StoreReason
 from server.store_finish import (
     Snapshot,
     decide_finish,
@@ -82,14 +82,6 @@ class QueueConfig(BaseModel):
     """``eps`` of the credit rule (``learner.advantages.group_credit``): c / (sigma + eps)."""
     scale_advantages: bool = True
     """Divide by the group's spread (False: only centre, Dr. GRPO style)."""
-
-
-class StoreError(APIError):
-    """A request the store refuses; ``code`` is machine-readable, ``status`` the HTTP status.
-    An ``APIError``, so routes can let it propagate: it renders as the JSON error."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(status, message, code=code)
 
 
 @dataclass(frozen=True)
@@ -166,7 +158,7 @@ def _s(v: bytes | str | None) -> str | None:
     return v.decode() if isinstance(v, bytes) else v
 
 
-_CLOSED_STATUS = {"expired": ("expired", 410), "gone": ("expired", 410)}
+_CLOSED_STATUS = {"expired": "expired", "gone": "expired"}
 
 
 class RolloutStore:
@@ -195,9 +187,9 @@ class RolloutStore:
         self, group_id: str, size: int, metadata: dict[str, Any] | None = None
     ) -> None:
         """Opens a group of ``size`` rollouts. Idempotent for the same size (a retried
-        request); ``StoreError`` 409 if the id exists with another size."""
+        request); ``StoreError`` (conflict) if the id exists with another size."""
         if not 1 <= size <= self.config.max_group_size:
-            raise StoreError(422, "invalid_group_size",
+            raise StoreError(StoreReason.INVALID, "invalid_group_size",
                              f"group size must be in [1, {self.config.max_group_size}]")
         res = await self._create(
             keys=[self.keys.group(group_id), self.keys.deadlines, self.keys.counters],
@@ -205,7 +197,8 @@ class RolloutStore:
                   self._finished_ttl],
         )
         if int(res) < 0:
-            raise StoreError(409, "group_exists", f"group {group_id!r} exists with another size")
+            raise StoreError(StoreReason.CONFLICT, "group_exists",
+                             f"group {group_id!r} exists with another size")
 
     async def record_rollout(self, record: RolloutRecord) -> None:
         """Stores the rollout and appends its id to its group's list (once: recording the same
@@ -368,16 +361,18 @@ class RolloutStore:
 def _record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
     rid, gid = record.rollout_id, record.group_id
     errors = {
-        "unknown_group": (404, f"unknown group {gid!r}"),
-        "group_closed": (410, f"group {gid!r} no longer accepts rollouts"),
-        "rollout_rewarded": (409, f"rollout {rid!r} already has a reward"),
-        "rollout_in_other_group": (409, f"rollout {rid!r} belongs to another group"),
-        "group_full": (409, f"group {gid!r} already has all its rollouts"),
-        "no_data": (503, f"rollout {rid!r} was not staged (Redis lost it): retry"),
+        "unknown_group": (StoreReason.NOT_FOUND, f"unknown group {gid!r}"),
+        "group_closed": (StoreReason.GONE, f"group {gid!r} no longer accepts rollouts"),
+        "rollout_rewarded": (StoreReason.CONFLICT, f"rollout {rid!r} already has a reward"),
+        "rollout_in_other_group": (StoreReason.CONFLICT,
+                                   f"rollout {rid!r} belongs to another group"),
+        "group_full": (StoreReason.CONFLICT, f"group {gid!r} already has all its rollouts"),
+        "no_data": (StoreReason.UNAVAILABLE,
+                    f"rollout {rid!r} was not staged (Redis lost it): retry"),
     }
     if res in errors:
-        status, message = errors[res]
-        return StoreError(status, res, message)
+        reason, message = errors[res]
+        return StoreError(reason, res, message)
     return None
 
 
@@ -388,12 +383,5 @@ def _item_status(script_status: str, applied: bool) -> str:
         return "duplicate" if applied else "not_applied"
     if script_status.startswith("closed:"):
         state = script_status.split(":", 1)[1]
-        return _CLOSED_STATUS.get(state, ("closed", 410))[0]
+        return _CLOSED_STATUS.get(state, "closed")
     return script_status
-
-
-def status_http_code(status: str) -> int:
-    """HTTP status of one item's outcome."""
-    return {"stored": 200, "duplicate": 200, "unknown_rollout": 404, "conflict": 409,
-            "expired": 410, "closed": 410}.get(status, 200)
-

@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from server.deps import StoreDep
 from server.error_docs import V1_POST, error_responses
-from server.errors import APIError
-from server.store import RewardItem, status_http_code
+from server.errors import APIError, reward_item_status
+from server.store import RewardItem
 
 MAX_REWARDS_PER_CALL = 1024
 MAX_TURNS = 4096
@@ -114,7 +114,7 @@ async def post_rewards(body: RewardsBody, store: StoreDep) -> RewardsOut:
             message += f" (and {len(failed) - 1} more failing item(s))"
         if len(results) > 1:
             message += "; nothing in this call was stored"
-        raise APIError(status_http_code(first.status), message, code=first.status,
+        raise APIError(reward_item_status(first.status), message, code=first.status,
                        details={"results": [r.model_dump() for r in results]})
     return RewardsOut(
         results=results,
