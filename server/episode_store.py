@@ -46,7 +46,14 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
-from server.redis_schema import Keys, RolloutRecord, pack_rollout, unpack_rollout
+from server.redis_schema import (
+    Keys,
+    RolloutRecord,
+    as_str,
+    key_template,
+    pack_rollout,
+    unpack_rollout,
+)
 from server.store import QueueConfig, RewardItem, RewardsOutcome, RolloutStore
 from server.store_errors import StoreError, StoreReason
 
@@ -208,17 +215,6 @@ class Episode:
     state: EpisodeState | None  # None before the first turn
 
 
-def _tpl(fn: Callable[[str], str]) -> list[str]:
-    """``Keys`` method -> [head, tail], so a script can build the key of an id it holds."""
-    mark = "\x00"
-    head, tail = fn(mark).split(mark)
-    return [head, tail]
-
-
-def _s(v: bytes | str | None) -> str:
-    return v.decode() if isinstance(v, bytes) else (v or "")
-
-
 def empty_record(rollout_id: str, group_id: str, metadata: dict[str, Any]) -> RolloutRecord:
     """An episode before its first turn: no tokens, no turns."""
     return RolloutRecord(
@@ -267,7 +263,7 @@ class EpisodeStore(RolloutStore):
         self._append = redis.register_script(APPEND_TURN)
         self._close = redis.register_script(CLOSE_EPISODES)
         k = keys
-        self._ep_tpl = {name: _tpl(fn) for name, fn in (
+        self._ep_tpl = {name: key_template(fn) for name, fn in (
             ("rollout", k.rollout), ("map", k.rollout_group), ("episode", k.episode),
             ("group", k.group), ("rewards", k.group_rewards))}
         self._ttl = math.ceil(config.rollout_ttl_s)
@@ -281,7 +277,7 @@ class EpisodeStore(RolloutStore):
         args: list[Any] = [group_id, self._ttl, *t["rollout"], *t["map"], *t["episode"]]
         for rid in rollout_ids:
             args += [rid, pack_rollout(empty_record(rid, group_id, record_metadata))]
-        res = _s(await self._open(
+        res = as_str(await self._open(
             keys=[self.keys.group(group_id), self.keys.group_rollouts(group_id)], args=args))
         if res != "ok":
             raise StoreError(StoreReason.CONFLICT, res,
@@ -315,11 +311,11 @@ class EpisodeStore(RolloutStore):
             [k.episode(rollout_id), k.rollout(rollout_id), k.rollout_group(rollout_id)],
             [rollout_id, *t["group"], *t["rewards"]],
             after=lambda pipe: pipe.get(k.rollout(rollout_id)))
-        status = _s(res[0])
+        status = as_str(res[0])
         if status != "ok" or raw is None:
             raise load_error(status if status != "ok" else "unknown", rollout_id)
         state = EpisodeState.unpack(res[3]) if res[3] else None
-        return Episode(rollout_id=rollout_id, group_id=_s(res[1]), n_turns=int(res[2]),
+        return Episode(rollout_id=rollout_id, group_id=as_str(res[1]), n_turns=int(res[2]),
                        record=unpack_rollout(raw), state=state)
 
     async def commit_turn(self, episode: Episode, record: RolloutRecord,
@@ -333,8 +329,8 @@ class EpisodeStore(RolloutStore):
              k.group_rewards(gid), staging],
             [rid, episode.n_turns, state.pack(), self._ttl],
             before=lambda pipe: pipe.set(staging, pack_rollout(record), ex=300))
-        if _s(res) != "ok":
-            raise load_error(_s(res), rid)
+        if as_str(res) != "ok":
+            raise load_error(as_str(res), rid)
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
         """Closes the episodes among ``items`` (checking their turn counts), then stores the
@@ -349,7 +345,7 @@ class EpisodeStore(RolloutStore):
         args: list[Any] = [*self._ep_tpl["episode"]]
         for it in items:
             args += [it.rollout_id, -1 if it.turn_rewards is None else len(it.turn_rewards)]
-        statuses = [_s(s) for s in await self._close(keys=[], args=args)]
+        statuses = [as_str(s) for s in await self._close(keys=[], args=args)]
         if all(s.startswith("ok:") or s == "not_episode" for s in statuses):
             return [replace(it, n_turns=int(s[3:]) if s.startswith("ok:") else 1)
                     for it, s in zip(items, statuses, strict=True)]

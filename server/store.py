@@ -35,12 +35,18 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
+from server.redis_schema import (
+    READY_STREAM_FIELD,
+    Keys,
+    RolloutRecord,
+    as_str,
+    key_template,
+    pack_rollout,
+)
 from server.store_errors import StoreError, StoreReason
 from server.store_finish import (
     Snapshot,
     decide_finish,
-    key_template,
     publish,
     read_snapshot,
 )
@@ -154,10 +160,6 @@ def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
     )
 
 
-def _s(v: bytes | str | None) -> str | None:
-    return v.decode() if isinstance(v, bytes) else v
-
-
 _CLOSED_STATUS = {"expired": "expired", "gone": "expired"}
 
 
@@ -217,7 +219,7 @@ class RolloutStore:
         for gid, recs in by_group.items():
             results = await self._record_group(gid, recs)
             for rec, res in zip(recs, results, strict=True):
-                first_error = first_error or _record_error(_s(res), rec)
+                first_error = first_error or _record_error(as_str(res), rec)
         if first_error is not None:
             raise first_error
 
@@ -259,9 +261,9 @@ class RolloutStore:
         args += self._t_list
         statuses, gids, completed = await self._rewards(
             keys=[self.keys.counters, self.keys.complete, self.keys.deadlines], args=args)
-        by_rid = {rid: (_s(st) or "", _s(g) or None)
+        by_rid = {rid: (as_str(st), as_str(g) or None)
                   for rid, st, g in zip(packed, statuses, gids, strict=True)}
-        snapshots = {_s(c[0]) or "": Snapshot.from_script(c[1], c[2], c[3]) for c in completed}
+        snapshots = {as_str(c[0]): Snapshot.from_script(c[1], c[2], c[3]) for c in completed}
         applied = all(st in ("ok", "duplicate") for st, _ in by_rid.values())
         results = []
         for it in items:
@@ -304,11 +306,11 @@ class RolloutStore:
         )
         done = {"expired_finalised": len(due), "stuck_published": 0}
         for gid in due:
-            await self.finish_group(_s(gid) or "")
+            await self.finish_group(as_str(gid))
         secs, micros = await self.redis.time()
         now = secs + micros / 1e6
         async for raw in self.redis.sscan_iter(k.complete, count=500):
-            gid = _s(raw) or ""
+            gid = as_str(raw)
             completed_at = await self.redis.hget(k.group(gid), "completed_at")
             if completed_at is None:
                 await self.redis.srem(k.complete, gid)  # its keys expired: nothing to publish
@@ -342,20 +344,20 @@ class RolloutStore:
             h, rids, rewards = await pipe.execute()
         if not h:
             return None
-        h = {_s(a): _s(b) if a != b"metadata" else b for a, b in h.items()}
+        h = {as_str(a): as_str(b) if a != b"metadata" else b for a, b in h.items()}
         return GroupView(
             group_id=group_id, state=h["state"], size=int(h["size"]),
             n_rewarded=int(h.get("n_rewarded") or 0), created_at=float(h["created_at"]),
             deadline=float(h["deadline"]), metadata=msgpack.unpackb(h["metadata"]),
-            rollout_ids=[_s(r) or "" for r in rids],
-            rewards={_s(r) or "": msgpack.unpackb(v) for r, v in rewards.items()},
+            rollout_ids=[as_str(r) for r in rids],
+            rewards={as_str(r): msgpack.unpackb(v) for r, v in rewards.items()},
             partial=h.get("partial") == "1", stream_id=h.get("stream_id"),
             drop_reason=h.get("drop_reason"),
         )
 
     async def counters(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self.keys.counters)
-        return {_s(a) or "": int(b) for a, b in raw.items()}
+        return {as_str(a): int(b) for a, b in raw.items()}
 
 
 def _record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
