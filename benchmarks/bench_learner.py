@@ -56,11 +56,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from contract.redis_schema import ReadyGroup, RolloutRecord  # noqa: E402
 from learner.config import LearnerConfig  # noqa: E402
 from learner.losses import group_advantages  # noqa: E402
 from learner.policy import Policy  # noqa: E402
 from learner.trainer import Trainer  # noqa: E402
-from server.redis_schema import ReadyGroup, RolloutRecord  # noqa: E402
 
 # hidden, layers, heads, kv heads, intermediate, vocab (Qwen2.5 configs; both tie embeddings)
 SHAPES = {

@@ -196,8 +196,8 @@ def _consume(url: str, n_groups: int, raw: bool, batch: int, out: Any) -> None:
     """Reader process: reads and acks ``n_groups`` groups, then reports the time it finished."""
     import redis
 
+    from contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys
     from learner.reader import GroupReader
-    from server.redis_schema import LEARNER_CONSUMER_GROUP, Keys
 
     client = redis.Redis.from_url(url)
     stream = Keys().ready_stream
@@ -251,7 +251,7 @@ async def _produce_ours(url: str, n_groups: int, concurrency: int, tokens: int) 
 async def _produce_raw(url: str, payloads: list[bytes], concurrency: int) -> None:
     import redis.asyncio as aioredis
 
-    from server.redis_schema import READY_STREAM_FIELD, Keys
+    from contract.redis_schema import READY_STREAM_FIELD, Keys
 
     client = aioredis.Redis.from_url(url, max_connections=concurrency * 2)
     sem = asyncio.Semaphore(concurrency)
@@ -266,7 +266,7 @@ async def _produce_raw(url: str, payloads: list[bytes], concurrency: int) -> Non
 
 
 def _ready_payloads(n: int, tokens: int) -> list[bytes]:
-    from server.redis_schema import ReadyGroup, pack_ready_group
+    from contract.redis_schema import ReadyGroup, pack_ready_group
     from tests.queue_helpers import make_rollout
 
     rollouts = [make_rollout(f"r{i}", "g", tokens, seed=i) for i in range(GROUP)]
@@ -316,7 +316,7 @@ def bench_e2e(url: str, redis_pid: int, n_groups: int, concurrency: int,
 
 
 def bench_codec(n: int, tokens: int) -> dict[str, float]:
-    from server.redis_schema import pack_ready_group, unpack_ready_group
+    from contract.redis_schema import pack_ready_group, unpack_ready_group
 
     payloads = _ready_payloads(n, tokens)
     groups = [unpack_ready_group(p) for p in payloads]

@@ -54,7 +54,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gspo.net import free_port  # noqa: E402
+from contract.net import free_port  # noqa: E402
 from server.engines.base import SamplingParams  # noqa: E402
 
 API_KEY = "bench-key"

@@ -36,10 +36,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from learner.weight_sync import BroadcastSync, named_weights  # noqa: E402
-from server.redis_schema import Keys  # noqa: E402
-from server.registry import live_servers  # noqa: E402
-from server.weight_transport import (  # noqa: E402
+from contract.redis_schema import Keys  # noqa: E402
+from contract.registry import live_servers  # noqa: E402
+from contract.weight_transport import (  # noqa: E402
     DEFAULT_BUCKET_BYTES,
     host_store,
     make_process_group,
@@ -47,6 +46,7 @@ from server.weight_transport import (  # noqa: E402
     send_tensors,
     tensor_metas,
 )
+from learner.weight_sync import BroadcastSync, named_weights  # noqa: E402
 from tests.conftest import RedisServer, free_port  # noqa: E402
 
 ADMIN = "bench-admin-key"

@@ -64,8 +64,8 @@ def describe_error(exc: BaseException) -> str:
     when the exception carries them (openai's ``APIStatusError``, the SDK's ``GSPOError``)."""
     status = getattr(exc, "status_code", None) or getattr(exc, "status", None)
     body = getattr(exc, "body", None)
-    code = None
-    if isinstance(body, dict):
+    code = getattr(exc, "code", None)
+    if code is None and isinstance(body, dict):
         inner = body.get("error") if isinstance(body.get("error"), dict) else body
         code = inner.get("code")
     parts = [type(exc).__name__] + [str(p) for p in (status, code) if p]

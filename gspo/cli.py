@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import typer
+
+from gspo.cli_options import parameters, with_parameters
 
 app = typer.Typer(
     name="gspo",
@@ -39,59 +44,8 @@ def tiny_model(
     typer.echo(str(out))
 
 
-@app.command()
-def serve(
-    model: str = typer.Option(None, help="Model directory to serve. (env GSPO_MODEL)"),
-    engine: str = typer.Option(None, help="Inference engine: hf | vllm. (default: hf)"),
-    served_model_name: str = typer.Option(None, help="Name clients send as `model` "
-                                          "(default: the model directory's name)."),
-    host: str = typer.Option(None, help="Interface to bind. (default: 127.0.0.1)"),
-    port: int = typer.Option(None, help="TCP port. (default: 8000)"),
-    redis_url: str = typer.Option(None, help="Redis URL. (default: redis://127.0.0.1:6379/0)"),
-    key_prefix: str = typer.Option(None, help="Prefix of every Redis key. (default: gspo)"),
-    api_key: str = typer.Option(None, help="Bearer key of the /v1 routes (prefer the env var "
-                                "GSPO_API_KEY: flags show in `ps`)."),
-    admin_key: str = typer.Option(None, help="Bearer key of the admin (weight) routes; must "
-                                  "differ from the API key. (env GSPO_ADMIN_KEY)"),
-    device: str = typer.Option(None, help="Torch device of the hf engine (cpu, cuda, ...)."),
-    max_batch_size: int = typer.Option(None, help="Most sequences decoded together."),
-    dtype: str = typer.Option(None, help="auto | float32 | bfloat16 | float16 (default auto: "
-                              "bfloat16 on GPUs, float32 on CPUs)."),
-    max_model_len: int = typer.Option(None, help="Longest prompt + completion (default: the "
-                                      "model's)."),
-    tensor_parallel_size: int = typer.Option(None, help="vLLM: GPUs to shard the model over."),
-    gpu_memory_utilization: float = typer.Option(None, help="vLLM: share of GPU memory for "
-                                                 "weights + KV cache (default 0.9; lower it "
-                                                 "when the learner shares the GPU)."),
-    enforce_eager: bool = typer.Option(None, "--enforce-eager/--no-enforce-eager",
-                                       help="vLLM: no CUDA graphs (default: eager on CPU)."),
-    vllm_arg: list[str] = typer.Option(None, "--vllm-arg", help="vLLM: any other engine "
-                                       "argument as key=value (value parsed as JSON when it "
-                                       "is JSON), repeatable: --vllm-arg swap_space=8."),
-    max_n: int = typer.Option(None, help="Most samples per request."),
-    max_tokens: int = typer.Option(None, help="Most generated tokens per sample."),
-    max_body_bytes: int = typer.Option(None, help="Largest accepted request body."),
-    max_ready_groups: int = typer.Option(None, help="Bound on the ready queue: new groups get "
-                                         "a 503 while the learner is this far behind; 0: "
-                                         "none. (default: 1024)"),
-    max_episode_turns: int = typer.Option(None, help="Most model turns of a multi-turn "
-                                          "episode. (default: 64)"),
-    episode_history_rewrite: str = typer.Option(None, help="When the chat template rewrites "
-                                                "an episode's history: append | reject. "
-                                                "(default: append)"),
-    tool_call_parser: str = typer.Option(None, help="Tool-call format of the model: hermes | "
-                                         "llama3_json | mistral | qwen3_coder | none. "
-                                         "(default: hermes)"),
-    reasoning_parser: str = typer.Option(None, help="Reasoning format, returned as "
-                                         "reasoning_content: none | qwen3 | deepseek_r1. "
-                                         "(default: none)"),
-    group_ttl_s: float = typer.Option(None, help="Seconds a group waits for its rewards."),
-    server_id: str = typer.Option(None, help="Id in the Redis server registry."),
-    advertise_url: str = typer.Option(None, help="URL the learner reaches this server at."),
-    log_level: str = typer.Option("info", help="uvicorn log level."),
-) -> None:
+def serve(**params: Any) -> None:
     """Run the rollout server (HTTP API + engine). Unset flags fall back to GSPO_* env vars."""
-    params = dict(locals())  # the flags, before any other local name exists
     from gspo.engine_args import serve_flags
 
     try:
@@ -116,56 +70,32 @@ def serve(
     from server.app import create_app
 
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=log_level, timeout_graceful_shutdown=30,
+                log_level=params["log_level"], timeout_graceful_shutdown=30,
                 timeout_keep_alive=settings.keep_alive_s)
 
 
-@app.command()
-def learn(
-    config: str = typer.Option(None, "--config", help="TOML file of learner settings "
-                               "(LearnerConfig fields); flags override it."),
-    model: str = typer.Option(None, help="Model directory to start from."),
-    redis_url: str = typer.Option(None, help="Redis URL (env GSPO_REDIS_URL: flags show in "
-                                  "`ps`). (default: redis://127.0.0.1:6379/0)"),
-    key_prefix: str = typer.Option(None, help="Prefix of every Redis key. (default: gspo)"),
-    consumer: str = typer.Option(None, help="Consumer name in the stream's consumer group."),
-    loss: str = typer.Option(None, help="Objective: gspo | gspo_token | grpo | sapo."),
-    old_logprobs: str = typer.Option(None, help="pi_old: behavior | recompute."),
-    is_weight_cap: float = typer.Option(None, help="Truncation C of recompute-mode weights."),
-    max_staleness: int = typer.Option(None, help="Drop groups older than K versions."),
-    groups_per_step: int = typer.Option(None, help="Groups per training step."),
-    minibatches: int = typer.Option(None, help="Optimizer steps per training step."),
-    micro_batch_tokens: int = typer.Option(None, help="Padded tokens per forward/backward."),
-    lr: float = typer.Option(None, help="AdamW learning rate."),
-    weight_decay: float = typer.Option(None, help="AdamW weight decay."),
-    grad_clip: float = typer.Option(None, help="Max gradient norm per optimizer step."),
-    warmup_steps: int = typer.Option(None, help="Linear LR warm-up (optimizer steps)."),
-    save_dir: str = typer.Option(None, help="Checkpoint directory."),
-    save_every: int = typer.Option(None, help="Checkpoint (then ack) every k steps."),
-    keep_last: int = typer.Option(None, help="Checkpoints kept on disk."),
-    resume: bool = typer.Option(None, "--resume/--no-resume",
-                                help="Resume from the newest checkpoint in --save-dir."),
-    sync_every: int = typer.Option(None, help="Push weights every k steps."),
-    weight_sync: str = typer.Option(None, help="none | broadcast (to registered servers)."),
-    max_steps: int = typer.Option(None, help="Stop after this many steps (default: never)."),
-    read_timeout_s: float = typer.Option(None, help="Longest wait for a full batch."),
-    device: str = typer.Option(None, help="auto | cpu | cuda | cuda:N."),
-    data_parallel: str = typer.Option(None, help="Under torchrun: auto | allreduce | fsdp2 "
-                                      "(auto: fsdp2 on CUDA, allreduce on CPU)."),
-    seed: int = typer.Option(None, help="Random seed."),
-    metrics_jsonl: str = typer.Option(None, help="JSONL metrics file "
-                                      "(default: SAVE_DIR/metrics.jsonl)."),
-    tensorboard_dir: str = typer.Option(None, help="TensorBoard log directory."),
-    log_level: str = typer.Option("info", help="Python logging level."),
-) -> None:
+# Not fields: --vllm-arg (parsed into ServerSettings.vllm_args), uvicorn's log level.
+_VLLM_ARG = inspect.Parameter(
+    "vllm_arg", inspect.Parameter.KEYWORD_ONLY, annotation=list[str],
+    default=typer.Option(None, "--vllm-arg", help="vLLM: any other engine argument as "
+                         "key=value (value parsed as JSON when it is JSON), repeatable: "
+                         "--vllm-arg swap_space=8."))
+_SERVE_LOG_LEVEL = inspect.Parameter("log_level", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+                                     default=typer.Option("info", help="uvicorn log level."))
+app.command()(with_parameters(serve, [*parameters("serve"), _VLLM_ARG,
+                                      *parameters("serve_after_vllm_arg"), _SERVE_LOG_LEVEL]))
+
+
+def learn(**params: Any) -> None:
     """Run the learner: train on ready groups from Redis, checkpoint, push weights."""
-    flags = {k: v for k, v in locals().items() if k not in ("config", "log_level")}
+    flags = {k: v for k, v in params.items() if k not in ("config", "log_level")}
+    config, log_level = params["config"], params["log_level"]
     import logging
     import os
 
     if os.environ.get("GSPO_ADMIN_KEY"):
         flags["admin_key"] = os.environ["GSPO_ADMIN_KEY"]
-    if redis_url is None and os.environ.get("GSPO_REDIS_URL"):  # it may hold the password
+    if params["redis_url"] is None and os.environ.get("GSPO_REDIS_URL"):  # it may hold the password
         flags["redis_url"] = os.environ["GSPO_REDIS_URL"]
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -193,6 +123,15 @@ def learn(
         raise typer.Exit(75) from exc
     if state is not None:  # None: a data-parallel rank > 0 (rank 0 reports)
         typer.echo(f"stopped at step {state.step}, policy version {state.version}", err=True)
+
+
+_CONFIG = inspect.Parameter(
+    "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+    default=typer.Option(None, "--config", help="TOML file of learner settings (LearnerConfig "
+                         "fields); flags override it."))
+_LEARN_LOG_LEVEL = inspect.Parameter("log_level", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+                                     default=typer.Option("info", help="Python logging level."))
+app.command()(with_parameters(learn, [_CONFIG, *parameters("learn"), _LEARN_LOG_LEVEL]))
 
 
 @app.command()

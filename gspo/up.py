@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import httpx
 
-from gspo.net import free_port
+from contract.net import free_port
 from gspo.runlog import (
     ENV_WINDOW,
     JsonlTail,
@@ -147,7 +147,7 @@ def _gspo(*args: str) -> list[str]:
 
 def _server_device_args(cfg: UpConfig) -> list[str]:
     """Server flags for ``cfg.device``. Server and learner on one GPU: the learner passes
-    its weights as CUDA IPC handles (chosen automatically, ``server.weight_transport``), and
+    its weights as CUDA IPC handles (chosen automatically, ``contract.weight_transport``), and
     vLLM takes only ``gpu_memory_utilization`` of the GPU so that the learner fits. float32
     on every device: the learner uses the servers' log-probabilities as pi_old ("behavior"),
     exact only when both sides compute in the same dtype (README, "On GPUs")."""
@@ -217,7 +217,7 @@ def _backlog_gate(redis_url: str, max_backlog: int, stop: asyncio.Event) -> Any:
     groups that the staleness bound drops."""
     import redis.asyncio as aredis
 
-    from server.redis_schema import LEARNER_CONSUMER_GROUP, Keys
+    from contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys
 
     client = aredis.Redis.from_url(redis_url, socket_timeout=5)
     stream = Keys().ready_stream

@@ -1,175 +1,32 @@
-"""Per-token advantages for multi-turn episodes (GSPO-token), as pure functions.
-
-The credit rule (``group_credit``), for a group of ``G`` episodes. Episode ``i`` has a final
-reward ``R_i``, ``K_i`` model turns and optional turn rewards ``r_{i,1..K_i}`` (none: all 0).
-The return of turn ``k`` splits into the outcome and the turn rewards still to come:
-
-    G_{i,k} = R_i + T_{i,k},     T_{i,k} = sum_{j >= k} r_{i,j}
-
-Each part is centred against its own baseline:
-
-    c_{i,k} = (R_i - mean_i R) + (T_{i,k} - mean_{j in S_k} T_{j,k})
-
-where ``S_k`` is the set of episodes that reach turn ``k``. One scale for the whole group:
-
-    sigma^2 = mean_i max_k c_{i,k}^2        A_{i,k} = c_{i,k} / (sigma + eps)
-
-Why this rule (and not the two obvious ones):
-
-- The outcome is compared over the whole group, as ``group_advantages`` does: without turn
-  rewards ``T = 0``, ``sigma = std(R)`` and every turn gets exactly the sequence advantage, so
-  GSPO-token reduces to GSPO and single-turn rollouts train unchanged.
-- The turn rewards still to come are compared per turn index, among the episodes that reach
-  that turn: a later turn is measured against other episodes' same turn, so a reward earned
-  earlier neither credits nor punishes it. (Normalising every turn's return against whole-
-  episode returns, the previous rule, pushed every turn after a rewarded one down: a group
-  where every episode answered correctly gave the correct final turns negative advantages.)
-  A turn that only one episode reaches has no baseline for its turn rewards: that part is 0.
-- One scale, not one per part or per turn: a 0.1 tool bonus keeps its weight relative to a
-  1.0 outcome (per-part normalisation would blow the bonus up to the outcome's size).
-- ``sigma`` uses each episode's largest deviation, so it is 0 only when every ``c`` is 0,
-  never a division of a non-zero ``c`` by eps (the previous rule divided by eps whenever the
-  whole-episode returns were equal but later turns' returns were not). It bounds every
-  advantage: ``c_{i,k}^2 <= max_k c_{i,k}^2 <= G sigma^2``, so ``|A| <= sqrt(G)``
-  (``sqrt(G - 1)`` without turn rewards, as for ``group_advantages``).
-- Zero spread is decided exactly: a part whose values are all equal is centred to exact
-  zeros (not ``x - mean(x)``, which float rounding can leave at 1e-17). So a group carries
-  no signal exactly when every ``A_{i,k}`` is 0, and ``GroupCredit.has_signal`` is the test
-  the server's zero-variance drop uses: the same quantity the learner trains on.
-
-The sequence advantage (``--loss gspo``) is the first turn's, ``A_i = A_{i,1}``: the return
-of the whole episode against every other episode's. When an episode's turns all get the same
-advantage (no turn rewards, single-turn rollouts, turn rewards only on the last turn of
-episodes of equal length), GSPO-token and GSPO see identical advantages.
-
-With ``scale=False`` the advantages are only centred (``A = c``), as ``group_advantages``.
-
-Every token of model turn ``k`` gets ``A_{i,k}``; tokens the model did not write (system,
-user, tool results, template tokens) get 0 and are masked out of the loss anyway.
-
-Wiring: the server computes ``group_credit`` once, when a group completes
-(``server.store_finish``), and publishes both the sequence and the per-turn advantages;
-``TurnAdvantages`` spreads the published per-turn advantages over each rollout's tokens (it
-recomputes them only for groups published without them) and is what ``advantage_fn_for``
-gives the per-token loss kinds; "gspo" uses the published sequence advantages.
-"""
+"""The learner's side of the credit rule (``contract.credit``): per-token advantages of a
+ready group for the per-token loss kinds, and the advantage function each loss kind uses."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import numpy as np
 
-from server.redis_schema import ReadyGroup
-
-
-def turn_returns(reward: float, turn_rewards: Sequence[float] | None, n_turns: int) -> np.ndarray:
-    """``G_k = R + sum_{j >= k} r_j`` for each of ``n_turns`` model turns."""
-    return float(reward) + turn_rewards_to_go(turn_rewards, n_turns)
-
-
-def turn_rewards_to_go(turn_rewards: Sequence[float] | None, n_turns: int) -> np.ndarray:
-    """``T_k = sum_{j >= k} r_j`` for each of ``n_turns`` model turns (none given: zeros)."""
-    if turn_rewards is None or len(turn_rewards) == 0:
-        return np.zeros(n_turns)
-    if len(turn_rewards) != n_turns:
-        raise ValueError(f"{len(turn_rewards)} turn rewards for {n_turns} model turns")
-    return np.cumsum(np.asarray(turn_rewards, dtype=np.float64)[::-1])[::-1].copy()
-
-
-def _centred(x: np.ndarray) -> np.ndarray:
-    """``x - mean(x)``, exactly 0 when all values are equal (no spread, no signal)."""
-    if x.size == 0 or x.max() == x.min():
-        return np.zeros_like(x)
-    return x - x.mean()
-
-
-@dataclass(frozen=True)
-class GroupCredit:
-    """The credit rule's result for one group (see the module docstring)."""
-
-    turn_advantages: list[np.ndarray]  # A_{i,k}: float64 [K_i] per episode
-    sequence_advantages: np.ndarray  # A_i = A_{i,1} (an episode without turns: outcome only)
-    has_signal: bool  # False: every advantage is exactly 0 (the server's zero-variance drop)
-
-
-def group_credit(
-    rewards_G: Sequence[float],
-    turn_rewards_G: Sequence[Sequence[float] | None],
-    n_turns_G: Sequence[int],
-    eps: float = 1e-6,
-    scale: bool = True,
-) -> GroupCredit:
-    """The credit rule (module docstring) for one group. Pure. Raises ``ValueError`` on a
-    turn-reward count that does not match an episode's model turns, or non-finite rewards."""
-    rewards = np.asarray(rewards_G, dtype=np.float64)
-    if rewards.ndim != 1 or rewards.size == 0 or not np.isfinite(rewards).all():
-        raise ValueError("rewards must be a non-empty list of finite numbers")
-    if not len(rewards) == len(turn_rewards_G) == len(n_turns_G):
-        raise ValueError(f"{len(rewards)} rewards, {len(turn_rewards_G)} turn-reward lists "
-                         f"and {len(n_turns_G)} turn counts")
-    to_go = [turn_rewards_to_go(tr, int(n)) for tr, n in zip(turn_rewards_G, n_turns_G,
-                                                             strict=True)]
-    if not all(np.isfinite(t).all() for t in to_go):
-        raise ValueError("turn rewards must be finite")
-    outcome = _centred(rewards)
-    c = [np.full(len(t), o) for t, o in zip(to_go, outcome, strict=True)]
-    for k in range(max((len(t) for t in to_go), default=0)):
-        reach = [i for i, t in enumerate(to_go) if len(t) > k]
-        centred_k = _centred(np.asarray([to_go[i][k] for i in reach]))
-        for i, v in zip(reach, centred_k, strict=True):
-            c[i][k] += v
-    largest = np.asarray([np.abs(ci).max() if len(ci) else abs(o)
-                          for ci, o in zip(c, outcome, strict=True)])
-    sigma = float(np.sqrt(np.mean(largest ** 2)))
-    has_signal = sigma > 0
-    denom = (sigma + eps) if scale and has_signal else 1.0
-    turn_adv = [ci / denom for ci in c]
-    seq = np.asarray([a[0] if len(a) else o / denom for a, o in zip(turn_adv, outcome,
-                                                                     strict=True)])
-    return GroupCredit(turn_adv, seq, has_signal)
-
-
-def group_turn_advantages(
-    rewards: Sequence[float],
-    turn_rewards: Sequence[Sequence[float] | None],
-    n_turns: Sequence[int],
-    eps: float = 1e-6,
-    scale: bool = True,
-) -> list[np.ndarray]:
-    """``A_{i,k}`` for every episode ``i`` and model turn ``k`` of one group."""
-    return group_credit(rewards, turn_rewards, n_turns, eps, scale).turn_advantages
-
-
-def token_advantages(
-    length: int, turns: Sequence[tuple[int, int]], turn_adv: np.ndarray
-) -> np.ndarray:
-    """Spread per-turn advantages over a trajectory of ``length`` tokens (0 outside turns)."""
-    if len(turns) != len(turn_adv):
-        raise ValueError(f"{len(turn_adv)} advantages for {len(turns)} turns")
-    out = np.zeros(length, dtype=np.float32)
-    for (start, end), a in zip(turns, turn_adv, strict=True):
-        if not 0 <= start <= end <= length:
-            raise ValueError(f"turn span [{start}, {end}) outside a trajectory of {length}")
-        out[start:end] = a
-    return out
+from contract.credit import AdvantageConfig, group_turn_advantages, token_advantages
+from contract.redis_schema import ReadyGroup
 
 
 class TurnAdvantages:
     """``learner.batching.AdvantageFn`` of the per-token kinds (gspo_token, grpo, sapo): the
-    credit rule above, spread over each rollout's model turns.
+    credit rule (``contract.credit``), spread over each rollout's model turns.
 
     A group published with per-turn advantages (``ReadyGroup.turn_advantages``, computed by
-    the server with its ``eps`` / ``scale``) uses them as they are. One without (records
+    the server with its ``AdvantageConfig``) uses them as they are. One without (records
     written by older servers, groups built in tests) spreads its sequence advantages when it
-    has no turn rewards (what the rule gives), else gets ``group_credit`` with this object's
-    ``eps`` and ``scale`` (the queue's defaults). A count that does not match a rollout's
+    has no turn rewards (what the rule gives), else gets ``group_credit`` with the group's
+    own ``advantage_config``, or this object's ``eps`` and ``scale`` (the ``AdvantageConfig``
+    defaults) for records that carry none. A count that does not match a rollout's
     turns raises ``ValueError`` (the learner drops the group as invalid and counts it). The
     last group's result is cached: the batching calls this once per rollout, in order.
     """
 
-    def __init__(self, eps: float = 1e-6, scale: bool = True) -> None:
+    def __init__(self, eps: float = AdvantageConfig.eps,
+                 scale: bool = AdvantageConfig.scale) -> None:
         self.eps, self.scale = eps, scale
         self._group: object = None
         self._per_token: list[np.ndarray] = []
@@ -191,9 +48,10 @@ class TurnAdvantages:
             per_turn = [np.full(len(r.turns), float(a))
                         for r, a in zip(rollouts, group.advantages, strict=True)]
         else:
+            config = group.advantage_config or AdvantageConfig(self.eps, self.scale)
             per_turn = group_turn_advantages(group.rewards, group.turn_rewards,
-                                             [len(r.turns) for r in rollouts], self.eps,
-                                             self.scale)
+                                             [len(r.turns) for r in rollouts], config.eps,
+                                             config.scale)
         return [token_advantages(len(r.token_ids), r.turns, a)
                 for r, a in zip(rollouts, per_turn, strict=True)]
 

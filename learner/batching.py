@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from server.redis_schema import ReadyGroup, RolloutRecord
+from contract.redis_schema import ReadyGroup, RolloutRecord
 
 AdvantageFn = Callable[[ReadyGroup, int], float | np.ndarray]
 
@@ -61,7 +61,7 @@ class Sample:
     advantage: float | np.ndarray  # scalar, or float32 [L] per-token advantages
     rollout_id: str
     group_index: int  # index of the group in the step's list
-    top_p: float = 1.0  # the sampler's cut (learner.sampling_dist): 1 and 0 are "off"
+    top_p: float = 1.0  # the sampler's cut (contract.sampling_dist): 1 and 0 are "off"
     top_k: int = 0
 
     @property

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from contract.redis_schema import DEFAULT_PREFIX
 from learner.losses import LossConfig
-from server.redis_schema import DEFAULT_PREFIX
 
 OldLogprobsMode = Literal["behavior", "recompute"]
 
@@ -34,7 +34,7 @@ class LearnerConfig(BaseModel):
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis holding the ready-group stream, the counters and the learner state."""
     key_prefix: str = DEFAULT_PREFIX
-    """Prefix of every Redis key (``server.redis_schema.Keys``); must match the servers'."""
+    """Prefix of every Redis key (``contract.redis_schema.Keys``); must match the servers'."""
     consumer: str = "learner-0"
     """Consumer name in the Redis consumer group; keep it stable across restarts."""
 

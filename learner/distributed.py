@@ -1,11 +1,12 @@
-"""Data-parallel learner under ``torchrun``: rank 0 owns the queue, every rank computes.
+"""Data-parallel learner under ``torchrun``: the collective primitives every rank uses.
 
     torchrun --nproc-per-node 2 -m gspo.cli learn --model ... --redis-url ...
 
 Roles. Rank 0 is the learner of ``learner.loop`` (reader, checkpoints, acks, weight pushes,
-metrics). After each read it broadcasts the batch (the list of ``ReadyGroup``) to the other
-ranks; an empty read is broadcast as "idle" so no rank waits on a collective longer than one
-read timeout; at the end it broadcasts "stop". Ranks > 0 never touch Redis or the disk.
+metrics); it tells the other ranks what to do with the typed messages of ``learner.protocol``
+(``Train`` after each read, ``Idle`` for an empty one, ``Gather``, ``Stop``), and ranks > 0
+act on them in ``learner.follower``. This module holds only what both sides call: joining the
+job, the broadcast, the gradient sums, the split of the work.
 
 Work split. Every rank plans the same step (``plan_step`` is deterministic), then takes its
 share of each minibatch's microbatches (longest-processing-time-first by padded tokens, so
@@ -23,8 +24,8 @@ Two modes (``LearnerConfig.data_parallel``; "auto": fsdp2 on CUDA, allreduce on 
   flat all-reduce per optimizer step is what DDP would do at the end anyway.
 - "fsdp2": parameters, gradients and optimiser state sharded over the ranks
   (``learner.fsdp``), for models whose training state does not fit one device. Pushes and
-  checkpoints need every rank's shards, so rank 0 broadcasts "gather" before each one and
-  every rank joins the gather (``export_full``); rank 0 alone pushes and writes.
+  checkpoints need every rank's shards, so rank 0 sends ``Gather`` before each one and every
+  rank joins the gather (``learner.follower.export_full``); rank 0 alone pushes and writes.
 """
 
 from __future__ import annotations
@@ -32,9 +33,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import signal
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -133,56 +132,3 @@ def rank_device(device: str, ctx: DistContext) -> str:
     """Each rank's own GPU; CPU stays CPU."""
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     return f"cuda:{ctx.local_rank}" if cuda else "cpu"
-
-
-def load_policy(path: str | Path, config: Any, ctx: DistContext | None) -> Any:
-    """This rank's ``Policy`` of ``path``: replicated, or sharded under FSDP2."""
-    from learner.policy import Policy
-
-    if ctx is None:
-        return Policy.load(path, config.device, config.bf16_autocast,
-                           config.gradient_checkpointing)
-    device = rank_device(config.device, ctx)
-    if ctx.fsdp:
-        from learner.fsdp import load_sharded_policy
-
-        return load_sharded_policy(path, config, torch.device(device))
-    return Policy.load(path, device, config.bf16_autocast, config.gradient_checkpointing)
-
-
-def export_full(trainer: Any, host: torch.nn.Module | None,
-                with_optimizer: bool) -> dict | None:
-    """Collective under FSDP2 (every rank, same arguments but ``host``): gather the weights
-    into ``host`` (rank 0's copy) and, when asked, the trainer state (full on rank 0)."""
-    from learner.fsdp import gather_full
-
-    gather_full(trainer.policy.model, host)
-    return trainer.state_dict() if with_optimizer else None
-
-
-def follow(config: Any, ctx: DistContext) -> int:
-    """The loop of ranks > 0: load what rank 0 loaded, then train every broadcast batch.
-    Returns the number of steps trained."""
-    from learner.checkpoint import load_trainer_state
-    from learner.trainer import Trainer
-
-    # SIGINT/SIGTERM (torchrun forwards them): rank 0 decides when to stop and says so.
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, lambda *_: None)
-    source = ctx.broadcast()  # checkpoint dir to resume from, or None
-    path = source or config.model
-    policy = load_policy(path, config, ctx)
-    trainer = Trainer(policy, config, dist=ctx)
-    if source is not None:
-        where = "cpu" if ctx.fsdp else policy.device  # FSDP keeps only its shard
-        trainer.load_state_dict(load_trainer_state(source, map_location=where))
-    steps = 0
-    while True:
-        msg = ctx.broadcast()
-        if msg[0] == "stop":
-            return steps
-        if msg[0] == "train":
-            trainer.step(msg[1])
-            steps += 1
-        elif msg[0] == "gather":
-            export_full(trainer, None, msg[1])

@@ -3,7 +3,7 @@
 A server that restarts comes back at policy version 0 while the learner is far ahead: every
 group it samples is then too stale to train, no step is trained, so no push would ever come.
 ``ServerHealer.check`` (called by the loop every iteration, acting every ``interval_s``) reads
-the registry (only verified entries, ``server.registry``), and when a live server's heartbeat
+the registry (only verified entries, ``contract.registry``), and when a live server's heartbeat
 reports a version older than the last push, pushes again, also while nothing is trained. It
 names the states without progress it sees: ``no_servers``, and ``servers_behind`` when that
 push fails (``learner.progress``).
@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import redis
 
+from contract.redis_schema import Keys
+from contract.registry import read_registry
 from learner.progress import ProgressMonitor
-from server.redis_schema import Keys
-from server.registry import read_registry
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class ServerHealer:
         if not self.due():
             return
         self.last_check = time.monotonic()
-        reg = read_registry(self.client, self.keys, self.admin_key)
+        reg = read_registry(self.client, self.keys, self.admin_key, for_push=True)
         self.rejected = len(reg.rejected)
         if not reg.servers:
             self.progress.stalled("no_servers", f"no live verified server registered "

@@ -57,6 +57,7 @@ import numpy as np
 import redis
 import torch
 
+from contract.redis_schema import Keys
 from learner.batching import AdvantageFn, samples_from_groups
 from learner.checkpoint import (
     Checkpoint,
@@ -68,14 +69,15 @@ from learner.checkpoint import (
     save_checkpoint,
 )
 from learner.config import LearnerConfig
-from learner.distributed import DistContext, export_full, follow, init_from_env, load_policy
+from learner.distributed import DistContext, init_from_env
+from learner.follower import export_full, follow, load_policy
 from learner.healing import ServerHealer
 from learner.metrics import MetricsLogger, read_drop_counters, reward_stats, staleness_histogram
 from learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
+from learner.protocol import Gather, Idle, Resume, Stop, Train, send
 from learner.reader import Batch, GroupReader
 from learner.sync_base import NoSync, WeightSync
 from learner.trainer import Trainer
-from server.redis_schema import Keys
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,7 +129,7 @@ class Learner:
         self.sync = sync if sync is not None else build_weight_sync(config, self.client)
         ckpt = self._checkpoint_to_resume()
         if dist is not None:  # the other ranks load the same weights and optimiser state
-            dist.broadcast(str(ckpt.path) if ckpt is not None else None)
+            send(dist, Resume(str(ckpt.path) if ckpt is not None else None))
         _seed(config.seed)
         source = ckpt.path if ckpt is not None else Path(config.model)
         self.tokenizer_src = source
@@ -248,7 +250,7 @@ class Learner:
                 self._iterate()
             self._checkpoint(force=True)
             if self.dist is not None:
-                self.dist.broadcast(("stop",))
+                send(self.dist, Stop())
         finally:
             self.sync.close()
             self.metrics.event({"event": "stop", "run_id": self.run_id, "step": self.step,
@@ -298,7 +300,7 @@ class Learner:
         # still trains it, so the exit checkpoint acks it instead of leaving it pending.
         train = bool(batch.groups)
         if self.dist is not None:  # every read, so no rank waits longer than one read
-            self.dist.broadcast(("train", batch.groups) if train else ("idle",))
+            send(self.dist, Train(batch.groups) if train else Idle())
         if not train:
             if batch.dropped_stale:
                 self.progress.stalled("all_stale", f"{batch.dropped_stale} groups older than "
@@ -334,10 +336,7 @@ class Learner:
                 log.error("dropping invalid group %s (%s): %s", g.group_id, eid, exc)
                 bad.append(eid)
         if bad:
-            with self.client.pipeline(transaction=True) as pipe:
-                pipe.xack(self.keys.ready_stream, self.reader.group, *bad)
-                pipe.hincrby(self.keys.counters, "groups_dropped_invalid", len(bad))
-                pipe.execute()
+            self.reader.drop_invalid(bad)
             batch.groups = [k[0] for k in keep]
             batch.entry_ids = [k[1] for k in keep]
             batch.staleness = [k[2] for k in keep]
@@ -351,7 +350,7 @@ class Learner:
         if not self.sharded:
             return self.policy.model, self.trainer.state_dict() if with_optimizer else None
         assert self.dist is not None and self.host is not None
-        self.dist.broadcast(("gather", with_optimizer))
+        send(self.dist, Gather(with_optimizer))
         return self.host, export_full(self.trainer, self.host, with_optimizer)
 
     def _push(self) -> float:
@@ -428,7 +427,7 @@ class Learner:
 
 def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> LearnerState | None:
     """Build a ``Learner`` and run it with graceful-stop signal handlers. Under ``torchrun``
-    rank 0 runs the learner and the other ranks follow it (``learner.distributed``); they
+    rank 0 runs the learner and the other ranks follow it (``learner.follower``); they
     return ``None``."""
     dist = init_from_env(config.device, config.data_parallel)
     try:

@@ -32,7 +32,7 @@ from typing import Any
 
 import redis
 
-from server.redis_schema import Keys, ReadyGroup
+from contract.redis_schema import Keys, ReadyGroup
 
 log = logging.getLogger(__name__)
 

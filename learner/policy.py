@@ -3,7 +3,7 @@
 ``token_logprobs`` returns ``logprobs_BT`` aligned with ``tokens_BT``: entry ``t`` (t >= 1) is
 ``log_softmax(logits[t-1] / temperature)[tokens[t]]``, exactly what the rollout servers record
 as behavior log-probabilities; entry 0 is 0. Rows sampled with a top-p / top-k cut get the
-log-probability under the same cut, renormalised (``learner.sampling_dist``), as the servers
+log-probability under the same cut, renormalised (``contract.sampling_dist``), as the servers
 record it; rows without one take the lean path below unchanged.
 
 Memory: the ``[B, T, V]`` logits are the largest tensor of a step. Three things keep them lean:
@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from contract.sampling_dist import sampled_logprobs, truncating
 from learner.logprob_head import ChunkFn, fused_logprobs
 from learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
-from learner.sampling_dist import sampled_logprobs, truncating
 
 # Row chunk of the logprob kernel: about 2**24 float32 elements (64 MiB) at a time.
 _CHUNK_ELEMS = 2**24
@@ -111,7 +111,7 @@ def cut_logprobs(
     top_p_B: torch.Tensor | None, top_k_B: torch.Tensor | None,
 ) -> torch.Tensor:
     """``selected_logprobs``, except for rows sampled with a top-p / top-k cut: those get
-    ``learner.sampling_dist.sampled_logprobs`` (more memory: plain autograd over their
+    ``contract.sampling_dist.sampled_logprobs`` (more memory: plain autograd over their
     ``[K, V]`` logits in row chunks). Float32 ``[B, K]``."""
     b, k, v = logits_BKV.shape
     dev = logits_BKV.device
@@ -289,7 +289,7 @@ class Policy:
 
 def _sampled_chunk_fn(temp_K: torch.Tensor, top_p_K: torch.Tensor,
                       top_k_K: torch.Tensor) -> ChunkFn:
-    """``learner.sampling_dist.sampled_logprobs`` as the fused head's per-chunk function
+    """``contract.sampling_dist.sampled_logprobs`` as the fused head's per-chunk function
     (rows without a cut get plain ``log_softmax(z / T)`` from it)."""
 
     def fn(logits_CV: torch.Tensor, targets_C: torch.Tensor, rows: slice) -> torch.Tensor:

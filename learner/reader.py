@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from server.redis_schema import (
+from contract.redis_schema import (
     LEARNER_CONSUMER_GROUP,
     READY_STREAM_FIELD,
     Keys,
@@ -221,6 +221,16 @@ class GroupReader:
             if newly:
                 self.client.hincrby(self.keys.counters, "groups_acked", newly)
         self.trim()
+
+    def drop_invalid(self, entry_ids: Sequence[str]) -> None:
+        """Acknowledges entries that can never be trained (a poison group must not crash the
+        learner on every restart) and counts them as ``groups_dropped_invalid``."""
+        if not entry_ids:
+            return
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.xack(self._stream, self.group, *entry_ids)
+            pipe.hincrby(self.keys.counters, "groups_dropped_invalid", len(entry_ids))
+            pipe.execute()
 
     def trim(self) -> int:
         """``XTRIM MINID`` at the oldest id any consumer group still needs; returns how many

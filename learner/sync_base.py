@@ -15,8 +15,8 @@ from typing import Protocol, runtime_checkable
 import redis
 import torch
 
-from server.redis_schema import Keys
-from server.registry import live_servers
+from contract.redis_schema import Keys
+from contract.registry import live_servers
 
 log = logging.getLogger(__name__)
 

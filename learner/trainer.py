@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
+from contract.redis_schema import ReadyGroup
 from learner.advantages import advantage_fn_for
 from learner.batching import AdvantageFn, MicroBatch, MiniBatch, plan_step
 from learner.config import LearnerConfig
@@ -47,7 +48,6 @@ from learner.losses import policy_loss
 from learner.policy import Policy
 from learner.precision import MasterWeights
 from learner.speed import apply_speed, plan_speed
-from server.redis_schema import ReadyGroup
 
 # Loss metrics averaged over tokens vs over sequences when minibatches are combined.
 _TOKEN_WEIGHTED = ("clip_fraction", "clip_low_fraction", "clip_high_fraction", "gate_mean")

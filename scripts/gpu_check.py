@@ -35,7 +35,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from gspo.net import free_port  # noqa: E402
+from contract.net import free_port  # noqa: E402
 
 TOLERANCE = 1e-4
 API_KEY, ADMIN_KEY = "gpu-check-api", "gpu-check-admin"
@@ -210,7 +210,7 @@ def train(model: str, redis_url: str, devices: dict[str, str], steps: int, run_d
 
 def chosen_paths(learner: Any, devices: dict[str, str]) -> dict[str, str]:
     """Server id -> the transport the learner's weight sync chose for it."""
-    from server.weight_transport import choose_transport, device_ids
+    from contract.weight_transport import choose_transport, device_ids
 
     mine = device_ids(devices["learner"])
     known = getattr(learner.sync, "_transports", {})  # filled only when the learner is on CUDA

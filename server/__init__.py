@@ -1,1 +1,1 @@
-"""The rollout server: inference engines, the HTTP API and the Redis schema."""
+"""The rollout server: inference engines and the HTTP API (the Redis schema: ``contract``)."""

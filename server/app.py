@@ -25,6 +25,8 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
+from contract.redis_schema import Keys
+from contract.registry import ServerInfo, heartbeat_loop
 from server.admission import ReadyQueueGate
 from server.chat import TokenTexts
 from server.chat_sanitize import warm as warm_chat_encoders
@@ -35,8 +37,6 @@ from server.episode_store import EpisodeStore
 from server.errors import install_error_handlers
 from server.limits import check_request_json
 from server.metrics import RequestMetricsMiddleware, ServerMetrics
-from server.redis_schema import Keys
-from server.registry import ServerInfo, heartbeat_loop
 from server.routes import admin, chat, completions, groups, health, metrics, rewards, rollouts
 from server.sampling_service import SamplingService
 from server.settings import ServerSettings

@@ -23,11 +23,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
+from contract.redis_schema import Keys
 from server.admission import ReadyQueueGate
 from server.engines.base import Engine
 from server.errors import APIError
 from server.metrics import ServerMetrics
-from server.redis_schema import Keys
 from server.sampling_service import SamplingService
 from server.settings import ServerSettings
 from server.store import RolloutStore

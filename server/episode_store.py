@@ -3,7 +3,7 @@ their reward.
 
 An episode is a rollout whose record (``Keys.rollout``) is the token trajectory so far, plus a
 small hash (``Keys.episode``) with what the next turn must be checked against (see
-``server.redis_schema``). Every change is one Lua script (``server.store_scripts``), so it
+``contract.redis_schema``). Every change is one Lua script (``server.store_scripts``), so it
 is atomic:
 
 - ``open_episodes``: the group (``RolloutStore.create_group``), then in one script its
@@ -47,7 +47,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
-from server.redis_schema import (
+from contract.redis_schema import (
     Keys,
     RolloutRecord,
     as_str,

@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from contract.redis_schema import RolloutRecord
 from server.api_models import ChatCompletionRequest
 from server.chat import (
     completion_text,
@@ -69,7 +70,6 @@ from server.episode_store import Episode, EpisodeState, EpisodeStore
 from server.errors import APIError
 from server.metrics import ServerMetrics
 from server.parsers import parse_assistant
-from server.redis_schema import RolloutRecord
 from server.sampling import GroupResult, Sample, check_prompt_ids, generate_n, plan_generation
 from server.settings import ServerSettings
 from server.store import RolloutStore

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from contract.redis_schema import RolloutRecord
 from server.api_models import SamplingFields
 from server.engines.base import Completion, Engine, SamplingParams
 from server.errors import APIError
 from server.metrics import ServerMetrics
-from server.redis_schema import RolloutRecord
 from server.settings import ServerSettings
 from server.store import RolloutStore
 

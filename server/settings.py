@@ -16,9 +16,9 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contract.redis_schema import DEFAULT_PREFIX
 from server.parsers.reasoning import ReasoningParserName
 from server.parsers.tool_calls import ToolParserName
-from server.redis_schema import DEFAULT_PREFIX
 from server.store import QueueConfig
 
 EngineKind = Literal["hf", "vllm"]
@@ -87,7 +87,7 @@ class ServerSettings(BaseSettings):
 
     # ---------------------------------------------------------------- queue (Redis)
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis that stores rollouts and groups (``server.redis_schema`` lists the keys)."""
+    """Redis that stores rollouts and groups (``contract.redis_schema`` lists the keys)."""
     key_prefix: str = DEFAULT_PREFIX
     """Prefix of every Redis key; servers and the learner of one run must agree on it."""
     queue: QueueConfig = Field(default_factory=QueueConfig)

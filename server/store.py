@@ -8,7 +8,7 @@ complete --finisher (advantages, XADD)--> published | dropped (zero variance)
 
 Why two steps for "complete" and "published": the reward script (Lua, atomic) only records
 the reward and flips ``open -> complete``; the advantages are computed here in Python
-(``learner.advantages.group_credit``), and a second script appends the group to the ready
+(``contract.credit.group_credit``), and a second script appends the group to the ready
 stream only if its state is still ``complete``, moving it to ``published`` in the same step.
 A process that dies between the two leaves the group in the ``complete`` set, where the
 sweeper (``run_sweeper``) finds and publishes it: exactly once, crash or not.
@@ -35,7 +35,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.redis_schema import (
+from contract.credit import AdvantageConfig
+from contract.redis_schema import (
     READY_STREAM_FIELD,
     Keys,
     RolloutRecord,
@@ -84,10 +85,15 @@ class QueueConfig(BaseModel):
     """Due groups handled per sweep pass (bounds the time one script blocks Redis)."""
     max_group_size: int = Field(default=4096, ge=1)
     """Largest accepted group."""
-    advantage_eps: float = Field(default=1e-6, gt=0)
-    """``eps`` of the credit rule (``learner.advantages.group_credit``): c / (sigma + eps)."""
-    scale_advantages: bool = True
+    advantage_eps: float = Field(default=AdvantageConfig.eps, gt=0)
+    """``eps`` of the credit rule (``contract.credit.group_credit``): c / (sigma + eps)."""
+    scale_advantages: bool = AdvantageConfig.scale
     """Divide by the group's spread (False: only centre, Dr. GRPO style)."""
+
+    @property
+    def advantage(self) -> AdvantageConfig:
+        """The credit rule's config, recorded with each published group."""
+        return AdvantageConfig(eps=self.advantage_eps, scale=self.scale_advantages)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import msgpack
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
-from learner.advantages import group_credit
-from server.redis_schema import Keys, as_str, key_template
+from contract.credit import AdvantageConfig, group_credit
+from contract.redis_schema import Keys, as_str, key_template
 from server.store_scripts import FINISH_BOOKKEEPING
 
 if TYPE_CHECKING:
@@ -42,15 +42,17 @@ def ready_group_head(
     advantages_G: list[float],
     turn_rewards_G: list[list[float] | None],
     turn_advantages_G: list[list[float]],
+    advantage_config: AdvantageConfig,
 ) -> bytes:
     """``pack_ready_group``'s bytes up to and including the rollouts' array header (same keys,
     same order): appending the G packed rollouts completes the record."""
     packer = msgpack.Packer()
-    head = packer.pack_map_header(8)
+    head = packer.pack_map_header(9)
     for key, value in (("group_id", group_id), ("metadata", metadata),
                        ("published_at", published_at), ("rewards", rewards_G),
                        ("advantages", advantages_G), ("turn_rewards", turn_rewards_G),
-                       ("turn_advantages", turn_advantages_G)):
+                       ("turn_advantages", turn_advantages_G),
+                       ("advantage_config", advantage_config.to_dict())):
         head += packer.pack(key) + packer.pack(value)
     return head + packer.pack("rollouts") + packer.pack_array_header(len(rewards_G))
 
@@ -106,10 +108,11 @@ def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decisio
         return Decision("drop", reason="no_rewards")
     rewards_G = [float(rewards[r]["reward"]) for r in rewarded]
     turn_rewards_G = [rewards[r]["turn_rewards"] for r in rewarded]
+    adv_config = config.advantage
     try:
         credit = group_credit(rewards_G, turn_rewards_G,
                               [reward_turns(rewards[r]) for r in rewarded],
-                              eps=config.advantage_eps, scale=config.scale_advantages)
+                              eps=adv_config.eps, scale=adv_config.scale)
     except ValueError:  # cannot happen for API-validated rewards; never block the sweeper
         return Decision("drop", reason="invalid_rewards")
     if config.drop_zero_variance and not credit.has_signal:
@@ -117,7 +120,7 @@ def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decisio
     head = ready_group_head(
         group_id, msgpack.unpackb(snap.metadata_raw), time.time(), rewards_G,
         credit.sequence_advantages.tolist(), turn_rewards_G,
-        [a.tolist() for a in credit.turn_advantages])
+        [a.tolist() for a in credit.turn_advantages], adv_config)
     return Decision("publish", head=head, rollout_ids=rewarded)
 
 

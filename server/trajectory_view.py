@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from server.redis_schema import (
+from contract.redis_schema import (
     READY_STREAM_FIELD,
     RolloutRecord,
     unpack_ready_group,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo.net import free_port
+from contract.net import free_port
 
 
 def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:

@@ -11,8 +11,8 @@ import uuid
 import numpy as np
 import torch
 
+from contract.redis_schema import ReadyGroup, RolloutRecord
 from learner.losses import group_advantages
-from server.redis_schema import ReadyGroup, RolloutRecord
 
 
 def low_token_reward(completion: np.ndarray, vocab: int) -> float:

@@ -18,8 +18,8 @@ import numpy as np
 import uvicorn
 from fastapi import FastAPI
 
+from contract.redis_schema import Keys, RolloutRecord
 from server.errors import install_error_handlers
-from server.redis_schema import Keys, RolloutRecord
 from server.routes import groups, rewards
 from server.store import QueueConfig, RewardItem, RolloutStore, make_redis
 from tests.conftest import free_port, wait_for_port

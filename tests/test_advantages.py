@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner.advantages import group_turn_advantages, token_advantages, turn_returns
+from contract.credit import group_turn_advantages, token_advantages, turn_returns
 from learner.losses import LossConfig, group_advantages, policy_loss
 
 

@@ -136,11 +136,11 @@ def test_episode_turn_after_a_spelled_end_marker_appends_only_the_new_messages(
 
     import numpy as np
 
+    from contract.redis_schema import RolloutRecord
     from server.api_models import ChatCompletionRequest
     from server.chat import template_messages
     from server.episode_store import Episode, EpisodeState
     from server.episodes import _turn_prompt, digest, ids_hash, produced_message
-    from server.redis_schema import RolloutRecord
     from server.settings import ServerSettings
 
     settings = ServerSettings(model="m", sanitize_control_tokens=False)

@@ -1,18 +1,20 @@
-"""The credit rule for turn rewards (``learner.advantages.group_credit``) and the server's
+"""The credit rule for turn rewards (``contract.credit.group_credit``) and the server's
 zero-variance drop, which is the rule's own verdict: well defined, bounded, and the same
 quantity on both sides."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from learner.advantages import TurnAdvantages, group_credit, group_turn_advantages
+from contract.credit import AdvantageConfig, group_credit, group_turn_advantages
+from contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
+from learner.advantages import TurnAdvantages
 from learner.losses import group_advantages
-from server.redis_schema import Keys, pack_ready_group, unpack_ready_group
 from server.store import QueueConfig, RewardItem, RolloutStore, make_redis
 from tests.queue_helpers import open_group
 
@@ -124,3 +126,37 @@ def test_equal_final_rewards_with_different_turn_rewards_are_published(redis_url
     # No spread anywhere: dropped, counted as zero variance.
     reason, out = _publish(redis_url, [RewardItem("", 1.0, [0.1]), RewardItem("", 1.0, [0.1])])
     assert reason == "zero_variance" and out == []
+
+
+def test_each_group_records_its_advantage_config_and_the_learner_uses_it(redis_url: str) -> None:
+    # A server set not to scale: the published group says so, and a learner recomputing its
+    # per-turn advantages (a record without them) centres only, as the server did, instead of
+    # scaling with the learner's own defaults (the old split between the two processes).
+    rewards, turn_rewards = [1.0, 0.0, 0.0], [[0.5], [0.25], [0.0]]
+    items = [RewardItem("", r, t) for r, t in zip(rewards, turn_rewards, strict=True)]
+    reason, out = _publish(redis_url, items, QueueConfig(scale_advantages=False,
+                                                         advantage_eps=1e-3))
+    assert reason is None and len(out) == 1
+    group = unpack_ready_group(out[0])
+    assert group.advantage_config == AdvantageConfig(eps=1e-3, scale=False)
+    assert pack_ready_group(group) == out[0]
+    unscaled = group_turn_advantages(rewards, turn_rewards, [1, 1, 1], scale=False)
+    stripped = dataclasses.replace(group, turn_advantages=[])
+    per_token = TurnAdvantages().group_token_advantages(stripped)
+    for rec, tokens, a in zip(group.rollouts, per_token, unscaled, strict=True):
+        assert [float(tokens[start]) for start, _ in rec.turns] == pytest.approx(a.tolist())
+    # A record written before the config was recorded falls back to the learner's defaults.
+    old = dataclasses.replace(stripped, advantage_config=None)
+    assert unpack_ready_group(pack_ready_group(old)).advantage_config is None
+    scaled = group_turn_advantages(rewards, turn_rewards, [1, 1, 1])
+    assert scaled[0][0] != pytest.approx(unscaled[0][0])
+    per_token = TurnAdvantages().group_token_advantages(old)
+    assert float(per_token[0][group.rollouts[0].turns[0][0]]) == pytest.approx(scaled[0][0])
+
+
+def test_advantage_config_is_one_definition_on_both_sides() -> None:
+    assert QueueConfig().advantage == AdvantageConfig()
+    assert TurnAdvantages().eps == AdvantageConfig().eps
+    assert TurnAdvantages().scale == AdvantageConfig().scale
+    with pytest.raises(ValueError):
+        AdvantageConfig(eps=0.0)

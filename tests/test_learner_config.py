@@ -9,6 +9,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
+from contract.redis_schema import ReadyGroup
 from learner.config import LearnerConfig
 from learner.metrics import (
     MetricsLogger,
@@ -17,7 +18,6 @@ from learner.metrics import (
     staleness_histogram,
     trained_history,
 )
-from server.redis_schema import ReadyGroup
 
 TOML = """
 model = "/models/qwen"

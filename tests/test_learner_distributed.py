@@ -16,13 +16,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from contract.redis_schema import LEARNER_CONSUMER_GROUP, READY_STREAM_FIELD, Keys, pack_ready_group
 from learner.batching import samples_from_groups, split_micro
 from learner.checkpoint import load_latest
 from learner.config import LearnerConfig
 from learner.distributed import assign_owners
 from learner.loop import Learner
 from learner.sync_base import NoSync
-from server.redis_schema import LEARNER_CONSUMER_GROUP, READY_STREAM_FIELD, Keys, pack_ready_group
 from tests.learner_data import sample_group
 
 

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from contract.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from learner.advantages import advantage_fn_for
 from learner.batching import plan_step
 from learner.checkpoint import list_checkpoints
@@ -35,7 +36,6 @@ from learner.policy import Policy
 from learner.sync_base import NoSync
 from learner.trainer import Trainer
 from learner.weight_sync import named_weights
-from server.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from tests.learner_data import sample_group
 
 

@@ -21,13 +21,13 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
+from contract.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
+from contract.registry import ServerInfo, live_servers, register
 from learner.checkpoint import load_latest
 from learner.config import LearnerConfig
 from learner.loop import Learner
 from learner.progress import RedisUnavailable
 from learner.sync_base import NoSyncReport
-from server.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
-from server.registry import ServerInfo, live_servers, register
 from tests.conftest import RedisServer
 from tests.learner_data import sample_group
 from tests.serving import ADMIN_KEY, running_server

@@ -17,16 +17,16 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from learner.checkpoint import list_checkpoints, load_latest
-from learner.config import LearnerConfig
-from learner.loop import Learner
-from learner.metrics import trained_history
-from server.redis_schema import (
+from contract.redis_schema import (
     LEARNER_CONSUMER_GROUP,
     READY_STREAM_FIELD,
     Keys,
     pack_ready_group,
 )
+from learner.checkpoint import list_checkpoints, load_latest
+from learner.config import LearnerConfig
+from learner.loop import Learner
+from learner.metrics import trained_history
 from tests.learner_data import sample_group
 
 KEYS = Keys()

@@ -105,7 +105,7 @@ def test_flex_attention_keeps_packed_sequences_apart(tiny_model_dir):
 
 def test_top_p_top_k_rows_through_the_fused_head_equal_the_logits_path(tiny_model_dir,
                                                                        monkeypatch):
-    """Rows sampled with a top-p / top-k cut (``learner.sampling_dist``) plug into the fused
+    """Rows sampled with a top-p / top-k cut (``contract.sampling_dist``) plug into the fused
     head as its per-chunk function: packed and padded equal the logits path, values and
     gradients; rows without a cut in the same batch stay plain."""
     policy = Policy.load(tiny_model_dir, device="cpu")

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 import torch
 
+from contract.redis_schema import ReadyGroup, RolloutRecord
 from learner.batching import collate, samples_from_groups
 from learner.policy import Policy, selected_logprobs
 from server.engines.base import SamplingParams
 from server.engines.hf import HFEngine
 from server.engines.reference import sequence_logprobs
-from server.redis_schema import ReadyGroup, RolloutRecord
 from tests.learner_data import sample_group
 
 

@@ -11,10 +11,10 @@ import redis
 import torch
 
 from clients.client import GSPOClient
+from contract.redis_schema import Keys
+from contract.registry import live_servers
 from learner.config import LearnerConfig
 from learner.loop import Learner
-from server.redis_schema import Keys
-from server.registry import live_servers
 from tests.serving import ADMIN_KEY, API_KEY, running_server
 
 

@@ -25,8 +25,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clients.examples.calculator import CALCULATOR_TOOL, SYSTEM, assistant_message, run_tool_call
+from contract.redis_schema import Keys, RolloutRecord, unpack_ready_group, unpack_rollout
 from server.engines.reference import sequence_logprobs
-from server.redis_schema import Keys, RolloutRecord, unpack_ready_group, unpack_rollout
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, MODEL_NAME, Served, running_server
 

@@ -29,14 +29,15 @@ import torch
 from clients.client import AsyncGSPOClient, GSPOClient
 from clients.environment import arun_groups
 from clients.examples.calculator import CalculatorEnvironment
-from learner.advantages import TurnAdvantages, advantage_fn_for, group_turn_advantages
+from contract.credit import group_turn_advantages
+from contract.redis_schema import Keys, ReadyGroup, unpack_ready_group, unpack_rollout
+from learner.advantages import TurnAdvantages, advantage_fn_for
 from learner.batching import plan_step, sequence_advantage
 from learner.config import LearnerConfig
 from learner.loop import run_learner
 from learner.losses import LossConfig, group_advantages, policy_loss
 from learner.policy import Policy
 from learner.trainer import Trainer
-from server.redis_schema import Keys, ReadyGroup, unpack_ready_group, unpack_rollout
 from server.store import QueueConfig
 from tests.serving import API_KEY, MODEL_NAME, Served, running_server
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from contract.redis_schema import Keys
 from learner.reader import GroupReader
-from server.redis_schema import Keys
 from tests.conftest import RedisServer
 from tests.queue_helpers import publish_groups
 
@@ -198,3 +198,14 @@ def test_rearm_after_an_outage_reclaims_lost_reads_not_held_ones(redis_url: str,
     assert batch.entry_ids == lost and batch.reclaimed == 1
     assert reader.pending_ids() == held + lost  # the committed one is acked again
     assert counter(r, "groups_dropped_stale") == 0
+
+
+def test_drop_invalid_acks_and_counts_only_those(redis_url: str, r: redis.Redis) -> None:
+    ids = publish(redis_url, ["poison", "fine"])
+    reader = GroupReader(r)
+    assert reader.read_batch(2, 0, 5).entry_ids == ids
+    reader.drop_invalid([ids[0]])
+    assert reader.pending_ids() == [ids[1]]
+    assert counter(r, "groups_dropped_invalid") == 1
+    reader.drop_invalid([])
+    assert counter(r, "groups_dropped_invalid") == 1

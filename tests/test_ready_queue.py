@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis
 
-from server.redis_schema import Keys
+from contract.redis_schema import Keys
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 

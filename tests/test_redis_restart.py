@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import redis
 
+from contract.redis_schema import Keys, unpack_ready_group
 from learner.reader import GroupReader
-from server.redis_schema import Keys, unpack_ready_group
 from server.store import QueueConfig
 from tests.conftest import RedisServer, free_port, wait_for_port
 from tests.queue_helpers import ApiServer, open_group, publish_groups

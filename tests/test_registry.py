@@ -18,9 +18,8 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from learner.weight_sync import BroadcastSync
-from server.redis_schema import Keys
-from server.registry import (
+from contract.redis_schema import Keys
+from contract.registry import (
     ServerInfo,
     live_servers,
     parse_registration,
@@ -28,6 +27,7 @@ from server.registry import (
     register,
     registration,
 )
+from learner.weight_sync import BroadcastSync
 from tests.conftest import free_port
 
 KEY = "the-admin-key"
@@ -107,7 +107,11 @@ def test_signed_registrations_verify_and_forgeries_do_not(r: redis.Redis) -> Non
     assert [s.server_id for s in reg.servers] == ["good"]
     assert sorted(reg.rejected) == ["forged", "garbage", "renamed", "shape", "unsigned"]
     assert "signature" in reg.rejected["forged"] and "malformed" in reg.rejected["garbage"]
-    # Without an admin key there is nothing to leak: unsigned entries are taken.
+    # Without an admin key there is nothing to leak: unsigned entries are taken; signed ones
+    # want a key this learner lacks (their admin routes would answer 401).
+    keyless = read_registry(r, KEYS, for_push=True)
+    assert [s.server_id for s in keyless.servers] == ["unsigned"]
+    assert "has none" in keyless.rejected["good"]
     assert [s.server_id for s in live_servers(r, KEYS)] == ["forged", "good", "unsigned"]
     with pytest.raises(ValueError, match="signature"):
         parse_registration(registration(_info("x", "http://a:1"), KEY), "other")

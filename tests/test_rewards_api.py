@@ -13,8 +13,8 @@ import httpx
 import pytest
 import redis
 
+from contract.redis_schema import Keys, unpack_ready_group
 from learner.losses import group_advantages
-from server.redis_schema import Keys, unpack_ready_group
 from server.store import QueueConfig
 from tests.conftest import RedisServer
 from tests.queue_helpers import ApiServer, make_rollout, open_group

@@ -1,6 +1,6 @@
 """Top-p / top-k: the behaviour distribution is recorded with every rollout, both engines
 record the truncated, renormalised log-probabilities, and the learner recomputes them under
-the same cut (``learner.sampling_dist``)."""
+the same cut (``contract.sampling_dist``)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import pytest
 import redis
 import torch
 
+from contract.redis_schema import Keys, unpack_ready_group, unpack_rollout
+from contract.sampling_dist import keep_mask, sampled_logprobs, truncating
 from learner.batching import plan_step
 from learner.config import LearnerConfig
 from learner.losses import LossConfig, policy_loss
 from learner.policy import Policy, cut_logprobs
-from learner.sampling_dist import keep_mask, sampled_logprobs, truncating
 from learner.trainer import Trainer
 from server.engines.base import SamplingParams
 from server.engines.hf import HFEngine
-from server.redis_schema import Keys, unpack_ready_group, unpack_rollout
 from tests.serving import API_KEY, running_server
 
 KEYS = Keys()

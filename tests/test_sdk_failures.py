@@ -105,6 +105,6 @@ def test_describe_error_and_policy_checks() -> None:
     from clients.errors import error_for_status
 
     exc = error_for_status(400, {"error": {"message": "bad", "code": "invalid_messages"}})
-    assert describe_error(exc) == "RequestRejected 400 invalid_messages"
+    assert describe_error(exc) == "BadRequestError 400 invalid_messages"
     with pytest.raises(ValueError):
         FailurePolicy(on_error="skip")  # type: ignore[arg-type]

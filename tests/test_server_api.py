@@ -20,8 +20,8 @@ import openai
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from contract.redis_schema import Keys, unpack_rollout
 from server.engines.reference import sequence_logprobs
-from server.redis_schema import Keys, unpack_rollout
 from tests.conftest import RedisServer
 from tests.serving import (
     API_KEY,

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from server.redis_schema import Keys
+from contract.redis_schema import Keys
 from tests.conftest import RedisServer
 from tests.serving import (
     ADMIN_KEY,

@@ -15,8 +15,8 @@ import pytest
 import redis
 from pydantic import ValidationError
 
+from contract.redis_schema import Keys
 from server.app import create_app
-from server.redis_schema import Keys
 from server.settings import ServerSettings
 from tests.conftest import RedisServer, free_port
 from tests.serving import API_KEY, MODEL_NAME, running_server, serve_app

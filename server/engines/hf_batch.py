@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from learner.sampling_dist import keep_mask, truncating
+from contract.sampling_dist import keep_mask, truncating
 from server.engines.base import SamplingParams
 
 
@@ -31,7 +31,7 @@ class StepSample:
 
 def processed_logprobs(logp_BV: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """The distribution each row samples from: ``log_softmax(z / T)`` cut by the row's top-k /
-    top-p (``learner.sampling_dist.keep_mask``, vLLM's rule) and renormalised. Rows without a
+    top-p (``contract.sampling_dist.keep_mask``, vLLM's rule) and renormalised. Rows without a
     cut are returned as they are."""
     vocab = logp_BV.shape[-1]
     top_p_B = torch.tensor([p.top_p for p in params], device=logp_BV.device)

@@ -36,7 +36,7 @@ extra copy of the weights there (host memory on CPU, device memory on GPU).
 
 GPU: the same backend over ``ProcessGroupNCCL`` (the learner's ``backend="nccl"``), buckets
 received straight into the worker's GPU (``weight_transport.transport_device``); a learner on
-the worker's own GPU passes CUDA IPC handles instead (``gspo_load_ipc``, ``server.cuda_ipc``).
+the worker's own GPU passes CUDA IPC handles instead (``gspo_load_ipc``, ``contract.cuda_ipc``).
 Only the gloo path is exercised here (CPU); the CUDA paths have ``gpu`` tests.
 
 CPU notes: float32 by default; ``enforce_eager=True`` by default (start ~20 s instead of ~60 s;
@@ -80,8 +80,8 @@ from server.engines.vllm_convert import (
 )
 
 if TYPE_CHECKING:
-    from server.cuda_ipc import IpcUpdateRequest
-    from server.weight_transport import JoinRequest, TransportInfo, UpdateRequest
+    from contract.cuda_ipc import IpcUpdateRequest
+    from contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
 
 # AsyncEngineArgs the engine's contract depends on (log-prob semantics, weight transfer,
 # batching limits it validates against): ``engine_args`` may not override them.
@@ -154,7 +154,7 @@ class VLLMEngine(Engine):
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._aliases: dict[str, str] = {}  # tied output layer name -> input embedding name
         self._packed: dict[str, list[str]] = {}
-        self._devices: list[str] = []  # device_ids of the workers (server.weight_transport)
+        self._devices: list[str] = []  # device_ids of the workers (contract.weight_transport)
         self._counters = {"requests": 0.0, "tokens_generated": 0.0, "weight_loads": 0.0}
         self._leave_task: asyncio.Task[Any] | None = None
         self._broken: BaseException | None = None  # a load that failed half-way
@@ -333,15 +333,15 @@ class VLLMEngine(Engine):
         return self._ranks
 
     async def transport_info(self) -> TransportInfo:
-        from server.weight_transport import TransportInfo
+        from contract.weight_transport import TransportInfo
 
         self._require()
         return TransportInfo(devices=list(self._devices))
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:
         """The worker opens the learner's CUDA IPC handles, then pause, reload, resume
-        (``server.cuda_ipc``). Nothing is loaded unless every handle opened."""
-        from server.cuda_ipc import check_request
+        (``contract.cuda_ipc``). Nothing is loaded unless every handle opened."""
+        from contract.cuda_ipc import check_request
 
         if not self._devices or any(not d.startswith("GPU-") for d in self._devices):
             raise ValueError(f"CUDA IPC weights need a CUDA engine, this one is on "

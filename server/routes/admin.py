@@ -1,7 +1,7 @@
 """Control plane of the weight broadcast (admin key): join the group, receive, pause, resume.
 
 The learner drives these; the tensors themselves move over the process group
-(server/weight_transport.py). Every handler is bounded by the request's timeout.
+(contract/weight_transport.py). Every handler is bounded by the request's timeout.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import logging
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from server.cuda_ipc import IpcUpdateRequest
+from contract.cuda_ipc import IpcUpdateRequest
+from contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
 from server.deps import EngineDep
 from server.engines.base import Engine
 from server.error_docs import error_responses
 from server.errors import APIError
-from server.weight_transport import JoinRequest, TransportInfo, UpdateRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])

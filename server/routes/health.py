@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
+from contract.redis_schema import Keys
 from server.deps import EngineDep, KeysDep, RedisDep, SettingsDep
-from server.redis_schema import Keys
 
 router = APIRouter(tags=["health"])
 REDIS_PING_TIMEOUT_S = 1.0

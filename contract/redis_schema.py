@@ -33,7 +33,7 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
 - ``{p}:stream:ready``: stream of ready groups (field ``group`` = msgpack ``ReadyGroup``).
 - ``{p}:counters``: hash of monotonically increasing counters (published, dropped_*, ...).
 - ``{p}:servers``: hash server_id -> signed JSON registration
-  (``server.registry``); ``{p}:server:{id}:alive`` heartbeat
+  (``contract.registry``); ``{p}:server:{id}:alive`` heartbeat
   key with a short TTL.
 - ``{p}:learner:state``: hash, the learner's policy version and step.
 
@@ -49,6 +49,8 @@ from typing import Any
 
 import msgpack
 import numpy as np
+
+from contract.credit import AdvantageConfig
 
 DEFAULT_PREFIX = "gspo"
 READY_STREAM_FIELD = "group"
@@ -193,9 +195,11 @@ class ReadyGroup:
 
     ``rewards[i]``, ``advantages[i]``, ``turn_rewards[i]`` and ``turn_advantages[i]`` belong
     to ``rollouts[i]``. Both kinds of advantage come from one call of
-    ``learner.advantages.group_credit`` when the group completes: ``advantages`` one per
+    ``contract.credit.group_credit`` when the group completes: ``advantages`` one per
     rollout (``--loss gspo``), ``turn_advantages`` one per model turn (the per-token kinds);
-    empty in records written before they were published.
+    empty in records written before they were published. ``advantage_config`` is the
+    ``AdvantageConfig`` they were computed with (None in records written before it was
+    recorded: the learner then uses the defaults).
     """
 
     group_id: str
@@ -206,6 +210,7 @@ class ReadyGroup:
     metadata: dict[str, Any] = field(default_factory=dict)
     published_at: float = 0.0
     turn_advantages: list[list[float]] = field(default_factory=list)
+    advantage_config: AdvantageConfig | None = None
 
     def min_version(self) -> int:
         """The oldest policy version of any sampled token in the group (for staleness)."""
@@ -222,6 +227,7 @@ def pack_ready_group(g: ReadyGroup) -> bytes:
         "advantages": g.advantages,
         "turn_rewards": g.turn_rewards,
         "turn_advantages": g.turn_advantages,
+        "advantage_config": g.advantage_config.to_dict() if g.advantage_config else None,
         "rollouts": [msgpack.unpackb(pack_rollout(r)) for r in g.rollouts],
     })
 
@@ -237,6 +243,8 @@ def unpack_ready_group(data: bytes) -> ReadyGroup:
         metadata=d.get("metadata", {}),
         published_at=float(d.get("published_at", 0.0)),
         turn_advantages=[[float(a) for a in t] for t in d.get("turn_advantages", [])],
+        advantage_config=(AdvantageConfig.from_dict(d["advantage_config"])
+                          if d.get("advantage_config") else None),
     )
 
 

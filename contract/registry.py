@@ -11,8 +11,9 @@ Redis must not be able to point it at their own URL. A registration is
 ``{"info": <ServerInfo JSON>, "sig": HMAC-SHA256(admin_key, info)}``: the server proves it holds
 the admin key without revealing it, and the learner (which holds the same key) accepts only
 entries whose signature verifies. Entries that do not parse or verify are skipped and
-counted, never fatal. Without an admin key (open admin routes) entries are unsigned and the
-learner, which has no secret to leak, accepts them.
+counted, never fatal. Without an admin key (open admin routes) entries are unsigned and a
+learner without a key, which has no secret to leak, accepts them; it does not push to signed
+entries (their admin routes would refuse it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import redis
 import redis.asyncio as aredis
 from pydantic import BaseModel, ValidationError
 
-from server.redis_schema import Keys
+from contract.redis_schema import Keys
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,11 @@ def register(client: redis.Redis, keys: Keys, info: ServerInfo, admin_key: str |
         pipe.execute()
 
 
-def parse_registration(raw: bytes | str, admin_key: str | None) -> ServerInfo:
+def parse_registration(raw: bytes | str, admin_key: str | None,
+                       for_push: bool = False) -> ServerInfo:
     """The ``ServerInfo`` of a hash value; ``ValueError`` if it does not parse or, when the
-    learner holds ``admin_key``, its signature does not verify (compared in constant time)."""
+    learner holds ``admin_key``, its signature does not verify (compared in constant time).
+    ``for_push`` without a key also refuses signed entries (their admin routes want one)."""
     try:
         entry = json.loads(raw)
         info_json, sig = entry["info"], entry["sig"]
@@ -126,6 +129,9 @@ def parse_registration(raw: bytes | str, admin_key: str | None) -> ServerInfo:
         raise ValueError(f"malformed registration: {str(exc)[:200]}") from exc
     if admin_key and not hmac.compare_digest(sig, sign(info_json, admin_key)):
         raise ValueError("signature does not verify with this admin key")
+    if for_push and not admin_key and sig:  # its admin routes want a key: every call 401s
+        raise ValueError("the server requires an admin key and this learner has none "
+                         "(set GSPO_ADMIN_KEY)")
     return info
 
 
@@ -140,9 +146,11 @@ class Registry:
 _warned: dict[str, float] = {}  # "id: why" -> last warning (one line a minute per entry)
 
 
-def read_registry(client: redis.Redis, keys: Keys, admin_key: str | None = None) -> Registry:
+def read_registry(client: redis.Redis, keys: Keys, admin_key: str | None = None,
+                  for_push: bool = False) -> Registry:
     """Servers whose heartbeat is fresh and whose entry verifies, sorted by id; prunes entries
-    whose heartbeat expired. Entries that do not parse or verify are skipped and reported."""
+    whose heartbeat expired. Entries that do not parse or verify are skipped and reported.
+    ``for_push``: only servers the learner can update (see ``parse_registration``)."""
     out = Registry()
     entries = client.hgetall(keys.servers)
     if not entries:
@@ -156,7 +164,7 @@ def read_registry(client: redis.Redis, keys: Keys, admin_key: str | None = None)
             dead.append(sid)
             continue
         try:
-            info = parse_registration(raw, admin_key)
+            info = parse_registration(raw, admin_key, for_push)
             if info.server_id != sid:
                 raise ValueError(f"registered under {sid!r} but names {info.server_id!r}")
         except ValueError as exc:

@@ -23,7 +23,7 @@ weight_transfer.ipc_engine``):
 - the same ``TensorMeta`` list as the broadcast, so the server's name and shape checks are
   shared.
 
-The choice of this path is ``server.weight_transport.choose_transport`` (same GPU UUID). The
+The choice of this path is ``contract.weight_transport.choose_transport`` (same GPU UUID). The
 message format and its encoding are pure and tested on CPU; opening handles needs CUDA.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 from pydantic import BaseModel, Field
 
-from server.weight_transport import TensorMeta, tensor_metas
+from contract.weight_transport import TensorMeta, tensor_metas
 
 
 class CudaIpcTensor(BaseModel):

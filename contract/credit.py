@@ -1,0 +1,179 @@
+"""Per-token advantages for multi-turn episodes (GSPO-token), as pure functions.
+
+The credit rule (``group_credit``), for a group of ``G`` episodes. Episode ``i`` has a final
+reward ``R_i``, ``K_i`` model turns and optional turn rewards ``r_{i,1..K_i}`` (none: all 0).
+The return of turn ``k`` splits into the outcome and the turn rewards still to come:
+
+    G_{i,k} = R_i + T_{i,k},     T_{i,k} = sum_{j >= k} r_{i,j}
+
+Each part is centred against its own baseline:
+
+    c_{i,k} = (R_i - mean_i R) + (T_{i,k} - mean_{j in S_k} T_{j,k})
+
+where ``S_k`` is the set of episodes that reach turn ``k``. One scale for the whole group:
+
+    sigma^2 = mean_i max_k c_{i,k}^2        A_{i,k} = c_{i,k} / (sigma + eps)
+
+Why this rule (and not the two obvious ones):
+
+- The outcome is compared over the whole group, as ``group_advantages`` does: without turn
+  rewards ``T = 0``, ``sigma = std(R)`` and every turn gets exactly the sequence advantage, so
+  GSPO-token reduces to GSPO and single-turn rollouts train unchanged.
+- The turn rewards still to come are compared per turn index, among the episodes that reach
+  that turn: a later turn is measured against other episodes' same turn, so a reward earned
+  earlier neither credits nor punishes it. (Normalising every turn's return against whole-
+  episode returns, the previous rule, pushed every turn after a rewarded one down: a group
+  where every episode answered correctly gave the correct final turns negative advantages.)
+  A turn that only one episode reaches has no baseline for its turn rewards: that part is 0.
+- One scale, not one per part or per turn: a 0.1 tool bonus keeps its weight relative to a
+  1.0 outcome (per-part normalisation would blow the bonus up to the outcome's size).
+- ``sigma`` uses each episode's largest deviation, so it is 0 only when every ``c`` is 0,
+  never a division of a non-zero ``c`` by eps (the previous rule divided by eps whenever the
+  whole-episode returns were equal but later turns' returns were not). It bounds every
+  advantage: ``c_{i,k}^2 <= max_k c_{i,k}^2 <= G sigma^2``, so ``|A| <= sqrt(G)``
+  (``sqrt(G - 1)`` without turn rewards, as for ``group_advantages``).
+- Zero spread is decided exactly: a part whose values are all equal is centred to exact
+  zeros (not ``x - mean(x)``, which float rounding can leave at 1e-17). So a group carries
+  no signal exactly when every ``A_{i,k}`` is 0, and ``GroupCredit.has_signal`` is the test
+  the server's zero-variance drop uses: the same quantity the learner trains on.
+
+The sequence advantage (``--loss gspo``) is the first turn's, ``A_i = A_{i,1}``: the return
+of the whole episode against every other episode's. When an episode's turns all get the same
+advantage (no turn rewards, single-turn rollouts, turn rewards only on the last turn of
+episodes of equal length), GSPO-token and GSPO see identical advantages.
+
+With ``scale=False`` the advantages are only centred (``A = c``), as ``group_advantages``.
+
+Every token of model turn ``k`` gets ``A_{i,k}``; tokens the model did not write (system,
+user, tool results, template tokens) get 0 and are masked out of the loss anyway.
+
+Wiring: the server computes ``group_credit`` once, when a group completes
+(``server.store_finish``), and publishes both the sequence and the per-turn advantages;
+``learner.advantages.TurnAdvantages`` spreads the published per-turn advantages over each
+rollout's tokens (it recomputes them only for groups published without them) and is what
+``learner.advantages.advantage_fn_for`` gives the per-token loss kinds; "gspo" uses the
+published sequence advantages. This module is in ``contract`` because both sides apply the
+rule: the server to publish and to drop zero-variance groups, the learner for old records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How the credit rule scales a group: ``A = c / (sigma + eps)``, or ``A = c`` when
+    ``scale`` is False (only centred, Dr. GRPO style). Defined once: the server's
+    ``QueueConfig`` sets it, each published group records it (``ReadyGroup.advantage_config``),
+    and the learner recomputes a group's advantages with the group's own config, falling back
+    to these defaults only for records written before it was recorded."""
+
+    eps: float = 1e-6
+    scale: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.eps > 0:
+            raise ValueError(f"advantage eps must be > 0, got {self.eps}")
+
+    def to_dict(self) -> dict[str, float | bool]:
+        return {"eps": self.eps, "scale": self.scale}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> AdvantageConfig:
+        return cls(eps=float(d["eps"]), scale=bool(d["scale"]))  # type: ignore[arg-type]
+
+
+def turn_returns(reward: float, turn_rewards: Sequence[float] | None, n_turns: int) -> np.ndarray:
+    """``G_k = R + sum_{j >= k} r_j`` for each of ``n_turns`` model turns."""
+    return float(reward) + turn_rewards_to_go(turn_rewards, n_turns)
+
+
+def turn_rewards_to_go(turn_rewards: Sequence[float] | None, n_turns: int) -> np.ndarray:
+    """``T_k = sum_{j >= k} r_j`` for each of ``n_turns`` model turns (none given: zeros)."""
+    if turn_rewards is None or len(turn_rewards) == 0:
+        return np.zeros(n_turns)
+    if len(turn_rewards) != n_turns:
+        raise ValueError(f"{len(turn_rewards)} turn rewards for {n_turns} model turns")
+    return np.cumsum(np.asarray(turn_rewards, dtype=np.float64)[::-1])[::-1].copy()
+
+
+def _centred(x: np.ndarray) -> np.ndarray:
+    """``x - mean(x)``, exactly 0 when all values are equal (no spread, no signal)."""
+    if x.size == 0 or x.max() == x.min():
+        return np.zeros_like(x)
+    return x - x.mean()
+
+
+@dataclass(frozen=True)
+class GroupCredit:
+    """The credit rule's result for one group (see the module docstring)."""
+
+    turn_advantages: list[np.ndarray]  # A_{i,k}: float64 [K_i] per episode
+    sequence_advantages: np.ndarray  # A_i = A_{i,1} (an episode without turns: outcome only)
+    has_signal: bool  # False: every advantage is exactly 0 (the server's zero-variance drop)
+
+
+def group_credit(
+    rewards_G: Sequence[float],
+    turn_rewards_G: Sequence[Sequence[float] | None],
+    n_turns_G: Sequence[int],
+    eps: float = AdvantageConfig.eps,
+    scale: bool = AdvantageConfig.scale,
+) -> GroupCredit:
+    """The credit rule (module docstring) for one group. Pure. Raises ``ValueError`` on a
+    turn-reward count that does not match an episode's model turns, or non-finite rewards."""
+    rewards = np.asarray(rewards_G, dtype=np.float64)
+    if rewards.ndim != 1 or rewards.size == 0 or not np.isfinite(rewards).all():
+        raise ValueError("rewards must be a non-empty list of finite numbers")
+    if not len(rewards) == len(turn_rewards_G) == len(n_turns_G):
+        raise ValueError(f"{len(rewards)} rewards, {len(turn_rewards_G)} turn-reward lists "
+                         f"and {len(n_turns_G)} turn counts")
+    to_go = [turn_rewards_to_go(tr, int(n)) for tr, n in zip(turn_rewards_G, n_turns_G,
+                                                             strict=True)]
+    if not all(np.isfinite(t).all() for t in to_go):
+        raise ValueError("turn rewards must be finite")
+    outcome = _centred(rewards)
+    c = [np.full(len(t), o) for t, o in zip(to_go, outcome, strict=True)]
+    for k in range(max((len(t) for t in to_go), default=0)):
+        reach = [i for i, t in enumerate(to_go) if len(t) > k]
+        centred_k = _centred(np.asarray([to_go[i][k] for i in reach]))
+        for i, v in zip(reach, centred_k, strict=True):
+            c[i][k] += v
+    largest = np.asarray([np.abs(ci).max() if len(ci) else abs(o)
+                          for ci, o in zip(c, outcome, strict=True)])
+    sigma = float(np.sqrt(np.mean(largest ** 2)))
+    has_signal = sigma > 0
+    denom = (sigma + eps) if scale and has_signal else 1.0
+    turn_adv = [ci / denom for ci in c]
+    seq = np.asarray([a[0] if len(a) else o / denom for a, o in zip(turn_adv, outcome,
+                                                                     strict=True)])
+    return GroupCredit(turn_adv, seq, has_signal)
+
+
+def group_turn_advantages(
+    rewards: Sequence[float],
+    turn_rewards: Sequence[Sequence[float] | None],
+    n_turns: Sequence[int],
+    eps: float = AdvantageConfig.eps,
+    scale: bool = AdvantageConfig.scale,
+) -> list[np.ndarray]:
+    """``A_{i,k}`` for every episode ``i`` and model turn ``k`` of one group."""
+    return group_credit(rewards, turn_rewards, n_turns, eps, scale).turn_advantages
+
+
+def token_advantages(
+    length: int, turns: Sequence[tuple[int, int]], turn_adv: np.ndarray
+) -> np.ndarray:
+    """Spread per-turn advantages over a trajectory of ``length`` tokens (0 outside turns)."""
+    if len(turns) != len(turn_adv):
+        raise ValueError(f"{len(turn_adv)} advantages for {len(turns)} turns")
+    out = np.zeros(length, dtype=np.float32)
+    for (start, end), a in zip(turns, turn_adv, strict=True):
+        if not 0 <= start <= end <= length:
+            raise ValueError(f"turn span [{start}, {end}) outside a trajectory of {length}")
+        out[start:end] = a
+    return out

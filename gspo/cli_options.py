@@ -1,0 +1,149 @@
+"""``gspo serve`` and ``gspo learn`` options, generated from the config models.
+
+Each option is a field of ``ServerSettings`` or ``LearnerConfig`` (``SERVE`` and ``LEARN``
+map an option to its field's dotted path); its type, help text (the field's docstring) and
+default come from the model, so the CLI cannot drift from the fields. Importing the models
+costs seconds (torch, redis), too much for every ``gspo`` call, so ``generate()`` writes what
+the CLI needs to ``gspo/cli_options.json``; the CLI reads only that file, and
+tests/test_cli_options.py fails when it is not what the models generate now:
+
+    .venv/bin/python -m gspo.cli_options      # regenerate after changing a field
+
+Every generated option defaults to None ("not passed"): an unset flag leaves the value to the
+TOML file, the GSPO_* environment and the field's default, in that model's precedence.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+SPEC_FILE = Path(__file__).with_name("cli_options.json")
+
+SERVE = {name: name for name in (
+    "model", "engine", "served_model_name", "host", "port", "redis_url", "key_prefix",
+    "api_key", "admin_key", "device", "max_batch_size", "dtype", "max_model_len",
+    "tensor_parallel_size", "gpu_memory_utilization", "enforce_eager")}
+SERVE_AFTER_VLLM_ARG = {name: name for name in (
+    "max_n", "max_tokens", "max_body_bytes", "max_ready_groups", "max_episode_turns",
+    "episode_history_rewrite", "tool_call_parser", "reasoning_parser")} | {
+    "group_ttl_s": "queue.group_ttl_s", "server_id": "server_id",
+    "advertise_url": "advertise_url"}
+LEARN = {name: name for name in (
+    "model", "redis_url", "key_prefix", "consumer")} | {"loss": "loss.kind"} | {
+    name: name for name in (
+        "old_logprobs", "is_weight_cap", "max_staleness", "groups_per_step", "minibatches",
+        "micro_batch_tokens", "lr", "weight_decay", "grad_clip", "warmup_steps", "save_dir",
+        "save_every", "keep_last", "resume", "sync_every", "weight_sync", "max_steps",
+        "read_timeout_s", "device", "data_parallel", "seed", "metrics_jsonl",
+        "tensorboard_dir")}
+# ``gspo learn`` reads these from the environment itself (LearnerConfig is no settings model).
+LEARN_ENV = {"redis_url": "GSPO_REDIS_URL"}
+_SECRET_NOTE = " Prefer the environment variable: flags show in `ps`."
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a class (the string right after ``name: type = ...``), for
+    models that do not set ``use_attribute_docstrings``."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = nxt.value.value
+    return docs
+
+
+def _field(model: type, path: str) -> tuple[type, str, Any]:
+    """The model class that owns ``path``'s last part, the part, and its FieldInfo."""
+    *parents, name = path.split(".")
+    for part in parents:
+        model = model.model_fields[part].annotation  # type: ignore[attr-defined]
+    return model, name, model.model_fields[name]  # type: ignore[attr-defined]
+
+
+def _type_name(annotation: Any) -> str:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return _type_name(args[0])
+    for t in (bool, int, float):
+        if annotation is t:
+            return t.__name__
+    return "str"  # str, Literal[...] of strings, SecretStr
+
+
+def _help(model: type, name: str, info: Any, env: str | None) -> str:
+    doc = info.description or _attribute_docs(model).get(name, "")
+    text = re.sub(r"\s+", " ", doc).strip().replace("``", "`")
+    if info.default not in (None, "") and not info.is_required() \
+            and info.default_factory is None:
+        text += f" (default: {info.default})"
+    if env is not None:
+        text += f" (env {env})"
+    if "SecretStr" in str(info.annotation):
+        text += _SECRET_NOTE
+    return text
+
+
+def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
+             env_names: dict[str, str] | None = None) -> dict[str, Any]:
+    out = {}
+    for flag, path in mapping.items():
+        owner, name, info = _field(model, path)
+        env = (env_names or {}).get(flag) if env_prefix is None \
+            else env_prefix + path.replace(".", "__").upper()
+        out[flag] = {"field": path, "type": _type_name(info.annotation),
+                     "help": _help(owner, name, info, env)}
+    return out
+
+
+def generate() -> dict[str, Any]:
+    """What the CLI's options are, from the models (imports them: slow)."""
+    from learner.config import LearnerConfig
+    from server.settings import ServerSettings
+
+    return {
+        "serve": _options(ServerSettings, SERVE, "GSPO_"),
+        "serve_after_vllm_arg": _options(ServerSettings, SERVE_AFTER_VLLM_ARG, "GSPO_"),
+        "learn": _options(LearnerConfig, LEARN, None, LEARN_ENV),
+    }
+
+
+def dump(spec: dict[str, Any]) -> str:
+    return json.dumps(spec, indent=2, sort_keys=False) + "\n"
+
+
+def parameters(section: str) -> list[inspect.Parameter]:
+    """The typer parameters of one section of the stored spec (no model import)."""
+    import typer
+
+    spec = json.loads(SPEC_FILE.read_text())[section]
+    params = []
+    for flag, opt in spec.items():
+        kind = {"bool": bool, "int": int, "float": float, "str": str}[opt["type"]]
+        decls = [f"--{flag.replace('_', '-')}/--no-{flag.replace('_', '-')}"] if kind is bool \
+            else []
+        default = typer.Option(None, *decls, help=opt["help"])
+        params.append(inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=kind))
+    return params
+
+
+def with_parameters(func: Any, params: list[inspect.Parameter]) -> Any:
+    """``func(**params)`` with ``params`` as its signature, which typer reads."""
+    func.__signature__ = inspect.Signature(params, return_annotation=None)
+    return func
+
+
+if __name__ == "__main__":
+    SPEC_FILE.write_text(dump(generate()))
+    print(f"wrote {SPEC_FILE}")

@@ -1,0 +1,60 @@
+"""``gspo serve`` / ``gspo learn`` options come from the config models (gspo.cli_options): the
+stored spec the CLI reads is what the models generate now (a changed field docstring, type or
+default without ``python -m gspo.cli_options`` fails here), the flag names stay the same, and
+each option's help is its field's docstring."""
+
+from __future__ import annotations
+
+import json
+
+import typer.main
+
+from gspo.cli import app
+from gspo.cli_options import SPEC_FILE, dump, generate
+from learner.config import LearnerConfig
+from server.settings import ServerSettings
+
+SERVE_FLAGS = [
+    "--model", "--engine", "--served-model-name", "--host", "--port", "--redis-url",
+    "--key-prefix", "--api-key", "--admin-key", "--device", "--max-batch-size", "--dtype",
+    "--max-model-len", "--tensor-parallel-size", "--gpu-memory-utilization", "--enforce-eager",
+    "--vllm-arg", "--max-n", "--max-tokens", "--max-body-bytes", "--max-ready-groups",
+    "--max-episode-turns", "--episode-history-rewrite", "--tool-call-parser",
+    "--reasoning-parser", "--group-ttl-s", "--server-id", "--advertise-url", "--log-level"]
+LEARN_FLAGS = [
+    "--config", "--model", "--redis-url", "--key-prefix", "--consumer", "--loss",
+    "--old-logprobs", "--is-weight-cap", "--max-staleness", "--groups-per-step",
+    "--minibatches", "--micro-batch-tokens", "--lr", "--weight-decay", "--grad-clip",
+    "--warmup-steps", "--save-dir", "--save-every", "--keep-last", "--resume", "--sync-every",
+    "--weight-sync", "--max-steps", "--read-timeout-s", "--device", "--data-parallel", "--seed",
+    "--metrics-jsonl", "--tensorboard-dir", "--log-level"]
+
+
+def test_stored_spec_is_what_the_models_generate() -> None:
+    assert SPEC_FILE.read_text() == dump(generate()), \
+        "run: .venv/bin/python -m gspo.cli_options"
+
+
+def test_flag_names_and_defaults_are_unchanged() -> None:
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name, flags in (("serve", SERVE_FLAGS), ("learn", LEARN_FLAGS)):
+        params = commands[name].params
+        assert [p.opts[0] for p in params] == flags
+        unset = [p for p in params if p.name != "log_level"]
+        assert all(p.default is None for p in unset), name  # unset: the model decides
+    resume = next(p for p in commands["learn"].params if p.name == "resume")
+    assert resume.secondary_opts == ["--no-resume"]
+
+
+def test_help_is_the_fields_docstring() -> None:
+    spec = json.loads(SPEC_FILE.read_text())
+    lr = LearnerConfig.model_fields["lr"].description or ""
+    assert spec["learn"]["lr"]["help"].startswith(" ".join(lr.split())[:40])
+    assert spec["learn"]["lr"]["type"] == "float"
+    port = spec["serve"]["port"]
+    assert port["help"].startswith(" ".join((ServerSettings.model_fields["port"].description
+                                             or "").split()))
+    assert port["help"].endswith("(default: 8000) (env GSPO_PORT)")
+    assert spec["serve_after_vllm_arg"]["group_ttl_s"]["field"] == "queue.group_ttl_s"
+    assert "GSPO_QUEUE__GROUP_TTL_S" in spec["serve_after_vllm_arg"]["group_ttl_s"]["help"]
+    assert "flags show in `ps`" in spec["serve"]["api_key"]["help"]
