@@ -54,15 +54,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contract.net import free_port  # noqa: E402
 from server.engines.base import SamplingParams  # noqa: E402
 
 API_KEY = "bench-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(check: Callable[[], bool], proc: subprocess.Popen, what: str,

@@ -105,6 +105,26 @@ def _parse(resp: httpx.Response) -> Any:
     return body
 
 
+_Outcome = httpx.Response | httpx.TransportError
+
+
+def _after_attempt(outcome: _Outcome, delays: Iterator[float],
+                   what: str) -> tuple[Any, float | None]:
+    """The retry policy, shared by the sync and async clients: ``(body, None)`` when the
+    attempt is final (a 4xx raises its error), ``(None, delay)`` to wait and try again (a
+    502/503/504 or a transport error while ``delays`` lasts), ``ServerUnavailable`` after."""
+    if isinstance(outcome, httpx.Response):
+        if outcome.status_code not in _RETRY_STATUS:
+            return _parse(outcome), None
+        err: Exception = error_for_status(outcome.status_code, outcome.text)
+    else:
+        err = outcome
+    delay = next(delays, None)
+    if delay is None:
+        raise ServerUnavailable(f"{what} failed after retries: {err}") from err
+    return None, delay
+
+
 class GSPOClient:
     """Synchronous client. ``api_key`` is the server's ``/v1`` Bearer key, if it has one."""
 
@@ -119,15 +139,12 @@ class GSPOClient:
         delays = self.retry.delays()
         while True:
             try:
-                resp = self.http.request(method, path, json=json)
-                if resp.status_code not in _RETRY_STATUS:
-                    return _parse(resp)
-                err: Exception = error_for_status(resp.status_code, resp.text)
+                outcome: _Outcome = self.http.request(method, path, json=json)
             except httpx.TransportError as exc:
-                err = exc
-            delay = next(delays, None)
+                outcome = exc
+            body, delay = _after_attempt(outcome, delays, f"{method} {path}")
             if delay is None:
-                raise ServerUnavailable(f"{method} {path} failed after retries: {err}") from err
+                return body
             time.sleep(delay)
 
     def health(self) -> dict[str, Any]:
@@ -183,15 +200,12 @@ class AsyncGSPOClient:
         delays = self.retry.delays()
         while True:
             try:
-                resp = await self.http.request(method, path, json=json)
-                if resp.status_code not in _RETRY_STATUS:
-                    return _parse(resp)
-                err: Exception = error_for_status(resp.status_code, resp.text)
+                outcome: _Outcome = await self.http.request(method, path, json=json)
             except httpx.TransportError as exc:
-                err = exc
-            delay = next(delays, None)
+                outcome = exc
+            body, delay = _after_attempt(outcome, delays, f"{method} {path}")
             if delay is None:
-                raise ServerUnavailable(f"{method} {path} failed after retries: {err}") from err
+                return body
             await asyncio.sleep(delay)
 
     async def health(self) -> dict[str, Any]:

@@ -43,6 +43,7 @@ log-probabilities, uint8 masks): packing and unpacking them costs a memcpy, not 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,3 +246,15 @@ def unpack_ready_group(data: bytes) -> ReadyGroup:
         advantage_config=(AdvantageConfig.from_dict(d["advantage_config"])
                           if d.get("advantage_config") else None),
     )
+
+
+def key_template(fn: Callable[[str], str]) -> list[str]:
+    """``Keys`` method -> [head, tail], so that a Lua script builds the key of an id it looked
+    up as ``head .. id .. tail`` (``Keys`` stays the only place that spells a key)."""
+    head, tail = fn("\x00").split("\x00")
+    return [head, tail]
+
+
+def as_str(v: bytes | str | None) -> str:
+    """A Redis reply as text (the clients here use ``decode_responses=False``); None -> ""."""
+    return v.decode() if isinstance(v, bytes) else (v or "")

@@ -27,6 +27,7 @@ from typing import IO, Any
 
 import httpx
 
+from contract.net import free_port
 from gspo.runlog import (
     ENV_WINDOW,
     JsonlTail,
@@ -70,12 +71,6 @@ class UpResult:
     metrics_path: Path
     plot_path: Path | None
     target_reached: bool | None = None  # None: no target was set
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Processes:
@@ -131,7 +126,7 @@ def _start_redis(procs: Processes, run_dir: Path) -> str:
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server not found: run scripts/setup.sh, or pass --redis-url")
-    port = _free_port()
+    port = free_port()
     data = run_dir / "redis"
     data.mkdir(exist_ok=True)
     procs.start("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
@@ -177,7 +172,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         model = str(make_tiny_model(cfg.run_dir / "model", seed=cfg.seed))
     api_key, admin_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     keys_env = {"GSPO_API_KEY": api_key, "GSPO_ADMIN_KEY": admin_key}
-    port = _free_port()
+    port = free_port()
     procs.start("server", _gspo("serve", "--model", model, "--port", str(port),
                                 "--redis-url", redis_url, "--server-id", "up-server",
                                 "--log-level", "warning", *_server_device_args(cfg)),

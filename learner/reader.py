@@ -44,6 +44,7 @@ from contract.redis_schema import (
     READY_STREAM_FIELD,
     Keys,
     ReadyGroup,
+    as_str,
     unpack_ready_group,
 )
 
@@ -60,10 +61,6 @@ class Batch:
     staleness: list[int]  # current_version - group.min_version() per group
     reclaimed: int = 0  # how many of the groups were redelivered pending entries
     dropped_malformed: list[str] = field(default_factory=list)  # ids acked as unreadable
-
-
-def _id(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:
@@ -103,8 +100,8 @@ class GroupReader:
 
     def _last_delivered(self) -> str:
         for g in self.client.xinfo_groups(self._stream):
-            if _id(g["name"]) == self.group:
-                return _id(g["last-delivered-id"])
+            if as_str(g["name"]) == self.group:
+                return as_str(g["last-delivered-id"])
         return "0-0"
 
     def _ensure_group(self) -> None:
@@ -156,7 +153,7 @@ class GroupReader:
         drop: list[str] = []
         stale = 0
         for raw_id, fields in entries:
-            entry_id = _id(raw_id)
+            entry_id = as_str(raw_id)
             if entry_id in self._held:
                 continue
             if entry_id in self._committed:
@@ -199,21 +196,21 @@ class GroupReader:
             if len(rows) < limit:
                 self._startup_claim = False  # everything pending at startup is now ours
             if rows:
-                self._cursor = f"({_id(rows[-1]['message_id'])}"  # exclusive: next page
+                self._cursor = f"({as_str(rows[-1]['message_id'])}"  # exclusive: next page
         else:
             idle_ms = int(self.claim_idle_s * 1000)
             rows = [r for r in self.client.xpending_range(
                 self._stream, self.group, "-", "+", _CLAIM_PAGE, idle=idle_ms)
-                if _id(r["consumer"]) != self.consumer][:limit]
+                if as_str(r["consumer"]) != self.consumer][:limit]
         if not rows:
             return []
-        ids = [_id(r["message_id"]) for r in rows]
+        ids = [as_str(r["message_id"]) for r in rows]
         claimed = self.client.xclaim(self._stream, self.group, self.consumer, 0, ids)
-        got = {_id(i) for i, _ in claimed}
+        got = {as_str(i) for i, _ in claimed}
         gone = [i for i in ids if i not in got]
         if gone:  # trimmed or deleted while pending: nothing to train
             self.client.xack(self._stream, self.group, *gone)
-        claimed.sort(key=lambda e: _id_key(_id(e[0])))
+        claimed.sort(key=lambda e: _id_key(as_str(e[0])))
         return claimed
 
     def ack(self, entry_ids: Sequence[str]) -> None:
@@ -243,13 +240,13 @@ class GroupReader:
             return 0
         needed: list[tuple[int, int]] = []
         for g in groups:
-            name = _id(g["name"])
+            name = as_str(g["name"])
             if int(g["pending"]) > 0:
                 oldest = self.client.xpending_range(self._stream, name, "-", "+", 1)
                 if oldest:
-                    needed.append(_id_key(_id(oldest[0]["message_id"])))
+                    needed.append(_id_key(as_str(oldest[0]["message_id"])))
                     continue
-            ms, seq = _id_key(_id(g["last-delivered-id"]))
+            ms, seq = _id_key(as_str(g["last-delivered-id"]))
             needed.append((ms, seq + 1))  # everything up to last-delivered is acked
         ms, seq = min(needed)
         return int(self.client.xtrim(self._stream, minid=f"{ms}-{seq}", approximate=False))
@@ -261,7 +258,7 @@ class GroupReader:
         while True:
             rows = self.client.xpending_range(self._stream, self.group, start, "+", 1000,
                                               consumername=self.consumer)
-            out += [_id(r["message_id"]) for r in rows]
+            out += [as_str(r["message_id"]) for r in rows]
             if len(rows) < 1000:
                 return out
             ms, seq = _id_key(out[-1])

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from contract.cuda_ipc import IpcUpdateRequest, export_tensors
+from contract.net import free_port
 from contract.redis_schema import Keys
 from contract.registry import ServerInfo, read_registry
 from contract.weight_transport import (
@@ -67,14 +68,6 @@ class BroadcastReport:
     ipc_servers: list[str] = field(default_factory=list)  # ids reached by CUDA IPC handles
     rejected: list[str] = field(default_factory=list)  # registry entries that did not verify
     error: str = ""  # why the push failed before reaching any server (e.g. Redis down)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -128,7 +121,7 @@ class BroadcastSync:
         if not servers:
             return True
         self.epoch += 1
-        port = _free_port()
+        port = free_port("")  # the TCPStore: servers on other hosts connect
         world = 1 + sum(s.ranks for s in servers)
         store = host_store(self.master_addr, port, self.timeout_s)
         futures: list[tuple[ServerInfo, Future[httpx.Response]]] = []

@@ -35,6 +35,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from contract.net import free_port  # noqa: E402
+
 TOLERANCE = 1e-4
 API_KEY, ADMIN_KEY = "gpu-check-api", "gpu-check-admin"
 
@@ -92,14 +94,6 @@ def _importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Processes:
     """Child processes, all stopped on exit (terminate, then kill)."""
 
@@ -149,7 +143,7 @@ def start_stack(procs: Processes, run_dir: Path, devices: dict[str, str], dtype:
 
     from server.tiny_model import make_tiny_model
 
-    redis_port, port = _free_port(), _free_port()
+    redis_port, port = free_port(), free_port()
     procs.start("redis", [require_parts(), "--port", str(redis_port), "--save", "",
                           "--appendonly", "no", "--dir", str(run_dir)])
     redis_url = f"redis://127.0.0.1:{redis_port}/0"

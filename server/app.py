@@ -3,7 +3,8 @@
 ``create_app(settings)`` builds the app; everything with a lifetime (the engine, the Redis
 pool, the store, the sweeper and the registry heartbeat) is created in ``lifespan`` and put
 on ``app.state``, in that order, and torn down in reverse. Routes reach it through the
-``Annotated`` dependencies of ``server.deps``.
+``Annotated`` dependencies of ``server.deps``; the sampling routes share one
+``SamplingService`` (``app.state.sampling``).
 
 Route guards: ``/health`` and ``/metrics`` are open; every ``/v1`` route requires the API key
 (when one is set); ``/admin`` routes (weights) require the separate admin key.
@@ -37,6 +38,7 @@ from server.errors import install_error_handlers
 from server.limits import check_request_json
 from server.metrics import RequestMetricsMiddleware, ServerMetrics
 from server.routes import admin, chat, completions, groups, health, metrics, rewards, rollouts
+from server.sampling_service import SamplingService
 from server.settings import ServerSettings
 from server.store import make_redis
 
@@ -109,6 +111,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.tokenizer = load_tokenizer(engine)
         warm_chat_encoders(app.state.tokenizer)
         app.state.token_texts = TokenTexts(app.state.tokenizer)
+        app.state.sampling = SamplingService(engine, store, app.state.tokenizer,
+                                             app.state.token_texts, settings, app.state.metrics)
         tasks.append(asyncio.create_task(store.run_sweeper(settings.sweep_interval_s)))
         info = ServerInfo(server_id=settings.server_id, url=advertised_url(settings),
                           engine=engine.name, model=settings.model_name,

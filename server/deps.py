@@ -21,11 +21,14 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
+from redis.asyncio import Redis
 
-from server.chat import TokenTexts
+from contract.redis_schema import Keys
+from server.admission import ReadyQueueGate
 from server.engines.base import Engine
 from server.errors import APIError
 from server.metrics import ServerMetrics
+from server.sampling_service import SamplingService
 from server.settings import ServerSettings
 from server.store import RolloutStore
 
@@ -45,12 +48,26 @@ async def get_store(request: Request) -> RolloutStore:
     return request.app.state.store
 
 
-async def get_tokenizer(request: Request) -> Any:
-    return request.app.state.tokenizer
+async def get_sampling(request: Request) -> SamplingService:
+    return request.app.state.sampling
 
 
-async def get_token_texts(request: Request) -> TokenTexts:
-    return request.app.state.token_texts
+async def get_redis(request: Request) -> Redis:
+    return request.app.state.redis
+
+
+async def get_keys(request: Request) -> Keys:
+    return request.app.state.keys
+
+
+async def get_ready_gate(request: Request) -> ReadyQueueGate | None:
+    """The ready-queue bound, or None in an app that does not bound it."""
+    return getattr(request.app.state, "ready_gate", None)
+
+
+async def get_optional_tokenizer(request: Request) -> Any | None:
+    """The tokenizer, or None in an app that serves only the queue (rewards and groups)."""
+    return getattr(request.app.state, "tokenizer", None)
 
 
 async def get_metrics(request: Request) -> ServerMetrics:
@@ -60,8 +77,11 @@ async def get_metrics(request: Request) -> ServerMetrics:
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 StoreDep = Annotated[RolloutStore, Depends(get_store)]
-TokenizerDep = Annotated[Any, Depends(get_tokenizer)]
-TokenTextsDep = Annotated[TokenTexts, Depends(get_token_texts)]
+SamplingDep = Annotated[SamplingService, Depends(get_sampling)]
+RedisDep = Annotated[Redis, Depends(get_redis)]
+KeysDep = Annotated[Keys, Depends(get_keys)]
+ReadyGateDep = Annotated[ReadyQueueGate | None, Depends(get_ready_gate)]
+OptionalTokenizerDep = Annotated[Any | None, Depends(get_optional_tokenizer)]
 MetricsDep = Annotated[ServerMetrics, Depends(get_metrics)]
 
 

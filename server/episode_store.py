@@ -3,7 +3,8 @@ their reward.
 
 An episode is a rollout whose record (``Keys.rollout``) is the token trajectory so far, plus a
 small hash (``Keys.episode``) with what the next turn must be checked against (see
-``contract.redis_schema``). Every change is one Lua script, so it is atomic:
+``contract.redis_schema``). Every change is one Lua script (``server.store_scripts``), so it
+is atomic:
 
 - ``open_episodes``: the group (``RolloutStore.create_group``), then in one script its
   ``size`` empty rollouts (no tokens, no turns) and their episode hashes. A process that dies
@@ -46,119 +47,17 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
-from contract.redis_schema import Keys, RolloutRecord, pack_rollout, unpack_rollout
-from server.errors import APIError
-from server.store import QueueConfig, RewardItem, RewardsOutcome, RolloutStore, StoreError
-
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-"""
-
-# KEYS: group, group rollouts. ARGV: group_id, rollout_ttl, r_head, r_tail, m_head, m_tail,
-# e_head, e_tail, then pairs (rollout_id, packed empty record). Returns ok | unknown_group |
-# group_closed | group_full.
-OPEN_EPISODES = _NOW + """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 'unknown_group' end
-if state ~= 'open' then return 'group_closed' end
-local n = (#ARGV - 8) / 2
-if redis.call('LLEN', KEYS[2]) + n > tonumber(redis.call('HGET', KEYS[1], 'size')) then
-  return 'group_full'
-end
-local group_exp = redis.call('EXPIRETIME', KEYS[1])
-local exp = math.max(math.ceil(now + tonumber(ARGV[2])), group_exp)
-for i = 9, #ARGV, 2 do
-  local rid = ARGV[i]
-  local ek = ARGV[7] .. rid .. ARGV[8]
-  redis.call('RPUSH', KEYS[2], rid)
-  redis.call('SET', ARGV[3] .. rid .. ARGV[4], ARGV[i + 1], 'EXAT', exp)
-  redis.call('SET', ARGV[5] .. rid .. ARGV[6], ARGV[1], 'EXAT', exp)
-  redis.call('HSET', ek, 'group_id', ARGV[1], 'n_turns', 0)
-  redis.call('EXPIREAT', ek, exp)
-end
-redis.call('EXPIREAT', KEYS[2], group_exp)
-return 'ok'
-"""
-
-# KEYS: episode, rollout, rollout->group. ARGV: rollout_id, g_head, g_tail, w_head, w_tail.
-# Returns {status, group_id, n_turns, state}; status ok | unknown | not_episode | finished |
-# group_closed:<state> | group_gone. The record is read by a GET in the same MULTI/EXEC.
-LOAD_EPISODE = """
-local ep = redis.call('HMGET', KEYS[1], 'group_id', 'n_turns', 'closed', 'state')
-if not ep[1] then
-  if redis.call('EXISTS', KEYS[3]) == 1 then return {'not_episode'} end
-  return {'unknown'}
-end
-local gid = ep[1]
-local gstate = redis.call('HGET', ARGV[2] .. gid .. ARGV[3], 'state')
-if ep[3] == '1' or redis.call('HEXISTS', ARGV[4] .. gid .. ARGV[5], ARGV[1]) == 1 then
-  return {'finished', gid}
-end
-if not gstate then return {'group_gone', gid} end
-if gstate ~= 'open' then return {'group_closed:' .. gstate, gid} end
-if redis.call('EXISTS', KEYS[2]) == 0 then return {'unknown'} end
-return {'ok', gid, ep[2], ep[4] or ''}
-"""
-
-# KEYS: episode, rollout, rollout->group, group, group rewards, rollout staging.
-# ARGV: rollout_id, expected n_turns, packed state, rollout_ttl.
-# Runs in one MULTI/EXEC after the SET of the new record to the staging key: renamed into
-# place when accepted, deleted otherwise. Returns ok | unknown | finished | group_gone |
-# group_closed | concurrent_turn | no_data.
-APPEND_TURN = _NOW + """
-local function refuse(why)
-  redis.call('DEL', KEYS[6])
-  return why
-end
-if redis.call('EXISTS', KEYS[6]) == 0 then return 'no_data' end
-local ep = redis.call('HMGET', KEYS[1], 'group_id', 'n_turns', 'closed')
-if not ep[1] then return refuse('unknown') end
-if ep[3] == '1' or redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
-  return refuse('finished')
-end
-local gstate = redis.call('HGET', KEYS[4], 'state')
-if not gstate then return refuse('group_gone') end
-if gstate ~= 'open' then return refuse('group_closed') end
-if ep[2] ~= ARGV[2] then return refuse('concurrent_turn') end
-local exp = math.max(math.ceil(now + tonumber(ARGV[4])), redis.call('EXPIRETIME', KEYS[4]))
-redis.call('RENAME', KEYS[6], KEYS[2])
-redis.call('EXPIREAT', KEYS[2], exp)
-redis.call('SET', KEYS[3], ep[1], 'EXAT', exp)
-redis.call('HSET', KEYS[1], 'n_turns', tonumber(ARGV[2]) + 1, 'state', ARGV[3])
-redis.call('EXPIREAT', KEYS[1], exp)
-return 'ok'
-"""
-
-# ARGV: e_head, e_tail, then pairs (rollout_id, number of turn rewards or -1 for none).
-# Checks every item; if all pass, closes every episode among them. Returns one status per
-# item: ok:<n_turns> | not_episode (a single-turn rollout or an unknown id: the reward script
-# decides) | single_turn (not an episode, but more than one turn reward) | episode_empty |
-# turns:<n_turns> (the count differs).
-CLOSE_EPISODES = """
-local out, ok = {}, true
-for i = 3, #ARGV, 2 do
-  local n = redis.call('HGET', ARGV[1] .. ARGV[i] .. ARGV[2], 'n_turns')
-  local want = tonumber(ARGV[i + 1])
-  local status = 'ok:' .. tostring(n)
-  if not n then
-    if want > 1 then status = 'single_turn' else status = 'not_episode' end
-  elseif tonumber(n) == 0 then status = 'episode_empty'
-  elseif want >= 0 and want ~= tonumber(n) then status = 'turns:' .. n end
-  if string.sub(status, 1, 3) ~= 'ok:' and status ~= 'not_episode' then ok = false end
-  out[#out + 1] = status
-end
-if ok then
-  for i = 3, #ARGV, 2 do
-    if string.sub(out[(i - 1) / 2], 1, 3) == 'ok:' then
-      local ek = ARGV[1] .. ARGV[i] .. ARGV[2]
-      redis.call('HSET', ek, 'closed', 1)
-      redis.call('HDEL', ek, 'state')
-    end
-  end
-end
-return out
-"""
+from contract.redis_schema import (
+    Keys,
+    RolloutRecord,
+    as_str,
+    key_template,
+    pack_rollout,
+    unpack_rollout,
+)
+from server.store import QueueConfig, RewardItem, RewardsOutcome, RolloutStore
+from server.store_errors import StoreError, StoreReason
+from server.store_scripts import APPEND_TURN, CLOSE_EPISODES, LOAD_EPISODE, OPEN_EPISODES
 
 
 @dataclass
@@ -208,17 +107,6 @@ class Episode:
     state: EpisodeState | None  # None before the first turn
 
 
-def _tpl(fn: Callable[[str], str]) -> list[str]:
-    """``Keys`` method -> [head, tail], so a script can build the key of an id it holds."""
-    mark = "\x00"
-    head, tail = fn(mark).split(mark)
-    return [head, tail]
-
-
-def _s(v: bytes | str | None) -> str:
-    return v.decode() if isinstance(v, bytes) else (v or "")
-
-
 def empty_record(rollout_id: str, group_id: str, metadata: dict[str, Any]) -> RolloutRecord:
     """An episode before its first turn: no tokens, no turns."""
     return RolloutRecord(
@@ -229,24 +117,30 @@ def empty_record(rollout_id: str, group_id: str, metadata: dict[str, Any]) -> Ro
 
 
 _LOAD_ERRORS = {
-    "unknown": (404, "unknown_episode", "unknown episode {rid!r} (never opened with POST "
-                "/v1/groups, or its records expired)"),
-    "not_episode": (409, "not_an_episode", "rollout {rid!r} is a single-turn rollout, not a "
-                    "multi-turn episode: open episodes with POST /v1/groups"),
-    "finished": (409, "episode_finished", "episode {rid!r} is finished: a reward was posted "
-                 "for it, so it takes no more turns"),
-    "group_gone": (410, "group_expired", "the group of episode {rid!r} expired"),
-    "group_closed": (410, "group_closed", "the group of episode {rid!r} no longer accepts "
-                     "turns (it was finalised or expired)"),
-    "concurrent_turn": (409, "concurrent_turn", "another turn of episode {rid!r} was recorded "
-                        "while this one was sampled: send one turn of an episode at a time"),
+    "unknown": (StoreReason.NOT_FOUND, "unknown_episode",
+                "unknown episode {rid!r} (never opened with POST /v1/groups, or its records "
+                "expired)"),
+    "not_episode": (StoreReason.CONFLICT, "not_an_episode",
+                    "rollout {rid!r} is a single-turn rollout, not a multi-turn episode: open "
+                    "episodes with POST /v1/groups"),
+    "finished": (StoreReason.CONFLICT, "episode_finished",
+                 "episode {rid!r} is finished: a reward was posted for it, so it takes no more "
+                 "turns"),
+    "group_gone": (StoreReason.GONE, "group_expired", "the group of episode {rid!r} expired"),
+    "group_closed": (StoreReason.GONE, "group_closed",
+                     "the group of episode {rid!r} no longer accepts turns (it was finalised "
+                     "or expired)"),
+    "concurrent_turn": (StoreReason.CONFLICT, "concurrent_turn",
+                        "another turn of episode {rid!r} was recorded while this one was "
+                        "sampled: send one turn of an episode at a time"),
 }
 
 
 def load_error(status: str, rollout_id: str) -> StoreError:
     code = status.split(":", 1)[0]
-    http, name, message = _LOAD_ERRORS.get(code, (409, code, "episode {rid!r}: " + code))
-    return StoreError(http, name, message.format(rid=rollout_id))
+    reason, name, message = _LOAD_ERRORS.get(
+        code, (StoreReason.CONFLICT, code, "episode {rid!r}: " + code))
+    return StoreError(reason, name, message.format(rid=rollout_id))
 
 
 class EpisodeStore(RolloutStore):
@@ -261,7 +155,7 @@ class EpisodeStore(RolloutStore):
         self._append = redis.register_script(APPEND_TURN)
         self._close = redis.register_script(CLOSE_EPISODES)
         k = keys
-        self._ep_tpl = {name: _tpl(fn) for name, fn in (
+        self._ep_tpl = {name: key_template(fn) for name, fn in (
             ("rollout", k.rollout), ("map", k.rollout_group), ("episode", k.episode),
             ("group", k.group), ("rewards", k.group_rewards))}
         self._ttl = math.ceil(config.rollout_ttl_s)
@@ -275,11 +169,11 @@ class EpisodeStore(RolloutStore):
         args: list[Any] = [group_id, self._ttl, *t["rollout"], *t["map"], *t["episode"]]
         for rid in rollout_ids:
             args += [rid, pack_rollout(empty_record(rid, group_id, record_metadata))]
-        res = _s(await self._open(
+        res = as_str(await self._open(
             keys=[self.keys.group(group_id), self.keys.group_rollouts(group_id)], args=args))
         if res != "ok":
-            raise StoreError(409, res, f"could not open the episodes of group {group_id!r}: "
-                                       f"{res}")
+            raise StoreError(StoreReason.CONFLICT, res,
+                             f"could not open the episodes of group {group_id!r}: {res}")
 
     async def _in_multi(self, script: AsyncScript, keys: list[str], args: list[Any],
                         before: Callable[[Any], None] = lambda pipe: None,
@@ -309,11 +203,11 @@ class EpisodeStore(RolloutStore):
             [k.episode(rollout_id), k.rollout(rollout_id), k.rollout_group(rollout_id)],
             [rollout_id, *t["group"], *t["rewards"]],
             after=lambda pipe: pipe.get(k.rollout(rollout_id)))
-        status = _s(res[0])
+        status = as_str(res[0])
         if status != "ok" or raw is None:
             raise load_error(status if status != "ok" else "unknown", rollout_id)
         state = EpisodeState.unpack(res[3]) if res[3] else None
-        return Episode(rollout_id=rollout_id, group_id=_s(res[1]), n_turns=int(res[2]),
+        return Episode(rollout_id=rollout_id, group_id=as_str(res[1]), n_turns=int(res[2]),
                        record=unpack_rollout(raw), state=state)
 
     async def commit_turn(self, episode: Episode, record: RolloutRecord,
@@ -327,8 +221,8 @@ class EpisodeStore(RolloutStore):
              k.group_rewards(gid), staging],
             [rid, episode.n_turns, state.pack(), self._ttl],
             before=lambda pipe: pipe.set(staging, pack_rollout(record), ex=300))
-        if _s(res) != "ok":
-            raise load_error(_s(res), rid)
+        if as_str(res) != "ok":
+            raise load_error(as_str(res), rid)
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
         """Closes the episodes among ``items`` (checking their turn counts), then stores the
@@ -343,32 +237,33 @@ class EpisodeStore(RolloutStore):
         args: list[Any] = [*self._ep_tpl["episode"]]
         for it in items:
             args += [it.rollout_id, -1 if it.turn_rewards is None else len(it.turn_rewards)]
-        statuses = [_s(s) for s in await self._close(keys=[], args=args)]
+        statuses = [as_str(s) for s in await self._close(keys=[], args=args)]
         if all(s.startswith("ok:") or s == "not_episode" for s in statuses):
             return [replace(it, n_turns=int(s[3:]) if s.startswith("ok:") else 1)
                     for it, s in zip(items, statuses, strict=True)]
         raise _close_error(items, statuses)
 
 
-def _close_error(items: Sequence[RewardItem], statuses: list[str]) -> APIError:
-    """The first failing item decides the status (422 wrong count, 409 empty episode); the
+def _close_error(items: Sequence[RewardItem], statuses: list[str]) -> StoreError:
+    """The first failing item decides the reason (invalid: wrong count, conflict: empty
+    episode); the
     details list every item, as the rewards route does for its own failures."""
     results = []
-    first: tuple[int, str, str] | None = None
+    first: tuple[StoreReason, str, str] | None = None
     for i, (it, st) in enumerate(zip(items, statuses, strict=True)):
         if st.startswith("turns:"):
             n = int(st.split(":", 1)[1])
             got = len(it.turn_rewards or [])
-            code, status = "turn_count_mismatch", 422
+            code, reason = "turn_count_mismatch", StoreReason.INVALID
             why = (f"{got} turn_rewards for an episode with {n} model turn(s): send one per "
                    "model turn, in order, or none")
         elif st == "single_turn":
-            code, status = "turn_count_mismatch", 422
+            code, reason = "turn_count_mismatch", StoreReason.INVALID
             why = (f"{len(it.turn_rewards or [])} turn_rewards for a rollout that is not a "
                    "multi-turn episode: a single-turn rollout has one model turn, send at "
                    "most one turn reward")
         elif st == "episode_empty":
-            code, status = "episode_empty", 409
+            code, reason = "episode_empty", StoreReason.CONFLICT
             why = ("the episode has no model turn yet: run at least one chat completion "
                    "with its rollout_id before posting its reward")
         else:
@@ -376,10 +271,10 @@ def _close_error(items: Sequence[RewardItem], statuses: list[str]) -> APIError:
             continue
         results.append({"rollout_id": it.rollout_id, "status": code})
         if first is None:
-            first = (status, code, (f"item {i} " if len(items) > 1 else "")
+            first = (reason, code, (f"item {i} " if len(items) > 1 else "")
                      + f"rollout {it.rollout_id!r}: {why}")
     assert first is not None
-    status, code, message = first
+    reason, code, message = first
     if len(items) > 1:
         message += "; nothing in this call was stored"
-    return APIError(status, message, code=code, details={"results": results})
+    return StoreError(reason, code, message, details={"results": results})

@@ -5,6 +5,8 @@ Every 4xx/5xx body is ``{"error": {"message": ..., "type": ..., "code": ...}}`` 
 same way. ``install_error_handlers(app)`` renders:
 
 - ``APIError`` raised by a route or a dependency, as is;
+- ``StoreError`` (the Redis layer's refusals, ``server.store_errors``) with the status its
+  reason maps to here: this module is the one place a storage outcome becomes an HTTP status;
 - request validation errors as 422 with the field path in the message, except malformed
   JSON, which is a 400 (the body is not JSON at all, nothing to validate);
 - bodies larger than ``max_body_bytes`` as 413, checked on ``Content-Length`` and while the
@@ -28,6 +30,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.store_errors import StoreError, StoreReason
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -45,6 +49,28 @@ _TYPE_BY_STATUS = {
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
+
+
+STORE_STATUS = {
+    StoreReason.NOT_FOUND: 404,
+    StoreReason.CONFLICT: 409,
+    StoreReason.GONE: 410,
+    StoreReason.INVALID: 422,
+    StoreReason.UNAVAILABLE: 503,
+}
+"""HTTP status of each reason the store refuses a request for."""
+
+REWARD_ITEM_STATUS = {"stored": 200, "duplicate": 200, "unknown_rollout": 404, "conflict": 409,
+                      "expired": 410, "closed": 410}
+"""HTTP status of one reward item's outcome (``RewardResult.status``; others: 200)."""
+
+
+def store_status(exc: StoreError) -> int:
+    return STORE_STATUS[exc.reason]
+
+
+def reward_item_status(status: str) -> int:
+    return REWARD_ITEM_STATUS.get(status, 200)
 
 
 class APIError(StarletteHTTPException):
@@ -78,6 +104,11 @@ class APIError(StarletteHTTPException):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def store_api_error(exc: StoreError) -> APIError:
+    """The ``APIError`` a store refusal renders as."""
+    return APIError(store_status(exc), exc.message, code=exc.code, details=exc.details)
 
 
 def error_response(status: int, message: str, code: str | None = None) -> JSONResponse:
@@ -155,6 +186,11 @@ async def _api_error_handler(request: Request, exc: Exception) -> JSONResponse:
     return exc.response()
 
 
+async def _store_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StoreError)
+    return store_api_error(exc).response()
+
+
 async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     return validation_error_response(exc)
@@ -191,6 +227,7 @@ def install_error_handlers(app: FastAPI, max_body_bytes: int = DEFAULT_MAX_BODY_
     """Registers the handlers above and the body size limit on ``app`` (before it starts)."""
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
     app.add_exception_handler(APIError, _api_error_handler)
+    app.add_exception_handler(StoreError, _store_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
     app.add_exception_handler(redis.exceptions.ConnectionError, _redis_down_handler)

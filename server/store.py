@@ -36,12 +36,18 @@ import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.credit import AdvantageConfig
-from contract.redis_schema import READY_STREAM_FIELD, Keys, RolloutRecord, pack_rollout
-from server.errors import APIError
+from contract.redis_schema import (
+    READY_STREAM_FIELD,
+    Keys,
+    RolloutRecord,
+    as_str,
+    key_template,
+    pack_rollout,
+)
+from server.store_errors import StoreError, StoreReason
 from server.store_finish import (
     Snapshot,
     decide_finish,
-    key_template,
     publish,
     read_snapshot,
 )
@@ -88,14 +94,6 @@ class QueueConfig(BaseModel):
     def advantage(self) -> AdvantageConfig:
         """The credit rule's config, recorded with each published group."""
         return AdvantageConfig(eps=self.advantage_eps, scale=self.scale_advantages)
-
-
-class StoreError(APIError):
-    """A request the store refuses; ``code`` is machine-readable, ``status`` the HTTP status.
-    An ``APIError``, so routes can let it propagate: it renders as the JSON error."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(status, message, code=code)
 
 
 @dataclass(frozen=True)
@@ -168,11 +166,7 @@ def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
     )
 
 
-def _s(v: bytes | str | None) -> str | None:
-    return v.decode() if isinstance(v, bytes) else v
-
-
-_CLOSED_STATUS = {"expired": ("expired", 410), "gone": ("expired", 410)}
+_CLOSED_STATUS = {"expired": "expired", "gone": "expired"}
 
 
 class RolloutStore:
@@ -201,9 +195,9 @@ class RolloutStore:
         self, group_id: str, size: int, metadata: dict[str, Any] | None = None
     ) -> None:
         """Opens a group of ``size`` rollouts. Idempotent for the same size (a retried
-        request); ``StoreError`` 409 if the id exists with another size."""
+        request); ``StoreError`` (conflict) if the id exists with another size."""
         if not 1 <= size <= self.config.max_group_size:
-            raise StoreError(422, "invalid_group_size",
+            raise StoreError(StoreReason.INVALID, "invalid_group_size",
                              f"group size must be in [1, {self.config.max_group_size}]")
         res = await self._create(
             keys=[self.keys.group(group_id), self.keys.deadlines, self.keys.counters],
@@ -211,7 +205,8 @@ class RolloutStore:
                   self._finished_ttl],
         )
         if int(res) < 0:
-            raise StoreError(409, "group_exists", f"group {group_id!r} exists with another size")
+            raise StoreError(StoreReason.CONFLICT, "group_exists",
+                             f"group {group_id!r} exists with another size")
 
     async def record_rollout(self, record: RolloutRecord) -> None:
         """Stores the rollout and appends its id to its group's list (once: recording the same
@@ -230,7 +225,7 @@ class RolloutStore:
         for gid, recs in by_group.items():
             results = await self._record_group(gid, recs)
             for rec, res in zip(recs, results, strict=True):
-                first_error = first_error or _record_error(_s(res), rec)
+                first_error = first_error or _record_error(as_str(res), rec)
         if first_error is not None:
             raise first_error
 
@@ -272,9 +267,9 @@ class RolloutStore:
         args += self._t_list
         statuses, gids, completed = await self._rewards(
             keys=[self.keys.counters, self.keys.complete, self.keys.deadlines], args=args)
-        by_rid = {rid: (_s(st) or "", _s(g) or None)
+        by_rid = {rid: (as_str(st), as_str(g) or None)
                   for rid, st, g in zip(packed, statuses, gids, strict=True)}
-        snapshots = {_s(c[0]) or "": Snapshot.from_script(c[1], c[2], c[3]) for c in completed}
+        snapshots = {as_str(c[0]): Snapshot.from_script(c[1], c[2], c[3]) for c in completed}
         applied = all(st in ("ok", "duplicate") for st, _ in by_rid.values())
         results = []
         for it in items:
@@ -317,11 +312,11 @@ class RolloutStore:
         )
         done = {"expired_finalised": len(due), "stuck_published": 0}
         for gid in due:
-            await self.finish_group(_s(gid) or "")
+            await self.finish_group(as_str(gid))
         secs, micros = await self.redis.time()
         now = secs + micros / 1e6
         async for raw in self.redis.sscan_iter(k.complete, count=500):
-            gid = _s(raw) or ""
+            gid = as_str(raw)
             completed_at = await self.redis.hget(k.group(gid), "completed_at")
             if completed_at is None:
                 await self.redis.srem(k.complete, gid)  # its keys expired: nothing to publish
@@ -355,35 +350,37 @@ class RolloutStore:
             h, rids, rewards = await pipe.execute()
         if not h:
             return None
-        h = {_s(a): _s(b) if a != b"metadata" else b for a, b in h.items()}
+        h = {as_str(a): as_str(b) if a != b"metadata" else b for a, b in h.items()}
         return GroupView(
             group_id=group_id, state=h["state"], size=int(h["size"]),
             n_rewarded=int(h.get("n_rewarded") or 0), created_at=float(h["created_at"]),
             deadline=float(h["deadline"]), metadata=msgpack.unpackb(h["metadata"]),
-            rollout_ids=[_s(r) or "" for r in rids],
-            rewards={_s(r) or "": msgpack.unpackb(v) for r, v in rewards.items()},
+            rollout_ids=[as_str(r) for r in rids],
+            rewards={as_str(r): msgpack.unpackb(v) for r, v in rewards.items()},
             partial=h.get("partial") == "1", stream_id=h.get("stream_id"),
             drop_reason=h.get("drop_reason"),
         )
 
     async def counters(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self.keys.counters)
-        return {_s(a) or "": int(b) for a, b in raw.items()}
+        return {as_str(a): int(b) for a, b in raw.items()}
 
 
 def _record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
     rid, gid = record.rollout_id, record.group_id
     errors = {
-        "unknown_group": (404, f"unknown group {gid!r}"),
-        "group_closed": (410, f"group {gid!r} no longer accepts rollouts"),
-        "rollout_rewarded": (409, f"rollout {rid!r} already has a reward"),
-        "rollout_in_other_group": (409, f"rollout {rid!r} belongs to another group"),
-        "group_full": (409, f"group {gid!r} already has all its rollouts"),
-        "no_data": (503, f"rollout {rid!r} was not staged (Redis lost it): retry"),
+        "unknown_group": (StoreReason.NOT_FOUND, f"unknown group {gid!r}"),
+        "group_closed": (StoreReason.GONE, f"group {gid!r} no longer accepts rollouts"),
+        "rollout_rewarded": (StoreReason.CONFLICT, f"rollout {rid!r} already has a reward"),
+        "rollout_in_other_group": (StoreReason.CONFLICT,
+                                   f"rollout {rid!r} belongs to another group"),
+        "group_full": (StoreReason.CONFLICT, f"group {gid!r} already has all its rollouts"),
+        "no_data": (StoreReason.UNAVAILABLE,
+                    f"rollout {rid!r} was not staged (Redis lost it): retry"),
     }
     if res in errors:
-        status, message = errors[res]
-        return StoreError(status, res, message)
+        reason, message = errors[res]
+        return StoreError(reason, res, message)
     return None
 
 
@@ -394,12 +391,5 @@ def _item_status(script_status: str, applied: bool) -> str:
         return "duplicate" if applied else "not_applied"
     if script_status.startswith("closed:"):
         state = script_status.split(":", 1)[1]
-        return _CLOSED_STATUS.get(state, ("closed", 410))[0]
+        return _CLOSED_STATUS.get(state, "closed")
     return script_status
-
-
-def status_http_code(status: str) -> int:
-    """HTTP status of one item's outcome."""
-    return {"stored": 200, "duplicate": 200, "unknown_rollout": 404, "conflict": 409,
-            "expired": 410, "closed": 410}.get(status, 200)
-

@@ -10,7 +10,6 @@ test checks it).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from contract.credit import AdvantageConfig, group_credit
-from contract.redis_schema import Keys
+from contract.redis_schema import Keys, as_str, key_template
 from server.store_scripts import FINISH_BOOKKEEPING
 
 if TYPE_CHECKING:
@@ -58,10 +57,6 @@ def ready_group_head(
     return head + packer.pack("rollouts") + packer.pack_array_header(len(rewards_G))
 
 
-def _str(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
-
-
 @dataclass(frozen=True)
 class Snapshot:
     """What deciding a complete group needs: its metadata, rollout ids in creation order and
@@ -74,8 +69,8 @@ class Snapshot:
     @classmethod
     def from_script(cls, metadata: bytes | None, rids: list[Any], flat: list[Any]) -> Snapshot:
         """From the reward script's reply (``HGETALL`` comes back as a flat list)."""
-        rewards = {_str(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
-        return cls(metadata or msgpack.packb({}), [_str(r) for r in rids], rewards)
+        rewards = {as_str(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+        return cls(metadata or msgpack.packb({}), [as_str(r) for r in rids], rewards)
 
 
 async def read_snapshot(redis: aioredis.Redis, keys: Keys, group_id: str) -> Snapshot | None:
@@ -89,8 +84,8 @@ async def read_snapshot(redis: aioredis.Redis, keys: Keys, group_id: str) -> Sna
         h, rids, rewards_raw = await pipe.execute()
     if h.get(b"state") != b"complete":
         return None
-    return Snapshot(h.get(b"metadata") or msgpack.packb({}), [_str(r) for r in rids],
-                    {_str(r): v for r, v in rewards_raw.items()})
+    return Snapshot(h.get(b"metadata") or msgpack.packb({}), [as_str(r) for r in rids],
+                    {as_str(r): v for r, v in rewards_raw.items()})
 
 
 def reward_turns(entry: dict[str, Any]) -> int:
@@ -165,14 +160,7 @@ async def publish(
                 continue  # someone else finished it, or it changed: look again
         if mode != "publish":
             return "dropped"
-        stream_id = _str(results[0])
+        stream_id = as_str(results[0])
         await redis.hset(gk, "stream_id", stream_id)  # informational (GET /v1/groups)
         return stream_id
     return None
-
-
-def key_template(fn: Callable[[str], str]) -> list[str]:
-    """``Keys`` method -> [head, tail], so that a script builds the key of an id it looked up
-    as ``head .. id .. tail`` (``Keys`` stays the only place that spells a key)."""
-    head, tail = fn("\x00").split("\x00")
-    return [head, tail]

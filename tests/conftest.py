@@ -14,11 +14,7 @@ from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from contract.net import free_port
 
 
 def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:

@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
+from server.errors import STORE_STATUS, store_status
 from server.store import (
     QueueConfig,
     RewardItem,
@@ -20,6 +21,7 @@ from server.store import (
     make_redis,
     pack_reward,
 )
+from server.store_errors import StoreReason
 from tests.queue_helpers import make_rollout, open_group
 
 KEYS = Keys()
@@ -47,11 +49,11 @@ def test_create_group_is_idempotent_and_checks_size(redis_url: str) -> None:
         await store.create_group("g", 4)  # a retried request
         with pytest.raises(StoreError) as e:
             await store.create_group("g", 5)
-        assert e.value.status == 409 and e.value.code == "group_exists"
+        assert store_status(e.value) == 409 and e.value.code == "group_exists"
         for bad in (0, -1, 5000):
             with pytest.raises(StoreError) as e:
                 await store.create_group(f"bad{bad}", bad)
-            assert e.value.status == 422
+            assert store_status(e.value) == 422
         view = await store.get_group("g")
         assert view is not None and view.state == "open" and view.metadata == {"a": 1}
         assert (await store.counters())["groups_created"] == 1
@@ -63,11 +65,11 @@ def test_record_rollout_errors_and_rerecording(redis_url: str) -> None:
     async def body(store: RolloutStore) -> None:
         with pytest.raises(StoreError) as e:
             await store.record_rollout(make_rollout("x", "nope"))
-        assert (e.value.status, e.value.code) == (404, "unknown_group")
+        assert (store_status(e.value), e.value.code) == (404, "unknown_group")
         ids = await open_group(store, "g", 2)
         with pytest.raises(StoreError) as e:
             await store.record_rollout(make_rollout("third", "g"))
-        assert (e.value.status, e.value.code) == (409, "group_full")
+        assert (store_status(e.value), e.value.code) == (409, "group_full")
         await store.create_group("h", 2)
         with pytest.raises(StoreError) as e:
             await store.record_rollout(make_rollout(ids[0], "h"))
@@ -78,11 +80,11 @@ def test_record_rollout_errors_and_rerecording(redis_url: str) -> None:
         await store.post_rewards([RewardItem(ids[0], 1.0)])
         with pytest.raises(StoreError) as e:
             await store.record_rollout(longer)
-        assert (e.value.status, e.value.code) == (409, "rollout_rewarded")
+        assert (store_status(e.value), e.value.code) == (409, "rollout_rewarded")
         await store.post_rewards([RewardItem(ids[1], 0.0)])  # completes and publishes "g"
         with pytest.raises(StoreError) as e:
             await store.record_rollout(make_rollout("late", "g"))
-        assert (e.value.status, e.value.code) == (410, "group_closed")
+        assert (store_status(e.value), e.value.code) == (410, "group_closed")
         ((_, data),) = await stream(store)
         assert len(unpack_ready_group(data).rollouts[0].token_ids) == 40
 
@@ -226,3 +228,25 @@ def test_record_rollouts_pipelined_and_after_a_script_flush(redis_url: str) -> N
         assert len(await stream(store)) == 1
 
     run(redis_url, body)
+
+
+STORE_MODULES = ("store", "store_errors", "store_finish", "store_scripts", "episode_store")
+
+
+def test_the_redis_layer_speaks_no_http() -> None:
+    """Storage errors carry a storage reason; only server.errors maps them to HTTP."""
+    import ast
+    from pathlib import Path
+
+    from starlette.exceptions import HTTPException
+
+    assert not issubclass(StoreError, HTTPException)
+    assert set(STORE_STATUS) == set(StoreReason)  # every reason has exactly one status
+    root = Path(__file__).resolve().parents[1] / "server"
+    for name in STORE_MODULES:
+        tree = ast.parse((root / f"{name}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+                     for a in n.names}
+        http = {m for m in imported if m and m.split(".")[0] in ("fastapi", "starlette")}
+        assert not http and "server.errors" not in imported, (name, http)

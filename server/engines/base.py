@@ -173,3 +173,22 @@ class Engine(abc.ABC):
     def leave_weight_group(self) -> None:
         self._weight_pg = None
         self._weight_epoch = None
+
+
+def validate_request(prompt: list[int], p: SamplingParams, vocab_size: int,
+                     max_model_len: int) -> None:
+    """Every engine's checks of a request, with one set of messages (ValueError: the server
+    answers 400): a non-empty prompt of in-vocabulary ids that leaves room for one new token,
+    at least one new token, sampling parameters in range."""
+    if not prompt:
+        raise ValueError("prompt_token_ids must not be empty")
+    if any(not 0 <= int(t) < vocab_size for t in prompt):
+        raise ValueError(f"prompt token ids must lie in [0, {vocab_size})")
+    if len(prompt) >= max_model_len:
+        raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is "
+                         f"{max_model_len} (prompt + at least one new token)")
+    if p.max_tokens < 1:
+        raise ValueError("max_tokens must be >= 1")
+    if p.temperature < 0 or not 0 < p.top_p <= 1 or p.top_k < 0 or p.top_logprobs < 0:
+        raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
+                         "top_logprobs >= 0")

@@ -39,7 +39,14 @@ from dataclasses import dataclass, field
 import torch
 
 from server.engines import hf_batch
-from server.engines.base import Completion, Engine, EngineStats, FinishReason, SamplingParams
+from server.engines.base import (
+    Completion,
+    Engine,
+    EngineStats,
+    FinishReason,
+    SamplingParams,
+    validate_request,
+)
 
 log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 120.0  # longest wait for a running step before pause / load_weights give up
@@ -181,7 +188,7 @@ class HFEngine(Engine):
     # ------------------------------------------------------------------ requests
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
-        self._validate(prompt_token_ids, params)
+        validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         gen = torch.Generator(device=self.device)
@@ -197,20 +204,6 @@ class HFEngine(Engine):
         except asyncio.CancelledError:
             req.cancelled = True  # the scheduler drops it before its next step
             raise
-
-    def _validate(self, prompt: list[int], p: SamplingParams) -> None:
-        if not prompt:
-            raise ValueError("prompt_token_ids must not be empty")
-        if any(not 0 <= int(t) < self.vocab_size for t in prompt):
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size})")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is "
-                             f"{self.max_model_len} (prompt + at least one new token)")
-        if p.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if p.temperature < 0 or not 0 < p.top_p <= 1 or p.top_k < 0 or p.top_logprobs < 0:
-            raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
-                             "top_logprobs >= 0")
 
     # ------------------------------------------------------------------ control
 

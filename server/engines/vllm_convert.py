@@ -99,20 +99,3 @@ def save_safetensors(items: list[tuple[str, torch.Tensor]], path: str) -> None:
     from safetensors.torch import save_file
 
     save_file({n: t.clone() for n, t in items}, path)
-
-
-def validate_request(prompt: list[int], p: SamplingParams, vocab_size: int,
-                     max_model_len: int) -> None:
-    """The hf engine's checks, with its messages (ValueError: the server answers 400)."""
-    if not prompt:
-        raise ValueError("prompt_token_ids must not be empty")
-    if any(not 0 <= int(t) < vocab_size for t in prompt):
-        raise ValueError(f"prompt token ids must lie in [0, {vocab_size})")
-    if len(prompt) >= max_model_len:
-        raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is "
-                         f"{max_model_len} (prompt + at least one new token)")
-    if p.max_tokens < 1:
-        raise ValueError("max_tokens must be >= 1")
-    if p.temperature < 0 or not 0 < p.top_p <= 1 or p.top_k < 0 or p.top_logprobs < 0:
-        raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
-                         "top_logprobs >= 0")

@@ -60,7 +60,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from server.engines.base import Completion, Engine, EngineStats, FinishReason, SamplingParams
+from server.engines.base import (
+    Completion,
+    Engine,
+    EngineStats,
+    FinishReason,
+    SamplingParams,
+    validate_request,
+)
 from server.engines.vllm_convert import (
     canonical,
     fused_siblings,
@@ -68,7 +75,6 @@ from server.engines.vllm_convert import (
     save_safetensors,
     shm_dir,
     take_delta,
-    validate_request,
     versions_per_token,
     vllm_params,
 )

@@ -8,26 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from pydantic import BaseModel
 
 from contract.cuda_ipc import IpcUpdateRequest
 from contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
+from server.deps import EngineDep
 from server.engines.base import Engine
 from server.error_docs import error_responses
 from server.errors import APIError
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])
-
-
-def _engine(request: Request) -> Engine:
-    return request.app.state.engine
-
-
-EngineDep = Annotated[Engine, Depends(_engine)]
 
 
 class VersionResponse(BaseModel):
@@ -38,6 +31,14 @@ class VersionResponse(BaseModel):
 class UpdateBody(UpdateRequest):
     timeout_s: float = 120.0
     """Upper bound for receiving every bucket."""
+
+
+def _refuse_stale(version: int, engine: Engine) -> None:
+    """409 for weights older than the loaded ones (equal: a retried round, loading again is
+    harmless)."""
+    if version < engine.policy_version:
+        raise APIError(409, f"version {version} is older than the loaded "
+                       f"{engine.policy_version}", "stale_version")
 
 
 @router.post("/weights/join", response_model=VersionResponse,
@@ -57,9 +58,7 @@ async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
              responses=error_responses(400, 401, 403, 409, 413, 422, 504))
 async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
     """Receive the tensors the learner broadcasts, load them, bump the policy version."""
-    if req.version < engine.policy_version:  # equal: a retried round, loading again is harmless
-        raise APIError(409, f"version {req.version} is older than the loaded "
-                       f"{engine.policy_version}", "stale_version")
+    _refuse_stale(req.version, engine)
     try:
         await asyncio.wait_for(engine.receive_weights(req, req.timeout_s),
                                timeout=req.timeout_s + 5)
@@ -83,9 +82,7 @@ async def transport(engine: EngineDep) -> TransportInfo:
              responses=error_responses(400, 401, 403, 409, 413, 422, 504))
 async def update_ipc(req: IpcUpdateRequest, engine: EngineDep) -> VersionResponse:
     """Load weights shared as CUDA IPC handles by a learner on this server's GPU."""
-    if req.version < engine.policy_version:
-        raise APIError(409, f"version {req.version} is older than the loaded "
-                       f"{engine.policy_version}", "stale_version")
+    _refuse_stale(req.version, engine)
     try:
         await asyncio.wait_for(engine.receive_ipc(req), timeout=req.timeout_s)
     except (ValueError, KeyError) as exc:  # names, shapes or plan wrong; engine not on CUDA

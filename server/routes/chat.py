@@ -1,9 +1,9 @@
 """``POST /v1/chat/completions``: OpenAI chat, with tool calls, recorded as a group of n.
 
 The multi-turn seam: ``chat_prompt`` turns a request into prompt token ids and
-``server.sampling.sample_group`` samples and records them as a new group. A multi-turn
+``SamplingService.sample`` samples and records them as a new group. A multi-turn
 episode (a request carrying the ``rollout_id`` of an episode opened with ``POST /v1/groups``)
-swaps these two (``server.episodes.episode_turn``): the prompt is the episode's token
+swaps these two (``SamplingService.episode_turn``): the prompt is the episode's token
 trajectory so far plus only the new messages' tokens, and the sample is appended to that
 rollout as one more turn instead of opening a group.
 """
@@ -25,39 +25,16 @@ from server.api_models import (
     FunctionCallOut,
     ToolCallOut,
 )
-from server.chat import (
-    TokenTexts,
-    approx_chars,
-    completion_text,
-    end_token_ids,
-    off_loop_if_large,
-)
+from server.chat import approx_chars, off_loop_if_large
 from server.chat import render_chat_prompt as render
-from server.deps import (
-    EngineDep,
-    MetricsDep,
-    SettingsDep,
-    StoreDep,
-    TokenizerDep,
-    TokenTextsDep,
-)
-from server.engines.base import Engine
-from server.episodes import episode_turn
+from server.deps import SamplingDep
 from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import chat_logprobs, usage
 from server.limits import check_chat_messages
 from server.parsers import AssistantParse, parse_assistant
-from server.sampling import (
-    GroupResult,
-    Sample,
-    check_model,
-    check_prompt_ids,
-    first_version,
-    plan_generation,
-    reject_unsupported,
-    sample_group,
-)
+from server.sampling import GroupResult, Sample, check_prompt_ids, reject_unsupported
+from server.sampling_service import SamplingService
 from server.settings import ServerSettings
 
 router = APIRouter(tags=["chat"])
@@ -102,9 +79,8 @@ def parsed_completion(text: str, body: ChatCompletionRequest, settings: ServerSe
                            tools=tools, template_kwargs=body.chat_template_kwargs)
 
 
-def _choice(index: int, sample: Sample, prompt_ids: list[int], tokenizer: Any,
-            texts: TokenTexts, engine: Engine, parsed: AssistantParse,
-            top_k: int | None) -> ChatChoice:
+def _choice(index: int, sample: Sample, prompt_ids: list[int], svc: SamplingService,
+            parsed: AssistantParse, top_k: int | None) -> ChatChoice:
     c = sample.completion
     tool_calls = [ToolCallOut(id=t.id, function=FunctionCallOut(name=t.name,
                                                                 arguments=t.arguments))
@@ -114,48 +90,39 @@ def _choice(index: int, sample: Sample, prompt_ids: list[int], tokenizer: Any,
         message=AssistantMessage(content=parsed.content, reasoning_content=parsed.reasoning,
                                  tool_calls=tool_calls),
         finish_reason="tool_calls" if tool_calls else c.finish_reason,
-        logprobs=chat_logprobs(texts, c, top_k) if top_k is not None else None,
+        logprobs=chat_logprobs(svc.texts, c, top_k) if top_k is not None else None,
         rollout_id=sample.rollout_id, token_ids=c.token_ids, prompt_token_ids=prompt_ids,
-        policy_version=first_version(c, engine), policy_versions=c.policy_versions,
+        policy_version=svc.first_version(c), policy_versions=c.policy_versions,
     )
 
 
-def chat_response(result: GroupResult, body: ChatCompletionRequest, tokenizer: Any,
-                  texts: TokenTexts, engine: Engine, settings: ServerSettings,
+def chat_response(result: GroupResult, body: ChatCompletionRequest, svc: SamplingService,
                   with_tools: bool, top_k: int) -> ChatCompletionResponse:
     k = top_k if body.logprobs else None
-    stop_ids = end_token_ids(tokenizer)
-    choices = [_choice(i, s, result.prompt_token_ids, tokenizer, texts, engine,
-                       parsed_completion(completion_text(tokenizer, s.completion, stop_ids),
-                                         body, settings, with_tools), k)
+    stop_ids = svc.stop_token_ids()
+    choices = [_choice(i, s, result.prompt_token_ids, svc,
+                       parsed_completion(svc.text(s.completion, stop_ids), body, svc.settings,
+                                         with_tools), k)
                for i, s in enumerate(result.samples)]
     return ChatCompletionResponse(id=f"chatcmpl-{result.group_id}", created=int(time.time()),
-                                  model=settings.model_name, choices=choices,
+                                  model=svc.settings.model_name, choices=choices,
                                   usage=usage(result), group_id=result.group_id)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              dependencies=[Depends(admit_new_group)],
              responses=error_responses(*V1_POST, 404, 409, 410, 501))
-async def chat_completions(
-    body: ChatCompletionRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
-    tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,
-) -> ChatCompletionResponse:
+async def chat_completions(body: ChatCompletionRequest,
+                           svc: SamplingDep) -> ChatCompletionResponse:
     """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group."""
-    check_model(body.model, settings)
+    svc.check_model(body.model)
     check_chat_messages(body.messages)
     with_tools, top_k = check_chat_options(body)
     if body.rollout_id is not None:  # one more turn of a multi-turn episode
-        result = await episode_turn(body, store=store, engine=engine, tokenizer=tokenizer,
-                                    settings=settings, metrics=metrics, top_logprobs=top_k,
-                                    with_tools=with_tools)
-        return chat_response(result, body, tokenizer, texts, engine, settings, with_tools,
-                             top_k)
-    prompt_ids = await chat_prompt(body, tokenizer, settings)
-    plan = plan_generation(
-        body, prompt_token_ids=prompt_ids,
-        max_tokens=body.max_completion_tokens or body.max_tokens, top_logprobs=top_k,
-        stop_token_ids=end_token_ids(tokenizer), engine=engine, settings=settings,
-        route=ROUTE)
-    result = await sample_group(engine, store, plan, metrics, settings.server_id)
-    return chat_response(result, body, tokenizer, texts, engine, settings, with_tools, top_k)
+        result = await svc.episode_turn(body, top_logprobs=top_k, with_tools=with_tools)
+        return chat_response(result, body, svc, with_tools, top_k)
+    prompt_ids = await chat_prompt(body, svc.tokenizer, svc.settings)
+    result = await svc.sample(body, prompt_ids,
+                              max_tokens=body.max_completion_tokens or body.max_tokens,
+                              top_logprobs=top_k, route=ROUTE)
+    return chat_response(result, body, svc, with_tools, top_k)

@@ -14,26 +14,12 @@ from fastapi import APIRouter, Depends
 
 from server.admission import admit_new_group
 from server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
-from server.chat import completion_text, end_token_ids, off_loop_if_large
-from server.deps import (
-    EngineDep,
-    MetricsDep,
-    SettingsDep,
-    StoreDep,
-    TokenizerDep,
-    TokenTextsDep,
-)
+from server.chat import off_loop_if_large
+from server.deps import SamplingDep
 from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import completion_logprobs, usage
-from server.sampling import (
-    check_model,
-    check_prompt_ids,
-    first_version,
-    plan_generation,
-    reject_unsupported,
-    sample_group,
-)
+from server.sampling import check_prompt_ids, reject_unsupported
 
 router = APIRouter(tags=["completions"])
 ROUTE = "completions"
@@ -72,32 +58,27 @@ async def completion_prompt(prompt: Any, tokenizer: Any) -> list[int]:
 @router.post("/v1/completions", response_model=CompletionResponse,
              dependencies=[Depends(admit_new_group)],
              responses=error_responses(*V1_POST, 404))
-async def completions(
-    body: CompletionRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
-    tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,
-) -> CompletionResponse:
+async def completions(body: CompletionRequest, svc: SamplingDep) -> CompletionResponse:
     """Samples ``n`` continuations; each is recorded in Redis as one rollout of a group."""
-    check_model(body.model, settings)
+    svc.check_model(body.model)
     top_k = check_completion_options(body)
-    prompt_ids = await completion_prompt(body.prompt, tokenizer)
-    stop_ids = end_token_ids(tokenizer)
-    plan = plan_generation(body, prompt_token_ids=prompt_ids, max_tokens=body.max_tokens,
-                           top_logprobs=top_k, stop_token_ids=stop_ids, engine=engine,
-                           settings=settings, route=ROUTE)
-    result = await sample_group(engine, store, plan, metrics, settings.server_id)
+    prompt_ids = await completion_prompt(body.prompt, svc.tokenizer)
+    stop_ids = svc.stop_token_ids()
+    result = await svc.sample(body, prompt_ids, max_tokens=body.max_tokens,
+                              top_logprobs=top_k, route=ROUTE)
     choices = [
         CompletionChoice(
-            index=i, text=completion_text(tokenizer, s.completion, stop_ids),
+            index=i, text=svc.text(s.completion, stop_ids),
             finish_reason=s.completion.finish_reason,
-            logprobs=(completion_logprobs(texts, s.completion, top_k)
+            logprobs=(completion_logprobs(svc.texts, s.completion, top_k)
                       if body.logprobs is not None else None),
             rollout_id=s.rollout_id, token_ids=s.completion.token_ids,
             prompt_token_ids=result.prompt_token_ids,
-            policy_version=first_version(s.completion, engine),
+            policy_version=svc.first_version(s.completion),
             policy_versions=s.completion.policy_versions,
         )
         for i, s in enumerate(result.samples)
     ]
     return CompletionResponse(id=f"cmpl-{result.group_id}", created=int(time.time()),
-                              model=settings.model_name, choices=choices,
+                              model=svc.settings.model_name, choices=choices,
                               usage=usage(result), group_id=result.group_id)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.admission import admit_new_group
-from server.deps import MetricsDep, SettingsDep
+from server.deps import MetricsDep, OptionalTokenizerDep, SettingsDep, StoreDep
 from server.episodes import open_episode_group
 from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.limits import Metadata, check_group_size
-from server.routes.rewards import StoreDep
 from server.trajectory_view import TrajectoryOut, load_trajectories
 
 
@@ -93,7 +92,7 @@ async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
             responses=error_responses(401, 404, 422, 501, 503))
 async def get_group(
     group_id: Annotated[str, Path(min_length=1, max_length=256)], store: StoreDep,
-    request: Request,
+    tokenizer: OptionalTokenizerDep,
     include: Annotated[Literal["tokens"] | None, Query(
         description="'tokens': each rollout's trajectory (token ids, loss mask, log-probs, "
                     "versions, turns with decoded text, advantage once published)")] = None,
@@ -105,7 +104,6 @@ async def get_group(
                        code="unknown_group")
     trajectories = {}
     if include == "tokens":  # the tokenizer only then: a queue-only app has none
-        tokenizer = getattr(request.app.state, "tokenizer", None)
         if tokenizer is None:
             raise APIError(501, "this server has no tokenizer to decode trajectories",
                            code="tokens_unsupported")

@@ -12,11 +12,13 @@ import asyncio
 from typing import Literal
 
 import redis.exceptions
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from redis.asyncio import Redis
 
-from server.deps import EngineDep, SettingsDep
+from contract.redis_schema import Keys
+from server.deps import EngineDep, KeysDep, RedisDep, SettingsDep
 
 router = APIRouter(tags=["health"])
 REDIS_PING_TIMEOUT_S = 1.0
@@ -39,8 +41,9 @@ class HealthResponse(BaseModel):
 @router.get("/health", response_model=HealthResponse,
             responses={503: {"model": HealthResponse,
                              "description": "Redis unreachable or refusing writes"}})
-async def health(request: Request, settings: SettingsDep, engine: EngineDep) -> JSONResponse:
-    redis_state = await _probe_redis(request, settings.server_id)
+async def health(settings: SettingsDep, engine: EngineDep, redis: RedisDep,
+                 keys: KeysDep) -> JSONResponse:
+    redis_state = await _probe_redis(redis, keys, settings.server_id)
     redis_ok = redis_state == "ok"
     stats = engine.stats()
     body = HealthResponse(
@@ -53,10 +56,9 @@ async def health(request: Request, settings: SettingsDep, engine: EngineDep) -> 
     return JSONResponse(body.model_dump(), status_code=200 if redis_ok else 503)
 
 
-async def _probe_redis(request: Request, server_id: str) -> RedisState:
+async def _probe_redis(client: Redis, keys: Keys, server_id: str) -> RedisState:
     """"ok", "out_of_memory" (writes refused) or "unreachable"."""
-    client = request.app.state.redis
-    key = f"{request.app.state.keys.prefix}:server:{server_id}:health"
+    key = f"{keys.prefix}:server:{server_id}:health"
     try:
         await asyncio.wait_for(client.set(key, b"1", px=PROBE_TTL_MS), REDIS_PING_TIMEOUT_S)
     except redis.exceptions.OutOfMemoryError:

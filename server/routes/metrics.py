@@ -7,17 +7,16 @@ import asyncio
 import contextlib
 
 import redis.exceptions
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.deps import EngineDep, MetricsDep
+from server.deps import EngineDep, MetricsDep, ReadyGateDep
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", response_class=Response)
-async def metrics(request: Request, metrics: MetricsDep, engine: EngineDep) -> Response:
-    gate = getattr(request.app.state, "ready_gate", None)
+async def metrics(metrics: MetricsDep, engine: EngineDep, gate: ReadyGateDep) -> Response:
     if gate is not None:
         # The queue depth is read from Redis: /metrics still answers while Redis is down.
         with contextlib.suppress(TimeoutError, redis.exceptions.RedisError, OSError):

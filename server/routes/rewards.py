@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from server.deps import StoreDep
 from server.error_docs import V1_POST, error_responses
-from server.errors import APIError
-from server.store import RewardItem, RolloutStore, status_http_code
+from server.errors import APIError, reward_item_status
+from server.store import RewardItem
 
 MAX_REWARDS_PER_CALL = 1024
 MAX_TURNS = 4096
@@ -38,15 +39,6 @@ MAX_ABS_REWARD = 1e9  # far beyond any real reward; keeps the group's std finite
 FiniteFloat = Annotated[
     float, Field(strict=True, allow_inf_nan=False, ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD)
 ]
-
-
-async def get_store(request: Request) -> RolloutStore:
-    """The store created in the app's lifespan (``app.state.store``). ``async``: FastAPI
-    runs a plain ``def`` dependency in a worker thread, a costly hop for an attribute read."""
-    return request.app.state.store
-
-
-StoreDep = Annotated[RolloutStore, Depends(get_store)]
 
 
 class RewardIn(BaseModel):
@@ -122,7 +114,7 @@ async def post_rewards(body: RewardsBody, store: StoreDep) -> RewardsOut:
             message += f" (and {len(failed) - 1} more failing item(s))"
         if len(results) > 1:
             message += "; nothing in this call was stored"
-        raise APIError(status_http_code(first.status), message, code=first.status,
+        raise APIError(reward_item_status(first.status), message, code=first.status,
                        details={"results": [r.model_dump() for r in results]})
     return RewardsOut(
         results=results,

@@ -14,32 +14,13 @@ from fastapi import APIRouter, Depends
 
 from server.admission import admit_new_group
 from server.api_models import RolloutOut, RolloutRequest, RolloutResponse
-from server.chat import (
-    approx_chars,
-    completion_text,
-    end_token_ids,
-    off_loop_if_large,
-    render_chat_prompt,
-)
-from server.deps import (
-    EngineDep,
-    MetricsDep,
-    SettingsDep,
-    StoreDep,
-    TokenizerDep,
-    TokenTextsDep,
-)
+from server.chat import approx_chars, off_loop_if_large, render_chat_prompt
+from server.deps import SamplingDep
 from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import rollout_top_logprobs, usage
 from server.limits import check_chat_messages
-from server.sampling import (
-    check_model,
-    check_prompt_ids,
-    first_version,
-    plan_generation,
-    sample_group,
-)
+from server.sampling import check_prompt_ids
 from server.settings import ServerSettings
 
 router = APIRouter(tags=["rollouts"])
@@ -75,30 +56,25 @@ async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
 @router.post("/v1/rollouts", response_model=RolloutResponse,
              dependencies=[Depends(admit_new_group)],
              responses=error_responses(*V1_POST, 404))
-async def rollouts(
-    body: RolloutRequest, settings: SettingsDep, engine: EngineDep, store: StoreDep,
-    tokenizer: TokenizerDep, texts: TokenTextsDep, metrics: MetricsDep,
-) -> RolloutResponse:
+async def rollouts(body: RolloutRequest, svc: SamplingDep) -> RolloutResponse:
     """Samples a group of ``n`` rollouts of one prompt and records it in Redis."""
-    check_model(body.model, settings)
-    prompt_ids = await rollout_prompt(body, tokenizer, settings)
-    stop_ids = end_token_ids(tokenizer)
-    plan = plan_generation(body, prompt_token_ids=prompt_ids, max_tokens=body.max_tokens,
-                           top_logprobs=body.top_logprobs, stop_token_ids=stop_ids,
-                           engine=engine, settings=settings, route=ROUTE)
-    result = await sample_group(engine, store, plan, metrics, settings.server_id)
+    svc.check_model(body.model)
+    prompt_ids = await rollout_prompt(body, svc.tokenizer, svc.settings)
+    stop_ids = svc.stop_token_ids()
+    result = await svc.sample(body, prompt_ids, max_tokens=body.max_tokens,
+                              top_logprobs=body.top_logprobs, route=ROUTE)
     out = [
         RolloutOut(
-            rollout_id=s.rollout_id, text=completion_text(tokenizer, s.completion, stop_ids),
+            rollout_id=s.rollout_id, text=svc.text(s.completion, stop_ids),
             token_ids=s.completion.token_ids, logprobs=s.completion.logprobs,
-            policy_version=first_version(s.completion, engine),
+            policy_version=svc.first_version(s.completion),
             policy_versions=s.completion.policy_versions,
             finish_reason=s.completion.finish_reason,
-            top_logprobs=(rollout_top_logprobs(texts, s.completion, body.top_logprobs)
+            top_logprobs=(rollout_top_logprobs(svc.texts, s.completion, body.top_logprobs)
                           if body.top_logprobs else None),
         )
         for s in result.samples
     ]
-    return RolloutResponse(group_id=result.group_id, model=settings.model_name,
+    return RolloutResponse(group_id=result.group_id, model=svc.settings.model_name,
                            prompt_token_ids=result.prompt_token_ids, rollouts=out,
                            usage=usage(result))

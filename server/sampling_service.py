@@ -1,0 +1,75 @@
+"""The sampling service: what the chat, completions and rollouts routes share.
+
+Each of those routes runs the same pipeline: check the model name, turn the request into
+prompt token ids (the one step that differs per route), plan the generation, sample ``n``
+completions and record them as a group. The service holds the six objects that pipeline
+needs (engine, store, tokenizer, token texts, settings, metrics); it is built once in the
+app's lifespan (``app.state.sampling``) and a route asks for it alone (``SamplingDep``), the
+way vLLM's OpenAI layer gives each resource one serving object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from server.api_models import ChatCompletionRequest, SamplingFields
+from server.chat import TokenTexts, completion_text, end_token_ids
+from server.engines.base import Completion, Engine
+from server.episodes import episode_turn
+from server.metrics import ServerMetrics
+from server.sampling import (
+    GroupResult,
+    check_model,
+    first_version,
+    plan_generation,
+    sample_group,
+)
+from server.settings import ServerSettings
+from server.store import RolloutStore
+
+
+@dataclass(frozen=True)
+class SamplingService:
+    """One per app; every method is safe to call from concurrent requests."""
+
+    engine: Engine
+    store: RolloutStore
+    tokenizer: Any
+    texts: TokenTexts
+    settings: ServerSettings
+    metrics: ServerMetrics
+
+    def check_model(self, requested: str | None) -> None:
+        """404 for a model this server does not serve."""
+        check_model(requested, self.settings)
+
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """EOS and end-of-turn ids (``server.chat.end_token_ids``)."""
+        return end_token_ids(self.tokenizer)
+
+    async def sample(self, body: SamplingFields, prompt_ids: list[int], *,
+                     max_tokens: int | None, top_logprobs: int, route: str) -> GroupResult:
+        """Plans ``body``'s generation over ``prompt_ids``, samples it, records the group."""
+        plan = plan_generation(
+            body, prompt_token_ids=prompt_ids, max_tokens=max_tokens,
+            top_logprobs=top_logprobs, stop_token_ids=self.stop_token_ids(),
+            engine=self.engine, settings=self.settings, route=route)
+        return await sample_group(self.engine, self.store, plan, self.metrics,
+                                  self.settings.server_id)
+
+    async def episode_turn(self, body: ChatCompletionRequest, *, top_logprobs: int,
+                           with_tools: bool) -> GroupResult:
+        """One more turn of the multi-turn episode ``body.rollout_id`` (``server.episodes``)."""
+        return await episode_turn(body, store=self.store, engine=self.engine,
+                                  tokenizer=self.tokenizer, settings=self.settings,
+                                  metrics=self.metrics, top_logprobs=top_logprobs,
+                                  with_tools=with_tools)
+
+    def text(self, completion: Completion, stop_ids: tuple[int, ...]) -> str:
+        """The completion's text as the client sees it (end tokens dropped)."""
+        return completion_text(self.tokenizer, completion, stop_ids)
+
+    def first_version(self, completion: Completion) -> int:
+        """The policy version that sampled the completion's first token."""
+        return first_version(completion, self.engine)
