@@ -5,7 +5,7 @@ map an option to its field's dotted path); its type, help text (the field's docs
 default come from the model, so the CLI cannot drift from the fields. Importing the models
 costs seconds (torch, redis), too much for every ``gspo`` call, so ``generate()`` writes what
 the CLI needs to ``gspo/cli_options.json``; the CLI reads only that file, and
-tests/test_cli_options.py fails when it is not what the models generate now:
+tests/unit/test_cli_options.py fails when it is not what the models generate now:
 
     .venv/bin/python -m gspo.cli_options      # regenerate after changing a field
 

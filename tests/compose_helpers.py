@@ -1,7 +1,7 @@
 """Reading docker-compose.yml the way `docker compose` does, without a Docker engine.
 
-No Docker engine is needed by the test suite, so tests/test_compose.py checks the file by
-parsing it: ``${VAR}`` interpolation from a dotenv file (the Compose Specification's rules),
+No Docker engine is needed by the test suite, so tests/integration/test_compose.py checks the
+file by parsing it: ``${VAR}`` interpolation from a dotenv file (the Compose Specification's rules),
 short and long volume syntax, profiles, and the ``gspo`` command line inside each service.
 """
 

@@ -1,5 +1,5 @@
-"""Run under ``torchrun`` by ``tests/test_learner_fsdp.py``: the learner with a ``WeightSync``
-that writes each pushed weight set to ``OUT/v<version>.safetensors``, exactly the
+"""Run under ``torchrun`` by ``tests/integration/test_learner_fsdp.py``: the learner with a
+``WeightSync`` that writes each pushed weight set to ``OUT/v<version>.safetensors``, exactly the
 ``(name, tensor)`` list ``BroadcastSync`` would send (``named_weights``), so the test can
 check what a push carries without rollout servers.
 

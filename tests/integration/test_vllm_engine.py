@@ -80,7 +80,7 @@ def test_logprob_parity_with_concurrent_requests(stack: Stack) -> None:
 def test_top_p_top_k_logprobs_are_the_learners(stack: Stack) -> None:
     """top_p = 0.9 / top_k = 20: vLLM's processed log-probs equal the learner's
     (``contract.sampling_dist.sampled_logprobs`` on the reference weights) within the
-    untruncated tolerance, as the hf engine's do (tests/test_sampling_dist.py)."""
+    untruncated tolerance, as the hf engine's do (tests/integration/test_sampling_dist.py)."""
     cuts = [(0.9, 20), (0.9, 0), (1.0, 20), (0.9, 20)]
     reqs = [(prompt, SamplingParams(max_tokens=16, temperature=0.8, top_p=p, top_k=k, seed=i))
             for i, (prompt, (p, k)) in enumerate(zip(PROMPTS, cuts, strict=True))]

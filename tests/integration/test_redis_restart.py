@@ -19,7 +19,7 @@ from tests.conftest import RedisServer, free_port, wait_for_port
 from tests.queue_helpers import ApiServer, open_group, publish_groups
 
 KEYS = Keys()
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def post_until_stored(client: httpx.AsyncClient, rid: str, reward: float,

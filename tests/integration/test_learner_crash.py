@@ -28,7 +28,7 @@ import redis
 from contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys, RolloutRecord
 from learner.metrics import trained_history
 from server.store import RewardItem, RolloutStore, make_redis
-from tests.test_learner_loop import _spawn, _toml
+from tests.integration.test_learner_loop import _spawn, _toml
 
 KEYS = Keys()
 N_GROUPS = 48

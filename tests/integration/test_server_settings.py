@@ -21,7 +21,7 @@ from server.settings import ServerSettings
 from tests.conftest import RedisServer, free_port
 from tests.serving import API_KEY, MODEL_NAME, running_server, serve_app
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_env_then_overrides(monkeypatch: pytest.MonkeyPatch) -> None:

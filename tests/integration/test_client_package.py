@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import RedisServer
 from tests.queue_helpers import ApiServer, open_group
 
-CLIENTS = Path(__file__).resolve().parent.parent / "clients"
+CLIENTS = Path(__file__).resolve().parents[2] / "clients"
 
 PROBE = textwrap.dedent("""
     import importlib.util, json, sys

@@ -42,7 +42,7 @@ from server.store import QueueConfig
 from tests.serving import API_KEY, MODEL_NAME, Served, running_server
 
 KEYS = Keys()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

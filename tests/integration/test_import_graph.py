@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # package -> top-level modules it must never import (at module level or inside a function)
 FORBIDDEN: dict[str, set[str]] = {

@@ -14,7 +14,7 @@ import torch
 
 from scripts.gpu_check import CheckFailed, plan, server_args
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_plan_follows_the_gpus() -> None:

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from learner.distributed import DistContext
 from learner.protocol import Gather, Idle, Resume, Stop, Train, receive, send
 
-LEARNER = Path(__file__).resolve().parent.parent / "learner"
+LEARNER = Path(__file__).resolve().parents[2] / "learner"
 SENT = [Resume("/ckpt/step-3"), Train(["g0", "g1"]), Idle(), Gather(True), Stop()]
 
 

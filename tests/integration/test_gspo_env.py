@@ -14,7 +14,7 @@ from clients.loading import load_environment
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, running_server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MY_ENV = '''
 import random
 from clients.environment import SingleTurnEnvironment

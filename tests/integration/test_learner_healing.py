@@ -213,7 +213,7 @@ def test_every_no_progress_state_is_warned_once_and_recorded(
 def test_gspo_learn_exits_75_with_a_message_when_redis_never_answers(tiny_model_dir,
                                                                      tmp_path):
     from tests.conftest import free_port
-    from tests.test_learner_loop import _spawn, _toml
+    from tests.integration.test_learner_loop import _spawn, _toml
 
     dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     toml = _toml(tmp_path, tiny_model_dir, dead, redis_retry_s=2)

@@ -242,7 +242,7 @@ def test_the_redis_layer_speaks_no_http() -> None:
 
     assert not issubclass(StoreError, HTTPException)
     assert set(STORE_STATUS) == set(StoreReason)  # every reason has exactly one status
-    root = Path(__file__).resolve().parents[1] / "server"
+    root = Path(__file__).resolve().parents[2] / "server"
     for name in STORE_MODULES:
         tree = ast.parse((root / f"{name}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
