@@ -21,11 +21,12 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field
 
 from contract.net import free_port
 from gspo.runlog import (
@@ -39,27 +40,37 @@ from gspo.runlog import (
 )
 
 
-@dataclass
-class UpConfig:
-    """Settings of one ``gspo up`` run (the CLI's flags)."""
+class UpConfig(BaseModel):
+    """Settings of one ``gspo up`` run (the CLI's flags). A pydantic model like
+    ``ServerSettings`` and ``LearnerConfig``: typed, validated, one docstring per field."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     run_dir: Path
-    model: str | None = None  # None: make a tiny model in the run directory
-    redis_url: str | None = None  # None: start a redis-server of our own
-    loss: str = "gspo"
-    max_steps: int = 300
-    groups_per_step: int = 4
-    group_size: int = 8
-    lr: float = 2e-3
-    max_staleness: int = 2
-    concurrency: int = 4  # groups sampled at the same time by the environment
-    minutes: float = 10.0  # hard wall-clock limit
-    target_reward: float | None = None  # stop once the last 32 sampled groups average this
+    """Where metrics, checkpoints, logs and the reward curve go."""
+    model: str | None = None
+    """Model directory; None: make a tiny model in the run directory."""
+    redis_url: str | None = None
+    """Redis to use; None: start a redis-server of our own."""
+    loss: Literal["gspo", "gspo_token", "grpo", "sapo"] = "gspo"
+    max_steps: int = Field(300, ge=1)
+    groups_per_step: int = Field(4, ge=1)
+    group_size: int = Field(8, ge=2)
+    lr: float = Field(2e-3, gt=0)
+    max_staleness: int = Field(2, ge=0)
+    concurrency: int = Field(4, ge=1)
+    """Groups sampled at the same time by the environment."""
+    minutes: float = Field(10.0, gt=0)
+    """Hard wall-clock limit."""
+    target_reward: float | None = None
+    """Stop once the last 32 sampled groups average this; None: train for max_steps."""
     seed: int = 0
-    device: str | None = None  # server and learner device (cpu, cuda, cuda:1); None: theirs
-    engine: str = "hf"
-    gpu_memory_utilization: float = 0.3  # vLLM's share when it shares the GPU with the learner
-    extra_learn_args: list[str] = field(default_factory=list)
+    device: str | None = None
+    """Server and learner device (cpu, cuda, cuda:1); None: theirs."""
+    engine: Literal["hf", "vllm"] = "hf"
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """vLLM's share of the GPU when it shares it with the learner."""
+    extra_learn_args: list[str] = Field(default_factory=list)
 
 
 @dataclass
