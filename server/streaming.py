@@ -86,8 +86,11 @@ def chat_chunks(resp: ChatCompletionResponse, with_usage: bool) -> Iterator[str]
     obj = "chat.completion.chunk"
     head = _head(resp, obj, with_usage)
     for c in resp.choices:
-        yield _sse({**head, "choices": [{"index": c.index, "delta": {
-            "role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+        # content "" as OpenAI sends it, None for a choice without content (tool calls): a
+        # client that joins the deltas then gets the non-streamed message's content.
+        role = {"role": "assistant", "content": "" if c.message.content is not None else None}
+        yield _sse({**head, "choices": [{"index": c.index, "delta": role, "logprobs": None,
+                                         "finish_reason": None}]})
         logprobs = c.logprobs.model_dump() if c.logprobs is not None else None
         yield _sse({**head, "choices": [{
             "index": c.index, "delta": _chat_delta(c.message), "logprobs": logprobs,
