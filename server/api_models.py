@@ -1,10 +1,10 @@
 """Request and response bodies of the sampling routes (OpenAI-compatible and native).
 
 OpenAI bodies ignore unknown fields (clients send many; vLLM does the same) but refuse the
-known ones whose meaning this server would silently change (``stream: true``, non-zero
-penalties, ``echo``); the checks that need the engine or the settings live in
-``server.sampling``. The native ``/v1/rollouts`` body forbids unknown fields: a typo there
-would otherwise train on the wrong settings.
+known ones whose meaning this server would silently change (non-zero penalties, ``echo``;
+``stream: true`` is served by ``server.streaming``); the checks that need the engine or the
+settings live in ``server.sampling``. The native ``/v1/rollouts`` body forbids unknown
+fields: a typo there would otherwise train on the wrong settings.
 
 Every choice carries extension fields for RL: ``token_ids``, ``prompt_token_ids``,
 ``rollout_id``, ``policy_version`` (the version that sampled the first token) and

@@ -225,14 +225,10 @@ def first_version(completion: Completion, engine: Engine) -> int:
         engine.policy_version)
 
 
-def reject_unsupported(*, stream: bool | None, presence_penalty: float | None,
-                       frequency_penalty: float | None, logit_bias: dict | None) -> None:
+def reject_unsupported(*, presence_penalty: float | None, frequency_penalty: float | None,
+                       logit_bias: dict | None) -> None:
     """OpenAI options this server does not implement: refused, never silently ignored (a
     penalty that is quietly dropped would make the samples differ from what was asked)."""
-    if stream:
-        raise APIError(400, "stream=true is not supported: send stream=false (or omit it); "
-                            "RL clients need the whole sample with its token ids anyway",
-                       code="stream_not_supported")
     for name, value in (("presence_penalty", presence_penalty),
                         ("frequency_penalty", frequency_penalty)):
         if value:

@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Depends
+from starlette.responses import StreamingResponse
 
 from server.admission import admit_new_group
 from server.api_models import (
@@ -36,6 +37,7 @@ from server.parsers import AssistantParse, parse_assistant
 from server.sampling import GroupResult, Sample, check_prompt_ids, reject_unsupported
 from server.sampling_service import SamplingService
 from server.settings import ServerSettings
+from server.streaming import SSE_RESPONSE_DOC, chat_chunks, include_usage, sse_response
 
 router = APIRouter(tags=["chat"])
 ROUTE = "chat"
@@ -43,7 +45,7 @@ ROUTE = "chat"
 
 def check_chat_options(body: ChatCompletionRequest) -> tuple[bool, int]:
     """Rejects what this server cannot honour; returns (parse tool calls?, top_logprobs)."""
-    reject_unsupported(stream=body.stream, presence_penalty=body.presence_penalty,
+    reject_unsupported(presence_penalty=body.presence_penalty,
                        frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias)
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", code="invalid_parameter")
@@ -111,18 +113,24 @@ def chat_response(result: GroupResult, body: ChatCompletionRequest, svc: Samplin
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              dependencies=[Depends(admit_new_group)],
-             responses=error_responses(*V1_POST, 404, 409, 410, 501))
+             responses={**error_responses(*V1_POST, 404, 409, 410, 501), **SSE_RESPONSE_DOC})
 async def chat_completions(body: ChatCompletionRequest,
-                           svc: SamplingDep) -> ChatCompletionResponse:
-    """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group."""
+                           svc: SamplingDep) -> ChatCompletionResponse | StreamingResponse:
+    """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group.
+    With ``stream: true`` the same response is sent as server-sent events once the group is
+    recorded (``server.streaming``)."""
     svc.check_model(body.model)
     check_chat_messages(body.messages)
     with_tools, top_k = check_chat_options(body)
+    with_usage = include_usage(body.stream_options) if body.stream else False
     if body.rollout_id is not None:  # one more turn of a multi-turn episode
         result = await svc.episode_turn(body, top_logprobs=top_k, with_tools=with_tools)
-        return chat_response(result, body, svc, with_tools, top_k)
-    prompt_ids = await chat_prompt(body, svc.tokenizer, svc.settings)
-    result = await svc.sample(body, prompt_ids,
-                              max_tokens=body.max_completion_tokens or body.max_tokens,
-                              top_logprobs=top_k, route=ROUTE)
-    return chat_response(result, body, svc, with_tools, top_k)
+    else:
+        prompt_ids = await chat_prompt(body, svc.tokenizer, svc.settings)
+        result = await svc.sample(body, prompt_ids,
+                                  max_tokens=body.max_completion_tokens or body.max_tokens,
+                                  top_logprobs=top_k, route=ROUTE)
+    response = chat_response(result, body, svc, with_tools, top_k)
+    if body.stream:
+        return sse_response(chat_chunks(response, with_usage))
+    return response

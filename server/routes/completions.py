@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Depends
+from starlette.responses import StreamingResponse
 
 from server.admission import admit_new_group
 from server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
@@ -20,6 +21,12 @@ from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import completion_logprobs, usage
 from server.sampling import check_prompt_ids, reject_unsupported
+from server.streaming import (
+    SSE_RESPONSE_DOC,
+    completion_chunks,
+    include_usage,
+    sse_response,
+)
 
 router = APIRouter(tags=["completions"])
 ROUTE = "completions"
@@ -27,7 +34,7 @@ ROUTE = "completions"
 
 def check_completion_options(body: CompletionRequest) -> int:
     """Rejects what this server cannot honour; returns the number of top log-probs."""
-    reject_unsupported(stream=body.stream, presence_penalty=body.presence_penalty,
+    reject_unsupported(presence_penalty=body.presence_penalty,
                        frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias)
     if body.echo:
         raise APIError(400, "echo=true is not supported: the response's prompt_token_ids "
@@ -57,11 +64,15 @@ async def completion_prompt(prompt: Any, tokenizer: Any) -> list[int]:
 
 @router.post("/v1/completions", response_model=CompletionResponse,
              dependencies=[Depends(admit_new_group)],
-             responses=error_responses(*V1_POST, 404))
-async def completions(body: CompletionRequest, svc: SamplingDep) -> CompletionResponse:
-    """Samples ``n`` continuations; each is recorded in Redis as one rollout of a group."""
+             responses={**error_responses(*V1_POST, 404), **SSE_RESPONSE_DOC})
+async def completions(body: CompletionRequest,
+                      svc: SamplingDep) -> CompletionResponse | StreamingResponse:
+    """Samples ``n`` continuations; each is recorded in Redis as one rollout of a group.
+    With ``stream: true`` the same response is sent as server-sent events once the group is
+    recorded (``server.streaming``)."""
     svc.check_model(body.model)
     top_k = check_completion_options(body)
+    with_usage = include_usage(body.stream_options) if body.stream else False
     prompt_ids = await completion_prompt(body.prompt, svc.tokenizer)
     stop_ids = svc.stop_token_ids()
     result = await svc.sample(body, prompt_ids, max_tokens=body.max_tokens,
@@ -79,6 +90,9 @@ async def completions(body: CompletionRequest, svc: SamplingDep) -> CompletionRe
         )
         for i, s in enumerate(result.samples)
     ]
-    return CompletionResponse(id=f"cmpl-{result.group_id}", created=int(time.time()),
-                              model=svc.settings.model_name, choices=choices,
-                              usage=usage(result), group_id=result.group_id)
+    response = CompletionResponse(id=f"cmpl-{result.group_id}", created=int(time.time()),
+                                  model=svc.settings.model_name, choices=choices,
+                                  usage=usage(result), group_id=result.group_id)
+    if body.stream:
+        return sse_response(completion_chunks(response, with_usage))
+    return response

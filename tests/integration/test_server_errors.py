@@ -68,7 +68,7 @@ CASES: list[tuple[str, Any, int, list[str]]] = [
     (COMPLETIONS, comp(temperature=0.0), 400, ["temperature 0", "greedy"]),
     (ROLLOUTS, {"prompt": "a", "temperature": 0}, 400, ["temperature 0", "greedy"]),
     (CHAT, chat(top_p=0), 422, ["top_p"]),
-    (CHAT, chat(stream=True), 400, ["stream"]),
+    (CHAT, chat(stream=True, stream_options={"include_usage": 1}), 400, ["include_usage"]),
     (CHAT, chat(presence_penalty=0.5), 400, ["presence_penalty"]),
     (CHAT, chat(logit_bias={"5": 1.0}), 400, ["logit_bias"]),
     (CHAT, chat(logprobs=True, top_logprobs=21), 400, ["top_logprobs 21", "20"]),
@@ -170,8 +170,9 @@ def test_openai_client_sees_typed_errors(served: Served) -> None:
         client.chat.completions.create(model="nope", messages=USER)
     with pytest.raises(openai.BadRequestError, match="limit of 8"):
         client.chat.completions.create(model=MODEL_NAME, messages=USER, n=20)
-    with pytest.raises(openai.BadRequestError, match="stream"):
-        client.chat.completions.create(model=MODEL_NAME, messages=USER, stream=True)
+    with pytest.raises(openai.BadRequestError, match="include_usage"):
+        client.chat.completions.create(model=MODEL_NAME, messages=USER, stream=True,
+                                       stream_options={"include_usage": 1})  # type: ignore
     bad = openai.OpenAI(base_url=served.v1, api_key="wrong", max_retries=0, timeout=30)
     with pytest.raises(openai.AuthenticationError):
         bad.completions.create(model=MODEL_NAME, prompt="x")

@@ -1,0 +1,219 @@
+"""``stream: true`` over real HTTP: uvicorn on a free port, the hf engine on the tiny model, a
+real redis-server, and the official ``openai`` client's streaming API.
+
+Checked: the chunks are OpenAI's (``chat.completion.chunk`` / ``text_completion``, deltas, a
+final chunk with ``finish_reason``, ``[DONE]``), the concatenated deltas are the non-streamed
+text for the same seed, the usage chunk comes when asked, the RL extension fields ride on each
+choice's final chunk, and a streamed completion is recorded in Redis exactly as a non-streamed
+one (same tokens, mask, behavior log-probabilities, versions).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from contract.redis_schema import Keys, RolloutRecord, unpack_rollout
+from tests.conftest import RedisServer
+from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+USER = [{"role": "user", "content": "count to five"}]
+SAMPLING: dict[str, Any] = dict(n=2, max_tokens=10, temperature=0.9, seed=11)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
+    with running_server(tiny_model_dir, redis_mod.url) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.v1, api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
+    keys = RedisKeys(redis_mod.url, Keys())
+    yield keys
+    keys.close()
+
+
+def stored(rkeys: RedisKeys, rollout_id: str) -> RolloutRecord:
+    raw = rkeys.get(rkeys.keys.rollout(rollout_id))
+    assert raw is not None, f"rollout {rollout_id} not in Redis"
+    return unpack_rollout(raw)
+
+
+def assert_same_record(a: RolloutRecord, b: RolloutRecord) -> None:
+    """Two records of the same sample (same seed): equal but for their ids and times."""
+    assert a.rollout_id != b.rollout_id and a.group_id != b.group_id
+    assert a.token_ids.tolist() == b.token_ids.tolist()
+    assert a.loss_mask.tolist() == b.loss_mask.tolist()
+    assert a.versions.tolist() == b.versions.tolist()
+    np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
+    assert (a.prompt_len, a.turns, a.finish_reason) == (b.prompt_len, b.turns, b.finish_reason)
+    assert (a.temperature, a.top_p, a.top_k) == (b.temperature, b.top_p, b.top_k)
+    assert a.metadata == b.metadata
+
+
+def by_choice(chunks: list[Any]) -> dict[int, list[Any]]:
+    out: dict[int, list[Any]] = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            out.setdefault(c.index, []).append(c)
+    return out
+
+
+def test_chat_stream_equals_non_streamed(client: openai.OpenAI, rkeys: RedisKeys) -> None:
+    plain = client.chat.completions.create(model=MODEL_NAME, messages=USER, logprobs=True,
+                                           top_logprobs=2, **SAMPLING)
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=USER,
+                                                 logprobs=True, top_logprobs=2, stream=True,
+                                                 **SAMPLING))
+    assert chunks and all(c.object == "chat.completion.chunk" for c in chunks)
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id != plain.id
+    assert all(c.usage is None for c in chunks), "no usage chunk unless asked"
+    group_id = chunks[0].model_extra["group_id"]
+    choices = by_choice(chunks)
+    assert sorted(choices) == [0, 1]
+    for i, want in enumerate(plain.choices):
+        parts = choices[i]
+        assert parts[0].delta.role == "assistant"
+        assert "".join(p.delta.content or "" for p in parts) == want.message.content
+        assert [p.finish_reason for p in parts[:-1]] == [None] * (len(parts) - 1)
+        final = parts[-1]
+        assert final.finish_reason == want.finish_reason
+        assert [e.logprob for e in final.logprobs.content] == pytest.approx(
+            [e.logprob for e in want.logprobs.content], abs=1e-5)
+        ext, want_ext = final.model_extra, want.model_extra
+        for key in ("token_ids", "prompt_token_ids", "policy_version", "policy_versions"):
+            assert ext[key] == want_ext[key], key
+        assert ext["rollout_id"] != want_ext["rollout_id"]
+        # Recorded exactly as the non-streamed sample, in its own group.
+        rec = stored(rkeys, ext["rollout_id"])
+        assert rec.group_id == group_id
+        assert_same_record(rec, stored(rkeys, want_ext["rollout_id"]))
+    rids = rkeys.client.lrange(rkeys.keys.group_rollouts(group_id), 0, -1)
+    assert [x.decode() for x in rids] == [choices[i][-1].model_extra["rollout_id"]
+                                          for i in (0, 1)]
+
+
+def test_completions_stream_equals_non_streamed(client: openai.OpenAI,
+                                                rkeys: RedisKeys) -> None:
+    kw: dict[str, Any] = dict(model=MODEL_NAME, prompt="Once upon a time", logprobs=2,
+                              extra_body={"metadata": {"task": 7}}, **SAMPLING)
+    plain = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, **kw))
+    assert chunks and all(c.object == "text_completion" for c in chunks)
+    choices = by_choice(chunks)
+    assert sorted(choices) == [0, 1]
+    for i, want in enumerate(plain.choices):
+        parts = choices[i]
+        assert "".join(p.text for p in parts) == want.text
+        final = parts[-1]
+        assert final.finish_reason == want.finish_reason
+        assert final.logprobs.tokens == want.logprobs.tokens
+        assert final.logprobs.token_logprobs == pytest.approx(want.logprobs.token_logprobs,
+                                                              abs=1e-5)
+        ext, want_ext = final.model_extra, want.model_extra
+        for key in ("token_ids", "prompt_token_ids", "policy_version", "policy_versions"):
+            assert ext[key] == want_ext[key], key
+        assert_same_record(stored(rkeys, ext["rollout_id"]),
+                           stored(rkeys, want_ext["rollout_id"]))
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_usage_chunk_when_asked(client: openai.OpenAI, route: str) -> None:
+    kw: dict[str, Any] = dict(model=MODEL_NAME, stream=True, n=2, max_tokens=6,
+                              stream_options={"include_usage": True})
+    if route == "chat":
+        chunks = list(client.chat.completions.create(messages=USER, **kw))
+    else:
+        chunks = list(client.completions.create(prompt="hello", **kw))
+    *body, last = chunks
+    assert last.choices == [] and last.usage is not None
+    assert all(c.usage is None for c in body) and all(c.choices for c in body)
+    finals = [c for ch in body for c in ch.choices if c.finish_reason is not None]
+    completion_tokens = sum(len(c.model_extra["token_ids"]) for c in finals)
+    prompt_tokens = len(finals[0].model_extra["prompt_token_ids"])
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (prompt_tokens,
+                                                                        completion_tokens)
+    assert last.usage.total_tokens == prompt_tokens + completion_tokens
+
+
+def test_wire_format_is_sse_ending_with_done(served: Served) -> None:
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{served.v1}/chat/completions", json=body, headers=AUTH,
+                      timeout=60) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        text = resp.read().decode()
+    events = text.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: ") for e in events[:-1])
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_errors_before_streaming_stay_json(served: Served, client: openai.OpenAI,
+                                           rkeys: RedisKeys) -> None:
+    before = rkeys.snapshot()
+    bad = [
+        ({"model": "nope", "messages": USER}, 404, "model_not_found"),
+        ({"model": MODEL_NAME, "messages": USER, "n": 9}, 400, None),
+        ({"model": MODEL_NAME, "messages": USER, "temperature": 0}, 400, None),
+        ({"model": MODEL_NAME, "messages": USER, "stream_options": {"include_usage": "yes"}},
+         400, "invalid_parameter"),
+    ]
+    for extra, status, code in bad:
+        resp = httpx.post(f"{served.v1}/chat/completions", json={**extra, "stream": True},
+                          headers=AUTH, timeout=60)
+        assert resp.status_code == status, resp.text
+        assert resp.headers["content-type"].startswith("application/json")
+        if code is not None:
+            assert resp.json()["error"]["code"] == code
+    with pytest.raises(openai.BadRequestError, match="include_usage"):
+        client.completions.create(model=MODEL_NAME, prompt="x", stream=True,
+                                  stream_options={"include_usage": "yes"})  # type: ignore[typeddict-item]
+    assert rkeys.snapshot() == before, "a refused request records nothing"
+
+
+def test_client_leaving_mid_stream_does_not_hurt_the_server(served: Served,
+                                                            client: openai.OpenAI) -> None:
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 8, "n": 4, "stream": True}
+    for _ in range(3):
+        with httpx.stream("POST", f"{served.v1}/chat/completions", json=body, headers=AUTH,
+                          timeout=60) as resp:
+            first = next(resp.iter_lines())
+            assert first.startswith("data: ")
+        # closed after one event: the rest of the stream is dropped by the server
+    assert httpx.get(f"{served.url}/health", timeout=10).json()["status"] == "ok"
+    r = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_episode_turn_streams(served: Served, client: openai.OpenAI, rkeys: RedisKeys) -> None:
+    resp = httpx.post(f"{served.v1}/groups", json={"size": 1}, headers=AUTH, timeout=30)
+    assert resp.status_code == 200, resp.text
+    rid = resp.json()["rollout_ids"][0]
+    chunks = list(client.chat.completions.create(
+        model=MODEL_NAME, messages=USER, max_tokens=6, stream=True, logprobs=True,
+        extra_body={"rollout_id": rid}))
+    final = [c for ch in chunks for c in ch.choices if c.finish_reason is not None]
+    assert len(final) == 1 and final[0].model_extra["rollout_id"] == rid
+    rec = stored(rkeys, rid)
+    prompt, sampled = final[0].model_extra["prompt_token_ids"], final[0].model_extra["token_ids"]
+    assert rec.token_ids.tolist() == prompt + sampled
+    assert rec.turns == [(len(prompt), len(prompt) + len(sampled))]
+    np.testing.assert_allclose(rec.logprobs[len(prompt):],
+                               [e.logprob for e in final[0].logprobs.content], atol=1e-6)
