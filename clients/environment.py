@@ -150,6 +150,22 @@ async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
                         turn_rewards=[o.turn_rewards for o in outcomes])
 
 
+async def _play(env: Environment, client: AsyncGSPOClient, task: Any, model: str | None,
+                failures: FailurePolicy, stats: RunStats) -> GroupOutcome | None:
+    """The task's group, retried by the failure policy; None when abandoned."""
+    for attempt in range(failures.max_retries + 1):
+        try:
+            outcome = await arun_group(env, client, task, model)
+        except Exception as exc:  # noqa: BLE001 - counted and re-raised by the policy
+            if not record_failure(stats, failures, exc, attempt, repr(task)[:80]):
+                return None
+        else:
+            stats.completed += 1
+            stats.consecutive_failures = 0
+            return outcome
+    return None
+
+
 async def arun_groups(
     env: Environment,
     client: AsyncGSPOClient,
@@ -179,20 +195,6 @@ async def arun_groups(
     stop = stop or asyncio.Event()
     stats = stats if stats is not None else RunStats()
 
-    async def play(task: Any) -> GroupOutcome | None:
-        """The task's group, retried by the policy; None when abandoned."""
-        for attempt in range(failures.max_retries + 1):
-            try:
-                outcome = await arun_group(env, client, task, model)
-            except Exception as exc:  # noqa: BLE001 - counted and re-raised by the policy
-                if not record_failure(stats, failures, exc, attempt, repr(task)[:80]):
-                    return None
-            else:
-                stats.completed += 1
-                stats.consecutive_failures = 0
-                return outcome
-        return None
-
     async def worker() -> None:
         nonlocal started
         while not stop.is_set() and (num_groups is None or started < num_groups):
@@ -201,7 +203,8 @@ async def arun_groups(
                 if stop.is_set():
                     break
             started += 1
-            outcome = await play(env.sample_task(rng))
+            outcome = await _play(env, client, env.sample_task(rng), model, failures,
+                                  stats)
             if outcome is None:
                 continue
             outcomes.append(outcome)
