@@ -11,10 +11,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from contract.net import free_port
+
+if TYPE_CHECKING:  # tests.serving imports this module
+    import openai
+
+    from tests.serving import RedisKeys, Served
 
 
 def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
@@ -146,3 +152,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# A rollout server with default settings, its openai client and its Redis keys: shared by the
+# API test modules (one server per module). A module that needs other settings defines its own
+# ``served`` (or ``client``), which takes precedence over these.
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
+    from tests.serving import running_server
+
+    with running_server(tiny_model_dir, redis_mod.url) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(served: Served) -> openai.OpenAI:
+    import openai
+
+    from tests.serving import API_KEY
+
+    return openai.OpenAI(base_url=served.v1, api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
+    from contract.redis_schema import Keys
+    from tests.serving import RedisKeys
+
+    keys = RedisKeys(redis_mod.url, Keys())
+    yield keys
+    keys.close()

@@ -18,7 +18,6 @@ import httpx
 import pytest
 import redis
 
-from contract.redis_schema import Keys
 from server.limits import MAX_METADATA_BYTES, check_metadata, json_problem
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
@@ -91,12 +90,6 @@ def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
     with running_server(tiny_model_dir, redis_mod.url, max_body_bytes=1 << 20) as s:
         yield s
 
-
-@pytest.fixture(scope="module")
-def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
-    keys = RedisKeys(redis_mod.url, Keys())
-    yield keys
-    keys.close()
 
 
 @pytest.mark.parametrize(("path", "raw", "status", "code"), CASES,

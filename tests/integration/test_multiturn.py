@@ -41,10 +41,6 @@ def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def client(served: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served.v1, api_key=API_KEY, max_retries=0, timeout=60)
-
 
 @pytest.fixture(scope="module")
 def r(redis_mod: RedisServer) -> Iterator[redis.Redis]:

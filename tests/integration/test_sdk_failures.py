@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -17,14 +15,7 @@ import pytest
 from clients.client import AsyncGSPOClient
 from clients.environment import EpisodeSession, MultiTurnEnvironment, arun_groups
 from clients.failures import FailurePolicy, RunStats, describe_error
-from tests.conftest import RedisServer
-from tests.serving import API_KEY, Served, running_server
-
-
-@pytest.fixture(scope="module")
-def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
-    with running_server(tiny_model_dir, redis_mod.url) as s:
-        yield s
+from tests.serving import API_KEY, Served
 
 
 class FlakyEnv(MultiTurnEnvironment):

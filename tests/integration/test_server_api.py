@@ -10,7 +10,6 @@ rewards API closes the loop on ids the sampling routes returned.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,15 +19,13 @@ import openai
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from contract.redis_schema import Keys, unpack_rollout
+from contract.redis_schema import unpack_rollout
 from server.engines.reference import sequence_logprobs
-from tests.conftest import RedisServer
 from tests.serving import (
     API_KEY,
     MODEL_NAME,
     RedisKeys,
     Served,
-    running_server,
 )
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -38,22 +35,7 @@ WEATHER_TOOL = {"type": "function", "function": {
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
-    with running_server(tiny_model_dir, redis_mod.url) as s:
-        yield s
 
-
-@pytest.fixture(scope="module")
-def client(served: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served.v1, api_key=API_KEY, max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
-    keys = RedisKeys(redis_mod.url, Keys())
-    yield keys
-    keys.close()
 
 
 @pytest.fixture(scope="module")

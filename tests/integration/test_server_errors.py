@@ -3,23 +3,18 @@ recorded in Redis, and the server still serving afterwards. Real uvicorn, real R
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from contract.redis_schema import Keys
-from tests.conftest import RedisServer
 from tests.serving import (
     ADMIN_KEY,
     API_KEY,
     MODEL_NAME,
     RedisKeys,
     Served,
-    running_server,
 )
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -30,17 +25,6 @@ COMPLETIONS = "/v1/completions"
 ROLLOUTS = "/v1/rollouts"
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
-    with running_server(tiny_model_dir, redis_mod.url) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
-    keys = RedisKeys(redis_mod.url, Keys())
-    yield keys
-    keys.close()
 
 
 def chat(**kw: Any) -> dict[str, Any]:

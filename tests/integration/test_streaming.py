@@ -11,8 +11,6 @@ one (same tokens, mask, behavior log-probabilities, versions).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,31 +18,15 @@ import numpy as np
 import openai
 import pytest
 
-from contract.redis_schema import Keys, RolloutRecord, unpack_rollout
-from tests.conftest import RedisServer
-from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
+from contract.redis_schema import RolloutRecord, unpack_rollout
+from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 USER = [{"role": "user", "content": "count to five"}]
 SAMPLING: dict[str, Any] = dict(n=2, max_tokens=10, temperature=0.9, seed=11)
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
-    with running_server(tiny_model_dir, redis_mod.url) as s:
-        yield s
 
-
-@pytest.fixture(scope="module")
-def client(served: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served.v1, api_key=API_KEY, max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
-    keys = RedisKeys(redis_mod.url, Keys())
-    yield keys
-    keys.close()
 
 
 def stored(rkeys: RedisKeys, rollout_id: str) -> RolloutRecord:

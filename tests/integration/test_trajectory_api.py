@@ -5,7 +5,6 @@ versions, turn spans with decoded text, and the advantage once the group is publ
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from clients.client import GSPOClient
-from tests.conftest import RedisServer
-from tests.serving import API_KEY, MODEL_NAME, Served, running_server
+from tests.serving import API_KEY, MODEL_NAME, Served
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
-
-@pytest.fixture(scope="module")
-def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
-    with running_server(tiny_model_dir, redis_mod.url) as s:
-        yield s
 
 
 def _view(served: Served, gid: str, **params: str) -> dict[str, Any]:
