@@ -85,7 +85,7 @@ class AdmissionGate:
 
     async def refresh_gauges(self) -> None:
         """Re-read the facts and set the gauges (``/metrics``)."""
-        snap = await self.snapshot()
+        snap = await self.snapshot(max_age_s=0.0)
         bound = self.bound(snap)
         self.metrics.groups_in_flight.set(snap.others + self.local)
         self.metrics.admission_bound.set(-1 if bound is None else bound)
