@@ -269,6 +269,7 @@ class Learner:
             send(self.dist, Train(batch.groups) if train else Idle())
         if not train:
             if batch.dropped_stale:
+                self.reader.trim()  # acked, but trimmed only by an ack: the stream looked full
                 self.progress.stalled("all_stale", f"{batch.dropped_stale} groups older than "
                                       f"{self.config.max_staleness} versions (learner at "
                                       f"{self.version}) dropped, none to train")

@@ -98,19 +98,25 @@ class AdmissionGate:
 
     async def admit(self, route: str) -> bool:
         """Returns once the request may start a group (True: counted, call ``release``);
-        raises 503 at the ready-queue bound or after ``admission_wait_s`` held."""
+        raises 503 at the ready-queue bound or after ``admission_wait_s`` held. A cached
+        read (at most ``POLL_S`` old) may admit; holding or refusing needs a fresh one."""
         if not self.enabled:
-            await self._check_ready_queue(await self.snapshot(), route)
+            snap = await self.snapshot()
+            if self._ready_full(snap):
+                self._check_ready_queue(await self.snapshot(max_age_s=0.0), route)
             return False
         deadline = time.monotonic() + self.wait_s
-        held = False
+        held, fresh = False, False
         try:
             async with self._cond:
                 while True:
-                    snap = await self.snapshot()
-                    await self._check_ready_queue(snap, route)
-                    if self._try(snap):
+                    snap = await self.snapshot(max_age_s=0.0 if fresh else POLL_S)
+                    if not self._ready_full(snap) and self._try(snap):
                         return True
+                    if not fresh:
+                        fresh = True
+                        continue
+                    self._check_ready_queue(snap, route)
                     if not held:
                         held = True
                         self.metrics.admission_held.inc()
@@ -154,15 +160,21 @@ class AdmissionGate:
             code="too_many_groups_in_flight",
             headers={"Retry-After": str(ADMISSION_RETRY_AFTER_S)})
 
-    async def _check_ready_queue(self, snap: Snapshot, route: str) -> None:
-        """503 ``ready_queue_full`` while the stream holds ``max_ready_groups`` or more."""
-        if self.max_ready_groups <= 0 or snap.ready_depth < self.max_ready_groups:
+    def _ready_full(self, snap: Snapshot) -> bool:
+        return 0 < self.max_ready_groups <= snap.undelivered
+
+    def _check_ready_queue(self, snap: Snapshot, route: str) -> None:
+        """503 ``ready_queue_full`` while ``max_ready_groups`` or more published groups wait
+        for the learner to read them. (Not the stream's length: entries the learner dropped
+        stale are acknowledged but stay until its next trim, and counting them refused new
+        groups while the learner had nothing left to train.)"""
+        if not self._ready_full(snap):
             return
         self.metrics.ready_queue_refused.labels(route).inc()
-        self._warn(f"ready queue holds {snap.ready_depth} groups (bound "
+        self._warn(f"ready queue holds {snap.undelivered} unread groups (bound "
                    f"{self.max_ready_groups}): refusing new groups on {route} until the "
                    "learner catches up")
-        raise APIError(503, f"the ready queue holds {snap.ready_depth} groups, at this "
+        raise APIError(503, f"the ready queue holds {snap.undelivered} unread groups, at this "
                             f"server's bound of {self.max_ready_groups} (max_ready_groups): "
                             "the learner is behind; retry later", code="ready_queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)})

@@ -107,8 +107,8 @@ class ServerSettings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """Request bodies larger than this are refused with a 413 before they are parsed."""
     max_ready_groups: int = Field(default=1024, ge=0)
-    """Bound on the ready queue (published groups the learner has not yet acknowledged): at
-    or over it, requests that would start a new group get a 503 until the learner catches up
+    """Bound on the ready queue (published groups the learner has not yet read): at or over
+    it, requests that would start a new group get a 503 until the learner catches up
     (``server.admission``). 0: no bound."""
     admission: bool = True
     """Hold back requests that start a group while as many groups are in flight as the
