@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -107,13 +108,12 @@ class InFlightCounter:
             pipe.sadd(self.keys.admission_servers, self.server_id)
             await pipe.execute()
 
-    async def publish_loop(self, pending: object) -> None:
+    async def publish_loop(self, pending: Callable[[], int]) -> None:
         """Publish ``pending()`` every ``PUBLISH_EVERY_S`` until cancelled (Redis errors are
         logged and retried: the key's TTL makes a silent server count as nothing)."""
-        assert callable(pending)
         while True:
             try:
-                await self.publish(int(pending()))
+                await self.publish(pending())
             except Exception as exc:  # noqa: BLE001 - keep publishing
                 log.warning("publishing the admission count failed: %s", exc)
             await asyncio.sleep(PUBLISH_EVERY_S)
