@@ -30,7 +30,17 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
 - ``{p}:groups:deadlines``: sorted set group_id -> deadline (for the expiry sweeper).
 - ``{p}:groups:complete``: set of group ids whose last reward arrived but which are not yet
   published (the finaliser, or the sweeper after a crash, publishes them).
-- ``{p}:stream:ready``: stream of ready groups (field ``group`` = msgpack ``ReadyGroup``).
+- ``{p}:stream:ready``: stream of ready groups, published *by reference*: an entry holds
+  ``head`` (the ``pack_ready_group`` bytes up to the rollouts' array header: group id,
+  metadata, rewards, advantages; a few hundred bytes) and ``rollouts`` (their count ``n``);
+  the rollouts' records are the keys ``{p}:ready:{entry_id}:{i}``, ``i < n``, and
+  ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``).
+  An entry with a ``group`` field instead carries the whole record inline (how groups were
+  published before; still read, e.g. by tests and tools that XADD a packed group).
+- ``{p}:ready:{entry_id}:{i}``: string, the ``i``-th rollout record of a published group:
+  the rollout's ``{p}:rollout:{rollout_id}`` key *renamed* by the publish script (the bytes are
+  written once, when sampled, and never copied). No TTL: it belongs to its stream entry and is
+  deleted with it, by the learner's trim script, in the same atomic step.
 - ``{p}:counters``: hash of monotonically increasing counters (published, dropped_*, ...).
 - ``{p}:servers``: hash server_id -> signed JSON registration
   (``contract.registry``); ``{p}:server:{id}:alive`` heartbeat
@@ -53,7 +63,9 @@ import numpy as np
 from contract.credit import AdvantageConfig
 
 DEFAULT_PREFIX = "gspo"
-READY_STREAM_FIELD = "group"
+READY_STREAM_FIELD = "group"  # an inline entry: the whole msgpack ReadyGroup
+READY_HEAD_FIELD = "head"  # a by-reference entry: pack_ready_group's bytes before the rollouts
+READY_COUNT_FIELD = "rollouts"  # ... and how many rollout records follow (Keys.ready_rollout)
 LEARNER_CONSUMER_GROUP = "learners"
 
 
@@ -83,6 +95,15 @@ class Keys:
 
     def group_rewards(self, group_id: str) -> str:
         return f"{self.prefix}:group:{group_id}:rewards"
+
+    def ready_rollout(self, entry_id: str, index: int) -> str:
+        """The ``index``-th rollout record of the ready-stream entry ``entry_id``."""
+        return f"{self.prefix}:ready:{entry_id}:{index}"
+
+    def ready_rollout_template(self) -> list[str]:
+        """[head, tail] of ``ready_rollout`` around ``{entry_id}:{index}`` (for scripts)."""
+        head, tail = self.ready_rollout("\x00", 0).split("\x00")
+        return [head, tail[len(":0"):]]
 
     @property
     def deadlines(self) -> str:
@@ -246,6 +267,22 @@ def unpack_ready_group(data: bytes) -> ReadyGroup:
         advantage_config=(AdvantageConfig.from_dict(d["advantage_config"])
                           if d.get("advantage_config") else None),
     )
+
+
+def join_ready_group(head: bytes, records: list[bytes]) -> bytes:
+    """A by-reference entry's head and its rollout records (in order) -> the bytes
+    ``pack_ready_group`` would produce for the group (``unpack_ready_group`` reads them)."""
+    return b"".join([head, *records])
+
+
+def ready_entry_refs(keys: Keys, entry_id: str,
+                     fields: dict[bytes, bytes]) -> tuple[bytes, list[str]] | None:
+    """A stream entry's head and the keys of its rollout records; None for an entry that is
+    not by reference (inline, or malformed)."""
+    head, count = fields.get(READY_HEAD_FIELD.encode()), fields.get(READY_COUNT_FIELD.encode())
+    if head is None or count is None:
+        return None
+    return head, [keys.ready_rollout(entry_id, i) for i in range(int(count))]
 
 
 def key_template(fn: Callable[[str], str]) -> list[str]:

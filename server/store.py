@@ -37,7 +37,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contract.credit import AdvantageConfig
 from contract.redis_schema import (
-    READY_STREAM_FIELD,
     Keys,
     RolloutRecord,
     as_str,
@@ -55,6 +54,7 @@ from server.store_scripts import (
     CREATE_GROUP,
     EXPIRE_DUE,
     POST_REWARDS,
+    PUBLISH_GROUP,
     RECORD_ROLLOUTS,
 )
 
@@ -184,6 +184,7 @@ class RolloutStore:
         self._record = redis.register_script(RECORD_ROLLOUTS)
         self._rewards = redis.register_script(POST_REWARDS)
         self._expire = redis.register_script(EXPIRE_DUE)
+        self._publish = redis.register_script(PUBLISH_GROUP)
         k = keys
         self._t_rollout, self._t_map = key_template(k.rollout), key_template(k.rollout_group)
         self._t_group, self._t_list = key_template(k.group), key_template(k.group_rollouts)
@@ -191,14 +192,17 @@ class RolloutStore:
         self._t_staging = key_template(k.rollout_staging)
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
 
+    def _check_size(self, size: int) -> None:
+        if not 1 <= size <= self.config.max_group_size:
+            raise StoreError(StoreReason.INVALID, "invalid_group_size",
+                             f"group size must be in [1, {self.config.max_group_size}]")
+
     async def create_group(
         self, group_id: str, size: int, metadata: dict[str, Any] | None = None
     ) -> None:
         """Opens a group of ``size`` rollouts. Idempotent for the same size (a retried
         request); ``StoreError`` (conflict) if the id exists with another size."""
-        if not 1 <= size <= self.config.max_group_size:
-            raise StoreError(StoreReason.INVALID, "invalid_group_size",
-                             f"group size must be in [1, {self.config.max_group_size}]")
+        self._check_size(size)
         res = await self._create(
             keys=[self.keys.group(group_id), self.keys.deadlines, self.keys.counters],
             args=[group_id, size, msgpack.packb(metadata or {}), self.config.group_ttl_s,
@@ -207,6 +211,21 @@ class RolloutStore:
         if int(res) < 0:
             raise StoreError(StoreReason.CONFLICT, "group_exists",
                              f"group {group_id!r} exists with another size")
+
+    async def record_group(self, group_id: str, size: int, metadata: dict[str, Any] | None,
+                           records: Sequence[RolloutRecord]) -> None:
+        """``create_group`` and ``record_rollouts`` in one round trip (one MULTI/EXEC): how
+        the sampling path stores a group it has just sampled. Same refusals as the two."""
+        self._check_size(size)
+        if any(r.group_id != group_id for r in records):
+            raise ValueError("every record must belong to the group")
+        create = (size, msgpack.packb(metadata or {}))
+        results = await self._record_group(group_id, list(records), create)
+        first_error = None
+        for rec, res in zip(records, results, strict=True):
+            first_error = first_error or _record_error(as_str(res), rec)
+        if first_error is not None:
+            raise first_error
 
     async def record_rollout(self, record: RolloutRecord) -> None:
         """Stores the rollout and appends its id to its group's list (once: recording the same
@@ -229,15 +248,20 @@ class RolloutStore:
         if first_error is not None:
             raise first_error
 
-    async def _record_group(self, gid: str, recs: list[RolloutRecord]) -> list[Any]:
-        k = self.keys
-        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid)]
-        args: list[Any] = [gid, math.ceil(self.config.rollout_ttl_s), *self._t_rollout,
-                           *self._t_map, *self._t_staging, *[r.rollout_id for r in recs]]
+    async def _record_group(self, gid: str, recs: list[RolloutRecord],
+                            create: tuple[int, bytes] | None = None) -> list[Any]:
+        k, c = self.keys, self.config
+        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid), k.deadlines,
+                k.counters]
+        opening = [1, *create, c.group_ttl_s, self._finished_ttl] if create else [0, 0, b"", 0, 0]
+        args: list[Any] = [gid, math.ceil(c.rollout_ttl_s), *self._t_rollout, *self._t_map,
+                           *self._t_staging, *opening, *[r.rollout_id for r in recs]]
+        packed = [pack_rollout(r) for r in recs]
         for _ in range(2):
             async with self.redis.pipeline(transaction=True) as pipe:
-                for rec in recs:  # staging keys expire on their own if the script fails
-                    pipe.set(k.rollout_staging(rec.rollout_id), pack_rollout(rec), ex=300)
+                for rec, data in zip(recs, packed, strict=True):
+                    # staging keys expire on their own if the script fails
+                    pipe.set(k.rollout_staging(rec.rollout_id), data, ex=300)
                 pipe.evalsha(self._record.sha, len(keys), *keys, *args)
                 out = (await pipe.execute(raise_on_error=False))[-1]
             if not isinstance(out, redis.exceptions.NoScriptError):
@@ -298,8 +322,7 @@ class RolloutStore:
             if snapshot is None:
                 return None
         decision = decide_finish(self.config, group_id, snapshot)
-        return await publish(self.redis, self.keys, group_id, decision, self._finished_ttl,
-                             READY_STREAM_FIELD)
+        return await publish(self._publish, self.keys, group_id, decision, self._finished_ttl)
 
     async def sweep_once(self) -> dict[str, int]:
         """One pass: expires due groups (publishing those with enough rewards) and publishes
@@ -375,6 +398,7 @@ def _record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
         "rollout_in_other_group": (StoreReason.CONFLICT,
                                    f"rollout {rid!r} belongs to another group"),
         "group_full": (StoreReason.CONFLICT, f"group {gid!r} already has all its rollouts"),
+        "group_exists": (StoreReason.CONFLICT, f"group {gid!r} exists with another size"),
         "no_data": (StoreReason.UNAVAILABLE,
                     f"rollout {rid!r} was not staged (Redis lost it): retry"),
     }

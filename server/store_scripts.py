@@ -3,11 +3,13 @@ of a group or an episode is one script.
 
 A Lua script runs atomically in Redis, so a reward, its duplicate/conflict check, the group's
 reward count and the open -> complete transition cannot interleave with another process's
-reward for the same group. Publishing (``server.store_finish.publish``) is an optimistic
-transaction instead (WATCH the group, check ``complete``, MULTI: XADD + mark ``published``),
-because the record it appends is large and large values are slow to pass through Lua; its
-exactly-once argument is the same: whoever commits first changes the watched group, every
-other finisher's EXEC aborts.
+reward for the same group, and publishing (``PUBLISH_GROUP``: check ``complete``, XADD, mark
+``published``) happens once however many finishers race.
+
+No large value ever passes through a script's arguments or replies (a 13 kB argument costs
+Redis ~20x a plain SET of it): rollout records are written with plain SETs to a staging key
+and *renamed* by the scripts (into place when recorded, to the ready keys when published), so
+a rollout's bytes are written once, when sampled, and read once, by the learner.
 
 Key names are never spelled here: scripts that find a group id inside Redis build its keys
 from ``head .. id .. tail`` templates that ``server.store`` derives from ``Keys``. Because
@@ -39,44 +41,59 @@ local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl)
   shorten(rolk, ttl)
   shorten(rewk, ttl)
 end
+-- Opens a group (see CREATE_GROUP). Returns 1 created, 0 already exists with the same size,
+-- -1 exists with another size.
+local function create_group(gk, dk, ck, gid, size, metadata, group_ttl, finished_ttl)
+  if redis.call('EXISTS', gk) == 1 then
+    if redis.call('HGET', gk, 'size') == size then return 0 end
+    return -1
+  end
+  local now = now_s()
+  local deadline = now + tonumber(group_ttl)
+  redis.call('HSET', gk, 'size', size, 'state', 'open', 'metadata', metadata,
+    'created_at', tostring(now), 'deadline', tostring(deadline), 'n_rewarded', 0)
+  redis.call('EXPIREAT', gk, math.ceil(deadline + tonumber(finished_ttl)))
+  redis.call('ZADD', dk, deadline, gid)
+  redis.call('HINCRBY', ck, 'groups_created', 1)
+  return 1
+end
 """
 
 # KEYS: group, deadlines, counters. ARGV: group_id, size, metadata, group_ttl, finished_ttl.
 # Returns 1 created, 0 already exists with the same size, -1 exists with another size.
 CREATE_GROUP = _COMMON + """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HGET', KEYS[1], 'size') == ARGV[2] then return 0 end
-  return -1
-end
-local now = now_s()
-local deadline = now + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'size', ARGV[2], 'state', 'open', 'metadata', ARGV[3],
-  'created_at', tostring(now), 'deadline', tostring(deadline), 'n_rewarded', 0)
-redis.call('EXPIREAT', KEYS[1], math.ceil(deadline + tonumber(ARGV[5])))
-redis.call('ZADD', KEYS[2], deadline, ARGV[1])
-redis.call('HINCRBY', KEYS[3], 'groups_created', 1)
-return 1
+return create_group(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
 
-# KEYS: group, group rollouts, group rewards.
+# KEYS: group, group rollouts, group rewards, deadlines, counters.
 # ARGV: group_id, rollout_ttl, r_head, r_tail (rollout), m_head, m_tail (rollout->group),
-#       s_head, s_tail (staging), then the rollout ids.
+#       s_head, s_tail (staging), create (0/1), size, metadata, group_ttl, finished_ttl,
+#       then the rollout ids.
 # Runs in one MULTI/EXEC after the plain SETs of each rollout's record to its staging key:
 # an accepted rollout's staging key is renamed into place, a refused one's deleted. (Passing
-# a 13 kB record through a script's ARGV costs Redis ~20x a plain SET of it.)
+# a 13 kB record through a script's ARGV costs Redis ~20x a plain SET of it.) With create=1
+# the group is first opened as CREATE_GROUP does (the sampling path: a new group and all its
+# rollouts in one round trip); if it exists with another size every rollout is refused with
+# group_exists.
 # Returns one status per rollout: created | updated | unknown_group | group_closed |
-# rollout_rewarded | rollout_in_other_group | group_full | no_data. A rollout may be recorded
-# again (a multi-turn episode grows) until it has a reward.
+# rollout_rewarded | rollout_in_other_group | group_full | group_exists | no_data. A rollout
+# may be recorded again (a multi-turn episode grows) until it has a reward.
 RECORD_ROLLOUTS = _COMMON + """
+local conflict = false
+if ARGV[9] == '1' then
+  conflict = create_group(KEYS[1], KEYS[4], KEYS[5], ARGV[1], ARGV[10], ARGV[11], ARGV[12],
+    ARGV[13]) < 0
+end
 local state = redis.call('HGET', KEYS[1], 'state')
 local out = {}
 local group_exp, size, now = nil, nil, nil
-for i = 9, #ARGV do
+for i = 14, #ARGV do
   local rid = ARGV[i]
   local mk, sk = ARGV[5] .. rid .. ARGV[6], ARGV[7] .. rid .. ARGV[8]
   local result
   local owner = redis.call('GET', mk)
   if redis.call('EXISTS', sk) == 0 then result = 'no_data'
+  elseif conflict then result = 'group_exists'
   elseif not state then result = 'unknown_group'
   elseif state ~= 'open' then result = 'group_closed'
   elseif redis.call('HEXISTS', KEYS[3], rid) == 1 then result = 'rollout_rewarded'
@@ -167,24 +184,47 @@ if dups > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_duplicate', dups) end
 return {statuses, gids, completed}
 """
 
-# KEYS: group, group rollouts, group rewards, complete set, counters.
-# ARGV: group_id, mode (publish | drop), drop reason, partial (0/1), finished_ttl,
-#       r_head, r_tail (rollout), m_head, m_tail (rollout->group).
-# The bookkeeping of a finished group, queued by ``publish`` in its MULTI right after the XADD
-# (sent with EVAL, not EVALSHA: a NOSCRIPT error inside EXEC would leave the XADD without its
-# bookkeeping). Small arguments only.
-FINISH_BOOKKEEPING = _COMMON + """
-if ARGV[2] == 'publish' then
-  redis.call('HSET', KEYS[1], 'state', 'published')
+# KEYS: group, group rollouts, group rewards, complete set, counters, ready stream.
+# ARGV: group_id, mode (publish | drop), drop reason, finished_ttl, r_head, r_tail (rollout),
+#       m_head, m_tail (rollout->group), q_head, q_tail (ready rollout), head (the record's
+#       bytes before the rollouts), head field, count field, then the rollout ids to publish.
+# Ends a complete group exactly once: anything but 'complete' returns {} (another finisher
+# won, or the group moved on). Publish: XADD an entry that carries the head and the number of
+# rollouts, then RENAME each rollout's record to its ready key (no copy, no TTL: the learner
+# deletes them with the entry) -- by reference, so no large value passes through Lua; a
+# missing record (expired) turns it into a drop (missing_rollouts). Then the bookkeeping:
+# state, stream_id or drop_reason, counters, the group's keys shortened to finished_ttl.
+# Returns {'published', stream id} | {'dropped', reason}.
+PUBLISH_GROUP = _COMMON + """
+local st = redis.call('HMGET', KEYS[1], 'state', 'partial')
+if st[1] ~= 'complete' then return {} end
+local mode, reason, sid = ARGV[2], ARGV[3], nil
+if mode == 'publish' then
+  for i = 14, #ARGV do
+    if redis.call('EXISTS', ARGV[5] .. ARGV[i] .. ARGV[6]) == 0 then
+      mode, reason = 'drop', 'missing_rollouts'
+      break
+    end
+  end
+end
+if mode == 'publish' then
+  sid = redis.call('XADD', KEYS[6], '*', ARGV[12], ARGV[11], ARGV[13], #ARGV - 13)
+  for i = 14, #ARGV do
+    local qk = ARGV[9] .. sid .. ':' .. tostring(i - 14) .. ARGV[10]
+    redis.call('RENAME', ARGV[5] .. ARGV[i] .. ARGV[6], qk)
+    redis.call('PERSIST', qk)
+  end
+  redis.call('HSET', KEYS[1], 'state', 'published', 'stream_id', sid)
   redis.call('HINCRBY', KEYS[5], 'groups_published', 1)
-  if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[5], 'groups_published_partial', 1) end
+  if st[2] == '1' then redis.call('HINCRBY', KEYS[5], 'groups_published_partial', 1) end
 else
-  redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', ARGV[3])
-  redis.call('HINCRBY', KEYS[5], 'groups_dropped_' .. ARGV[3], 1)
+  redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', reason)
+  redis.call('HINCRBY', KEYS[5], 'groups_dropped_' .. reason, 1)
 end
 redis.call('SREM', KEYS[4], ARGV[1])
-expire_group(KEYS[1], KEYS[2], KEYS[3], ARGV[6], ARGV[7], ARGV[8], ARGV[9], tonumber(ARGV[5]))
-return 1
+expire_group(KEYS[1], KEYS[2], KEYS[3], ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[4]))
+if sid then return {'published', sid} end
+return {'dropped', reason}
 """
 
 # KEYS: deadlines, complete set, counters.
