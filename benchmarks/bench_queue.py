@@ -61,6 +61,7 @@ def bench_app() -> FastAPI:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await app.state.store.aclose()
         await client.aclose()
 
     app = FastAPI(lifespan=lifespan)

@@ -99,6 +99,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine: Engine = app.state.injected_engine or build_engine(settings)
     redis = make_redis(settings.redis_url)
     tasks: list[asyncio.Task[Any]] = []
+    store: EpisodeStore | None = None
     try:
         await redis.ping()  # fail at start-up, not at the first rollout
         keys = Keys(settings.key_prefix)
@@ -128,6 +129,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await _cancel(task)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(engine.shutdown(), SHUTDOWN_TIMEOUT_S)
+        if store is not None:
+            await store.aclose()
         await redis.aclose()
 
 

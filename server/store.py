@@ -32,8 +32,10 @@ from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
+import redis.asyncio.connection
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
+from redis.commands.core import AsyncScript
 
 from contract.credit import AdvantageConfig
 from contract.redis_schema import (
@@ -43,11 +45,13 @@ from contract.redis_schema import (
     key_template,
     pack_rollout,
 )
+from server.redis_pipe import RedisPipe, as_exception
 from server.store_errors import StoreError, StoreReason
 from server.store_finish import (
     Snapshot,
     decide_finish,
-    publish,
+    publish_call,
+    publish_result,
     read_snapshot,
 )
 from server.store_scripts import (
@@ -166,6 +170,18 @@ def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
     )
 
 
+def pipe_for(client: aioredis.Redis) -> RedisPipe | None:
+    """A ``RedisPipe`` to the server ``client`` talks to (plain TCP only; else None)."""
+    pool = client.connection_pool
+    kw = pool.connection_kwargs
+    if pool.connection_class is not redis.asyncio.connection.Connection or "host" not in kw:
+        return None
+    return RedisPipe(kw["host"], int(kw.get("port", 6379)), int(kw.get("db") or 0),
+                     kw.get("username"), kw.get("password"),
+                     timeout_s=float(kw.get("socket_timeout") or 10.0),
+                     connect_timeout_s=float(kw.get("socket_connect_timeout") or 2.0))
+
+
 _CLOSED_STATUS = {"expired": "expired", "gone": "expired"}
 
 
@@ -185,12 +201,48 @@ class RolloutStore:
         self._rewards = redis.register_script(POST_REWARDS)
         self._expire = redis.register_script(EXPIRE_DUE)
         self._publish = redis.register_script(PUBLISH_GROUP)
+        self._pipe = pipe_for(redis)
         k = keys
         self._t_rollout, self._t_map = key_template(k.rollout), key_template(k.rollout_group)
         self._t_group, self._t_list = key_template(k.group), key_template(k.group_rollouts)
         self._t_rewards = key_template(k.group_rewards)
         self._t_staging = key_template(k.rollout_staging)
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
+
+    async def aclose(self) -> None:
+        """Closes the store's own connection (the hot path's ``RedisPipe``); the redis-py
+        client passed in stays the caller's to close."""
+        if self._pipe is not None:
+            await self._pipe.aclose()
+
+    async def _run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any],
+                   before: Sequence[tuple[Any, ...]] = ()) -> Any:
+        """EVALSHA ``script`` (loaded again if Redis forgot it), after the commands
+        ``before`` in the same MULTI/EXEC when there are any. Through the ``RedisPipe`` when
+        there is one, else redis-py."""
+        call = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        for _ in range(2):
+            if self._pipe is None:
+                out = await self._run_redis_py(call, before)
+            elif before:
+                out = (await self._pipe.transaction([*before, call]))[-1]
+            else:
+                (out,) = await self._pipe.call([call], [True])
+            err = as_exception(out)
+            if not isinstance(err, redis.exceptions.NoScriptError):
+                break
+            await self.redis.script_load(script.script)  # Redis restarted: cache is empty
+        if err is not None:
+            raise err
+        return out
+
+    async def _run_redis_py(self, call: tuple[Any, ...],
+                            before: Sequence[tuple[Any, ...]]) -> Any:
+        async with self.redis.pipeline(transaction=bool(before)) as pipe:
+            for cmd in before:
+                pipe.execute_command(*cmd)
+            pipe.execute_command(*call)
+            return (await pipe.execute(raise_on_error=False))[-1]
 
     def _check_size(self, size: int) -> None:
         if not 1 <= size <= self.config.max_group_size:
@@ -203,11 +255,10 @@ class RolloutStore:
         """Opens a group of ``size`` rollouts. Idempotent for the same size (a retried
         request); ``StoreError`` (conflict) if the id exists with another size."""
         self._check_size(size)
-        res = await self._create(
-            keys=[self.keys.group(group_id), self.keys.deadlines, self.keys.counters],
-            args=[group_id, size, msgpack.packb(metadata or {}), self.config.group_ttl_s,
-                  self._finished_ttl],
-        )
+        res = await self._run(
+            self._create, [self.keys.group(group_id), self.keys.deadlines, self.keys.counters],
+            [group_id, size, msgpack.packb(metadata or {}), self.config.group_ttl_s,
+             self._finished_ttl])
         if int(res) < 0:
             raise StoreError(StoreReason.CONFLICT, "group_exists",
                              f"group {group_id!r} exists with another size")
@@ -256,20 +307,10 @@ class RolloutStore:
         opening = [1, *create, c.group_ttl_s, self._finished_ttl] if create else [0, 0, b"", 0, 0]
         args: list[Any] = [gid, math.ceil(c.rollout_ttl_s), *self._t_rollout, *self._t_map,
                            *self._t_staging, *opening, *[r.rollout_id for r in recs]]
-        packed = [pack_rollout(r) for r in recs]
-        for _ in range(2):
-            async with self.redis.pipeline(transaction=True) as pipe:
-                for rec, data in zip(recs, packed, strict=True):
-                    # staging keys expire on their own if the script fails
-                    pipe.set(k.rollout_staging(rec.rollout_id), data, ex=300)
-                pipe.evalsha(self._record.sha, len(keys), *keys, *args)
-                out = (await pipe.execute(raise_on_error=False))[-1]
-            if not isinstance(out, redis.exceptions.NoScriptError):
-                break
-            await self.redis.script_load(RECORD_ROLLOUTS)  # Redis restarted: cache is empty
-        if isinstance(out, Exception):
-            raise out
-        return list(out)
+        # staging keys expire on their own if the script fails
+        staged = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX", 300)
+                  for r in recs]
+        return list(await self._run(self._record, keys, args, before=staged))
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
         """Records rewards, all or nothing (one script checks every item, then writes them),
@@ -289,8 +330,8 @@ class RolloutStore:
         for rid, p in packed.items():
             args += [rid, p]
         args += self._t_list
-        statuses, gids, completed = await self._rewards(
-            keys=[self.keys.counters, self.keys.complete, self.keys.deadlines], args=args)
+        statuses, gids, completed = await self._run(
+            self._rewards, [self.keys.counters, self.keys.complete, self.keys.deadlines], args)
         by_rid = {rid: (as_str(st), as_str(g) or None)
                   for rid, st, g in zip(packed, statuses, gids, strict=True)}
         snapshots = {as_str(c[0]): Snapshot.from_script(c[1], c[2], c[3]) for c in completed}
@@ -322,7 +363,9 @@ class RolloutStore:
             if snapshot is None:
                 return None
         decision = decide_finish(self.config, group_id, snapshot)
-        return await publish(self._publish, self.keys, group_id, decision, self._finished_ttl)
+        res = await self._run(self._publish, *publish_call(self.keys, group_id, decision,
+                                                           self._finished_ttl))
+        return publish_result(res)
 
     async def sweep_once(self) -> dict[str, int]:
         """One pass: expires due groups (publishing those with enough rewards) and publishes

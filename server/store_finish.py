@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
 
 from contract.credit import AdvantageConfig, group_credit
 from contract.redis_schema import (
@@ -137,21 +136,23 @@ def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decisio
     return Decision("publish", head=head, rollout_ids=rewarded)
 
 
-async def publish(
-    script: AsyncScript, keys: Keys, group_id: str, decision: Decision, finished_ttl: int,
-) -> str | None:
-    """Carries out ``decision`` exactly once, in one script call (``PUBLISH_GROUP``): the
-    group must still be ``complete``; publishing XADDs the head and moves the rollout records
-    to the entry's ready keys. A finisher that loses the race gets None. Returns the stream
-    id, 'dropped' (also when a rollout record had expired: ``missing_rollouts``), or None."""
-    res = await script(
-        keys=[keys.group(group_id), keys.group_rollouts(group_id), keys.group_rewards(group_id),
-              keys.complete, keys.counters, keys.ready_stream],
-        args=[group_id, decision.mode, decision.reason, finished_ttl,
-              *key_template(keys.rollout), *key_template(keys.rollout_group),
-              *keys.ready_rollout_template(), decision.head, READY_HEAD_FIELD,
-              READY_COUNT_FIELD, *decision.rollout_ids])
-    if not res:
+def publish_call(keys: Keys, group_id: str, decision: Decision,
+                 finished_ttl: int) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the publish script (``PUBLISH_GROUP``), which carries out
+    ``decision`` exactly once: the group must still be ``complete``; publishing XADDs the head
+    and moves the rollout records to the entry's ready keys."""
+    return ([keys.group(group_id), keys.group_rollouts(group_id), keys.group_rewards(group_id),
+             keys.complete, keys.counters, keys.ready_stream],
+            [group_id, decision.mode, decision.reason, finished_ttl,
+             *key_template(keys.rollout), *key_template(keys.rollout_group),
+             *keys.ready_rollout_template(), decision.head, READY_HEAD_FIELD,
+             READY_COUNT_FIELD, *decision.rollout_ids])
+
+
+def publish_result(reply: list[Any]) -> str | None:
+    """The publish script's reply -> the stream id, 'dropped' (also when a rollout record had
+    expired: ``missing_rollouts``), or None (another finisher won the race)."""
+    if not reply:
         return None
-    outcome, detail = as_str(res[0]), as_str(res[1])
+    outcome, detail = as_str(reply[0]), as_str(reply[1])
     return detail if outcome == "published" else "dropped"

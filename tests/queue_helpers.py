@@ -88,6 +88,7 @@ def make_app(redis_url: str, config: QueueConfig, keys: Keys, max_body_bytes: in
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await app.state.store.aclose()
             await client.aclose()
 
     app = FastAPI(lifespan=lifespan)
