@@ -146,6 +146,7 @@ async def _prepare_groups(url: str, n_groups: int, tokens: int) -> list[str]:
         recs = [make_rollout(f"{gid}-r{i}", gid, tokens, seed=i) for i in range(GROUP)]
         await store.record_rollouts(recs)
         ids += [r.rollout_id for r in recs]
+    await store.aclose()
     await client.aclose()
     return ids
 
@@ -239,13 +240,13 @@ async def _produce_ours(url: str, n_groups: int, concurrency: int, tokens: int) 
             gid = f"e{g}"
             recs = [dataclasses.replace(t, rollout_id=f"{gid}-r{i}", group_id=gid)
                     for i, t in enumerate(templates)]
-            await store.create_group(gid, GROUP)
-            await store.record_rollouts(recs)
+            await store.record_group(gid, GROUP, None, recs)  # what sampling does
             out = await store.post_rewards(
                 [RewardItem(r.rollout_id, float(i)) for i, r in enumerate(recs)])
             assert out.applied and out.results[-1].group_complete
 
     await asyncio.gather(*[one(g) for g in range(n_groups)])
+    await store.aclose()
     await client.aclose()
 
 
