@@ -36,19 +36,26 @@ _RETRIES = 5
 
 
 def _encode(args: tuple[Any, ...], out: list[bytes]) -> None:
-    out.append(b"*%d\r\n" % len(args))
+    """RESP for one command, appended to ``out`` (large values as their own pieces)."""
+    small: list[bytes] = [b"*%d\r\n" % len(args)]
     for a in args:
-        if isinstance(a, bytes):
+        t = type(a)
+        if t is bytes:
             b = a
-        elif isinstance(a, str):
+        elif t is str:
             b = a.encode()
-        elif isinstance(a, (int, float)) and not isinstance(a, bool):
+        elif t is int or t is float:
             b = repr(a).encode()
         else:
-            raise TypeError(f"cannot send {type(a).__name__} to Redis")
-        out.append(b"$%d\r\n" % len(b))
-        out.append(b)
-        out.append(b"\r\n")
+            raise TypeError(f"cannot send {t.__name__} to Redis")
+        if len(b) < 4096:
+            small.append(b"$%d\r\n%b\r\n" % (len(b), b))
+        else:
+            small.append(b"$%d\r\n" % len(b))
+            out.append(b"".join(small))
+            out.append(b)
+            small = [b"\r\n"]
+    out.append(b"".join(small))
 
 
 def as_exception(reply: Any) -> Exception | None:

@@ -433,6 +433,8 @@ class RolloutStore:
 
 
 def _record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
+    if res in ("created", "updated"):
+        return None
     rid, gid = record.rollout_id, record.group_id
     errors = {
         "unknown_group": (StoreReason.NOT_FOUND, f"unknown group {gid!r}"),
