@@ -33,6 +33,7 @@ import hiredis
 import redis.exceptions as rexc
 
 _RETRIES = 5
+_FLUSH_BYTES = 256 * 1024
 
 
 def _encode(args: tuple[Any, ...], out: list[bytes]) -> None:
@@ -78,6 +79,7 @@ class _Protocol(asyncio.Protocol):
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.timeout_s = timeout_s
         self._buf: list[bytes] = []
+        self._buf_len = 0
         self._watchdog: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -110,22 +112,26 @@ class _Protocol(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         if not self._buf:
-            loop.call_soon(self._flush)
+            loop.call_soon(self._flush)  # (a no-op if a large write flushed it already)
         futs = []
+        mark = len(self._buf)
         for cmd, w in zip(commands, want, strict=True):
             _encode(cmd, self._buf)
             fut = loop.create_future() if w else None
             self.waiting.append((fut, now))
             if fut is not None:
                 futs.append(fut)
-        if self._watchdog is None:
+        self._buf_len += sum(len(b) for b in self._buf[mark:])
+        if self._buf_len >= _FLUSH_BYTES:  # large records: hand them over now, in slices
+            self._flush()              # a socket takes whole (a huge buffer is copied and
+        if self._watchdog is None:     # shifted again on every partial send)
             self._watchdog = loop.call_later(self.timeout_s, self._check)
         return futs
 
     def _flush(self) -> None:
         if self.transport is not None and self._buf:
             self.transport.write(b"".join(self._buf))
-        self._buf = []
+        self._buf, self._buf_len = [], 0
 
     def _check(self) -> None:
         self._watchdog = None
