@@ -27,10 +27,14 @@ import asyncio
 import collections
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import hiredis
+import redis.asyncio as aioredis
+import redis.asyncio.connection
 import redis.exceptions as rexc
+from redis.commands.core import AsyncScript
 
 _RETRIES = 5
 _FLUSH_BYTES = 256 * 1024
@@ -229,3 +233,42 @@ class RedisPipe:
             proto.transport.close()
             with contextlib.suppress(asyncio.TimeoutError, RuntimeError):
                 await asyncio.wait_for(asyncio.shield(proto.closed), 2.0)
+
+
+def pipe_for(client: aioredis.Redis) -> RedisPipe | None:
+    """A ``RedisPipe`` to the server ``client`` talks to (plain TCP only; else None)."""
+    pool = client.connection_pool
+    kw = pool.connection_kwargs
+    if pool.connection_class is not redis.asyncio.connection.Connection or "host" not in kw:
+        return None
+    return RedisPipe(kw["host"], int(kw.get("port", 6379)), int(kw.get("db") or 0),
+                     kw.get("username"), kw.get("password"),
+                     timeout_s=float(kw.get("socket_timeout") or 10.0),
+                     connect_timeout_s=float(kw.get("socket_connect_timeout") or 2.0))
+
+
+async def run_script(pipe: RedisPipe | None, client: aioredis.Redis, script: AsyncScript,
+                     keys: Sequence[Any], args: Sequence[Any],
+                     before: Sequence[tuple[Any, ...]] = ()) -> Any:
+    """EVALSHA ``script`` (loaded again if Redis forgot it: a restart), after the commands
+    ``before`` in the same MULTI/EXEC when there are any; through ``pipe`` when there is one,
+    else ``client``. An error reply is raised."""
+    call = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    for _ in range(2):
+        if pipe is None:
+            async with client.pipeline(transaction=bool(before)) as p:
+                for cmd in before:
+                    p.execute_command(*cmd)
+                p.execute_command(*call)
+                out = (await p.execute(raise_on_error=False))[-1]
+        elif before:
+            out = (await pipe.transaction([*before, call]))[-1]
+        else:
+            (out,) = await pipe.call([call], [True])
+        err = as_exception(out)
+        if not isinstance(err, rexc.NoScriptError):
+            break
+        await client.script_load(script.script)
+    if err is not None:
+        raise err
+    return out

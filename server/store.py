@@ -1,22 +1,49 @@
 """A group's life in Redis: created, rollouts recorded, rewarded, completed, published once.
 
 ```
-create_group -> open --record_rollout (x size)--> open --post_rewards (last one)--> complete
+record_group (create + record, x size)--> open --post_rewards (last one)--> complete
 open --deadline, >= min rewarded--> complete (partial)      open --deadline--> expired
-complete --finisher (advantages, XADD)--> published | dropped (zero variance)
+complete --finisher (advantages, publish script)--> published | dropped (zero variance)
 ```
 
-Why two steps for "complete" and "published": the reward script (Lua, atomic) only records
-the reward and flips ``open -> complete``; the advantages are computed here in Python
-(``contract.credit.group_credit``), and a second script appends the group to the ready
-stream only if its state is still ``complete``, moving it to ``published`` in the same step.
-A process that dies between the two leaves the group in the ``complete`` set, where the
-sweeper (``run_sweeper``) finds and publishes it: exactly once, crash or not.
+The design, for few round trips and one write of the rollout bytes (BENCHMARKS.md, "Reward API
+and Redis queue", has the numbers):
+
+- **Bytes written once, never through Lua.** A rollout record (~13 kB for 1,024 tokens) is
+  SET to a staging key and *renamed* into place by the record script; publishing renames it
+  again, to the stream entry's ready key (``Keys.ready_rollout``); the learner MGETs it after
+  XREADGROUP and deletes it with the entry (``learner.reader``). Scripts see key names and
+  small values only (a 13 kB script argument costs Redis ~20x a plain SET of it), and the
+  stream entry is the group's head (rewards, advantages: a few hundred bytes) plus a count.
+- **Round trips.** The sampling path opens the group and records its rollouts in one
+  MULTI/EXEC (``record_group``). A reward is one script call. The reward that completes a
+  group gets the group's rewards back from that call, the credit rule runs here
+  (``server.store_finish.decide_finish``), and one more script call publishes or drops it
+  (``PUBLISH_GROUP``: checks ``complete``, XADDs, moves the records, bookkeeping). So a group
+  of 8 costs the producer 1 + 8 + 1 round trips with single-reward posts (1 + 1 + 1 when its
+  rewards come in one call), against 8 before (create, a MULTI, the reward, WATCH, HMGET,
+  MGET, MULTI/XADD/EXEC, HSET of the stream id).
+- **One connection per process, auto-pipelined** (``server.redis_pipe``): the hot path's
+  commands from every concurrent request go out in one write per event-loop iteration and are
+  parsed by hiredis, ~5x less client CPU per round trip than redis-py's asyncio client.
+
+Why the decision is not in the reward script too (one call less per group): the credit rule
+(``contract.credit``, with per-turn baselines) would need a second implementation in Lua that
+must agree with the learner's bit for bit; the price of one implementation is 1/size of a
+round trip per reward.
+
+Exactly once, crash or not: only the reward script flips ``open -> complete`` (atomically
+with the last reward), and only the publish script leaves ``complete`` (atomically with its
+XADD). A process that dies between the two leaves the group in the ``complete`` set, where the
+sweeper (``run_sweeper``) finds and publishes it; racing finishers find it no longer
+``complete`` and do nothing.
 
 Memory stays bounded: an open group's keys expire ``finished_ttl_s`` after its deadline (the
-sweeper acts at the deadline); once a group is published, dropped or expired, its keys and
-its rollouts are shortened to ``finished_ttl_s`` (long enough for duplicate rewards to get a
-200 and late ones a 410); the stream is trimmed by the reader after acknowledgement.
+sweeper acts at the deadline); once a group is published, dropped or expired, its keys, its
+rollout -> group mappings and its unpublished rollouts are shortened to ``finished_ttl_s``
+(long enough for duplicate rewards to get a 200 and late ones a 410); a published group's
+records live, without a TTL, exactly as long as its stream entry: the reader deletes both
+when it trims acknowledged entries.
 
 Requires a client with ``decode_responses=False`` (records are binary msgpack).
 """
@@ -32,7 +59,6 @@ from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
-import redis.asyncio.connection
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
 from redis.commands.core import AsyncScript
@@ -45,8 +71,8 @@ from contract.redis_schema import (
     key_template,
     pack_rollout,
 )
-from server.redis_pipe import RedisPipe, as_exception
-from server.store_errors import StoreError, StoreReason
+from server.redis_pipe import pipe_for, run_script
+from server.store_errors import StoreError, StoreReason, item_status, record_error
 from server.store_finish import (
     Snapshot,
     decide_finish,
@@ -170,20 +196,6 @@ def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
     )
 
 
-def pipe_for(client: aioredis.Redis) -> RedisPipe | None:
-    """A ``RedisPipe`` to the server ``client`` talks to (plain TCP only; else None)."""
-    pool = client.connection_pool
-    kw = pool.connection_kwargs
-    if pool.connection_class is not redis.asyncio.connection.Connection or "host" not in kw:
-        return None
-    return RedisPipe(kw["host"], int(kw.get("port", 6379)), int(kw.get("db") or 0),
-                     kw.get("username"), kw.get("password"),
-                     timeout_s=float(kw.get("socket_timeout") or 10.0),
-                     connect_timeout_s=float(kw.get("socket_connect_timeout") or 2.0))
-
-
-_CLOSED_STATUS = {"expired": "expired", "gone": "expired"}
-
 
 class RolloutStore:
     """Every operation on groups and rollouts in Redis (see the module docstring)."""
@@ -217,32 +229,7 @@ class RolloutStore:
 
     async def _run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any],
                    before: Sequence[tuple[Any, ...]] = ()) -> Any:
-        """EVALSHA ``script`` (loaded again if Redis forgot it), after the commands
-        ``before`` in the same MULTI/EXEC when there are any. Through the ``RedisPipe`` when
-        there is one, else redis-py."""
-        call = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        for _ in range(2):
-            if self._pipe is None:
-                out = await self._run_redis_py(call, before)
-            elif before:
-                out = (await self._pipe.transaction([*before, call]))[-1]
-            else:
-                (out,) = await self._pipe.call([call], [True])
-            err = as_exception(out)
-            if not isinstance(err, redis.exceptions.NoScriptError):
-                break
-            await self.redis.script_load(script.script)  # Redis restarted: cache is empty
-        if err is not None:
-            raise err
-        return out
-
-    async def _run_redis_py(self, call: tuple[Any, ...],
-                            before: Sequence[tuple[Any, ...]]) -> Any:
-        async with self.redis.pipeline(transaction=bool(before)) as pipe:
-            for cmd in before:
-                pipe.execute_command(*cmd)
-            pipe.execute_command(*call)
-            return (await pipe.execute(raise_on_error=False))[-1]
+        return await run_script(self._pipe, self.redis, script, keys, args, before)
 
     def _check_size(self, size: int) -> None:
         if not 1 <= size <= self.config.max_group_size:
@@ -274,7 +261,7 @@ class RolloutStore:
         results = await self._record_group(group_id, list(records), create)
         first_error = None
         for rec, res in zip(records, results, strict=True):
-            first_error = first_error or _record_error(as_str(res), rec)
+            first_error = first_error or record_error(as_str(res), rec)
         if first_error is not None:
             raise first_error
 
@@ -295,7 +282,7 @@ class RolloutStore:
         for gid, recs in by_group.items():
             results = await self._record_group(gid, recs)
             for rec, res in zip(recs, results, strict=True):
-                first_error = first_error or _record_error(as_str(res), rec)
+                first_error = first_error or record_error(as_str(res), rec)
         if first_error is not None:
             raise first_error
 
@@ -339,7 +326,7 @@ class RolloutStore:
         results = []
         for it in items:
             st, gid = by_rid[it.rollout_id]
-            results.append(RewardResult(it.rollout_id, _item_status(st, applied), gid,
+            results.append(RewardResult(it.rollout_id, item_status(st, applied), gid,
                                         applied and gid in snapshots))
         for gid, snap in snapshots.items():
             await self._finish_safely(gid, snap)
@@ -430,35 +417,3 @@ class RolloutStore:
     async def counters(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self.keys.counters)
         return {as_str(a): int(b) for a, b in raw.items()}
-
-
-def _record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
-    if res in ("created", "updated"):
-        return None
-    rid, gid = record.rollout_id, record.group_id
-    errors = {
-        "unknown_group": (StoreReason.NOT_FOUND, f"unknown group {gid!r}"),
-        "group_closed": (StoreReason.GONE, f"group {gid!r} no longer accepts rollouts"),
-        "rollout_rewarded": (StoreReason.CONFLICT, f"rollout {rid!r} already has a reward"),
-        "rollout_in_other_group": (StoreReason.CONFLICT,
-                                   f"rollout {rid!r} belongs to another group"),
-        "group_full": (StoreReason.CONFLICT, f"group {gid!r} already has all its rollouts"),
-        "group_exists": (StoreReason.CONFLICT, f"group {gid!r} exists with another size"),
-        "no_data": (StoreReason.UNAVAILABLE,
-                    f"rollout {rid!r} was not staged (Redis lost it): retry"),
-    }
-    if res in errors:
-        reason, message = errors[res]
-        return StoreError(reason, res, message)
-    return None
-
-
-def _item_status(script_status: str, applied: bool) -> str:
-    if script_status == "ok":
-        return "stored" if applied else "not_applied"
-    if script_status == "duplicate":
-        return "duplicate" if applied else "not_applied"
-    if script_status.startswith("closed:"):
-        state = script_status.split(":", 1)[1]
-        return _CLOSED_STATUS.get(state, "closed")
-    return script_status
