@@ -15,7 +15,8 @@ next command reconnects; ``call`` retries a few times with backoff, which is saf
 every store operation is idempotent (see ``server.store.make_redis``). A reply that takes
 longer than ``timeout_s`` fails the connection with ``TimeoutError`` (one watchdog timer, not
 one per command). Error replies become redis-py's exception types (``NoScriptError`` for
-NOSCRIPT, else ``ResponseError``), so callers handle both clients alike.
+NOSCRIPT, ``BusyLoadingError`` for LOADING, ...: redis-py's own mapping), so callers handle
+both clients alike.
 
 Only for plain TCP (``redis://``) connections; ``RolloutStore`` keeps using redis-py for
 anything else (unix sockets, TLS) and for everything off the hot path.
@@ -34,6 +35,7 @@ import hiredis
 import redis.asyncio as aioredis
 import redis.asyncio.connection
 import redis.exceptions as rexc
+from redis._parsers.base import BaseParser
 from redis.commands.core import AsyncScript
 
 _RETRIES = 5
@@ -68,10 +70,7 @@ def as_exception(reply: Any) -> Exception | None:
     None for any other reply."""
     if not isinstance(reply, hiredis.ReplyError):
         return reply if isinstance(reply, Exception) else None
-    msg = str(reply)
-    if msg.startswith("NOSCRIPT"):
-        return rexc.NoScriptError(msg)
-    return rexc.ResponseError(msg)
+    return BaseParser.parse_error(str(reply))  # redis-py's own mapping (LOADING, NOSCRIPT...)
 
 
 class _Protocol(asyncio.Protocol):
@@ -220,12 +219,14 @@ class RedisPipe:
 
     async def transaction(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """MULTI, ``commands``, EXEC: the EXEC reply (one reply per command; errors as
-        ``hiredis.ReplyError``). A refused transaction (EXECABORT) is raised."""
-        (reply,) = await self.call([("MULTI",), *commands, ("EXEC",)],
-                                   [False] * (len(commands) + 1) + [True])
-        if (err := as_exception(reply)) is not None:
-            raise err
-        return list(reply)
+        ``hiredis.ReplyError``). A refused transaction is raised (the refusal's cause when a
+        command was refused while queued)."""
+        replies = await self.call([("MULTI",), *commands, ("EXEC",)],
+                                  [True] * (len(commands) + 2))
+        for reply in replies:  # the first error: its cause (e.g. LOADING), not EXECABORT
+            if (err := as_exception(reply)) is not None:
+                raise err
+        return list(replies[-1])
 
     async def aclose(self) -> None:
         proto, self._proto = self._proto, None
@@ -254,7 +255,8 @@ async def run_script(pipe: RedisPipe | None, client: aioredis.Redis, script: Asy
     ``before`` in the same MULTI/EXEC when there are any; through ``pipe`` when there is one,
     else ``client``. An error reply is raised."""
     call = ("EVALSHA", script.sha, len(keys), *keys, *args)
-    for _ in range(2):
+    delay = 0.02
+    for _ in range(_RETRIES + 1):
         if pipe is None:
             async with client.pipeline(transaction=bool(before)) as p:
                 for cmd in before:
@@ -262,13 +264,20 @@ async def run_script(pipe: RedisPipe | None, client: aioredis.Redis, script: Asy
                 p.execute_command(*call)
                 out = (await p.execute(raise_on_error=False))[-1]
         elif before:
-            out = (await pipe.transaction([*before, call]))[-1]
+            try:
+                out = (await pipe.transaction([*before, call]))[-1]
+            except rexc.BusyLoadingError as e:
+                out = e
         else:
             (out,) = await pipe.call([call], [True])
         err = as_exception(out)
-        if not isinstance(err, rexc.NoScriptError):
+        if isinstance(err, rexc.NoScriptError):
+            await client.script_load(script.script)
+        elif isinstance(err, rexc.BusyLoadingError):  # restarted, reading its AOF: wait
+            await asyncio.sleep(delay)
+            delay = min(0.5, delay * 2)
+        else:
             break
-        await client.script_load(script.script)
     if err is not None:
         raise err
     return out
