@@ -9,10 +9,13 @@
    ceiling of this stack on this machine). The load generator is a minimal asyncio HTTP/1.1
    client in another process (httpx alone costs more CPU than the server it measures).
 2. Groups per second end to end through Redis, groups of 8 rollouts x 1,024 tokens: record
-   (create + pipelined rollouts), reward (one list call per group), publish (advantages,
-   XADD), read (``GroupReader`` in another process), ack. Baseline: raw redis-py ``XADD`` of
-   the same record bytes and ``XREADGROUP`` + ``XACK`` of them, same concurrency, same reader
-   process layout.
+   (``record_group``: the group opened and its 8 records written in one round trip, as the
+   sampling path does), reward (one list call per group), publish (advantages, the publish
+   script: XADD of the head, the records moved to the entry), read (``GroupReader`` in another
+   process: XREADGROUP, one MGET of the records, decode), ack (the ack/trim script, which
+   deletes the records with their entries). Baseline: raw redis-py ``XADD`` of the same
+   ready-group bytes (packed before the clock starts) and ``XREADGROUP`` + ``XACK`` of them
+   (not decoded), same concurrency, same reader process layout.
 3. msgpack (``pack_ready_group``) against JSON for the same ready-group records: bytes, and
    encode + decode time (JSON carries arrays as lists of numbers: it has no bytes type).
 """
