@@ -5,7 +5,9 @@ log-probabilities and per-token policy versions, the model turns' ``[start, end)
 the decoded text of each turn and of the context before it (prompt, tool results, template
 tokens), and, once the group is published, the advantage the learner will use. A published
 group is read from its ready-stream entry and the rollout records it references, the very bytes
-the learner trains on; otherwise from the rollout records. Read-only.
+the learner trains on; otherwise from the rollout records. Once the learner has trained a group
+and trimmed its entry, its records are gone with it (they moved to the entry when it was
+published), and its trajectories read as expired (None). Read-only.
 """
 
 from __future__ import annotations
