@@ -30,8 +30,8 @@ stream holds only unread and in-flight groups. With no consumer group yet, nothi
 groups published before the first learner starts wait for it.
 
 Groups are published by reference (``contract.redis_schema``): an entry carries the group's
-head (ids, rewards, advantages) and the number of its rollout records, which live in the
-entry's ready keys. ``read_batch`` fetches the records of every entry an XREADGROUP (or
+head (ids, rewards, advantages) and its rollout ids, whose records stay in their rollout keys
+(without a TTL once published). ``read_batch`` fetches the records of every entry an XREADGROUP (or
 claim) returned with one MGET, and joins them into the ``pack_ready_group`` bytes. The records
 are deleted with their entry, never before: the ack, the trim and the deletes are one script
 (``ACK_AND_TRIM``), atomic in Redis, so a crash at any point leaves either the entry with its
@@ -57,6 +57,7 @@ from contract.redis_schema import (
     ReadyGroup,
     as_str,
     join_ready_group,
+    key_template,
     ready_entry_refs,
     unpack_ready_group,
 )
@@ -65,8 +66,8 @@ logger = logging.getLogger(__name__)
 
 _CLAIM_PAGE = 100
 
-# KEYS: stream, counters. ARGV: consumer group, q_head, q_tail (ready rollout key around
-# "{entry_id}:{i}"), count field, then the ids to acknowledge.
+# KEYS: stream, counters. ARGV: consumer group, r_head, r_tail (rollout key around its id),
+# rollout ids field, then the stream ids to acknowledge.
 # XACK (counting the newly acked as groups_acked), then trims the stream below the oldest id
 # any consumer group still needs (its oldest pending entry, else the one after its last
 # delivered), deleting each trimmed entry's rollout records with it. Returns {newly acked,
@@ -103,8 +104,8 @@ for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '(' .. minid)) do
   local f = e[2]
   for i = 1, #f, 2 do
     if f[i] == ARGV[4] then
-      for j = 0, tonumber(f[i + 1]) - 1 do
-        redis.call('DEL', ARGV[2] .. e[1] .. ':' .. j .. ARGV[3])
+      for _, rid in ipairs(cmsgpack.unpack(f[i + 1])) do
+        redis.call('DEL', ARGV[2] .. rid .. ARGV[3])
       end
     end
   end
@@ -158,7 +159,7 @@ class GroupReader:
         self._held: set[str] = set()  # see ``rearm``
         self._committed: set[str] = set()
         self._ack_trim = client.register_script(ACK_AND_TRIM)
-        self._q_tpl = keys.ready_rollout_template()
+        self._r_tpl = key_template(keys.rollout)
 
     def _last_delivered(self) -> str:
         for g in self.client.xinfo_groups(self._stream):
@@ -217,7 +218,7 @@ class GroupReader:
         wanted: list[str] = []
         for raw_id, fields in entries:
             entry_id, fields = as_str(raw_id), fields or {}
-            ref = ready_entry_refs(self.keys, entry_id, fields)
+            ref = ready_entry_refs(self.keys, fields)
             refs.append((entry_id, ref, fields.get(READY_STREAM_FIELD.encode())))
             if ref is not None:
                 wanted += ref[1]
@@ -306,7 +307,7 @@ class GroupReader:
     def _ack_and_trim(self, entry_ids: Sequence[str]) -> int:
         newly, trimmed = self._ack_trim(
             keys=[self._stream, self.keys.counters],
-            args=[self.group, *self._q_tpl, READY_COUNT_FIELD, *entry_ids])
+            args=[self.group, *self._r_tpl, READY_COUNT_FIELD, *entry_ids])
         return int(trimmed)
 
     def drop_invalid(self, entry_ids: Sequence[str]) -> None:

@@ -10,16 +10,17 @@ The design, for few round trips and one write of the rollout bytes (BENCHMARKS.m
 and Redis queue", has the numbers):
 
 - **Bytes written once, never through Lua.** A rollout record (~13 kB for 1,024 tokens) is
-  SET to a staging key and *renamed* into place by the record script; publishing renames it
-  again, to the stream entry's ready key (``Keys.ready_rollout``); the learner MGETs it after
-  XREADGROUP and deletes it with the entry (``learner.reader``). Scripts see key names and
-  small values only (a 13 kB script argument costs Redis ~20x a plain SET of it), and the
-  stream entry is the group's head (rewards, advantages: a few hundred bytes) plus a count.
+  SET to a staging key and *renamed* into place by the record script; publishing leaves it
+  there and only references it: the stream entry is the group's head (rewards, advantages: a
+  few hundred bytes) and the rollout ids, and the record loses its TTL (it is the entry's
+  now); the learner MGETs the records after XREADGROUP and deletes them with the entry
+  (``learner.reader``). Scripts see key names and small values only (a 13 kB script argument
+  costs Redis ~20x a plain SET of it).
 - **Round trips.** The sampling path opens the group and records its rollouts in one
   MULTI/EXEC (``record_group``). A reward is one script call. The reward that completes a
   group gets the group's rewards back from that call, the credit rule runs here
   (``server.store_finish.decide_finish``), and one more script call publishes or drops it
-  (``PUBLISH_GROUP``: checks ``complete``, XADDs, moves the records, bookkeeping). So a group
+  (``PUBLISH_GROUP``: checks ``complete``, XADDs, bookkeeping). So a group
   of 8 costs the producer 1 + 8 + 1 round trips with single-reward posts (1 + 1 + 1 when its
   rewards come in one call), against 8 before (create, a MULTI, the reward, WATCH, HMGET,
   MGET, MULTI/XADD/EXEC, HSET of the stream id).

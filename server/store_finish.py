@@ -3,9 +3,9 @@
 The record is the ``pack_ready_group`` layout in two pieces: here the head (the group's fields
 and advantages, up to the rollouts' array header, a few hundred bytes), and the rollouts'
 stored msgpack records, which never leave Redis on the way: the publish script
-(``PUBLISH_GROUP``) XADDs the head and renames the records to the entry's ready keys; the
-learner reads them back after XREADGROUP and joins them (``join_ready_group``), byte for byte
-what ``pack_ready_group`` produces (a test checks it).
+(``PUBLISH_GROUP``) XADDs the head with the rollout ids and keeps the records where they are
+(without a TTL from then on); the learner reads them after XREADGROUP and joins them
+(``join_ready_group``), byte for byte what ``pack_ready_group`` produces (a test checks it).
 
 Why the decision is here and not in the reward script: the credit rule
 (``contract.credit.group_credit``, with turn rewards and per-turn baselines) would have to be
@@ -144,9 +144,9 @@ def publish_call(keys: Keys, group_id: str, decision: Decision,
     return ([keys.group(group_id), keys.group_rollouts(group_id), keys.group_rewards(group_id),
              keys.complete, keys.counters, keys.ready_stream],
             [group_id, decision.mode, decision.reason, finished_ttl,
-             *key_template(keys.rollout), *key_template(keys.rollout_group),
-             *keys.ready_rollout_template(), decision.head, READY_HEAD_FIELD,
-             READY_COUNT_FIELD, *decision.rollout_ids])
+             *key_template(keys.rollout), *key_template(keys.rollout_group), decision.head,
+             msgpack.packb(decision.rollout_ids), READY_HEAD_FIELD, READY_COUNT_FIELD,
+             *decision.rollout_ids])
 
 
 def publish_result(reply: list[Any]) -> str | None:

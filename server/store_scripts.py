@@ -8,8 +8,9 @@ reward for the same group, and publishing (``PUBLISH_GROUP``: check ``complete``
 
 No large value ever passes through a script's arguments or replies (a 13 kB argument costs
 Redis ~20x a plain SET of it): rollout records are written with plain SETs to a staging key
-and *renamed* by the scripts (into place when recorded, to the ready keys when published), so
-a rollout's bytes are written once, when sampled, and read once, by the learner.
+and *renamed* into place by the record script; publishing only references them (and removes
+their TTL), so a rollout's bytes are written once, when sampled, and read once, by the
+learner.
 
 Key names are never spelled here: scripts that find a group id inside Redis build its keys
 from ``head .. id .. tail`` templates that ``server.store`` derives from ``Keys``. Because
@@ -96,6 +97,12 @@ if #ids == 0 then return {} end
 -- One call each for what every rollout needs (a call costs ~1 us of Redis CPU in Lua).
 local owners = redis.call('MGET', unpack(mks))
 local all_staged = redis.call('EXISTS', unpack(sks)) == #ids
+-- A record without its mapping is a published one waiting for the learner: never replaced.
+local new_rks = {}
+for i, rid in ipairs(ids) do
+  if not owners[i] then new_rks[#new_rks + 1] = ARGV[3] .. rid .. ARGV[4] end
+end
+local orphans = #new_rks > 0 and redis.call('EXISTS', unpack(new_rks)) > 0
 local count, group_exp, now = nil, nil, nil
 local out, pushed, seen = {}, {}, {}
 for i, rid in ipairs(ids) do
@@ -109,6 +116,8 @@ for i, rid in ipairs(ids) do
   elseif any_reward and redis.call('HEXISTS', KEYS[3], rid) == 1 then
     result = 'rollout_rewarded'
   elseif owner and owner ~= ARGV[1] then result = 'rollout_in_other_group'
+  elseif not owner and orphans and redis.call('EXISTS', ARGV[3] .. rid .. ARGV[4]) == 1 then
+    result = 'rollout_in_other_group'
   else
     group_exp = group_exp or redis.call('EXPIRETIME', KEYS[1])
     now = now or now_s()
@@ -216,31 +225,30 @@ return {statuses, gids, completed}
 
 # KEYS: group, group rollouts, group rewards, complete set, counters, ready stream.
 # ARGV: group_id, mode (publish | drop), drop reason, finished_ttl, r_head, r_tail (rollout),
-#       m_head, m_tail (rollout->group), q_head, q_tail (ready rollout), head (the record's
-#       bytes before the rollouts), head field, count field, then the rollout ids to publish.
+#       m_head, m_tail (rollout->group), head (the record's bytes before the rollouts), ids
+#       (msgpack list of the rollout ids to publish), head field, ids field, then those ids.
 # Ends a complete group exactly once: anything but 'complete' returns {} (another finisher
-# won, or the group moved on). Publish: XADD an entry that carries the head and the number of
-# rollouts, then RENAME each rollout's record to its ready key (no copy, no TTL: the learner
-# deletes them with the entry) -- by reference, so no large value passes through Lua; a
-# missing record (expired) turns it into a drop (missing_rollouts). Then the bookkeeping:
-# state, stream_id or drop_reason, counters, the group's keys shortened to finished_ttl.
+# won, or the group moved on). Publish: XADD an entry that carries the head and the rollout
+# ids -- by reference: the records stay where they are, only their TTL is removed (they
+# belong to the entry now; the learner's trim deletes them with it), so no large value passes
+# through Lua; a missing record (expired) turns it into a drop (missing_rollouts). Then the
+# bookkeeping: state, stream_id or drop_reason, counters, the group's keys, its rollout ->
+# group mappings and its unpublished records shortened to finished_ttl.
 # Returns {'published', stream id} | {'dropped', reason}.
 PUBLISH_GROUP = _COMMON + """
 local st = redis.call('HMGET', KEYS[1], 'state', 'partial')
 if st[1] ~= 'complete' then return {} end
 local mode, reason, sid = ARGV[2], ARGV[3], nil
 local rks, moved = {}, {}
-for i = 14, #ARGV do rks[#rks + 1] = ARGV[5] .. ARGV[i] .. ARGV[6] end
+for i = 13, #ARGV do rks[#rks + 1] = ARGV[5] .. ARGV[i] .. ARGV[6] end
 if mode == 'publish' and (#rks == 0 or redis.call('EXISTS', unpack(rks)) < #rks) then
   mode, reason = 'drop', 'missing_rollouts'
 end
 if mode == 'publish' then
-  sid = redis.call('XADD', KEYS[6], '*', ARGV[12], ARGV[11], ARGV[13], #rks)
+  sid = redis.call('XADD', KEYS[6], '*', ARGV[11], ARGV[9], ARGV[12], ARGV[10])
   for i, rk in ipairs(rks) do
-    local qk = ARGV[9] .. sid .. ':' .. tostring(i - 1) .. ARGV[10]
-    redis.call('RENAME', rk, qk)
-    redis.call('PERSIST', qk)
-    moved[ARGV[13 + i]] = true
+    redis.call('PERSIST', rk)
+    moved[ARGV[12 + i]] = true
   end
   redis.call('HSET', KEYS[1], 'state', 'published', 'stream_id', sid)
   redis.call('HINCRBY', KEYS[5], 'groups_published', 1)

@@ -81,7 +81,7 @@ async def _published(store: RolloutStore, stream_id: str) -> dict[str, tuple[Rol
     if not entries:  # trimmed from the stream: fall back to the records
         return {}
     fields = entries[0][1]
-    ref = ready_entry_refs(store.keys, stream_id, fields)
+    ref = ready_entry_refs(store.keys, fields)
     if ref is not None:  # published by reference: the records are the entry's ready keys
         records = await store.redis.mget(ref[1])
         if any(r is None for r in records):

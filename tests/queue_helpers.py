@@ -171,7 +171,7 @@ def ready_records(client: redis.Redis, keys: Keys | None = None) -> list[tuple[s
     out = []
     for raw_id, fields in client.xrange(keys.ready_stream):
         entry_id = as_str(raw_id)
-        ref = ready_entry_refs(keys, entry_id, fields)
+        ref = ready_entry_refs(keys, fields)
         if ref is None:
             out.append((entry_id, fields[READY_STREAM_FIELD.encode()]))
             continue
@@ -189,7 +189,7 @@ async def aready_records(client: aioredis.Redis,
     out = []
     for raw_id, fields in await client.xrange(keys.ready_stream):
         entry_id = as_str(raw_id)
-        ref = ready_entry_refs(keys, entry_id, fields)
+        ref = ready_entry_refs(keys, fields)
         if ref is None:
             out.append((entry_id, fields[READY_STREAM_FIELD.encode()]))
             continue

@@ -1,7 +1,7 @@
 """The queue's round-trip design against a real Redis: a group opened and recorded in one call,
-published by reference (a small stream entry, the rollout records moved, not copied), read and
-deleted with their entry by the learner's reader, and the auto-pipelined connection surviving
-a killed connection."""
+published by reference (a small stream entry; the rollout records stay where they were written,
+never copied), read and deleted with their entry by the learner's reader, never overwritten
+while they wait for it, and the auto-pipelined connection surviving a killed connection."""
 
 from __future__ import annotations
 
@@ -80,9 +80,19 @@ def test_published_by_reference_and_deleted_with_the_entry(redis_url: str,
     ((entry_id, fields),) = [(i.decode(), f) for i, f in r.xrange(KEYS.ready_stream)]
     assert set(fields) == {READY_HEAD_FIELD.encode(), READY_COUNT_FIELD.encode()}
     assert len(fields[READY_HEAD_FIELD.encode()]) < 1024  # the group's head, not its bytes
-    ready = [KEYS.ready_rollout(entry_id, i) for i in range(4)]
-    assert r.mget(ready) == [pack_rollout(x) for x in recs]  # the records, moved as they were
-    assert all(r.get(KEYS.rollout(x.rollout_id)) is None for x in recs)
+    ready = [KEYS.rollout(x.rollout_id) for x in recs]
+    assert r.mget(ready) == [pack_rollout(x) for x in recs]  # the records, as written
+    assert [r.ttl(k) for k in ready] == [-1] * 4  # the entry's now: no TTL
+    r.delete(*[KEYS.rollout_group(x.rollout_id) for x in recs])  # as when the mappings expire
+
+    async def reuse(store: RolloutStore) -> None:  # a waiting record is never replaced
+        await store.create_group("h", 1)
+        with pytest.raises(StoreError) as e:
+            await store.record_rollout(make_rollout(recs[0].rollout_id, "h", 8))
+        assert e.value.code == "rollout_in_other_group"
+
+    with_store(redis_url, reuse)
+    assert r.get(ready[0]) == pack_rollout(recs[0])
 
     other = GroupReader(r, group="eval")  # a second consumer group, still to read it
     reader = GroupReader(r)
@@ -100,7 +110,7 @@ def test_published_by_reference_and_deleted_with_the_entry(redis_url: str,
 def test_an_entry_whose_records_are_gone_is_acked_as_unreadable(redis_url: str,
                                                                  r: redis.Redis) -> None:
     lost, fine = asyncio.run(publish_groups(redis_url, ["lost", "fine"]))
-    r.delete(KEYS.ready_rollout(lost, 1))  # as if Redis lost it
+    r.delete(KEYS.rollout("lost-r1"))  # as if Redis lost it
     reader = GroupReader(r)
     batch = reader.read_batch(2, 0, 5)
     assert batch.entry_ids == [fine] and batch.dropped_malformed == [lost]
