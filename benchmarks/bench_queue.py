@@ -9,10 +9,13 @@
    ceiling of this stack on this machine). The load generator is a minimal asyncio HTTP/1.1
    client in another process (httpx alone costs more CPU than the server it measures).
 2. Groups per second end to end through Redis, groups of 8 rollouts x 1,024 tokens: record
-   (create + pipelined rollouts), reward (one list call per group), publish (advantages,
-   XADD), read (``GroupReader`` in another process), ack. Baseline: raw redis-py ``XADD`` of
-   the same record bytes and ``XREADGROUP`` + ``XACK`` of them, same concurrency, same reader
-   process layout.
+   (``record_group``: the group opened and its 8 records written in one round trip, as the
+   sampling path does), reward (one list call per group), publish (advantages, the publish
+   script: XADD of the head, the records moved to the entry), read (``GroupReader`` in another
+   process: XREADGROUP, one MGET of the records, decode), ack (the ack/trim script, which
+   deletes the records with their entries). Baseline: raw redis-py ``XADD`` of the same
+   ready-group bytes (packed before the clock starts) and ``XREADGROUP`` + ``XACK`` of them
+   (not decoded), same concurrency, same reader process layout.
 3. msgpack (``pack_ready_group``) against JSON for the same ready-group records: bytes, and
    encode + decode time (JSON carries arrays as lists of numbers: it has no bytes type).
 """
@@ -61,6 +64,7 @@ def bench_app() -> FastAPI:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await app.state.store.aclose()
         await client.aclose()
 
     app = FastAPI(lifespan=lifespan)
@@ -145,6 +149,7 @@ async def _prepare_groups(url: str, n_groups: int, tokens: int) -> list[str]:
         recs = [make_rollout(f"{gid}-r{i}", gid, tokens, seed=i) for i in range(GROUP)]
         await store.record_rollouts(recs)
         ids += [r.rollout_id for r in recs]
+    await store.aclose()
     await client.aclose()
     return ids
 
@@ -238,13 +243,13 @@ async def _produce_ours(url: str, n_groups: int, concurrency: int, tokens: int) 
             gid = f"e{g}"
             recs = [dataclasses.replace(t, rollout_id=f"{gid}-r{i}", group_id=gid)
                     for i, t in enumerate(templates)]
-            await store.create_group(gid, GROUP)
-            await store.record_rollouts(recs)
+            await store.record_group(gid, GROUP, None, recs)  # what sampling does
             out = await store.post_rewards(
                 [RewardItem(r.rollout_id, float(i)) for i, r in enumerate(recs)])
             assert out.applied and out.results[-1].group_complete
 
     await asyncio.gather(*[one(g) for g in range(n_groups)])
+    await store.aclose()
     await client.aclose()
 
 

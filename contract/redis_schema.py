@@ -3,7 +3,10 @@
 Keys (``{p}`` is the configurable prefix, default ``gspo``; every key carries a TTL or is
 trimmed after acknowledgement, so memory stays bounded in a long run):
 
-- ``{p}:rollout:{rollout_id}``: string, one msgpack ``RolloutRecord`` (see ``pack_rollout``).
+- ``{p}:rollout:{rollout_id}``: string, one msgpack ``RolloutRecord`` (see ``pack_rollout``);
+  without a TTL once its group is published (see the ready stream). A rollout id whose record
+  exists without its ``:group`` mapping (a published record waiting for the learner) is never
+  recorded again.
 - ``{p}:rollout:{rollout_id}:group``: string, the rollout's group id, same TTL as the rollout
   (lets the reward script find the group without unpacking the record: Redis's Lua msgpack
   cannot decode the binary arrays).
@@ -30,7 +33,16 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
 - ``{p}:groups:deadlines``: sorted set group_id -> deadline (for the expiry sweeper).
 - ``{p}:groups:complete``: set of group ids whose last reward arrived but which are not yet
   published (the finaliser, or the sweeper after a crash, publishes them).
-- ``{p}:stream:ready``: stream of ready groups (field ``group`` = msgpack ``ReadyGroup``).
+- ``{p}:stream:ready``: stream of ready groups, published *by reference*: an entry holds
+  ``head`` (the ``pack_ready_group`` bytes up to the rollouts' array header: group id,
+  metadata, rewards, advantages; a few hundred bytes) and ``rollouts`` (msgpack list of the
+  published rollout ids, in order); their records are the ``{p}:rollout:{rollout_id}`` keys,
+  left where they were written (the publish script removes their TTL: they belong to the
+  entry now, and the learner's trim script deletes them with it, in the same atomic step), and
+  ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``).
+  A rollout's bytes are written once, when sampled, and never copied. An entry with a
+  ``group`` field instead carries the whole record inline (how groups were published before;
+  still read, e.g. by tests and tools that XADD a packed group).
 - ``{p}:counters``: hash of monotonically increasing counters (published, dropped_*, ...).
 - ``{p}:servers``: hash server_id -> signed JSON registration
   (``contract.registry``); ``{p}:server:{id}:alive`` heartbeat
@@ -57,7 +69,9 @@ import numpy as np
 from contract.credit import AdvantageConfig
 
 DEFAULT_PREFIX = "gspo"
-READY_STREAM_FIELD = "group"
+READY_STREAM_FIELD = "group"  # an inline entry: the whole msgpack ReadyGroup
+READY_HEAD_FIELD = "head"  # a by-reference entry: pack_ready_group's bytes before the rollouts
+READY_COUNT_FIELD = "rollouts"  # ... and the msgpack list of the rollout ids whose records follow
 LEARNER_CONSUMER_GROUP = "learners"
 
 
@@ -257,6 +271,22 @@ def unpack_ready_group(data: bytes) -> ReadyGroup:
         advantage_config=(AdvantageConfig.from_dict(d["advantage_config"])
                           if d.get("advantage_config") else None),
     )
+
+
+def join_ready_group(head: bytes, records: list[bytes]) -> bytes:
+    """A by-reference entry's head and its rollout records (in order) -> the bytes
+    ``pack_ready_group`` would produce for the group (``unpack_ready_group`` reads them)."""
+    return b"".join([head, *records])
+
+
+def ready_entry_refs(keys: Keys,
+                     fields: dict[bytes, bytes]) -> tuple[bytes, list[str]] | None:
+    """A stream entry's head and the keys of its rollout records; None for an entry that is
+    not by reference (inline, or malformed)."""
+    head, ids = fields.get(READY_HEAD_FIELD.encode()), fields.get(READY_COUNT_FIELD.encode())
+    if head is None or ids is None:
+        return None
+    return head, [keys.rollout(rid) for rid in msgpack.unpackb(ids)]
 
 
 def key_template(fn: Callable[[str], str]) -> list[str]:

@@ -28,6 +28,16 @@ After each ``ack`` the stream is trimmed (``XTRIM MINID``) below the oldest entr
 consumer group still needs (its oldest pending entry, or the first not yet delivered), so the
 stream holds only unread and in-flight groups. With no consumer group yet, nothing is trimmed:
 groups published before the first learner starts wait for it.
+
+Groups are published by reference (``contract.redis_schema``): an entry carries the group's
+head (ids, rewards, advantages) and its rollout ids, whose records stay in their rollout keys
+(without a TTL once published). ``read_batch`` fetches the records of every entry an XREADGROUP (or
+claim) returned with one MGET, and joins them into the ``pack_ready_group`` bytes. The records
+are deleted with their entry, never before: the ack, the trim and the deletes are one script
+(``ACK_AND_TRIM``), atomic in Redis, so a crash at any point leaves either the entry with its
+records (read again, or trimmed later) or neither; an entry another consumer group still needs
+keeps its records. An entry whose records are missing (Redis lost them) is unreadable: acked,
+reported in ``dropped_malformed``, like a corrupt one.
 """
 
 from __future__ import annotations
@@ -41,16 +51,67 @@ import redis
 
 from contract.redis_schema import (
     LEARNER_CONSUMER_GROUP,
+    READY_COUNT_FIELD,
     READY_STREAM_FIELD,
     Keys,
     ReadyGroup,
     as_str,
+    join_ready_group,
+    key_template,
+    ready_entry_refs,
     unpack_ready_group,
 )
 
 logger = logging.getLogger(__name__)
 
 _CLAIM_PAGE = 100
+
+# KEYS: stream, counters. ARGV: consumer group, r_head, r_tail (rollout key around its id),
+# rollout ids field, then the stream ids to acknowledge.
+# XACK (counting the newly acked as groups_acked), then trims the stream below the oldest id
+# any consumer group still needs (its oldest pending entry, else the one after its last
+# delivered), deleting each trimmed entry's rollout records with it. Returns {newly acked,
+# entries trimmed}. Ids are compared as (ms, seq) numbers: ms < 2^53 is exact in Lua.
+ACK_AND_TRIM = """
+local newly = 0
+for i = 5, #ARGV, 1000 do
+  newly = newly + redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, math.min(#ARGV, i + 999)))
+end
+if newly > 0 then redis.call('HINCRBY', KEYS[2], 'groups_acked', newly) end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {newly, 0} end
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local min_ms, min_seq = nil, nil
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  local ms, seq
+  if tonumber(info['pending']) > 0 then
+    ms, seq = parse(redis.call('XPENDING', KEYS[1], info['name'], '-', '+', 1)[1][1])
+  else
+    ms, seq = parse(info['last-delivered-id'])
+    seq = seq + 1
+  end
+  if not min_ms or ms < min_ms or (ms == min_ms and seq < min_seq) then
+    min_ms, min_seq = ms, seq
+  end
+end
+if not min_ms then return {newly, 0} end
+local minid = string.format('%d-%d', min_ms, min_seq)
+for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '(' .. minid)) do
+  local f = e[2]
+  for i = 1, #f, 2 do
+    if f[i] == ARGV[4] then
+      for _, rid in ipairs(cmsgpack.unpack(f[i + 1])) do
+        redis.call('DEL', ARGV[2] .. rid .. ARGV[3])
+      end
+    end
+  end
+end
+return {newly, redis.call('XTRIM', KEYS[1], 'MINID', minid)}
+"""
 
 
 @dataclass
@@ -97,6 +158,8 @@ class GroupReader:
         self._claim_end = self._last_delivered()
         self._held: set[str] = set()  # see ``rearm``
         self._committed: set[str] = set()
+        self._ack_trim = client.register_script(ACK_AND_TRIM)
+        self._r_tpl = key_template(keys.rollout)
 
     def _last_delivered(self) -> str:
         for g in self.client.xinfo_groups(self._stream):
@@ -148,18 +211,40 @@ class GroupReader:
                 break
         return batch
 
+    def _resolve(self, entries: list) -> list[tuple[str, bytes | None]]:
+        """Each entry's ``pack_ready_group`` bytes (None: unreadable): inline ones as they
+        are, by-reference ones joined with their rollout records, fetched with one MGET."""
+        refs: list[tuple[str, tuple[bytes, list[str]] | None, bytes | None]] = []
+        wanted: list[str] = []
+        for raw_id, fields in entries:
+            entry_id, fields = as_str(raw_id), fields or {}
+            ref = ready_entry_refs(self.keys, fields)
+            refs.append((entry_id, ref, fields.get(READY_STREAM_FIELD.encode())))
+            if ref is not None:
+                wanted += ref[1]
+        blobs = iter(self.client.mget(wanted) if wanted else [])
+        out: list[tuple[str, bytes | None]] = []
+        for entry_id, ref, inline in refs:
+            if ref is None:
+                out.append((entry_id, inline))
+                continue
+            records = [next(blobs) for _ in ref[1]]
+            if any(r is None for r in records):
+                logger.error("ready-group entry %s: rollout records missing", entry_id)
+                out.append((entry_id, None))
+            else:
+                out.append((entry_id, join_ready_group(ref[0], records)))
+        return out
+
     def _take(self, batch: Batch, entries: list, current_version: int) -> None:
         """Decodes entries into ``batch``; stale and unreadable ones are acked and counted."""
         drop: list[str] = []
         stale = 0
-        for raw_id, fields in entries:
-            entry_id = as_str(raw_id)
-            if entry_id in self._held:
-                continue
-            if entry_id in self._committed:
-                drop.append(entry_id)
-                continue
-            data = (fields or {}).get(READY_STREAM_FIELD.encode()) if fields else None
+        todo = [e for e in entries
+                if as_str(e[0]) not in self._held and as_str(e[0]) not in self._committed]
+        drop += [as_str(e[0]) for e in entries if as_str(e[0]) in self._committed
+                 and as_str(e[0]) not in self._held]
+        for entry_id, data in self._resolve(todo):
             try:
                 group = unpack_ready_group(data) if data is not None else None
             except Exception:  # a corrupt record must not stop the learner: ack, count, log
@@ -215,12 +300,15 @@ class GroupReader:
 
     def ack(self, entry_ids: Sequence[str]) -> None:
         """Acknowledges entries (idempotent: acking twice, or an unknown id, is a no-op), then
-        trims the stream below what every consumer group still needs."""
-        if entry_ids:
-            newly = int(self.client.xack(self._stream, self.group, *entry_ids))
-            if newly:
-                self.client.hincrby(self.keys.counters, "groups_acked", newly)
-        self.trim()
+        trims the stream below what every consumer group still needs, deleting the trimmed
+        entries' rollout records: one script, one round trip."""
+        self._ack_and_trim(entry_ids)
+
+    def _ack_and_trim(self, entry_ids: Sequence[str]) -> int:
+        newly, trimmed = self._ack_trim(
+            keys=[self._stream, self.keys.counters],
+            args=[self.group, *self._r_tpl, READY_COUNT_FIELD, *entry_ids])
+        return int(trimmed)
 
     def drop_invalid(self, entry_ids: Sequence[str]) -> None:
         """Acknowledges entries that can never be trained (a poison group must not crash the
@@ -233,23 +321,9 @@ class GroupReader:
             pipe.execute()
 
     def trim(self) -> int:
-        """``XTRIM MINID`` at the oldest id any consumer group still needs; returns how many
-        entries were removed."""
-        groups = self.client.xinfo_groups(self._stream)
-        if not groups:
-            return 0
-        needed: list[tuple[int, int]] = []
-        for g in groups:
-            name = as_str(g["name"])
-            if int(g["pending"]) > 0:
-                oldest = self.client.xpending_range(self._stream, name, "-", "+", 1)
-                if oldest:
-                    needed.append(_id_key(as_str(oldest[0]["message_id"])))
-                    continue
-            ms, seq = _id_key(as_str(g["last-delivered-id"]))
-            needed.append((ms, seq + 1))  # everything up to last-delivered is acked
-        ms, seq = min(needed)
-        return int(self.client.xtrim(self._stream, minid=f"{ms}-{seq}", approximate=False))
+        """``XTRIM MINID`` at the oldest id any consumer group still needs (with the trimmed
+        entries' rollout records); returns how many entries were removed."""
+        return self._ack_and_trim([])
 
     def pending_ids(self) -> list[str]:
         """Ids delivered to this consumer and not yet acknowledged, oldest first."""

@@ -100,6 +100,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine: Engine = app.state.injected_engine or build_engine(settings)
     redis = make_redis(settings.redis_url)
     tasks: list[asyncio.Task[Any]] = []
+    store: EpisodeStore | None = None
     try:
         await redis.ping()  # fail at start-up, not at the first rollout
         keys = Keys(settings.key_prefix)
@@ -135,6 +136,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await gate.counter.withdraw()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(engine.shutdown(), SHUTDOWN_TIMEOUT_S)
+        if store is not None:
+            await store.aclose()
         await redis.aclose()
 
 

@@ -8,9 +8,9 @@ Every sampling route runs the same three steps, in this order:
 2. ``sample_group``: the ``n`` samples run concurrently; the engine batches them with
    everything else in flight. An aborted sample (engine shutting down) fails the request with
    a 503 and nothing is recorded.
-3. the group and its ``n`` rollouts are written to Redis (``store.create_group`` then
-   ``store.record_rollouts``) before the response leaves, so an environment that has a
-   ``rollout_id`` can always post its reward.
+3. the group and its ``n`` rollouts are written to Redis (``store.record_group``: the group
+   opened and its rollouts recorded in one round trip) before the response leaves, so an
+   environment that has a ``rollout_id`` can always post its reward.
 """
 
 from __future__ import annotations
@@ -206,11 +206,11 @@ async def sample_group(engine: Engine, store: RolloutStore, plan: GenerationPlan
     metrics.generation_latency.labels(plan.route).observe(time.perf_counter() - start)
     group_id = uuid.uuid4().hex
     samples = [Sample(rollout_id=uuid.uuid4().hex, completion=c) for c in completions]
-    await store.create_group(group_id, plan.n, plan.metadata)
     record_meta = {"server_id": server_id, "route": plan.route}
-    await store.record_rollouts([rollout_record(group_id, s, plan.prompt_token_ids,
-                                                plan.params, record_meta)
-                                 for s in samples])  # one round trip for the group
+    await store.record_group(group_id, plan.n, plan.metadata,
+                             [rollout_record(group_id, s, plan.prompt_token_ids, plan.params,
+                                             record_meta)
+                              for s in samples])  # one round trip for the group
     metrics.groups.inc()
     metrics.rollouts.inc(len(samples))
     result = GroupResult(group_id=group_id, prompt_token_ids=plan.prompt_token_ids,

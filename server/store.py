@@ -1,22 +1,50 @@
 """A group's life in Redis: created, rollouts recorded, rewarded, completed, published once.
 
 ```
-create_group -> open --record_rollout (x size)--> open --post_rewards (last one)--> complete
+record_group (create + record, x size)--> open --post_rewards (last one)--> complete
 open --deadline, >= min rewarded--> complete (partial)      open --deadline--> expired
-complete --finisher (advantages, XADD)--> published | dropped (zero variance)
+complete --finisher (advantages, publish script)--> published | dropped (zero variance)
 ```
 
-Why two steps for "complete" and "published": the reward script (Lua, atomic) only records
-the reward and flips ``open -> complete``; the advantages are computed here in Python
-(``contract.credit.group_credit``), and a second script appends the group to the ready
-stream only if its state is still ``complete``, moving it to ``published`` in the same step.
-A process that dies between the two leaves the group in the ``complete`` set, where the
-sweeper (``run_sweeper``) finds and publishes it: exactly once, crash or not.
+The design, for few round trips and one write of the rollout bytes (BENCHMARKS.md, "Reward API
+and Redis queue", has the numbers):
+
+- **Bytes written once, never through Lua.** A rollout record (~13 kB for 1,024 tokens) is
+  SET to a staging key and *renamed* into place by the record script; publishing leaves it
+  there and only references it: the stream entry is the group's head (rewards, advantages: a
+  few hundred bytes) and the rollout ids, and the record loses its TTL (it is the entry's
+  now); the learner MGETs the records after XREADGROUP and deletes them with the entry
+  (``learner.reader``). Scripts see key names and small values only (a 13 kB script argument
+  costs Redis ~20x a plain SET of it).
+- **Round trips.** The sampling path opens the group and records its rollouts in one
+  MULTI/EXEC (``record_group``). A reward is one script call. The reward that completes a
+  group gets the group's rewards back from that call, the credit rule runs here
+  (``server.store_finish.decide_finish``), and one more script call publishes or drops it
+  (``PUBLISH_GROUP``: checks ``complete``, XADDs, bookkeeping). So a group
+  of 8 costs the producer 1 + 8 + 1 round trips with single-reward posts (1 + 1 + 1 when its
+  rewards come in one call), against 8 before (create, a MULTI, the reward, WATCH, HMGET,
+  MGET, MULTI/XADD/EXEC, HSET of the stream id).
+- **One connection per process, auto-pipelined** (``server.redis_pipe``): the hot path's
+  commands from every concurrent request go out in one write per event-loop iteration and are
+  parsed by hiredis, ~5x less client CPU per round trip than redis-py's asyncio client.
+
+Why the decision is not in the reward script too (one call less per group): the credit rule
+(``contract.credit``, with per-turn baselines) would need a second implementation in Lua that
+must agree with the learner's bit for bit; the price of one implementation is 1/size of a
+round trip per reward.
+
+Exactly once, crash or not: only the reward script flips ``open -> complete`` (atomically
+with the last reward), and only the publish script leaves ``complete`` (atomically with its
+XADD). A process that dies between the two leaves the group in the ``complete`` set, where the
+sweeper (``run_sweeper``) finds and publishes it; racing finishers find it no longer
+``complete`` and do nothing.
 
 Memory stays bounded: an open group's keys expire ``finished_ttl_s`` after its deadline (the
-sweeper acts at the deadline); once a group is published, dropped or expired, its keys and
-its rollouts are shortened to ``finished_ttl_s`` (long enough for duplicate rewards to get a
-200 and late ones a 410); the stream is trimmed by the reader after acknowledgement.
+sweeper acts at the deadline); once a group is published, dropped or expired, its keys, its
+rollout -> group mappings and its unpublished rollouts are shortened to ``finished_ttl_s``
+(long enough for duplicate rewards to get a 200 and late ones a 410); a published group's
+records live, without a TTL, exactly as long as its stream entry: the reader deletes both
+when it trims acknowledged entries.
 
 Requires a client with ``decode_responses=False`` (records are binary msgpack).
 """
@@ -34,27 +62,30 @@ import msgpack
 import redis.asyncio as aioredis
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, Field
+from redis.commands.core import AsyncScript
 
 from contract.credit import AdvantageConfig
 from contract.redis_schema import (
-    READY_STREAM_FIELD,
     Keys,
     RolloutRecord,
     as_str,
     key_template,
     pack_rollout,
 )
-from server.store_errors import StoreError, StoreReason
+from server.redis_pipe import pipe_for, run_script
+from server.store_errors import StoreError, StoreReason, item_status, record_error
 from server.store_finish import (
     Snapshot,
     decide_finish,
-    publish,
+    publish_call,
+    publish_result,
     read_snapshot,
 )
 from server.store_scripts import (
     CREATE_GROUP,
     EXPIRE_DUE,
     POST_REWARDS,
+    PUBLISH_GROUP,
     RECORD_ROLLOUTS,
 )
 
@@ -166,8 +197,6 @@ def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
     )
 
 
-_CLOSED_STATUS = {"expired": "expired", "gone": "expired"}
-
 
 class RolloutStore:
     """Every operation on groups and rollouts in Redis (see the module docstring)."""
@@ -184,6 +213,8 @@ class RolloutStore:
         self._record = redis.register_script(RECORD_ROLLOUTS)
         self._rewards = redis.register_script(POST_REWARDS)
         self._expire = redis.register_script(EXPIRE_DUE)
+        self._publish = redis.register_script(PUBLISH_GROUP)
+        self._pipe = pipe_for(redis)
         k = keys
         self._t_rollout, self._t_map = key_template(k.rollout), key_template(k.rollout_group)
         self._t_group, self._t_list = key_template(k.group), key_template(k.group_rollouts)
@@ -191,22 +222,49 @@ class RolloutStore:
         self._t_staging = key_template(k.rollout_staging)
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
 
+    async def aclose(self) -> None:
+        """Closes the store's own connection (the hot path's ``RedisPipe``); the redis-py
+        client passed in stays the caller's to close."""
+        if self._pipe is not None:
+            await self._pipe.aclose()
+
+    async def _run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any],
+                   before: Sequence[tuple[Any, ...]] = ()) -> Any:
+        return await run_script(self._pipe, self.redis, script, keys, args, before)
+
+    def _check_size(self, size: int) -> None:
+        if not 1 <= size <= self.config.max_group_size:
+            raise StoreError(StoreReason.INVALID, "invalid_group_size",
+                             f"group size must be in [1, {self.config.max_group_size}]")
+
     async def create_group(
         self, group_id: str, size: int, metadata: dict[str, Any] | None = None
     ) -> None:
         """Opens a group of ``size`` rollouts. Idempotent for the same size (a retried
         request); ``StoreError`` (conflict) if the id exists with another size."""
-        if not 1 <= size <= self.config.max_group_size:
-            raise StoreError(StoreReason.INVALID, "invalid_group_size",
-                             f"group size must be in [1, {self.config.max_group_size}]")
-        res = await self._create(
-            keys=[self.keys.group(group_id), self.keys.deadlines, self.keys.counters],
-            args=[group_id, size, msgpack.packb(metadata or {}), self.config.group_ttl_s,
-                  self._finished_ttl],
-        )
+        self._check_size(size)
+        res = await self._run(
+            self._create, [self.keys.group(group_id), self.keys.deadlines, self.keys.counters],
+            [group_id, size, msgpack.packb(metadata or {}), self.config.group_ttl_s,
+             self._finished_ttl])
         if int(res) < 0:
             raise StoreError(StoreReason.CONFLICT, "group_exists",
                              f"group {group_id!r} exists with another size")
+
+    async def record_group(self, group_id: str, size: int, metadata: dict[str, Any] | None,
+                           records: Sequence[RolloutRecord]) -> None:
+        """``create_group`` and ``record_rollouts`` in one round trip (one MULTI/EXEC): how
+        the sampling path stores a group it has just sampled. Same refusals as the two."""
+        self._check_size(size)
+        if any(r.group_id != group_id for r in records):
+            raise ValueError("every record must belong to the group")
+        create = (size, msgpack.packb(metadata or {}))
+        results = await self._record_group(group_id, list(records), create)
+        first_error = None
+        for rec, res in zip(records, results, strict=True):
+            first_error = first_error or record_error(as_str(res), rec)
+        if first_error is not None:
+            raise first_error
 
     async def record_rollout(self, record: RolloutRecord) -> None:
         """Stores the rollout and appends its id to its group's list (once: recording the same
@@ -225,27 +283,22 @@ class RolloutStore:
         for gid, recs in by_group.items():
             results = await self._record_group(gid, recs)
             for rec, res in zip(recs, results, strict=True):
-                first_error = first_error or _record_error(as_str(res), rec)
+                first_error = first_error or record_error(as_str(res), rec)
         if first_error is not None:
             raise first_error
 
-    async def _record_group(self, gid: str, recs: list[RolloutRecord]) -> list[Any]:
-        k = self.keys
-        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid)]
-        args: list[Any] = [gid, math.ceil(self.config.rollout_ttl_s), *self._t_rollout,
-                           *self._t_map, *self._t_staging, *[r.rollout_id for r in recs]]
-        for _ in range(2):
-            async with self.redis.pipeline(transaction=True) as pipe:
-                for rec in recs:  # staging keys expire on their own if the script fails
-                    pipe.set(k.rollout_staging(rec.rollout_id), pack_rollout(rec), ex=300)
-                pipe.evalsha(self._record.sha, len(keys), *keys, *args)
-                out = (await pipe.execute(raise_on_error=False))[-1]
-            if not isinstance(out, redis.exceptions.NoScriptError):
-                break
-            await self.redis.script_load(RECORD_ROLLOUTS)  # Redis restarted: cache is empty
-        if isinstance(out, Exception):
-            raise out
-        return list(out)
+    async def _record_group(self, gid: str, recs: list[RolloutRecord],
+                            create: tuple[int, bytes] | None = None) -> list[Any]:
+        k, c = self.keys, self.config
+        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid), k.deadlines,
+                k.counters]
+        opening = [1, *create, c.group_ttl_s, self._finished_ttl] if create else [0, 0, b"", 0, 0]
+        args: list[Any] = [gid, math.ceil(c.rollout_ttl_s), *self._t_rollout, *self._t_map,
+                           *self._t_staging, *opening, *[r.rollout_id for r in recs]]
+        # staging keys expire on their own if the script fails
+        staged = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX", 300)
+                  for r in recs]
+        return list(await self._run(self._record, keys, args, before=staged))
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
         """Records rewards, all or nothing (one script checks every item, then writes them),
@@ -265,8 +318,8 @@ class RolloutStore:
         for rid, p in packed.items():
             args += [rid, p]
         args += self._t_list
-        statuses, gids, completed = await self._rewards(
-            keys=[self.keys.counters, self.keys.complete, self.keys.deadlines], args=args)
+        statuses, gids, completed = await self._run(
+            self._rewards, [self.keys.counters, self.keys.complete, self.keys.deadlines], args)
         by_rid = {rid: (as_str(st), as_str(g) or None)
                   for rid, st, g in zip(packed, statuses, gids, strict=True)}
         snapshots = {as_str(c[0]): Snapshot.from_script(c[1], c[2], c[3]) for c in completed}
@@ -274,7 +327,7 @@ class RolloutStore:
         results = []
         for it in items:
             st, gid = by_rid[it.rollout_id]
-            results.append(RewardResult(it.rollout_id, _item_status(st, applied), gid,
+            results.append(RewardResult(it.rollout_id, item_status(st, applied), gid,
                                         applied and gid in snapshots))
         for gid, snap in snapshots.items():
             await self._finish_safely(gid, snap)
@@ -298,8 +351,9 @@ class RolloutStore:
             if snapshot is None:
                 return None
         decision = decide_finish(self.config, group_id, snapshot)
-        return await publish(self.redis, self.keys, group_id, decision, self._finished_ttl,
-                             READY_STREAM_FIELD)
+        res = await self._run(self._publish, *publish_call(self.keys, group_id, decision,
+                                                           self._finished_ttl))
+        return publish_result(res)
 
     async def sweep_once(self) -> dict[str, int]:
         """One pass: expires due groups (publishing those with enough rewards) and publishes
@@ -364,32 +418,3 @@ class RolloutStore:
     async def counters(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self.keys.counters)
         return {as_str(a): int(b) for a, b in raw.items()}
-
-
-def _record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
-    rid, gid = record.rollout_id, record.group_id
-    errors = {
-        "unknown_group": (StoreReason.NOT_FOUND, f"unknown group {gid!r}"),
-        "group_closed": (StoreReason.GONE, f"group {gid!r} no longer accepts rollouts"),
-        "rollout_rewarded": (StoreReason.CONFLICT, f"rollout {rid!r} already has a reward"),
-        "rollout_in_other_group": (StoreReason.CONFLICT,
-                                   f"rollout {rid!r} belongs to another group"),
-        "group_full": (StoreReason.CONFLICT, f"group {gid!r} already has all its rollouts"),
-        "no_data": (StoreReason.UNAVAILABLE,
-                    f"rollout {rid!r} was not staged (Redis lost it): retry"),
-    }
-    if res in errors:
-        reason, message = errors[res]
-        return StoreError(reason, res, message)
-    return None
-
-
-def _item_status(script_status: str, applied: bool) -> str:
-    if script_status == "ok":
-        return "stored" if applied else "not_applied"
-    if script_status == "duplicate":
-        return "duplicate" if applied else "not_applied"
-    if script_status.startswith("closed:"):
-        state = script_status.split(":", 1)[1]
-        return _CLOSED_STATUS.get(state, "closed")
-    return script_status

@@ -1,10 +1,18 @@
 """Deciding how a ``complete`` group ends: published with its advantages, or dropped.
 
-The record is the ``pack_ready_group`` layout built in two pieces: here the head (the group's
-fields and advantages, up to the rollouts' array header), and in the finish script the
-rollouts' stored msgpack bytes appended as they are. No rollout is unpacked, repacked, or sent
-to this process and back; the result is byte-for-byte what ``pack_ready_group`` produces (a
-test checks it).
+The record is the ``pack_ready_group`` layout in two pieces: here the head (the group's fields
+and advantages, up to the rollouts' array header, a few hundred bytes), and the rollouts'
+stored msgpack records, which never leave Redis on the way: the publish script
+(``PUBLISH_GROUP``) XADDs the head with the rollout ids and keeps the records where they are
+(without a TTL from then on); the learner reads them after XREADGROUP and joins them
+(``join_ready_group``), byte for byte what ``pack_ready_group`` produces (a test checks it).
+
+Why the decision is here and not in the reward script: the credit rule
+(``contract.credit.group_credit``, with turn rewards and per-turn baselines) would have to be
+ported to Lua and kept identical to the learner's; the price of keeping it in Python is one
+round trip more for the reward that completes a group (the reward script returns the group's
+snapshot, the publish script carries out the decision), i.e. 1/8 of a round trip per reward
+for groups of 8.
 """
 
 from __future__ import annotations
@@ -15,11 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 import redis.asyncio as aioredis
-from redis.exceptions import WatchError
 
 from contract.credit import AdvantageConfig, group_credit
-from contract.redis_schema import Keys, as_str, key_template
-from server.store_scripts import FINISH_BOOKKEEPING
+from contract.redis_schema import (
+    READY_COUNT_FIELD,
+    READY_HEAD_FIELD,
+    Keys,
+    as_str,
+    key_template,
+)
 
 if TYPE_CHECKING:
     from server.store import QueueConfig
@@ -124,43 +136,23 @@ def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decisio
     return Decision("publish", head=head, rollout_ids=rewarded)
 
 
-async def publish(
-    redis: aioredis.Redis, keys: Keys, group_id: str, decision: Decision, finished_ttl: int,
-    stream_field: str,
-) -> str | None:
-    """Carries out ``decision`` exactly once: WATCH the group, check it is ``complete``, then
-    MULTI: XADD the record (head + the rollouts' stored bytes), bookkeeping script (state,
-    counters, shorter TTLs), EXEC. A finisher that loses the race sees its EXEC abort (the
-    winner changed the watched group) and returns None. Returns the stream id, 'dropped', or
-    None."""
-    gk = keys.group(group_id)
-    for _ in range(5):
-        async with redis.pipeline(transaction=True) as pipe:
-            try:
-                await pipe.watch(gk)
-                state, partial = await pipe.hmget(gk, ["state", "partial"])
-                if state != b"complete":
-                    return None
-                mode, reason, record = decision.mode, decision.reason, b""
-                if mode == "publish":
-                    blobs = await pipe.mget([keys.rollout(r) for r in decision.rollout_ids])
-                    if any(b is None for b in blobs):
-                        mode, reason = "drop", "missing_rollouts"
-                    else:
-                        record = b"".join([decision.head, *blobs])
-                pipe.multi()
-                if mode == "publish":
-                    pipe.xadd(keys.ready_stream, {stream_field: record})
-                pipe.eval(FINISH_BOOKKEEPING, 5, gk, keys.group_rollouts(group_id),
-                          keys.group_rewards(group_id), keys.complete, keys.counters,
-                          group_id, mode, reason, 1 if partial == b"1" else 0, finished_ttl,
-                          *key_template(keys.rollout), *key_template(keys.rollout_group))
-                results = await pipe.execute()
-            except WatchError:
-                continue  # someone else finished it, or it changed: look again
-        if mode != "publish":
-            return "dropped"
-        stream_id = as_str(results[0])
-        await redis.hset(gk, "stream_id", stream_id)  # informational (GET /v1/groups)
-        return stream_id
-    return None
+def publish_call(keys: Keys, group_id: str, decision: Decision,
+                 finished_ttl: int) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the publish script (``PUBLISH_GROUP``), which carries out
+    ``decision`` exactly once: the group must still be ``complete``; publishing XADDs the head
+    and moves the rollout records to the entry's ready keys."""
+    return ([keys.group(group_id), keys.group_rollouts(group_id), keys.group_rewards(group_id),
+             keys.complete, keys.counters, keys.ready_stream],
+            [group_id, decision.mode, decision.reason, finished_ttl,
+             *key_template(keys.rollout), *key_template(keys.rollout_group), decision.head,
+             msgpack.packb(decision.rollout_ids), READY_HEAD_FIELD, READY_COUNT_FIELD,
+             *decision.rollout_ids])
+
+
+def publish_result(reply: list[Any]) -> str | None:
+    """The publish script's reply -> the stream id, 'dropped' (also when a rollout record had
+    expired: ``missing_rollouts``), or None (another finisher won the race)."""
+    if not reply:
+        return None
+    outcome, detail = as_str(reply[0]), as_str(reply[1])
+    return detail if outcome == "published" else "dropped"

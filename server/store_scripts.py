@@ -3,11 +3,14 @@ of a group or an episode is one script.
 
 A Lua script runs atomically in Redis, so a reward, its duplicate/conflict check, the group's
 reward count and the open -> complete transition cannot interleave with another process's
-reward for the same group. Publishing (``server.store_finish.publish``) is an optimistic
-transaction instead (WATCH the group, check ``complete``, MULTI: XADD + mark ``published``),
-because the record it appends is large and large values are slow to pass through Lua; its
-exactly-once argument is the same: whoever commits first changes the watched group, every
-other finisher's EXEC aborts.
+reward for the same group, and publishing (``PUBLISH_GROUP``: check ``complete``, XADD, mark
+``published``) happens once however many finishers race.
+
+No large value ever passes through a script's arguments or replies (a 13 kB argument costs
+Redis ~20x a plain SET of it): rollout records are written with plain SETs to a staging key
+and *renamed* into place by the record script; publishing only references them (and removes
+their TTL), so a rollout's bytes are written once, when sampled, and read once, by the
+learner.
 
 Key names are never spelled here: scripts that find a group id inside Redis build its keys
 from ``head .. id .. tail`` templates that ``server.store`` derives from ``Keys``. Because
@@ -39,73 +42,112 @@ local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl)
   shorten(rolk, ttl)
   shorten(rewk, ttl)
 end
+-- Opens a group (see CREATE_GROUP). Returns 1 created, 0 already exists with the same size,
+-- -1 exists with another size.
+local function create_group(gk, dk, ck, gid, size, metadata, group_ttl, finished_ttl)
+  if redis.call('EXISTS', gk) == 1 then
+    if redis.call('HGET', gk, 'size') == size then return 0 end
+    return -1
+  end
+  local now = now_s()
+  local deadline = now + tonumber(group_ttl)
+  redis.call('HSET', gk, 'size', size, 'state', 'open', 'metadata', metadata,
+    'created_at', tostring(now), 'deadline', tostring(deadline), 'n_rewarded', 0)
+  redis.call('EXPIREAT', gk, math.ceil(deadline + tonumber(finished_ttl)))
+  redis.call('ZADD', dk, deadline, gid)
+  redis.call('HINCRBY', ck, 'groups_created', 1)
+  return 1
+end
 """
 
 # KEYS: group, deadlines, counters. ARGV: group_id, size, metadata, group_ttl, finished_ttl.
 # Returns 1 created, 0 already exists with the same size, -1 exists with another size.
 CREATE_GROUP = _COMMON + """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HGET', KEYS[1], 'size') == ARGV[2] then return 0 end
-  return -1
-end
-local now = now_s()
-local deadline = now + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'size', ARGV[2], 'state', 'open', 'metadata', ARGV[3],
-  'created_at', tostring(now), 'deadline', tostring(deadline), 'n_rewarded', 0)
-redis.call('EXPIREAT', KEYS[1], math.ceil(deadline + tonumber(ARGV[5])))
-redis.call('ZADD', KEYS[2], deadline, ARGV[1])
-redis.call('HINCRBY', KEYS[3], 'groups_created', 1)
-return 1
+return create_group(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
 
-# KEYS: group, group rollouts, group rewards.
+# KEYS: group, group rollouts, group rewards, deadlines, counters.
 # ARGV: group_id, rollout_ttl, r_head, r_tail (rollout), m_head, m_tail (rollout->group),
-#       s_head, s_tail (staging), then the rollout ids.
+#       s_head, s_tail (staging), create (0/1), size, metadata, group_ttl, finished_ttl,
+#       then the rollout ids.
 # Runs in one MULTI/EXEC after the plain SETs of each rollout's record to its staging key:
 # an accepted rollout's staging key is renamed into place, a refused one's deleted. (Passing
-# a 13 kB record through a script's ARGV costs Redis ~20x a plain SET of it.)
+# a 13 kB record through a script's ARGV costs Redis ~20x a plain SET of it.) With create=1
+# the group is first opened as CREATE_GROUP does (the sampling path: a new group and all its
+# rollouts in one round trip); if it exists with another size every rollout is refused with
+# group_exists.
 # Returns one status per rollout: created | updated | unknown_group | group_closed |
-# rollout_rewarded | rollout_in_other_group | group_full | no_data. A rollout may be recorded
-# again (a multi-turn episode grows) until it has a reward.
+# rollout_rewarded | rollout_in_other_group | group_full | group_exists | no_data. A rollout
+# may be recorded again (a multi-turn episode grows) until it has a reward.
 RECORD_ROLLOUTS = _COMMON + """
-local state = redis.call('HGET', KEYS[1], 'state')
-local out = {}
-local group_exp, size, now = nil, nil, nil
-for i = 9, #ARGV do
-  local rid = ARGV[i]
-  local mk, sk = ARGV[5] .. rid .. ARGV[6], ARGV[7] .. rid .. ARGV[8]
+local conflict = false
+if ARGV[9] == '1' then
+  conflict = create_group(KEYS[1], KEYS[4], KEYS[5], ARGV[1], ARGV[10], ARGV[11], ARGV[12],
+    ARGV[13]) < 0
+end
+local g = redis.call('HMGET', KEYS[1], 'state', 'size', 'n_rewarded')
+local state, size, any_reward = g[1], tonumber(g[2]), tonumber(g[3] or 0) > 0
+local ids, mks, sks = {}, {}, {}
+for i = 14, #ARGV do
+  ids[#ids + 1] = ARGV[i]
+  mks[#mks + 1] = ARGV[5] .. ARGV[i] .. ARGV[6]
+  sks[#sks + 1] = ARGV[7] .. ARGV[i] .. ARGV[8]
+end
+if #ids == 0 then return {} end
+-- One call each for what every rollout needs (a call costs ~1 us of Redis CPU in Lua).
+local owners = redis.call('MGET', unpack(mks))
+local all_staged = redis.call('EXISTS', unpack(sks)) == #ids
+-- A record without its mapping is a published one waiting for the learner: never replaced.
+local new_rks = {}
+for i, rid in ipairs(ids) do
+  if not owners[i] then new_rks[#new_rks + 1] = ARGV[3] .. rid .. ARGV[4] end
+end
+local orphans = #new_rks > 0 and redis.call('EXISTS', unpack(new_rks)) > 0
+local count, group_exp, now = nil, nil, nil
+local out, pushed, seen = {}, {}, {}
+for i, rid in ipairs(ids) do
+  local mk, sk, owner = mks[i], sks[i], owners[i]
   local result
-  local owner = redis.call('GET', mk)
-  if redis.call('EXISTS', sk) == 0 then result = 'no_data'
+  if seen[rid] or (not all_staged and redis.call('EXISTS', sk) == 0) then
+    result = 'no_data'  -- (a repeated id: its staged record went with the first)
+  elseif conflict then result = 'group_exists'
   elseif not state then result = 'unknown_group'
   elseif state ~= 'open' then result = 'group_closed'
-  elseif redis.call('HEXISTS', KEYS[3], rid) == 1 then result = 'rollout_rewarded'
+  elseif any_reward and redis.call('HEXISTS', KEYS[3], rid) == 1 then
+    result = 'rollout_rewarded'
   elseif owner and owner ~= ARGV[1] then result = 'rollout_in_other_group'
+  elseif not owner and orphans and redis.call('EXISTS', ARGV[3] .. rid .. ARGV[4]) == 1 then
+    result = 'rollout_in_other_group'
   else
     group_exp = group_exp or redis.call('EXPIRETIME', KEYS[1])
-    size = size or tonumber(redis.call('HGET', KEYS[1], 'size'))
     now = now or now_s()
     result = 'updated'
     if not owner then
-      if redis.call('LLEN', KEYS[2]) >= size then
+      count = count or redis.call('LLEN', KEYS[2])
+      if count >= size then
         result = 'group_full'
       else
-        redis.call('RPUSH', KEYS[2], rid)
-        redis.call('EXPIREAT', KEYS[2], group_exp)
+        pushed[#pushed + 1] = rid
+        count = count + 1
         result = 'created'
       end
     end
   end
+  seen[rid] = true
   if result == 'created' or result == 'updated' then
     local exp = math.max(math.ceil(now + tonumber(ARGV[2])), group_exp)
     local rk = ARGV[3] .. rid .. ARGV[4]
     redis.call('RENAME', sk, rk)
     redis.call('EXPIREAT', rk, exp)
     redis.call('SET', mk, ARGV[1], 'EXAT', exp)
-  else
+  elseif result ~= 'no_data' then
     redis.call('DEL', sk)
   end
   out[#out + 1] = result
+end
+if #pushed > 0 then
+  redis.call('RPUSH', KEYS[2], unpack(pushed))
+  redis.call('EXPIREAT', KEYS[2], group_exp)
 end
 return out
 """
@@ -121,37 +163,51 @@ POST_REWARDS = _COMMON + """
 local n = tonumber(ARGV[7])
 local statuses, gids = {}, {}
 local all_ok = true
+local mks = {}
+for i = 1, n do mks[i] = ARGV[1] .. ARGV[6 + 2 * i] .. ARGV[2] end
+local owners = redis.call('MGET', unpack(mks))
+local groups, order = {}, {}  -- gid -> {state, size, items}; gids in first-seen order
 for i = 1, n do
   local rid, packed = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
-  local gid = redis.call('GET', ARGV[1] .. rid .. ARGV[2])
+  local gid = owners[i]
   local status
   if not gid then
     status = 'unknown_rollout'
     gid = ''
   else
+    local g = groups[gid]
+    if not g then
+      local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size')
+      g = {state = h[1], size = tonumber(h[2]), items = {}}
+      groups[gid] = g
+      order[#order + 1] = gid
+    end
     local prev = redis.call('HGET', ARGV[5] .. gid .. ARGV[6], rid)
-    local state = redis.call('HGET', ARGV[3] .. gid .. ARGV[4], 'state')
     if prev then
       if prev == packed then status = 'duplicate' else status = 'conflict' end
-    elseif not state then status = 'closed:gone'
-    elseif state ~= 'open' then status = 'closed:' .. state
-    else status = 'ok' end
+    elseif not g.state then status = 'closed:gone'
+    elseif g.state ~= 'open' then status = 'closed:' .. g.state
+    else
+      status = 'ok'
+      g.items[#g.items + 1] = rid
+      g.items[#g.items + 1] = packed
+    end
   end
   if status ~= 'ok' and status ~= 'duplicate' then all_ok = false end
   statuses[i], gids[i] = status, gid
 end
 local completed = {}
 if not all_ok then return {statuses, gids, completed} end
-local stored, dups, now = 0, 0, nil
-for i = 1, n do
-  if statuses[i] == 'duplicate' then dups = dups + 1 else
-    local rid, packed, gid = ARGV[6 + 2 * i], ARGV[7 + 2 * i], gids[i]
+local stored, now = 0, nil
+for _, gid in ipairs(order) do
+  local g = groups[gid]
+  if #g.items > 0 then
     local gk, wk = ARGV[3] .. gid .. ARGV[4], ARGV[5] .. gid .. ARGV[6]
-    redis.call('HSET', wk, rid, packed)
+    redis.call('HSET', wk, unpack(g.items))
     redis.call('EXPIREAT', wk, redis.call('EXPIRETIME', gk))
-    stored = stored + 1
-    local count = redis.call('HINCRBY', gk, 'n_rewarded', 1)
-    if count >= tonumber(redis.call('HGET', gk, 'size')) then
+    stored = stored + #g.items / 2
+    local count = redis.call('HINCRBY', gk, 'n_rewarded', #g.items / 2)
+    if count >= g.size then
       now = now or now_s()
       redis.call('HSET', gk, 'state', 'complete', 'completed_at', tostring(now))
       redis.call('SADD', KEYS[2], gid)
@@ -163,28 +219,55 @@ for i = 1, n do
   end
 end
 if stored > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_stored', stored) end
-if dups > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_duplicate', dups) end
+if n - stored > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_duplicate', n - stored) end
 return {statuses, gids, completed}
 """
 
-# KEYS: group, group rollouts, group rewards, complete set, counters.
-# ARGV: group_id, mode (publish | drop), drop reason, partial (0/1), finished_ttl,
-#       r_head, r_tail (rollout), m_head, m_tail (rollout->group).
-# The bookkeeping of a finished group, queued by ``publish`` in its MULTI right after the XADD
-# (sent with EVAL, not EVALSHA: a NOSCRIPT error inside EXEC would leave the XADD without its
-# bookkeeping). Small arguments only.
-FINISH_BOOKKEEPING = _COMMON + """
-if ARGV[2] == 'publish' then
-  redis.call('HSET', KEYS[1], 'state', 'published')
+# KEYS: group, group rollouts, group rewards, complete set, counters, ready stream.
+# ARGV: group_id, mode (publish | drop), drop reason, finished_ttl, r_head, r_tail (rollout),
+#       m_head, m_tail (rollout->group), head (the record's bytes before the rollouts), ids
+#       (msgpack list of the rollout ids to publish), head field, ids field, then those ids.
+# Ends a complete group exactly once: anything but 'complete' returns {} (another finisher
+# won, or the group moved on). Publish: XADD an entry that carries the head and the rollout
+# ids -- by reference: the records stay where they are, only their TTL is removed (they
+# belong to the entry now; the learner's trim deletes them with it), so no large value passes
+# through Lua; a missing record (expired) turns it into a drop (missing_rollouts). Then the
+# bookkeeping: state, stream_id or drop_reason, counters, the group's keys, its rollout ->
+# group mappings and its unpublished records shortened to finished_ttl.
+# Returns {'published', stream id} | {'dropped', reason}.
+PUBLISH_GROUP = _COMMON + """
+local st = redis.call('HMGET', KEYS[1], 'state', 'partial')
+if st[1] ~= 'complete' then return {} end
+local mode, reason, sid = ARGV[2], ARGV[3], nil
+local rks, moved = {}, {}
+for i = 13, #ARGV do rks[#rks + 1] = ARGV[5] .. ARGV[i] .. ARGV[6] end
+if mode == 'publish' and (#rks == 0 or redis.call('EXISTS', unpack(rks)) < #rks) then
+  mode, reason = 'drop', 'missing_rollouts'
+end
+if mode == 'publish' then
+  sid = redis.call('XADD', KEYS[6], '*', ARGV[11], ARGV[9], ARGV[12], ARGV[10])
+  for i, rk in ipairs(rks) do
+    redis.call('PERSIST', rk)
+    moved[ARGV[12 + i]] = true
+  end
+  redis.call('HSET', KEYS[1], 'state', 'published', 'stream_id', sid)
   redis.call('HINCRBY', KEYS[5], 'groups_published', 1)
-  if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[5], 'groups_published_partial', 1) end
+  if st[2] == '1' then redis.call('HINCRBY', KEYS[5], 'groups_published_partial', 1) end
 else
-  redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', ARGV[3])
-  redis.call('HINCRBY', KEYS[5], 'groups_dropped_' .. ARGV[3], 1)
+  redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', reason)
+  redis.call('HINCRBY', KEYS[5], 'groups_dropped_' .. reason, 1)
 end
 redis.call('SREM', KEYS[4], ARGV[1])
-expire_group(KEYS[1], KEYS[2], KEYS[3], ARGV[6], ARGV[7], ARGV[8], ARGV[9], tonumber(ARGV[5]))
-return 1
+local ttl = tonumber(ARGV[4])
+for _, rid in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  if not moved[rid] then shorten(ARGV[5] .. rid .. ARGV[6], ttl) end
+  shorten(ARGV[7] .. rid .. ARGV[8], ttl)
+end
+shorten(KEYS[1], ttl)
+shorten(KEYS[2], ttl)
+shorten(KEYS[3], ttl)
+if sid then return {'published', sid} end
+return {'dropped', reason}
 """
 
 # KEYS: deadlines, complete set, counters.

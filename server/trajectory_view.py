@@ -4,8 +4,10 @@ For each rollout: the token ids, loss mask (1 = sampled by the model, trained on
 log-probabilities and per-token policy versions, the model turns' ``[start, end)`` spans with
 the decoded text of each turn and of the context before it (prompt, tool results, template
 tokens), and, once the group is published, the advantage the learner will use. A published
-group is read from its ready-stream entry, the very bytes the learner trains on; otherwise
-from the rollout records. Read-only.
+group is read from its ready-stream entry and the rollout records it references, the very bytes
+the learner trains on; otherwise from the rollout records. Once the learner has trained a group
+and trimmed its entry, its records are gone with it (they moved to the entry when it was
+published), and its trajectories read as expired (None). Read-only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pydantic import BaseModel
 from contract.redis_schema import (
     READY_STREAM_FIELD,
     RolloutRecord,
+    join_ready_group,
+    ready_entry_refs,
     unpack_ready_group,
     unpack_rollout,
 )
@@ -76,7 +80,15 @@ async def _published(store: RolloutStore, stream_id: str) -> dict[str, tuple[Rol
     entries = await store.redis.xrange(store.keys.ready_stream, stream_id, stream_id)
     if not entries:  # trimmed from the stream: fall back to the records
         return {}
-    data = entries[0][1].get(READY_STREAM_FIELD.encode())
+    fields = entries[0][1]
+    ref = ready_entry_refs(store.keys, fields)
+    if ref is not None:  # published by reference: the records are the entry's ready keys
+        records = await store.redis.mget(ref[1])
+        if any(r is None for r in records):
+            return {}
+        data = join_ready_group(ref[0], records)
+    else:
+        data = fields.get(READY_STREAM_FIELD.encode())
     if data is None:
         return {}
     group = unpack_ready_group(data)

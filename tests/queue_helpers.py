@@ -15,10 +15,21 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 import numpy as np
+import redis
+import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI
 
-from contract.redis_schema import Keys, RolloutRecord
+from contract.redis_schema import (
+    READY_STREAM_FIELD,
+    Keys,
+    ReadyGroup,
+    RolloutRecord,
+    as_str,
+    join_ready_group,
+    ready_entry_refs,
+    unpack_ready_group,
+)
 from server.errors import install_error_handlers
 from server.routes import groups, rewards
 from server.store import QueueConfig, RewardItem, RolloutStore, make_redis
@@ -77,6 +88,7 @@ def make_app(redis_url: str, config: QueueConfig, keys: Keys, max_body_bytes: in
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await app.state.store.aclose()
             await client.aclose()
 
     app = FastAPI(lifespan=lifespan)
@@ -150,3 +162,44 @@ async def publish_groups(redis_url: str, group_ids: list[str], size: int = 4,
         return stream_ids
     finally:
         await client.aclose()
+
+
+def ready_records(client: redis.Redis, keys: Keys | None = None) -> list[tuple[str, bytes]]:
+    """Every ready-stream entry as (id, the ``pack_ready_group`` bytes the learner reads): a
+    by-reference entry's head joined with its rollout records (a missing one: KeyError)."""
+    keys = keys or Keys()
+    out = []
+    for raw_id, fields in client.xrange(keys.ready_stream):
+        entry_id = as_str(raw_id)
+        ref = ready_entry_refs(keys, fields)
+        if ref is None:
+            out.append((entry_id, fields[READY_STREAM_FIELD.encode()]))
+            continue
+        records = client.mget(ref[1])
+        if any(r is None for r in records):
+            raise KeyError(f"entry {entry_id}: rollout records missing")
+        out.append((entry_id, join_ready_group(ref[0], records)))
+    return out
+
+
+async def aready_records(client: aioredis.Redis,
+                         keys: Keys | None = None) -> list[tuple[str, bytes]]:
+    """``ready_records`` with an asyncio client."""
+    keys = keys or Keys()
+    out = []
+    for raw_id, fields in await client.xrange(keys.ready_stream):
+        entry_id = as_str(raw_id)
+        ref = ready_entry_refs(keys, fields)
+        if ref is None:
+            out.append((entry_id, fields[READY_STREAM_FIELD.encode()]))
+            continue
+        records = await client.mget(ref[1])
+        if any(r is None for r in records):
+            raise KeyError(f"entry {entry_id}: rollout records missing")
+        out.append((entry_id, join_ready_group(ref[0], records)))
+    return out
+
+
+def ready_groups(client: redis.Redis, keys: Keys | None = None) -> list[ReadyGroup]:
+    """Every group on the ready stream, decoded, in stream order."""
+    return [unpack_ready_group(data) for _, data in ready_records(client, keys)]

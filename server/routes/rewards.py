@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Response
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from server.deps import StoreDep
@@ -96,7 +96,7 @@ router = APIRouter(tags=["rewards"])
 
 @router.post("/v1/rewards", response_model=RewardsOut,
              responses=error_responses(*V1_POST, 404, 409, 410))
-async def post_rewards(body: RewardsBody, store: StoreDep) -> RewardsOut:
+async def post_rewards(body: RewardsBody, store: StoreDep) -> Response:
     """Stores rewards, all of them or none (see the module docstring)."""
     items_in = body if isinstance(body, list) else [body]
     outcome = await store.post_rewards(
@@ -116,8 +116,11 @@ async def post_rewards(body: RewardsBody, store: StoreDep) -> RewardsOut:
             message += "; nothing in this call was stored"
         raise APIError(reward_item_status(first.status), message, code=first.status,
                        details={"results": [r.model_dump() for r in results]})
-    return RewardsOut(
+    out = RewardsOut(
         results=results,
         stored=sum(r.status == "stored" for r in results),
         duplicates=sum(r.status == "duplicate" for r in results),
     )
+    # Serialised here: FastAPI would validate the model it was just given again (response_model
+    # still documents the body), a third of this route's own CPU.
+    return Response(out.model_dump_json(), media_type="application/json")

@@ -16,7 +16,7 @@ from contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
 from learner.advantages import TurnAdvantages
 from learner.losses import group_advantages
 from server.store import QueueConfig, RewardItem, RolloutStore, make_redis
-from tests.queue_helpers import open_group
+from tests.queue_helpers import aready_records, open_group
 
 KEYS = Keys()
 
@@ -93,7 +93,7 @@ def _publish(url: str, items: list[RewardItem], config: QueueConfig | None = Non
                                       for rid, it in zip(ids, items, strict=True)])
             view = await store.get_group("g")
             assert view is not None
-            out = [f[b"group"] for _, f in await client.xrange(KEYS.ready_stream)]
+            out = [data for _, data in await aready_records(client, KEYS)]
             await client.flushdb()
             return view.drop_reason, out
         finally:

@@ -25,9 +25,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clients.examples.calculator import CALCULATOR_TOOL, SYSTEM, assistant_message, run_tool_call
-from contract.redis_schema import Keys, RolloutRecord, unpack_ready_group, unpack_rollout
+from contract.redis_schema import Keys, RolloutRecord, unpack_rollout
 from server.engines.reference import sequence_logprobs
 from tests.conftest import RedisServer
+from tests.queue_helpers import ready_groups
 from tests.serving import API_KEY, MODEL_NAME, Served, running_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -240,8 +241,7 @@ def test_bad_turns_are_refused_and_change_nothing(
     # The other episode finishes the group: published with both trajectories.
     c = turn(client, other, first)
     assert reward(served, {"rollout_id": other, "reward": 0.0}).status_code == 200
-    ((_, fields),) = r.xrange(KEYS.ready_stream, count=1000)[-1:]
-    group = unpack_ready_group(fields[b"group"])
+    group = ready_groups(r, KEYS)[-1]
     assert group.group_id == g["group_id"] and group.rewards == [1.0, 0.0]
     assert group.turn_rewards == [[0.5, 0.0, 0.0], None]
     assert [len(x.turns) for x in group.rollouts] == [MAX_TURNS, 1]

@@ -30,7 +30,7 @@ from clients.client import AsyncGSPOClient, GSPOClient
 from clients.environment import arun_groups
 from clients.examples.calculator import CalculatorEnvironment
 from contract.credit import group_turn_advantages
-from contract.redis_schema import Keys, ReadyGroup, unpack_ready_group, unpack_rollout
+from contract.redis_schema import Keys, ReadyGroup, unpack_rollout
 from learner.advantages import TurnAdvantages, advantage_fn_for
 from learner.batching import plan_step, sequence_advantage
 from learner.config import LearnerConfig
@@ -39,6 +39,7 @@ from learner.losses import LossConfig, group_advantages, policy_loss
 from learner.policy import Policy
 from learner.trainer import Trainer
 from server.store import QueueConfig
+from tests.queue_helpers import ready_groups as ready_groups_of
 from tests.serving import API_KEY, MODEL_NAME, Served, running_server
 
 KEYS = Keys()
@@ -75,7 +76,7 @@ def play_group(served: Served, turns: list[int], rewards: list[float],
 def ready_groups(redis_url: str) -> dict[str, ReadyGroup]:
     r = redis.Redis.from_url(redis_url)
     try:
-        groups = [unpack_ready_group(f[b"group"]) for _, f in r.xrange(KEYS.ready_stream)]
+        groups = ready_groups_of(r, KEYS)
     finally:
         r.close()
     return {g.group_id: g for g in groups}

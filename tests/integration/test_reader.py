@@ -159,6 +159,8 @@ def test_memory_is_bounded_after_a_full_cycle(redis_url: str, r: redis.Redis) ->
     publish(redis_url, [f"g{i}" for i in range(4)])
     reader.ack(reader.read_batch(4, 0, 5).entry_ids)
     assert r.xlen(KEYS.ready_stream) == 0
+    records = [KEYS.rollout(f"g{i}-r{j}") for i in range(4) for j in range(4)]
+    assert r.exists(*records) == 0  # the records went with their entries
     for key in r.scan_iter("*"):
         name = key.decode()
         if name in (KEYS.counters, KEYS.ready_stream):

@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import redis
 
-from contract.redis_schema import Keys, unpack_ready_group
+from contract.redis_schema import Keys
 from learner.reader import GroupReader
 from server.store import QueueConfig
 from tests.conftest import RedisServer, free_port, wait_for_port
-from tests.queue_helpers import ApiServer, open_group, publish_groups
+from tests.queue_helpers import ApiServer, open_group, publish_groups, ready_groups
 
 KEYS = Keys()
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_rewards_survive_a_redis_restart(redis_aof_server: RedisServer) -> None:
         deadline = time.monotonic() + 30  # groups whose publication hit the outage: sweeper
         while r.xlen(KEYS.ready_stream) < 20 and time.monotonic() < deadline:
             time.sleep(0.05)
-        published = [unpack_ready_group(f[b"group"]) for _, f in r.xrange(KEYS.ready_stream)]
+        published = ready_groups(r, KEYS)
         assert sorted(g.group_id for g in published) == sorted(ids)  # each exactly once
         for g in published:
             assert g.rewards == [rewards[x.rollout_id] for x in g.rollouts]

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import redis
 
-from contract.redis_schema import Keys, unpack_ready_group
+from contract.redis_schema import Keys
 from learner.losses import group_advantages
 from server.store import QueueConfig
 from tests.conftest import RedisServer
-from tests.queue_helpers import ApiServer, make_rollout, open_group
+from tests.queue_helpers import ApiServer, make_rollout, open_group, ready_groups
 
 KEYS = Keys()
 
@@ -56,7 +56,7 @@ def assert_error(resp: httpx.Response, status: int, code: str | None = None) -> 
 
 
 def stream_groups(r: redis.Redis) -> list[Any]:
-    return [unpack_ready_group(f[b"group"]) for _, f in r.xrange(KEYS.ready_stream)]
+    return ready_groups(r, KEYS)
 
 
 def test_200_concurrent_rewards_publish_every_group_once(api: ApiServer, r: redis.Redis) -> None:

@@ -13,7 +13,7 @@ import pytest
 import redis
 import torch
 
-from contract.redis_schema import Keys, unpack_ready_group, unpack_rollout
+from contract.redis_schema import Keys, unpack_rollout
 from contract.sampling_dist import keep_mask, sampled_logprobs, truncating
 from learner.batching import plan_step
 from learner.config import LearnerConfig
@@ -22,6 +22,7 @@ from learner.policy import Policy, cut_logprobs
 from learner.trainer import Trainer
 from server.engines.base import SamplingParams
 from server.engines.hf import HFEngine
+from tests.queue_helpers import ready_groups
 from tests.serving import API_KEY, running_server
 
 KEYS = Keys()
@@ -158,7 +159,7 @@ def test_cut_rollouts_through_server_redis_and_learner(tiny_model_dir: Path,
                 rec = unpack_rollout(client.get(KEYS.rollout(rids[0])))
                 assert (rec.temperature, rec.top_p, rec.top_k) == (
                     0.8, cut.get("top_p", 1.0), cut.get("top_k", 0))
-            ready = [unpack_ready_group(f[b"group"]) for _, f in client.xrange(KEYS.ready_stream)]
+            ready = ready_groups(client, KEYS)
         finally:
             client.close()
     assert len(ready) == 3

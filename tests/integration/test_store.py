@@ -22,7 +22,7 @@ from server.store import (
     pack_reward,
 )
 from server.store_errors import StoreReason
-from tests.queue_helpers import make_rollout, open_group
+from tests.queue_helpers import aready_records, make_rollout, open_group
 
 KEYS = Keys()
 
@@ -39,8 +39,8 @@ def run(url: str, fn: Callable[[RolloutStore], Awaitable[Any]],
     return asyncio.run(main())
 
 
-async def stream(store: RolloutStore) -> list[tuple[bytes, bytes]]:
-    return [(i, f[b"group"]) for i, f in await store.redis.xrange(KEYS.ready_stream)]
+async def stream(store: RolloutStore) -> list[tuple[str, bytes]]:
+    return await aready_records(store.redis, KEYS)
 
 
 def test_create_group_is_idempotent_and_checks_size(redis_url: str) -> None:
@@ -189,10 +189,15 @@ def test_every_key_has_a_ttl_and_finished_groups_shrink(redis_url: str) -> None:
             assert 600 <= await r.ttl(key) <= 3600 + 1, key
         await store.post_rewards([RewardItem(ids[1], 0.0), RewardItem(ids[2], 0.5)])
         for key in [KEYS.group("g"), KEYS.group_rollouts("g"), KEYS.group_rewards("g"),
-                    *[KEYS.rollout(i) for i in ids], *[KEYS.rollout_group(i) for i in ids]]:
+                    *[KEYS.rollout_group(i) for i in ids]]:
             assert 0 < await r.ttl(key) <= 20, key
+        # Published by reference: the records belong to the stream entry now, without a TTL;
+        # the learner's trim deletes them with it (test_reader, test_queue_by_reference).
+        published = [KEYS.rollout(i) for i in ids]
+        assert [await r.ttl(k) for k in published] == [-1, -1, -1]
         async for key in r.scan_iter("*"):
-            if key.decode() not in (KEYS.counters, KEYS.ready_stream, KEYS.deadlines):
+            if key.decode() not in (KEYS.counters, KEYS.ready_stream, KEYS.deadlines,
+                                    *published):
                 assert await r.ttl(key) > 0, key
 
     run(redis_url, body, QueueConfig(group_ttl_s=600, finished_ttl_s=20))

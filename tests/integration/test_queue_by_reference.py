@@ -1,0 +1,131 @@
+"""The queue's round-trip design against a real Redis: a group opened and recorded in one call,
+published by reference (a small stream entry; the rollout records stay where they were written,
+never copied), read and deleted with their entry by the learner's reader, never overwritten
+while they wait for it, and the auto-pipelined connection surviving a killed connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from contract.redis_schema import (
+    READY_COUNT_FIELD,
+    READY_HEAD_FIELD,
+    Keys,
+    pack_ready_group,
+    pack_rollout,
+    unpack_ready_group,
+)
+from learner.reader import GroupReader
+from server.store import RewardItem, RolloutStore, StoreError, make_redis
+from tests.conftest import RedisServer
+from tests.queue_helpers import make_rollout, publish_groups
+
+KEYS = Keys()
+
+
+@pytest.fixture
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+def with_store(url: str, fn) -> object:  # type: ignore[no-untyped-def]
+    async def main() -> object:
+        client = make_redis(url)
+        store = RolloutStore(client, KEYS)
+        try:
+            return await asyncio.wait_for(fn(store), 60)
+        finally:
+            await store.aclose()
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+def test_record_group_opens_and_records_in_one_call(redis_url: str, r: redis.Redis) -> None:
+    recs = [make_rollout(f"g-r{i}", "g", 20, seed=i) for i in range(3)]
+
+    async def body(store: RolloutStore) -> None:
+        await store.record_group("g", 3, {"p": 1}, recs)
+        await store.record_group("g", 3, {"p": 1}, recs)  # a retried request: idempotent
+        with pytest.raises(StoreError) as e:  # same id, another size: nothing recorded
+            await store.record_group("g", 4, None, [make_rollout("x", "g")])
+        assert e.value.code == "group_exists"
+        view = await store.get_group("g")
+        assert view is not None and view.state == "open" and view.size == 3
+        assert view.rollout_ids == ["g-r0", "g-r1", "g-r2"] and view.metadata == {"p": 1}
+        assert (await store.counters())["groups_created"] == 1
+
+    with_store(redis_url, body)
+    assert r.get(KEYS.rollout("x")) is None and r.get(KEYS.rollout_staging("x")) is None
+    assert r.get(KEYS.rollout("g-r1")) == pack_rollout(recs[1])
+
+
+def test_published_by_reference_and_deleted_with_the_entry(redis_url: str,
+                                                            r: redis.Redis) -> None:
+    recs = [make_rollout(f"g-r{i}", "g", 1024, seed=i) for i in range(4)]
+
+    async def body(store: RolloutStore) -> None:
+        await store.record_group("g", 4, None, recs)
+        out = await store.post_rewards([RewardItem(x.rollout_id, float(i))
+                                        for i, x in enumerate(recs)])
+        assert out.applied and out.results[-1].group_complete
+
+    with_store(redis_url, body)
+    ((entry_id, fields),) = [(i.decode(), f) for i, f in r.xrange(KEYS.ready_stream)]
+    assert set(fields) == {READY_HEAD_FIELD.encode(), READY_COUNT_FIELD.encode()}
+    assert len(fields[READY_HEAD_FIELD.encode()]) < 1024  # the group's head, not its bytes
+    ready = [KEYS.rollout(x.rollout_id) for x in recs]
+    assert r.mget(ready) == [pack_rollout(x) for x in recs]  # the records, as written
+    assert [r.ttl(k) for k in ready] == [-1] * 4  # the entry's now: no TTL
+    r.delete(*[KEYS.rollout_group(x.rollout_id) for x in recs])  # as when the mappings expire
+
+    async def reuse(store: RolloutStore) -> None:  # a waiting record is never replaced
+        await store.create_group("h", 1)
+        with pytest.raises(StoreError) as e:
+            await store.record_rollout(make_rollout(recs[0].rollout_id, "h", 8))
+        assert e.value.code == "rollout_in_other_group"
+
+    with_store(redis_url, reuse)
+    assert r.get(ready[0]) == pack_rollout(recs[0])
+
+    other = GroupReader(r, group="eval")  # a second consumer group, still to read it
+    reader = GroupReader(r)
+    batch = reader.read_batch(1, 0, 5)
+    (group,) = batch.groups
+    assert [x.rollout_id for x in group.rollouts] == [x.rollout_id for x in recs]
+    assert unpack_ready_group(pack_ready_group(group)).rewards == [0.0, 1.0, 2.0, 3.0]
+    reader.ack(batch.entry_ids)
+    assert r.exists(*ready) == 4  # "eval" still needs the entry: its records stay
+    assert [g.group_id for g in other.read_batch(1, 0, 5).groups] == ["g"]
+    other.ack([entry_id])
+    assert r.xlen(KEYS.ready_stream) == 0 and r.exists(*ready) == 0
+
+
+def test_an_entry_whose_records_are_gone_is_acked_as_unreadable(redis_url: str,
+                                                                 r: redis.Redis) -> None:
+    lost, fine = asyncio.run(publish_groups(redis_url, ["lost", "fine"]))
+    r.delete(KEYS.rollout("lost-r1"))  # as if Redis lost it
+    reader = GroupReader(r)
+    batch = reader.read_batch(2, 0, 5)
+    assert batch.entry_ids == [fine] and batch.dropped_malformed == [lost]
+    assert reader.pending_ids() == [fine]
+
+
+def test_the_pipelined_connection_recovers_from_a_killed_connection(redis_url: str,
+                                                                     r: redis.Redis) -> None:
+    async def body(store: RolloutStore) -> None:
+        await store.record_group("a", 2, None, [make_rollout(f"a{i}", "a") for i in range(2)])
+        r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        await store.record_group("b", 2, None, [make_rollout(f"b{i}", "b") for i in range(2)])
+        results = await asyncio.gather(*[store.post_rewards([RewardItem(x, float(i))])
+                                         for i, x in enumerate(["a0", "a1", "b0", "b1"])])
+        assert all(o.applied for o in results)
+
+    with_store(redis_url, body)
+    assert int(r.hget(KEYS.counters, "groups_published")) == 2
