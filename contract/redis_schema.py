@@ -38,7 +38,8 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   metadata, rewards, advantages; a few hundred bytes) and ``rollouts`` (msgpack list of the
   published rollout ids, in order); their records are the ``{p}:rollout:{rollout_id}`` keys,
   left where they were written (the publish script removes their TTL: they belong to the
-  entry now, and the learner's trim script deletes them with it, in the same atomic step), and
+  entry now, and the learner's trim script gives them back a TTL of 600 s when it trims the
+  entry, in the same atomic step, so a trained group's trajectories stay readable a while), and
   ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``).
   A rollout's bytes are written once, when sampled, and never copied. An entry with a
   ``group`` field instead carries the whole record inline (how groups were published before;

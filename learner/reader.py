@@ -33,9 +33,12 @@ Groups are published by reference (``contract.redis_schema``): an entry carries 
 head (ids, rewards, advantages) and its rollout ids, whose records stay in their rollout keys
 (without a TTL once published). ``read_batch`` fetches the records of every entry an XREADGROUP (or
 claim) returned with one MGET, and joins them into the ``pack_ready_group`` bytes. The records
-are deleted with their entry, never before: the ack, the trim and the deletes are one script
+leave with their entry, never before: the ack, the trim and the records' expiry are one script
 (``ACK_AND_TRIM``), atomic in Redis, so a crash at any point leaves either the entry with its
-records (read again, or trimmed later) or neither; an entry another consumer group still needs
+records (read again, or trimmed later) or a trimmed entry whose records expire. A trimmed
+group's records stay readable for ``KEEP_TRAINED_S`` (600 s, as a published group's records did
+before: ``GET /v1/groups/{id}?include=tokens`` still shows what was trained), then expire; the
+memory they hold is bounded by that window's groups; an entry another consumer group still needs
 keeps its records. An entry whose records are missing (Redis lost them) is unreadable: acked,
 reported in ``dropped_malformed``, like a corrupt one.
 """
@@ -65,16 +68,19 @@ from contract.redis_schema import (
 logger = logging.getLogger(__name__)
 
 _CLAIM_PAGE = 100
+KEEP_TRAINED_S = 600  # how long a trimmed group's rollout records stay readable
 
 # KEYS: stream, counters. ARGV: consumer group, r_head, r_tail (rollout key around its id),
-# rollout ids field, then the stream ids to acknowledge.
+# rollout ids field, seconds the records of a trimmed entry stay readable (0: deleted at
+# once), then the stream ids to acknowledge.
 # XACK (counting the newly acked as groups_acked), then trims the stream below the oldest id
 # any consumer group still needs (its oldest pending entry, else the one after its last
-# delivered), deleting each trimmed entry's rollout records with it. Returns {newly acked,
-# entries trimmed}. Ids are compared as (ms, seq) numbers: ms < 2^53 is exact in Lua.
+# delivered), giving each trimmed entry's rollout records their expiry (or deleting them).
+# Returns {newly acked, entries trimmed}. Ids are compared as (ms, seq) numbers: ms < 2^53
+# is exact in Lua.
 ACK_AND_TRIM = """
 local newly = 0
-for i = 5, #ARGV, 1000 do
+for i = 6, #ARGV, 1000 do
   newly = newly + redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, math.min(#ARGV, i + 999)))
 end
 if newly > 0 then redis.call('HINCRBY', KEYS[2], 'groups_acked', newly) end
@@ -105,7 +111,9 @@ for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '(' .. minid)) do
   for i = 1, #f, 2 do
     if f[i] == ARGV[4] then
       for _, rid in ipairs(cmsgpack.unpack(f[i + 1])) do
-        redis.call('DEL', ARGV[2] .. rid .. ARGV[3])
+        local key = ARGV[2] .. rid .. ARGV[3]
+        if tonumber(ARGV[5]) > 0 then redis.call('EXPIRE', key, ARGV[5])
+        else redis.call('DEL', key) end
       end
     end
   end
@@ -159,6 +167,7 @@ class GroupReader:
         self._held: set[str] = set()  # see ``rearm``
         self._committed: set[str] = set()
         self._ack_trim = client.register_script(ACK_AND_TRIM)
+        self.keep_trained_s = KEEP_TRAINED_S
         self._r_tpl = key_template(keys.rollout)
 
     def _last_delivered(self) -> str:
@@ -307,7 +316,7 @@ class GroupReader:
     def _ack_and_trim(self, entry_ids: Sequence[str]) -> int:
         newly, trimmed = self._ack_trim(
             keys=[self._stream, self.keys.counters],
-            args=[self.group, *self._r_tpl, READY_COUNT_FIELD, *entry_ids])
+            args=[self.group, *self._r_tpl, READY_COUNT_FIELD, self.keep_trained_s, *entry_ids])
         return int(trimmed)
 
     def drop_invalid(self, entry_ids: Sequence[str]) -> None:

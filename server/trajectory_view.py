@@ -6,8 +6,9 @@ the decoded text of each turn and of the context before it (prompt, tool results
 tokens), and, once the group is published, the advantage the learner will use. A published
 group is read from its ready-stream entry and the rollout records it references, the very bytes
 the learner trains on; otherwise from the rollout records. Once the learner has trained a group
-and trimmed its entry, its records are gone with it (they moved to the entry when it was
-published), and its trajectories read as expired (None). Read-only.
+and trimmed its entry, its records stay readable for ``learner.reader.KEEP_TRAINED_S`` (600 s;
+without the advantage, which lived in the entry), then its trajectories read as expired
+(None). Read-only.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The queue's round-trip design against a real Redis: a group opened and recorded in one call,
 published by reference (a small stream entry; the rollout records stay where they were written,
-never copied), read and deleted with their entry by the learner's reader, never overwritten
+never copied), read and expired (or deleted) with their entry by the learner's reader, never overwritten
 while they wait for it, and the auto-pipelined connection surviving a killed connection."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from contract.redis_schema import (
     pack_rollout,
     unpack_ready_group,
 )
-from learner.reader import GroupReader
+from learner.reader import KEEP_TRAINED_S, GroupReader
 from server.store import RewardItem, RolloutStore, StoreError, make_redis
 from tests.conftest import RedisServer
 from tests.queue_helpers import make_rollout, publish_groups
@@ -66,7 +66,7 @@ def test_record_group_opens_and_records_in_one_call(redis_url: str, r: redis.Red
     assert r.get(KEYS.rollout("g-r1")) == pack_rollout(recs[1])
 
 
-def test_published_by_reference_and_deleted_with_the_entry(redis_url: str,
+def test_published_by_reference_and_expired_with_the_entry(redis_url: str,
                                                             r: redis.Redis) -> None:
     recs = [make_rollout(f"g-r{i}", "g", 1024, seed=i) for i in range(4)]
 
@@ -104,7 +104,23 @@ def test_published_by_reference_and_deleted_with_the_entry(redis_url: str,
     assert r.exists(*ready) == 4  # "eval" still needs the entry: its records stay
     assert [g.group_id for g in other.read_batch(1, 0, 5).groups] == ["g"]
     other.ack([entry_id])
-    assert r.xlen(KEYS.ready_stream) == 0 and r.exists(*ready) == 0
+    assert r.xlen(KEYS.ready_stream) == 0  # trimmed; its records stay readable a while
+    assert r.mget(ready) == [pack_rollout(x) for x in recs]
+    assert all(0 < r.ttl(k) <= KEEP_TRAINED_S for k in ready)
+
+    recs2 = [make_rollout(f"h-r{i}", "h2", 64, seed=i) for i in range(2)]
+
+    async def second(store: RolloutStore) -> None:
+        await store.record_group("h2", 2, None, recs2)
+        await store.post_rewards([RewardItem(x.rollout_id, float(i))
+                                  for i, x in enumerate(recs2)])
+
+    with_store(redis_url, second)
+    reader.keep_trained_s = other.keep_trained_s = 0  # no retention: deleted with the entry
+    reader.ack(reader.read_batch(1, 0, 5).entry_ids)
+    other.ack(other.read_batch(1, 0, 5).entry_ids)
+    assert r.xlen(KEYS.ready_stream) == 0
+    assert r.exists(*[KEYS.rollout(x.rollout_id) for x in recs2]) == 0
 
 
 def test_an_entry_whose_records_are_gone_is_acked_as_unreadable(redis_url: str,
