@@ -54,6 +54,10 @@ class LearnerConfig(BaseModel):
     # ---------------------------------------------------------------- batching
     groups_per_step: int = Field(default=8, ge=1)
     """Groups read from the queue per training step (one policy version per step)."""
+    keep_trained_s: int = Field(default=600, ge=0)
+    """Seconds a trained group's rollout records stay in Redis after its stream entry is trimmed
+    (``GET /v1/groups/{id}?include=tokens`` reads them); 0 deletes them with the entry. Redis
+    holds about this many seconds of trained rollouts."""
     minibatches: int = Field(default=1, ge=1)
     """The step's batch is split into this many minibatches; each is one optimizer step."""
     micro_batch_tokens: int = Field(default=16384, ge=1)

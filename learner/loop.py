@@ -139,7 +139,8 @@ class Learner:
         self.healer = None if isinstance(self.sync, NoSync) else ServerHealer(
             self.client, self.keys, key, self.progress, _HEAL_INTERVAL_S)
         self.reader = self._retrying(lambda: GroupReader(
-            self.client, self.keys, config.consumer, config.max_staleness))
+            self.client, self.keys, config.consumer, config.max_staleness,
+            keep_trained_s=config.keep_trained_s))
         if ckpt is not None:  # idempotent: the crash may follow the ack
             self._retrying(lambda: self.reader.ack(ckpt.state.entry_ids))
         self._retrying(self._resync)

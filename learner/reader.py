@@ -36,11 +36,11 @@ claim) returned with one MGET, and joins them into the ``pack_ready_group`` byte
 leave with their entry, never before: the ack, the trim and the records' expiry are one script
 (``ACK_AND_TRIM``), atomic in Redis, so a crash at any point leaves either the entry with its
 records (read again, or trimmed later) or a trimmed entry whose records expire. A trimmed
-group's records stay readable for ``KEEP_TRAINED_S`` (600 s, as a published group's records did
-before: ``GET /v1/groups/{id}?include=tokens`` still shows what was trained), then expire; the
-memory they hold is bounded by that window's groups; an entry another consumer group still needs
-keeps its records. An entry whose records are missing (Redis lost them) is unreadable: acked,
-reported in ``dropped_malformed``, like a corrupt one.
+group's records stay readable for ``keep_trained_s`` (default 600 s, as a published group's
+records did before: ``GET /v1/groups/{id}?include=tokens`` still shows what was trained),
+then expire; the memory they hold is bounded by that window's groups; an entry another
+consumer group still needs keeps its records. An entry whose records are missing (Redis lost
+them) is unreadable: acked, reported in ``dropped_malformed``, like a corrupt one.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ from contract.redis_schema import (
 logger = logging.getLogger(__name__)
 
 _CLAIM_PAGE = 100
-KEEP_TRAINED_S = 600  # how long a trimmed group's rollout records stay readable
+KEEP_TRAINED_S = 600  # default: how long a trimmed group's rollout records stay readable
 
 # KEYS: stream, counters. ARGV: consumer group, r_head, r_tail (rollout key around its id),
 # rollout ids field, seconds the records of a trimmed entry stay readable (0: deleted at
@@ -149,6 +149,7 @@ class GroupReader:
         group: str = LEARNER_CONSUMER_GROUP,
         claim_all_on_start: bool = True,
         claim_idle_s: float = 300.0,
+        keep_trained_s: int = KEEP_TRAINED_S,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -167,7 +168,7 @@ class GroupReader:
         self._held: set[str] = set()  # see ``rearm``
         self._committed: set[str] = set()
         self._ack_trim = client.register_script(ACK_AND_TRIM)
-        self.keep_trained_s = KEEP_TRAINED_S
+        self.keep_trained_s = keep_trained_s
         self._r_tpl = key_template(keys.rollout)
 
     def _last_delivered(self) -> str:

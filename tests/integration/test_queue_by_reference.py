@@ -1,7 +1,8 @@
 """The queue's round-trip design against a real Redis: a group opened and recorded in one call,
 published by reference (a small stream entry; the rollout records stay where they were written,
-never copied), read and expired (or deleted) with their entry by the learner's reader, never overwritten
-while they wait for it, and the auto-pipelined connection surviving a killed connection."""
+never copied), read and expired (or deleted) with their entry by the learner's reader, never
+overwritten while they wait for it, and the auto-pipelined connection surviving a killed
+connection."""
 
 from __future__ import annotations
 
