@@ -8,7 +8,10 @@ Each scheduler iteration, under the step lock: admit waiting requests up to
 ``max_batch_size`` (prefill them as one left-padded batch, sample their first token and merge
 their KV cache into the running batch), then run one decode step for every running row.
 Finished or cancelled rows are evicted at once and fully padded cache columns are dropped, so
-requests join and leave the running batch between steps (continuous batching).
+requests join and leave the running batch between steps (continuous batching). When a step
+empties the batch, the scheduler waits a bounded moment (a few steps' time at most) for the
+requests that replace it, so that a refill trickling in over HTTP is prefilled as one batch;
+results reach the event loop with one wake-up per step (``server.engines.hf_requests``).
 
 ``pause`` makes the scheduler wait between steps; ``load_weights`` copies tensors under the
 step lock, so weights never change inside a step, and every token records the policy version
