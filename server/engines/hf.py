@@ -40,7 +40,7 @@ from collections.abc import Iterable
 
 import torch
 
-from server.engines import hf_batch
+from server.engines import hf_attention, hf_batch
 from server.engines.base import (
     Completion,
     Engine,
@@ -136,7 +136,7 @@ class HFEngine(Engine):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=self.dtype, attn_implementation="sdpa"
+            self.model_path, dtype=self.dtype, attn_implementation=hf_attention.register()
         )
         return model.to(self.device).eval()
 
