@@ -46,7 +46,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -58,6 +58,7 @@ from contract.net import free_port  # noqa: E402
 from server.engines.base import SamplingParams  # noqa: E402
 
 API_KEY = "bench-key"
+COUNTERS = ("decode_steps", "prefills", "coalesce_waits")  # engine counters per phase
 
 
 def wait_until(check: Callable[[], bool], proc: subprocess.Popen, what: str,
@@ -186,6 +187,7 @@ class Phase:
     wall_s: float
     cpu_s: dict[str, float]  # "serving": the serving process; others: client, redis
     latency_s: float  # mean per request
+    engine: dict[str, float] = field(default_factory=dict)  # engine counters' increase
 
     @property
     def tps(self) -> float:
@@ -197,8 +199,9 @@ class Phase:
 
 
 async def run_load(call: Callable[[int], Awaitable[int]], ids: list[int], concurrency: int,
-                   clocks: dict[str, Callable[[], float]]) -> Phase:
-    """``concurrency`` workers share the requests ``ids``."""
+                   clocks: dict[str, Callable[[], float]],
+                   counters: Callable[[], Awaitable[dict[str, float]]]) -> Phase:
+    """``concurrency`` workers share the requests ``ids``; ``counters``: the engine's."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in ids:
         queue.put_nowait(i)
@@ -213,11 +216,14 @@ async def run_load(call: Callable[[int], Awaitable[int]], ids: list[int], concur
             latencies.append(time.perf_counter() - t0)
             tokens += n
 
+    before = await counters()
     cpu0, start = {k: c() for k, c in clocks.items()}, time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
     used = {k: c() - cpu0[k] for k, c in clocks.items()}
-    return Phase(tokens, len(ids), wall, used, statistics.fmean(latencies))
+    after = await counters()
+    return Phase(tokens, len(ids), wall, used, statistics.fmean(latencies),
+                 {k: after[k] - before.get(k, 0.0) for k in COUNTERS if k in after})
 
 
 async def paired(first: Callable[[], Awaitable[Phase]], second: Callable[[], Awaitable[Phase]],
@@ -278,9 +284,16 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
                 raise RuntimeError(f"no usage in {payload[:300]!r}")
             return int(found.group(1))
 
+        async def engine_counters() -> dict[str, float]:
+            return engine.stats().extra
+
+        async def server_counters() -> dict[str, float]:
+            return engine_stats((await http.get("/metrics")).text)
+
         def both(ids: list[int], c: int, swap: bool) -> Awaitable[tuple[Phase, Phase]]:
-            return paired(lambda: run_load(direct, ids, c, engine_clocks),
-                          lambda: run_load(served, ids, c, server_clocks), swap)
+            return paired(lambda: run_load(direct, ids, c, engine_clocks, engine_counters),
+                          lambda: run_load(served, ids, c, server_clocks, server_counters),
+                          swap)
 
         await both(list(range(4)), 4, False)  # warm-up
         res = Results(c1=[], fixed=[], mixed=[], overhead_s=0.0)
@@ -298,6 +311,12 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
     await lean.close()
     await engine.shutdown()
     return res
+
+
+def engine_stats(metrics_text: str) -> dict[str, float]:
+    """The engine's counters as ``/metrics`` exports them (``gspo_engine_stat``)."""
+    found = re.findall(r'^gspo_engine_stat\{name="(\w+)"\} (\S+)$', metrics_text, re.M)
+    return {name: float(value) for name, value in found}
 
 
 def in_server_overhead(metrics_text: str) -> float:
@@ -339,6 +358,13 @@ def report(res: Results, args: argparse.Namespace) -> None:
               f"{_verdict(med(tput) >= 0.95)}  [pairs {min(tput):.3f}..{max(tput):.3f}; "
               f"engine {med(e.tps for e, _ in pairs):.0f} tok/s]; CPU per token "
               f"engine/server {med(cpu):.3f} [{min(cpu):.3f}..{max(cpu):.3f}]")
+        sides = ([e for e, _ in pairs], [s for _, s in pairs])
+        per = {k: [med(ph.engine.get(k, 0.0) for ph in side) for side in sides]
+               for k in COUNTERS}
+        print(f"    engine per phase, direct / server (medians): decode steps "
+              f"{per['decode_steps'][0]:.0f} / {per['decode_steps'][1]:.0f}, prefills "
+              f"{per['prefills'][0]:.0f} / {per['prefills'][1]:.0f}, coalescing windows "
+              f"{per['coalesce_waits'][0]:.0f} / {per['coalesce_waits'][1]:.0f}")
     en = med(e.tps for e, _ in res.fixed)
     served = [s for pairs in (res.fixed, res.mixed) for _, s in pairs]
     per_req = {k: sum(s.cpu_s[k] for s in served) / sum(s.requests for s in served) * 1e3

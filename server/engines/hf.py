@@ -8,7 +8,10 @@ Each scheduler iteration, under the step lock: admit waiting requests up to
 ``max_batch_size`` (prefill them as one left-padded batch, sample their first token and merge
 their KV cache into the running batch), then run one decode step for every running row.
 Finished or cancelled rows are evicted at once and fully padded cache columns are dropped, so
-requests join and leave the running batch between steps (continuous batching).
+requests join and leave the running batch between steps (continuous batching). When a step
+empties the batch, the scheduler waits a bounded moment (a few steps' time at most) for the
+requests that replace it, so that a refill trickling in over HTTP is prefilled as one batch;
+results reach the event loop with one wake-up per step (``server.engines.hf_requests``).
 
 ``pause`` makes the scheduler wait between steps; ``load_weights`` copies tensors under the
 step lock, so weights never change inside a step, and every token records the policy version
@@ -28,67 +31,28 @@ completion on a token: there is no implicit EOS, the server passes it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 
-from server.engines import hf_batch
+from server.engines import hf_attention, hf_batch
 from server.engines.base import (
     Completion,
     Engine,
     EngineStats,
-    FinishReason,
     SamplingParams,
     validate_request,
 )
+from server.engines.hf_requests import ArrivalWindow, Outcome, Request, deliver, finish_reason
 
 log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 120.0  # longest wait for a running step before pause / load_weights give up
 IDLE_POLL_S = 0.5  # the scheduler re-checks its flags at least this often
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt: list[int]
-    params: SamplingParams
-    future: asyncio.Future[Completion]
-    loop: asyncio.AbstractEventLoop
-    generator: torch.Generator
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
-    cancelled: bool = False
-
-    def resolve(self, reason: FinishReason, stop_string: str | None = None) -> None:
-        done = Completion(
-            token_ids=self.token_ids, logprobs=self.logprobs, policy_versions=self.versions,
-            finish_reason=reason, stop_string=stop_string,
-            top_logprobs=self.top if self.params.top_logprobs > 0 else None,
-        )
-        # RuntimeError: the event loop is closed, nobody is waiting any more
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(_set_result, self.future, done)
-
-    def fail(self, exc: BaseException) -> None:
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(_set_exception, self.future, exc)
-
-
-def _set_result(fut: asyncio.Future[Completion], value: Completion) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exception(fut: asyncio.Future[Completion], exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
 
 
 def _resolve_device(device: str | None) -> torch.device:
@@ -114,6 +78,7 @@ class HFEngine(Engine):
         device: str | None = None,
         dtype: torch.dtype = torch.float32,
         max_model_len: int | None = None,
+        arrival_window: ArrivalWindow | None = None,
     ) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
@@ -137,8 +102,8 @@ class HFEngine(Engine):
         self._version = 0
         self._cond = threading.Condition()
         self._step_lock = threading.Lock()
-        self._waiting: deque[_Request] = deque()
-        self._rows: list[_Request] = []
+        self._waiting: deque[Request] = deque()
+        self._rows: list[Request] = []
         self._paused = False
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -151,6 +116,8 @@ class HFEngine(Engine):
         self._pending_B: torch.Tensor | None = None  # last sampled token, not yet in the cache
         self._pos_B: torch.Tensor | None = None  # position id of the pending token
         self._stale_cache = False  # the running batch's cache predates the current weights
+        # coalesces arrivals into one prefill (hf_requests); tests pass bounds of their own
+        self._window = arrival_window or ArrivalWindow()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -169,7 +136,7 @@ class HFEngine(Engine):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=self.dtype, attn_implementation="sdpa"
+            self.model_path, dtype=self.dtype, attn_implementation=hf_attention.register()
         )
         return model.to(self.device).eval()
 
@@ -182,8 +149,7 @@ class HFEngine(Engine):
         with self._cond:  # normally the thread did this; not if it is stuck in a step
             leftover = list(self._waiting) + list(self._rows)
             self._waiting.clear()
-        for req in leftover:
-            req.resolve("abort")
+        deliver((req, req.completion("abort")) for req in leftover)
 
     # ------------------------------------------------------------------ requests
 
@@ -193,7 +159,7 @@ class HFEngine(Engine):
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
-        req = _Request(list(prompt_token_ids), params, loop.create_future(), loop, gen)
+        req = Request(list(prompt_token_ids), params, loop.create_future(), loop, gen)
         with self._cond:
             if self._stopping or self._thread is None or self._error is not None:
                 raise RuntimeError(f"engine is not running (error: {self._error!r})")
@@ -254,8 +220,9 @@ class HFEngine(Engine):
             self._step_lock.release()
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=len(self._rows), waiting=len(self._waiting),
-                           extra=dict(self._counters))
+        extra = dict(self._counters, coalesce_waits=float(self._window.waits),
+                     coalesce_wait_seconds=self._window.waited_s)
+        return EngineStats(running=len(self._rows), waiting=len(self._waiting), extra=extra)
 
     # ------------------------------------------------------------------ scheduler thread
 
@@ -269,9 +236,13 @@ class HFEngine(Engine):
                         self._cond.wait(timeout=IDLE_POLL_S)
                     if self._stopping:
                         break
+                    self._window.wait(self._cond, self._waiting, len(self._rows),
+                                      self.max_batch_size, self._interrupted)
                 with self._step_lock, torch.inference_mode():
                     if not self._paused:  # pause() may have won the race for the lock
+                        start = time.perf_counter()
                         self._step()
+                        self._window.stepped(time.perf_counter() - start)
         except BaseException as exc:  # a failed step fails every request, loudly
             log.exception("hf engine scheduler failed")
             with self._cond:
@@ -279,15 +250,17 @@ class HFEngine(Engine):
                 doomed = list(self._waiting) + self._rows
                 self._waiting.clear()
                 self._rows = []
-            for req in doomed:
-                req.fail(RuntimeError(f"engine failed: {exc!r}"))
+            failed = RuntimeError(f"engine failed: {exc!r}")
+            deliver((req, failed) for req in doomed)
             return
         with self._cond:
             doomed = list(self._waiting) + self._rows
             self._waiting.clear()
             self._rows = []
-        for req in doomed:
-            req.resolve("abort")
+        deliver((req, req.completion("abort")) for req in doomed)
+
+    def _interrupted(self) -> bool:
+        return self._paused or self._stopping
 
     def _step(self) -> None:
         self._evict([r.cancelled for r in self._rows])
@@ -296,17 +269,18 @@ class HFEngine(Engine):
         self._stale_cache = False
         with self._cond:
             room = self.max_batch_size - len(self._rows)
-            admit: list[_Request] = []
+            admit: list[Request] = []
             while self._waiting and len(admit) < room:
                 req = self._waiting.popleft()
                 if not req.cancelled:
                     admit.append(req)
+        self._window.admitted(len(admit))
         if admit:
             self._prefill(admit)
         if self._rows:
             self._decode()
 
-    def _prefill(self, reqs: list[_Request]) -> None:
+    def _prefill(self, reqs: list[Request]) -> None:
         from transformers import DynamicCache
 
         assert self.model is not None
@@ -367,9 +341,9 @@ class HFEngine(Engine):
         rows = self._rows[offset:]
         got = hf_batch.sample_rows(logits_BV, [r.params for r in rows],
                                    [r.generator for r in rows])
-        self._pending_B[offset:] = torch.tensor(got.token_ids, device=self.device)
+        self._pending_B[offset:] = got.token_ids_B
         self._counters["tokens_generated"] += len(rows)
-        ends: list[tuple[_Request, FinishReason, str | None]] = []
+        ends: list[Outcome] = []
         finished = [False] * offset
         for i, req in enumerate(rows):
             req.token_ids.append(got.token_ids[i])
@@ -378,30 +352,13 @@ class HFEngine(Engine):
             top = got.top_logprobs[i]
             if top is not None:
                 req.top.append(top)
-            end = self._finish_reason(req)
+            end = finish_reason(req, self._stop_tokenizer, self.max_model_len)
             finished.append(end is not None)
             if end is not None:
-                ends.append((req, *end))
+                ends.append((req, req.completion(*end)))
         self._evict(finished)
-        for req, reason, stop_string in ends:
-            req.resolve(reason, stop_string)
-
-    def _finish_reason(self, req: _Request) -> tuple[FinishReason, str | None] | None:
-        """Why ``req`` ends after its latest token (stop conditions win over length)."""
-        p = req.params
-        if req.token_ids[-1] in p.stop_token_ids:
-            return "stop", None
-        if p.stop:
-            longest = max(len(s) for s in p.stop)
-            tail = self._stop_tokenizer.decode(req.token_ids[-(4 * longest + 4):])
-            hit = next((s for s in p.stop if s and s in tail), None)
-            if hit is not None:
-                return "stop", hit
-        if len(req.token_ids) >= p.max_tokens or (
-            len(req.prompt) + len(req.token_ids) >= self.max_model_len
-        ):
-            return "length", None
-        return None
+        self._window.ended(len(ends))
+        deliver(ends)
 
     def _evict(self, drop: list[bool]) -> None:
         """Remove rows flagged in ``drop`` and cache columns no remaining row attends to."""

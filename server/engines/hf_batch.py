@@ -27,6 +27,7 @@ class StepSample:
     token_ids: list[int]
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]] | None]
+    token_ids_B: torch.Tensor  # the same token ids, on the logits' device
 
 
 def processed_logprobs(logp_BV: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -34,6 +35,8 @@ def processed_logprobs(logp_BV: torch.Tensor, params: Sequence[SamplingParams]) 
     top-p (``contract.sampling_dist.keep_mask``, vLLM's rule) and renormalised. Rows without a
     cut are returned as they are."""
     vocab = logp_BV.shape[-1]
+    if all(p.top_p >= 1.0 and not 0 < p.top_k < vocab for p in params):
+        return logp_BV  # nothing to cut (checked in Python: no tensors for the common case)
     top_p_B = torch.tensor([p.top_p for p in params], device=logp_BV.device)
     top_k_B = torch.tensor([p.top_k for p in params], device=logp_BV.device)
     rows_B = truncating(top_p_B, top_k_B, vocab) & torch.tensor(
@@ -60,7 +63,8 @@ def sample_rows(
     renormalised when those are on (as vLLM's ``processed_logprobs``); greedy rows (T = 0)
     report ``log_softmax(logits)``. Sampling uses the exponential-race form of Gumbel-max
     (argmax p_i / E_i, E_i ~ Exp(1) from the row's seeded generator), so a seed gives the
-    same token even if batching perturbs logits by rounding.
+    same token even if batching perturbs logits by rounding. Each row's noise comes from its
+    own generator (one draw per row); the rest is a handful of whole-batch operations.
     """
     logits_BV = logits_BV.float()
     temps_B = torch.tensor(
@@ -68,14 +72,15 @@ def sample_rows(
     )
     logp_BV = processed_logprobs(torch.log_softmax(logits_BV / temps_B[:, None], dim=-1),
                                  params)
-    tokens: list[int] = []
-    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
-        if p.temperature == 0:
-            tokens.append(int(torch.argmax(logits_BV[row])))
-            continue
-        noise_V = torch.empty_like(logp_BV[row]).exponential_(generator=gen)
-        tokens.append(int(torch.argmax(logp_BV[row] - noise_V.log())))
-    idx_B = torch.tensor(tokens, device=logits_BV.device)
+    greedy = [p.temperature == 0 for p in params]
+    noise_BV = torch.ones_like(logp_BV) if any(greedy) else torch.empty_like(logp_BV)
+    for row, (is_greedy, gen) in enumerate(zip(greedy, generators, strict=True)):
+        if not is_greedy:
+            noise_BV[row].exponential_(generator=gen)
+    idx_B = torch.argmax(logp_BV - noise_BV.log_(), dim=-1)
+    if any(greedy):
+        greedy_B = torch.tensor(greedy, device=logits_BV.device)
+        idx_B = torch.where(greedy_B, torch.argmax(logits_BV, dim=-1), idx_B)
     chosen_B = logp_BV.gather(-1, idx_B[:, None]).squeeze(-1)
     tops: list[list[tuple[int, float]] | None] = []
     for row, p in enumerate(params):
@@ -86,7 +91,7 @@ def sample_rows(
         # Tokens the cut removed (-inf) are not among the alternatives, as in JSON they can't be
         tops.append([(i, v) for i, v in zip(ids.tolist(), vals.tolist(), strict=True)
                      if v > float("-inf")])
-    return StepSample(tokens, chosen_B.tolist(), tops)
+    return StepSample(idx_B.tolist(), chosen_B.tolist(), tops, idx_B)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device

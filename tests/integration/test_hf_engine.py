@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from server.engines.base import Completion, SamplingParams
 from server.engines.hf import HFEngine
+from server.engines.hf_requests import ArrivalWindow
 from server.engines.reference import sequence_logprobs
 
 T = TypeVar("T")
@@ -190,6 +191,50 @@ def test_concurrent_requests_share_a_batch_and_cap(tiny_model_dir: Path) -> None
             extra = engine.stats().extra
             assert extra["max_batch_size_observed"] == len(PROMPTS)
             assert extra["prefills"] == 1 and extra["decode_steps"] == 4
+        finally:
+            await engine.shutdown()
+    run(body())
+
+
+def test_refills_trickling_in_are_coalesced_into_one_prefill(tiny_model_dir: Path) -> None:
+    """A batch of 4 ends together; its 4 replacements arrive one by one (as over HTTP) and
+    are admitted in one prefill, sampling the same tokens as each request alone."""
+    seeds = [SamplingParams(max_tokens=6, seed=10 + i) for i in range(4)]
+    generous = ArrivalWindow(min_gap_s=30.0, max_gap_s=30.0, max_window_s=60.0)
+
+    async def body() -> None:
+        engine = await started(tiny_model_dir, arrival_window=generous)
+        try:
+            alone = [await engine.generate(p, s) for p, s in zip(PROMPTS[:4], seeds, strict=True)]
+            await batched(engine, PROMPTS[:4], [SamplingParams(max_tokens=3)] * 4)
+            before = dict(engine.stats().extra)
+            tasks = []
+            for prompt, params in zip(PROMPTS[:4], seeds, strict=True):
+                tasks.append(asyncio.create_task(engine.generate(prompt, params)))
+                await asyncio.sleep(0.01)
+            refill = await asyncio.gather(*tasks)
+            extra = engine.stats().extra
+            assert extra["prefills"] - before["prefills"] == 1
+            assert extra["coalesce_waits"] - before["coalesce_waits"] == 1
+            for one, many in zip(alone, refill, strict=True):
+                assert many.token_ids == one.token_ids
+                assert many.logprobs == pytest.approx(one.logprobs, abs=1e-4)
+        finally:
+            await engine.shutdown()
+    run(body())
+
+
+def test_a_lone_refill_waits_one_bounded_window(tiny_model_dir: Path) -> None:
+    """When fewer replacements come than requests ended, the engine stops waiting for them
+    (default bounds: a few steps' time) and does not wait for them again."""
+    async def body() -> None:
+        engine = await started(tiny_model_dir)
+        try:
+            await batched(engine, PROMPTS[:4], [SamplingParams(max_tokens=3)] * 4)
+            first = await engine.generate(PROMPTS[0], SamplingParams(max_tokens=3, seed=1))
+            second = await engine.generate(PROMPTS[1], SamplingParams(max_tokens=3, seed=2))
+            assert len(first.token_ids) == len(second.token_ids) == 3
+            assert engine.stats().extra["coalesce_waits"] == 1  # the first, not the second
         finally:
             await engine.shutdown()
     run(body())

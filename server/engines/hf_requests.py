@@ -1,0 +1,147 @@
+"""The transformers engine's requests: their state, when they end, their hand-off to the
+event loop, and when the scheduler admits them (coalescing a burst of arrivals into one
+prefill). No tensors here but a request's generator: the batch lives in ``hf``/``hf_batch``.
+
+Hand-off: the scheduler thread settles the futures of every request that ended in a step
+with one ``call_soon_threadsafe`` per event loop (``deliver``), not one per request: each
+call wakes the loop and makes the two threads trade the GIL, and in a step where 32 rows
+end together that was 32 wake-ups.
+
+Coalescing (``ArrivalWindow``): in a closed loop (every client sends its next request when
+the last one returns) the requests that replace a finished batch do not arrive at once when
+they come over HTTP: each costs the server's event loop about a millisecond or two, so they
+trickle in over several engine steps. Admitted as they come, each little group costs a
+prefill, the rows fall out of step and every later step carries stragglers; and every step
+taken meanwhile holds the GIL the event loop needs to deliver the rest. So when the running
+batch is empty and fewer requests are waiting than just finished, the scheduler waits for
+more, always bounded: it stops as soon as as many are waiting as finished (or the batch
+would be full), when no new request arrived for one engine step's time, and after a few
+steps' time in all (``ArrivalWindow``'s bounds, with floors and caps in seconds). A running
+batch is never held back; a request waits at most one bounded window, only after a batch
+emptied, and only while more requests are due than have arrived: the direct engine's callers,
+whose replacements arrive at once, never wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from server.engines.base import Completion, FinishReason, SamplingParams
+
+
+@dataclass(eq=False)
+class Request:
+    """One completion being generated, owned by the scheduler thread once queued."""
+
+    prompt: list[int]
+    params: SamplingParams
+    future: asyncio.Future[Completion]
+    loop: asyncio.AbstractEventLoop
+    generator: torch.Generator
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    cancelled: bool = False
+
+    def completion(self, reason: FinishReason, stop_string: str | None = None) -> Completion:
+        return Completion(
+            token_ids=self.token_ids, logprobs=self.logprobs, policy_versions=self.versions,
+            finish_reason=reason, stop_string=stop_string,
+            top_logprobs=self.top if self.params.top_logprobs > 0 else None,
+        )
+
+
+Outcome = tuple[Request, Completion | BaseException]
+
+
+def finish_reason(req: Request, stop_tokenizer: Any, max_model_len: int
+                  ) -> tuple[FinishReason, str | None] | None:
+    """Why ``req`` ends after its latest token (stop conditions win over length)."""
+    p = req.params
+    if req.token_ids[-1] in p.stop_token_ids:
+        return "stop", None
+    if p.stop:
+        longest = max(len(s) for s in p.stop)
+        tail = stop_tokenizer.decode(req.token_ids[-(4 * longest + 4):])
+        hit = next((s for s in p.stop if s and s in tail), None)
+        if hit is not None:
+            return "stop", hit
+    if len(req.token_ids) >= p.max_tokens or (
+        len(req.prompt) + len(req.token_ids) >= max_model_len
+    ):
+        return "length", None
+    return None
+
+
+def deliver(outcomes: Iterable[Outcome]) -> None:
+    """Settles the requests' futures: one ``call_soon_threadsafe`` per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Outcome]] = {}
+    for req, value in outcomes:
+        by_loop.setdefault(req.loop, []).append((req, value))
+    for loop, items in by_loop.items():
+        # RuntimeError: the event loop is closed, nobody is waiting any more
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, items)
+
+
+def _settle(items: list[Outcome]) -> None:
+    for req, value in items:
+        if req.future.done():
+            continue
+        if isinstance(value, BaseException):
+            req.future.set_exception(value)
+        else:
+            req.future.set_result(value)
+
+
+class ArrivalWindow:
+    """The coalescing policy (module docstring). Used by the scheduler thread only, except
+    ``wait``, which it calls holding the engine's condition (``generate`` notifies it)."""
+
+    def __init__(self, gap_steps: float = 1.0, max_steps: float = 4.0,
+                 min_gap_s: float = 0.5e-3, max_gap_s: float = 20e-3,
+                 max_window_s: float = 50e-3) -> None:
+        self.gap_steps, self.max_steps = gap_steps, max_steps  # in step times
+        self.min_gap_s, self.max_gap_s, self.max_window_s = min_gap_s, max_gap_s, max_window_s
+        self.expected = 0  # requests that ended and have not been replaced yet
+        self.step_s = 0.0  # moving average of a step's duration
+        self.waits = 0
+        self.waited_s = 0.0
+
+    def ended(self, n: int) -> None:
+        self.expected += n
+
+    def admitted(self, n: int) -> None:
+        self.expected = max(0, self.expected - n)
+
+    def stepped(self, seconds: float) -> None:
+        self.step_s = seconds if self.step_s == 0 else 0.9 * self.step_s + 0.1 * seconds
+
+    def wait(self, cond: threading.Condition, waiting: deque[Request], running: int,
+             room: int, interrupted: Callable[[], bool]) -> None:
+        """Blocks (releasing ``cond``) while the window is open; see the module docstring.
+        ``interrupted()``: stop at once (pause, shutdown)."""
+        target = min(self.expected, room)
+        if running or not waiting or len(waiting) >= target or interrupted():
+            return
+        gap = min(max(self.gap_steps * self.step_s, self.min_gap_s), self.max_gap_s)
+        start = time.monotonic()
+        deadline = start + min(max(self.max_steps * self.step_s, gap), self.max_window_s)
+        self.waits += 1
+        while len(waiting) < target and not interrupted():
+            seen = len(waiting)
+            left = deadline - time.monotonic()
+            if left <= 0 or not cond.wait(min(gap, left)) or len(waiting) == seen:
+                self.expected = 0  # the rest is not coming soon: wait for it no more
+                break
+        self.waited_s += time.monotonic() - start
