@@ -87,9 +87,11 @@ if TYPE_CHECKING:
 # batching limits it validates against): ``engine_args`` may not override them.
 RESERVED_ENGINE_ARGS = frozenset({
     "model", "tokenizer", "max_model_len", "max_num_seqs", "logprobs_mode",
-    "generation_config", "worker_extension_cls", "weight_transfer_config",
+    "generation_config", "worker_extension_cls", "weight_transfer_config", "worker_cls",
 })
 WORKER_EXTENSION = "server.engines.vllm_worker.GspoWorkerExtension"
+# On CPU: vLLM's worker with seeded requests fixed for chunked prefill (see that module).
+CPU_WORKER_CLS = "server.engines.vllm_cpu_worker.GspoCPUWorker"
 POLL_S = 0.02  # how often the server asks the worker whether a join / receive finished
 RPC_TIMEOUT_S = 120.0  # bound on any control RPC to the workers (pause, load, status)
 
@@ -138,6 +140,8 @@ class VLLMEngine(Engine):
             dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
             enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
             kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30))
+        if on_cpu:  # without it a seeded request split by chunked prefill kills the engine
+            self._engine_kw["worker_cls"] = CPU_WORKER_CLS
         if gpu_memory_utilization is not None:
             self._engine_kw["gpu_memory_utilization"] = gpu_memory_utilization
         reserved = sorted(RESERVED_ENGINE_ARGS & set(engine_args or {}))
