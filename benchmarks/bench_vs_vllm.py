@@ -132,6 +132,7 @@ class Server:
     url: str
     proc: subprocess.Popen
     log: Path
+    fixed: bool = False  # vLLM's server with our CPU worker class
     dead: str | None = None  # why it is out of the run
 
     def check_alive(self) -> None:
@@ -149,9 +150,13 @@ class Server:
             self.dead = f"/health {r.status_code}: {r.text[:200]}"
 
     def death_cause(self) -> str:
+        """The first line of its log naming the error (the root cause comes first)."""
         lines = self.log.read_text(errors="replace").splitlines()
-        hits = [ln for ln in lines if "Error" in ln or "ENGINE DEAD" in ln]
-        return hits[-1][-300:] if hits else "(nothing in its log)"
+        for marks in (("RuntimeError", "ENGINE DEAD"), ("Error",)):
+            hits = [ln for ln in lines if any(m in ln for m in marks)]
+            if hits:
+                return hits[0][-300:]
+        return "(nothing in its log)"
 
 
 def engine_env() -> dict[str, str]:
@@ -174,7 +179,10 @@ def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path) -> It
 
 
 @contextmanager
-def vllm_server(model: Path, args: argparse.Namespace, log: Path) -> Iterator[Server]:
+def vllm_server(model: Path, args: argparse.Namespace, log: Path,
+                fixed: bool = False) -> Iterator[Server]:
+    """vLLM's own server; ``fixed``: with our CPU worker (``--worker-cls``), which keeps
+    seeded requests alive through chunked prefill (``server.engines.vllm_cpu_worker``)."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
@@ -183,9 +191,11 @@ def vllm_server(model: Path, args: argparse.Namespace, log: Path) -> Iterator[Se
            "--enable-prefix-caching", "--logprobs-mode", "processed_logprobs",
            "--generation-config", "vllm", "--disable-log-stats",
            "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
+    if fixed:
+        cmd += ["--worker-cls", _cpu_worker_cls()]
     url = f"http://127.0.0.1:{port}"
     with _process(cmd, "vLLM's api_server", f"{url}/health", engine_env(), log) as proc:
-        yield Server("vLLM", url, proc, log)
+        yield Server("vLLM", url, proc, log, fixed=fixed)
 
 
 # ---------------------------------------------------------------------- load
@@ -327,6 +337,7 @@ class Cell:
     kinds: dict[str, dict[str, int]] = field(default_factory=lambda: {"ours": {}, "vLLM": {}})
     samples: int = 0  # ours: answered samples checked in Redis
     missing: int = 0
+    vllm_fixed: bool = False  # measured against vLLM's server with our CPU worker
 
 
 def measure_cell(cell: Cell, servers: list[Server], args: argparse.Namespace,
@@ -366,14 +377,21 @@ def _fmt_ratio(cell: Cell) -> str:
     return f"{statistics.median(cell.ratios):.3f} [{lo:.2f}..{hi:.2f}]"
 
 
+def _cpu_worker_cls() -> str:
+    from server.engines.vllm_engine import CPU_WORKER_CLS
+
+    return CPU_WORKER_CLS
+
+
 def report(cells: list[Cell], servers: list[Server]) -> None:
     print("\n| c | seeded | ours tok/s | vLLM tok/s | ratio ours/vLLM | errors ours / vLLM "
           "| ours samples in Redis |")
     print("|---:|:---:|---:|---:|---:|---:|---:|")
     for c in cells:
         med = {k: (f"{statistics.median(v):.0f}" if v else "n/a") for k, v in c.tps.items()}
+        mark = "*" if c.vllm_fixed else ""
         print(f"| {c.concurrency} | {'yes' if c.seeded else 'no'} | {med['ours']} | "
-              f"{med['vLLM']} | {_fmt_ratio(c)} | {c.errors['ours']} / {c.errors['vLLM']} | "
+              f"{med['vLLM']}{mark} | {_fmt_ratio(c)} | {c.errors['ours']} / {c.errors['vLLM']} | "
               f"{c.samples - c.missing} of {c.samples} |")
     for c in cells:
         for name, kinds in c.kinds.items():
@@ -385,9 +403,13 @@ def report(cells: list[Cell], servers: list[Server]) -> None:
     missing = sum(c.missing for c in cells)
     print(f"ours: {sum(c.samples for c in cells) - missing} answered samples recorded, "
           f"{missing} missing in Redis")
+    if any(c.vllm_fixed for c in cells):
+        print("* vLLM's server restarted with --worker-cls " + _cpu_worker_cls() + " after "
+              "its engine died (stock vllm-cpu dies on seeded chunked prefill)")
     for s in servers:
-        print(f"engine death {s.name}: " + (f"YES ({s.dead}); log: {s.death_cause()}"
-                                            if s.dead else "none"))
+        name = f"{s.name} (with our CPU worker)" if s.fixed else s.name
+        print(f"engine death {name}: " + (f"YES ({s.dead}); log: {s.death_cause()}"
+                                          if s.dead else "none"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -401,6 +423,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--max-num-seqs", type=int, default=128, help="both engines' batch bound")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--vllm-fixed", action="store_true",
+                   help="run vLLM's server with our CPU worker class from the start")
     return p.parse_args(argv)
 
 
@@ -417,16 +441,29 @@ def main(argv: list[str] | None = None) -> int:
                                 hidden_size=args.hidden)
         redis_url = stack.enter_context(redis_server(work))
         servers = [stack.enter_context(ours(model, redis_url, args, work / "ours.log")),
-                   stack.enter_context(vllm_server(model, args, work / "vllm.log"))]
+                   stack.enter_context(vllm_server(model, args, work / "vllm.log",
+                                                   fixed=args.vllm_fixed))]
         print(f"both servers up; model {args.layers} layers x {args.hidden} hidden, float32; "
               f"max_tokens {args.max_tokens}, {args.rounds} rounds x {args.waves} waves",
               flush=True)
-        for cell in cells:
+        deaths: list[Server] = []
+        for i, cell in enumerate(cells):
             measure_cell(cell, servers, args, redis_url)
+            base = servers[1]
+            if base.dead and not base.fixed:  # report it, go on against the fixed worker
+                print(f"vLLM's server died at c={cell.concurrency} seeded={cell.seeded}: "
+                      f"{base.dead}; log: {base.death_cause()}", flush=True)
+                deaths.append(base)
+                servers[1] = stack.enter_context(vllm_server(
+                    model, args, work / "vllm-fixed.log", fixed=True))
+                cells[i] = cell = Cell(cell.concurrency, cell.seeded, errors=cell.errors,
+                                       kinds=cell.kinds, vllm_fixed=True)
+                measure_cell(cell, servers, args, redis_url)
+            cell.vllm_fixed = servers[1].fixed
             print(f"c={cell.concurrency} seeded={cell.seeded}: ratio ours/vLLM "
                   f"{_fmt_ratio(cell)}, tok/s ours {cell.tps['ours']} vLLM {cell.tps['vLLM']}, "
                   f"errors {cell.errors}", flush=True)
-        report(cells, servers)
+        report(cells, deaths + servers)
     print(f"load average at end: {os.getloadavg()}")
     return 0
 
