@@ -126,6 +126,21 @@ def _ping(client) -> bool:  # noqa: ANN001
         return False
 
 
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of group ``pgid``: a
+    server with its engine core and workers. Robust to other jobs' load, unlike tokens/s."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 @dataclass
 class Server:
     name: str
@@ -270,14 +285,20 @@ class Phase:
     errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
     rollout_ids: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0  # the server's process group
 
     @property
     def tps(self) -> float:
         return self.tokens / self.wall_s if self.wall_s else 0.0
 
+    @property
+    def cpu_ms_per_token(self) -> float:
+        return 1000 * self.cpu_s / self.tokens if self.tokens else 0.0
 
-async def run_phase(url: str, bodies: list[dict], concurrency: int) -> Phase:
+
+async def run_phase(url: str, bodies: list[dict], concurrency: int, pgid: int) -> Phase:
     phase = Phase()
+    cpu0 = group_cpu_s(pgid)
     queue = list(range(len(bodies)))
     queue.reverse()
 
@@ -306,6 +327,7 @@ async def run_phase(url: str, bodies: list[dict], concurrency: int) -> Phase:
     start = time.perf_counter()
     await asyncio.gather(*[worker() for _ in range(concurrency)])
     phase.wall_s = time.perf_counter() - start
+    phase.cpu_s = group_cpu_s(pgid) - cpu0
     return phase
 
 
@@ -333,6 +355,7 @@ class Cell:
     seeded: bool
     tps: dict[str, list[float]] = field(default_factory=lambda: {"ours": [], "vLLM": []})
     ratios: list[float] = field(default_factory=list)
+    cpu: dict[str, list[float]] = field(default_factory=lambda: {"ours": [], "vLLM": []})
     errors: dict[str, int] = field(default_factory=lambda: {"ours": 0, "vLLM": 0})
     kinds: dict[str, dict[str, int]] = field(default_factory=lambda: {"ours": {}, "vLLM": {}})
     samples: int = 0  # ours: answered samples checked in Redis
@@ -348,7 +371,7 @@ def measure_cell(cell: Cell, servers: list[Server], args: argparse.Namespace,
     def phase(server: Server, record: bool) -> Phase | None:
         if server.dead:
             return None
-        result = asyncio.run(run_phase(server.url, bodies, cell.concurrency))
+        result = asyncio.run(run_phase(server.url, bodies, cell.concurrency, server.proc.pid))
         server.check_alive()
         cell.errors[server.name] += result.errors
         for kind, count in result.error_kinds.items():
@@ -358,6 +381,7 @@ def measure_cell(cell: Cell, servers: list[Server], args: argparse.Namespace,
             cell.missing += missing_in_redis(redis_url, result.rollout_ids)
         if record:
             cell.tps[server.name].append(result.tps)
+            cell.cpu[server.name].append(result.cpu_ms_per_token)
         return result
 
     for server in servers:  # warm-up: the same prompts, unmeasured (errors still count)
@@ -368,6 +392,10 @@ def measure_cell(cell: Cell, servers: list[Server], args: argparse.Namespace,
         a, b = got.get("ours"), got.get("vLLM")
         if a is not None and b is not None and b.tps > 0:
             cell.ratios.append(a.tps / b.tps)
+
+
+def _r(values: list[float], digits: int = 0) -> list[float]:
+    return [round(v, digits) for v in values]
 
 
 def _fmt_ratio(cell: Cell) -> str:
@@ -384,15 +412,17 @@ def _cpu_worker_cls() -> str:
 
 
 def report(cells: list[Cell], servers: list[Server]) -> None:
-    print("\n| c | seeded | ours tok/s | vLLM tok/s | ratio ours/vLLM | errors ours / vLLM "
-          "| ours samples in Redis |")
-    print("|---:|:---:|---:|---:|---:|---:|---:|")
+    print("\n| c | seeded | ours tok/s | vLLM tok/s | ratio ours/vLLM | CPU ms/token ours "
+          "/ vLLM | errors ours / vLLM | ours samples in Redis |")
+    print("|---:|:---:|---:|---:|---:|---:|---:|---:|")
     for c in cells:
         med = {k: (f"{statistics.median(v):.0f}" if v else "n/a") for k, v in c.tps.items()}
+        cpu = {k: (f"{statistics.median(v):.3f}" if v else "n/a") for k, v in c.cpu.items()}
         mark = "*" if c.vllm_fixed else ""
         print(f"| {c.concurrency} | {'yes' if c.seeded else 'no'} | {med['ours']} | "
-              f"{med['vLLM']}{mark} | {_fmt_ratio(c)} | {c.errors['ours']} / {c.errors['vLLM']} | "
-              f"{c.samples - c.missing} of {c.samples} |")
+              f"{med['vLLM']}{mark} | {_fmt_ratio(c)} | {cpu['ours']} / {cpu['vLLM']} | "
+              f"{c.errors['ours']} / {c.errors['vLLM']} | {c.samples - c.missing} of "
+              f"{c.samples} |")
     for c in cells:
         for name, kinds in c.kinds.items():
             for kind, count in kinds.items():
@@ -461,8 +491,9 @@ def main(argv: list[str] | None = None) -> int:
                 measure_cell(cell, servers, args, redis_url)
             cell.vllm_fixed = servers[1].fixed
             print(f"c={cell.concurrency} seeded={cell.seeded}: ratio ours/vLLM "
-                  f"{_fmt_ratio(cell)}, tok/s ours {cell.tps['ours']} vLLM {cell.tps['vLLM']}, "
-                  f"errors {cell.errors}", flush=True)
+                  f"{_fmt_ratio(cell)}; tok/s ours {_r(cell.tps['ours'])} vLLM "
+                  f"{_r(cell.tps['vLLM'])}; CPU ms/token ours {_r(cell.cpu['ours'], 3)} vLLM "
+                  f"{_r(cell.cpu['vLLM'], 3)}; errors {cell.errors}", flush=True)
         report(cells, deaths + servers)
     print(f"load average at end: {os.getloadavg()}")
     return 0
