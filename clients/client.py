@@ -2,7 +2,11 @@
 
 Chat completions go through the official ``openai`` client (see clients/examples); these
 clients cover what the OpenAI API has no word for. Retries: connection errors, timeouts and
-502/503/504 are retried with exponential backoff; 4xx never are. Rewards are idempotent on
+502/503/504 are retried with exponential backoff; 4xx never are. A 503 that holds a new group
+back (``too_many_groups_in_flight``: the learner is behind, ``server.admission``; or
+``ready_queue_full``) is backpressure, not a failure: it is retried after the server's
+``Retry-After`` for as long as ``RetryPolicy.admission_patience_s`` allows (default: as long
+as it takes), without using up ``attempts``. Rewards are idempotent on
 the server (the same reward again is a 200 that changes nothing), so a retried reward post
 whose first attempt did land is harmless.
 """
@@ -10,6 +14,7 @@ whose first attempt did land is harmless.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -21,6 +26,9 @@ import httpx
 from clients.errors import ServerUnavailable, error_for_status
 
 _RETRY_STATUS = {502, 503, 504}
+ADMISSION_CODES = frozenset({"too_many_groups_in_flight", "ready_queue_full"})
+_MAX_RETRY_AFTER_S = 30.0
+log = logging.getLogger("clients.client")
 
 
 @dataclass
@@ -61,10 +69,45 @@ class RetryPolicy:
     attempts: int = 5
     base_delay_s: float = 0.2
     max_delay_s: float = 5.0
+    admission_patience_s: float | None = None
+    """How long to keep retrying a request the server holds back for admission (503
+    ``too_many_groups_in_flight`` / ``ready_queue_full``); None: as long as it takes."""
 
     def delays(self) -> Iterator[float]:
         for i in range(self.attempts - 1):
             yield min(self.max_delay_s, self.base_delay_s * 2**i) * (0.5 + random.random())
+
+
+class _Attempts:
+    """The retry state of one request: backoff delays for failures, a clock for admission."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.delays = policy.delays()
+        self.started = time.monotonic()
+        self.held = 0
+
+    def admission_delay(self, resp: httpx.Response) -> float | None:
+        """The wait before retrying a 503 that held a new group back; None: not such a 503,
+        or out of patience."""
+        if resp.status_code != 503:
+            return None
+        try:
+            code = resp.json()["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        patience = self.policy.admission_patience_s
+        if code not in ADMISSION_CODES or (
+                patience is not None and time.monotonic() - self.started > patience):
+            return None
+        self.held += 1
+        if self.held % 10 == 1:
+            log.info("server holds new groups back (%s): retrying", code)
+        try:
+            after = float(resp.headers.get("Retry-After", "1"))
+        except ValueError:
+            after = 1.0
+        return min(_MAX_RETRY_AFTER_S, max(0.05, after)) * (0.75 + 0.5 * random.random())
 
 
 def _reward_items(rewards: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -108,18 +151,22 @@ def _parse(resp: httpx.Response) -> Any:
 _Outcome = httpx.Response | httpx.TransportError
 
 
-def _after_attempt(outcome: _Outcome, delays: Iterator[float],
+def _after_attempt(outcome: _Outcome, attempts: _Attempts,
                    what: str) -> tuple[Any, float | None]:
     """The retry policy, shared by the sync and async clients: ``(body, None)`` when the
-    attempt is final (a 4xx raises its error), ``(None, delay)`` to wait and try again (a
-    502/503/504 or a transport error while ``delays`` lasts), ``ServerUnavailable`` after."""
+    attempt is final (a 4xx raises its error), ``(None, delay)`` to wait and try again (an
+    admission 503 while patience lasts; a 502/503/504 or a transport error while the
+    backoff delays last), ``ServerUnavailable`` after."""
     if isinstance(outcome, httpx.Response):
         if outcome.status_code not in _RETRY_STATUS:
             return _parse(outcome), None
+        held = attempts.admission_delay(outcome)
+        if held is not None:
+            return None, held
         err: Exception = error_for_status(outcome.status_code, outcome.text)
     else:
         err = outcome
-    delay = next(delays, None)
+    delay = next(attempts.delays, None)
     if delay is None:
         raise ServerUnavailable(f"{what} failed after retries: {err}") from err
     return None, delay
@@ -136,13 +183,13 @@ class GSPOClient:
         self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
 
     def _request(self, method: str, path: str, json: Any = None) -> Any:
-        delays = self.retry.delays()
+        attempts = _Attempts(self.retry)
         while True:
             try:
                 outcome: _Outcome = self.http.request(method, path, json=json)
             except httpx.TransportError as exc:
                 outcome = exc
-            body, delay = _after_attempt(outcome, delays, f"{method} {path}")
+            body, delay = _after_attempt(outcome, attempts, f"{method} {path}")
             if delay is None:
                 return body
             time.sleep(delay)
@@ -197,13 +244,13 @@ class AsyncGSPOClient:
                                       limits=limits)
 
     async def _request(self, method: str, path: str, json: Any = None) -> Any:
-        delays = self.retry.delays()
+        attempts = _Attempts(self.retry)
         while True:
             try:
                 outcome: _Outcome = await self.http.request(method, path, json=json)
             except httpx.TransportError as exc:
                 outcome = exc
-            body, delay = _after_attempt(outcome, delays, f"{method} {path}")
+            body, delay = _after_attempt(outcome, attempts, f"{method} {path}")
             if delay is None:
                 return body
             await asyncio.sleep(delay)

@@ -13,7 +13,12 @@ Two shapes:
   as returned (see ``server/episodes.py``).
 
 ``run_groups`` / ``arun_groups`` drive either shape with bounded concurrency and post the
-rewards. Errors are never turned into a reward: a group whose episode, sampling or scoring
+rewards. A group whose rewards are all equal carries no learning signal and is dropped by the
+server (``queue.drop_zero_variance``); with ``resample_equal_rewards = k`` on the environment
+its task is played again as a new group, up to ``k`` times (``RunStats.resampled``), when
+the task can yield different rewards on another try.
+
+Errors are never turned into a reward: a group whose episode, sampling or scoring
 raises is retried or abandoned (``clients.failures.FailurePolicy``), counted in ``RunStats``,
 and the run goes on.
 """
@@ -73,6 +78,9 @@ class GroupOutcome:
     rollout_ids: list[str] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # policy version of each sample
     turn_rewards: list[list[float] | None] = field(default_factory=list)
+    fate: str | None = None
+    """The group's end as the server reported it when asked (``resample_equal_rewards``):
+    "published", "dropped:<reason>" (e.g. "dropped:zero_variance"); None: not asked."""
 
 
 class SingleTurnEnvironment(abc.ABC):
@@ -80,6 +88,9 @@ class SingleTurnEnvironment(abc.ABC):
 
     group_size: int = 8
     sampling: dict[str, Any] = {"temperature": 1.0, "max_tokens": 32}
+    resample_equal_rewards: int = 0
+    """Play a task again, as a new group, when the server dropped its group for equal
+    rewards; at most this many times per task (0: never)."""
 
     @abc.abstractmethod
     def sample_task(self, rng: random.Random) -> Any:
@@ -98,6 +109,8 @@ class MultiTurnEnvironment(abc.ABC):
     """``group_size`` episodes of one task, each driven through the openai client."""
 
     group_size: int = 4
+    resample_equal_rewards: int = 0
+    """As ``SingleTurnEnvironment.resample_equal_rewards``."""
 
     @abc.abstractmethod
     def sample_task(self, rng: random.Random) -> Any:
@@ -114,6 +127,7 @@ class MultiTurnEnvironment(abc.ABC):
 
 
 Environment = SingleTurnEnvironment | MultiTurnEnvironment
+EQUAL_REWARDS = "dropped:zero_variance"
 
 
 async def served_model(client: AsyncGSPOClient) -> str:
@@ -121,20 +135,41 @@ async def served_model(client: AsyncGSPOClient) -> str:
     return str((await client.health())["model"])
 
 
+async def group_fate(client: AsyncGSPOClient, posted: Any, group_id: str) -> str | None:
+    """How the group ended, once the posted rewards completed it ("published",
+    "dropped:<reason>", "expired"); None while it is still open."""
+    results = posted.get("results", []) if isinstance(posted, dict) else []
+    if not any(r.get("group_complete") for r in results):
+        return None
+    g = await client.group(group_id)
+    state = str(g.get("state"))
+    return f"dropped:{g.get('drop_reason')}" if state == "dropped" else state
+
+
 async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
                      model: str | None = None) -> GroupOutcome:
     """Sample (or play) one group, score it, post its rewards. ``model``: the served model's
-    name for chat completions (None: ask the server)."""
+    name for chat completions (None: ask the server). With ``env.resample_equal_rewards`` the
+    server is asked how the group ended (``GroupOutcome.fate``)."""
+    outcome, posted = await _sample_and_score(env, client, task, model)
+    if env.resample_equal_rewards > 0:
+        outcome.fate = await group_fate(client, posted, outcome.group_id)
+    return outcome
+
+
+async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any,
+                            model: str | None) -> tuple[GroupOutcome, Any]:
     if isinstance(env, SingleTurnEnvironment):
         p = env.prompt(task)
         kwargs: dict[str, Any] = {"prompt": p} if isinstance(p, str) else {"messages": p}
         group = await client.rollouts(n=env.group_size, **kwargs, **env.sampling)
         texts = [r.text for r in group.rollouts]
         rewards = [float(env.score(task, t)) for t in texts]
-        await client.post_rewards([{"rollout_id": r.rollout_id, "reward": x}
-                                   for r, x in zip(group.rollouts, rewards, strict=True)])
+        posted = await client.post_rewards([{"rollout_id": r.rollout_id, "reward": x}
+                                            for r, x in zip(group.rollouts, rewards,
+                                                            strict=True)])
         return GroupOutcome(group_id=group.group_id, rewards=rewards, task=task, texts=texts,
-                            versions=[r.policy_version for r in group.rollouts])
+                            versions=[r.policy_version for r in group.rollouts]), posted
     model = model or await served_model(client)
     opened = await client.open_group(env.group_size, env.group_metadata(task))
     sessions = [EpisodeSession(base_url=client.base_url, rollout_id=rid,
@@ -142,17 +177,31 @@ async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
                 for rid in opened["rollout_ids"]]
     results = await asyncio.gather(*(env.episode(task, s) for s in sessions))
     outcomes = [r if isinstance(r, EpisodeResult) else EpisodeResult(float(r)) for r in results]
-    await client.post_rewards([
+    posted = await client.post_rewards([
         {"rollout_id": s.rollout_id, "reward": o.reward, "turn_rewards": o.turn_rewards}
         for s, o in zip(sessions, outcomes, strict=True)])
     return GroupOutcome(group_id=opened["group_id"], rewards=[o.reward for o in outcomes],
                         task=task, rollout_ids=[s.rollout_id for s in sessions],
-                        turn_rewards=[o.turn_rewards for o in outcomes])
+                        turn_rewards=[o.turn_rewards for o in outcomes]), posted
 
 
 async def _play(env: Environment, client: AsyncGSPOClient, task: Any, model: str | None,
                 failures: FailurePolicy, stats: RunStats) -> GroupOutcome | None:
-    """The task's group, retried by the failure policy; None when abandoned."""
+    """The task's group, retried by the failure policy (None when abandoned), and played
+    again while the server drops it for equal rewards (``resample_equal_rewards``)."""
+    outcome = await _attempt(env, client, task, model, failures, stats)
+    for _ in range(env.resample_equal_rewards):
+        if outcome is None or outcome.fate != EQUAL_REWARDS:
+            break
+        stats.resampled += 1
+        outcome = await _attempt(env, client, task, model, failures, stats)
+    if outcome is not None and outcome.fate == EQUAL_REWARDS:
+        stats.equal_rewards_kept += 1
+    return outcome
+
+
+async def _attempt(env: Environment, client: AsyncGSPOClient, task: Any, model: str | None,
+                   failures: FailurePolicy, stats: RunStats) -> GroupOutcome | None:
     for attempt in range(failures.max_retries + 1):
         try:
             outcome = await arun_group(env, client, task, model)

@@ -51,11 +51,17 @@ class RunStats:
     abandoned: int = 0
     consecutive_failures: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    resampled: int = 0
+    """Tasks played again because the server dropped their group for equal rewards."""
+    equal_rewards_kept: int = 0
+    """Tasks whose last group was still dropped for equal rewards (resampling exhausted)."""
 
     def summary(self) -> str:
         kinds = ", ".join(f"{k}: {n}" for k, n in self.errors.most_common())
+        resampled = (f"; {self.resampled} resampled for equal rewards "
+                     f"({self.equal_rewards_kept} still equal)" if self.resampled else "")
         return (f"{self.completed} groups completed, {self.failed_attempts} failed attempts "
-                f"({self.retried} retried, {self.abandoned} groups abandoned)"
+                f"({self.retried} retried, {self.abandoned} groups abandoned)" + resampled
                 + (f"; errors: {kinds}" if kinds else ""))
 
 

@@ -35,7 +35,11 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
 - ``{p}:servers``: hash server_id -> signed JSON registration
   (``contract.registry``); ``{p}:server:{id}:alive`` heartbeat
   key with a short TTL.
-- ``{p}:learner:state``: hash, the learner's policy version and step.
+- ``{p}:learner:state``: hash, the learner's policy version and step, and its admission
+  parameters (``contract.admission``).
+- ``{p}:admission:servers``: set of server ids that publish admission counts;
+  ``{p}:admission:pending:{server_id}``: string, requests that server admitted and is still
+  serving (their groups may not be in Redis yet), with a short TTL (``server.inflight``).
 
 Numeric arrays travel as little-endian bytes (int32 token ids and versions, float32
 log-probabilities, uint8 masks): packing and unpacking them costs a memcpy, not a Python loop.
@@ -110,6 +114,13 @@ class Keys:
     @property
     def learner_state(self) -> str:
         return f"{self.prefix}:learner:state"
+
+    @property
+    def admission_servers(self) -> str:
+        return f"{self.prefix}:admission:servers"
+
+    def admission_pending(self, server_id: str) -> str:
+        return f"{self.prefix}:admission:pending:{server_id}"
 
 
 @dataclass

@@ -192,6 +192,9 @@ def up(
                                "| cuda:N. One GPU: weights pass as CUDA IPC handles. "
                                "(default: each picks, CUDA when available)"),
     engine: str = typer.Option("hf", help="Rollout engine: hf | vllm."),
+    admission: bool = typer.Option(True, "--admission/--no-admission", help="The server "
+                                   "holds new groups back while as many are in flight as the "
+                                   "learner can train within --max-staleness."),
 ) -> None:
     """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
     from pathlib import Path
@@ -203,7 +206,7 @@ def up(
                    group_size=group_size, lr=lr, max_staleness=max_staleness,
                    concurrency=concurrency, minutes=minutes,
                    target_reward=target_reward or None,
-                   seed=seed, device=device, engine=engine)
+                   seed=seed, device=device, engine=engine, admission=admission)
     try:
         result = run_up(cfg)
     except KeyboardInterrupt:
@@ -222,6 +225,10 @@ def up(
         tail = result.rewards[-5:]
         typer.echo(f"learner reward (trained groups, equal-reward groups excluded): last steps "
                    f"{sum(tail) / len(tail):.2f}")
+    if result.groups is not None:
+        from gspo.up import fates_line
+
+        typer.echo(fates_line(result.groups))
     typer.echo(f"metrics: {result.metrics_path}")
     if result.plot_path:
         typer.echo(f"reward curve: {result.plot_path}")

@@ -32,7 +32,8 @@ SERVE = {name: name for name in (
     "api_key", "admin_key", "device", "max_batch_size", "dtype", "max_model_len",
     "tensor_parallel_size", "gpu_memory_utilization", "enforce_eager")}
 SERVE_AFTER_VLLM_ARG = {name: name for name in (
-    "max_n", "max_tokens", "max_body_bytes", "max_ready_groups", "max_episode_turns",
+    "max_n", "max_tokens", "max_body_bytes", "max_ready_groups", "admission",
+    "admission_wait_s", "admission_capacity_without_learner", "max_episode_turns",
     "episode_history_rewrite", "tool_call_parser", "reasoning_parser")} | {
     "group_ttl_s": "queue.group_ttl_s", "server_id": "server_id",
     "advertise_url": "advertise_url"}

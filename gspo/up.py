@@ -70,6 +70,10 @@ class UpConfig(BaseModel):
     engine: Literal["hf", "vllm"] = "hf"
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """vLLM's share of the GPU when it shares it with the learner."""
+    admission: bool = True
+    """The server's admission control (``server.admission``): new groups wait while as
+    many are in flight as the learner can train within ``max_staleness``. False: the
+    environment runs ahead unbounded (for comparison: stale groups are dropped)."""
     extra_learn_args: list[str] = Field(default_factory=list)
 
 
@@ -82,6 +86,7 @@ class UpResult:
     metrics_path: Path
     plot_path: Path | None
     target_reached: bool | None = None  # None: no target was set
+    groups: dict[str, int] | None = None  # ``group_counts`` at the end of the run
 
 
 class Processes:
@@ -186,7 +191,8 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     port = free_port()
     procs.start("server", _gspo("serve", "--model", model, "--port", str(port),
                                 "--redis-url", redis_url, "--server-id", "up-server",
-                                "--log-level", "warning", *_server_device_args(cfg)),
+                                "--log-level", "warning", *_server_device_args(cfg),
+                                *([] if cfg.admission else ["--no-admission"])),
                 env=keys_env)
     url = f"http://127.0.0.1:{port}"
     _wait_http(f"{url}/health", procs, "server", timeout_s=120)
@@ -219,36 +225,44 @@ def _status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str
     return {"step": int(last.get("step", 0)),
             "reward": sum(recent) / len(recent) if recent else float("nan"),
             "env_reward": sum(env_rewards) / len(env_rewards) if env_rewards else float("nan"),
-            "tok_s": float(last.get("tokens_per_s", 0.0)), "staleness": stale}
+            "tok_s": float(last.get("tokens_per_s", 0.0)), "staleness": stale,
+            "trained_fraction": float(last.get("trained_fraction", 1.0))}
 
 
-def _backlog_gate(redis_url: str, max_backlog: int, stop: asyncio.Event) -> Any:
-    """Backpressure: wait while more than ``max_backlog`` published groups wait undelivered
-    to the learner (the consumer group's lag). Sampling further ahead would only produce
-    groups that the staleness bound drops."""
-    import redis.asyncio as aredis
+def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
+    """The fate of every group of the run, from Redis: ``generated`` (groups created),
+    ``trained`` (by the learner), ``dropped_<reason>`` (stale, zero_variance, ...),
+    ``expired_dropped``, and ``in_flight`` (generated, not yet trained or dropped)."""
+    import redis
 
-    from contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys
+    from contract.redis_schema import Keys
 
-    client = aredis.Redis.from_url(redis_url, socket_timeout=5)
-    stream = Keys().ready_stream
+    keys = Keys(prefix) if prefix else Keys()
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        raw = {k.decode(): int(float(v)) for k, v in client.hgetall(keys.counters).items()}
+        trained = int(float(client.hget(keys.learner_state, "groups_trained") or 0))
+    finally:
+        client.close()
+    out = {"generated": raw.get("groups_created", 0), "trained": trained}
+    out.update({k.removeprefix("groups_"): v for k, v in sorted(raw.items())
+                if "dropped" in k})
+    out["in_flight"] = max(0, out["generated"] - trained - sum(
+        v for k, v in out.items() if "dropped" in k))
+    return out
 
-    async def backlog() -> int:
-        try:
-            groups = await client.xinfo_groups(stream)
-        except Exception:  # no stream / no consumer group yet: nothing waits
-            return 0
-        for g in groups:
-            if g.get("name") in (LEARNER_CONSUMER_GROUP, LEARNER_CONSUMER_GROUP.encode()):
-                lag = g.get("lag")
-                return int(lag) if lag is not None else int(await client.xlen(stream))
-        return int(await client.xlen(stream))
 
-    async def gate() -> None:
-        while not stop.is_set() and await backlog() >= max_backlog:
-            await asyncio.sleep(0.1)
-
-    return gate
+def fates_line(c: dict[str, int]) -> str:
+    """One line: how many generated groups were trained, and where the others went."""
+    gen, trained = c.get("generated", 0), c.get("trained", 0)
+    finished = max(1, gen - c.get("in_flight", 0))
+    equal = c.get("dropped_zero_variance", 0)
+    others = ", ".join(f"{k} {v}" for k, v in c.items()
+                       if "dropped" in k and k != "dropped_zero_variance")
+    return (f"groups: {gen} generated, {trained} trained ({trained / finished:.0%} of the "
+            f"{finished} finished; {trained / max(1, finished - equal):.0%} of those with a "
+            f"learning signal), {equal} equal-reward dropped"
+            + (f", {others}" if others else "") + f", {c.get('in_flight', 0)} in flight")
 
 
 async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics: Path,
@@ -261,7 +275,6 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
 
     env = AlphabetEnvironment(group_size=cfg.group_size)
     stop = asyncio.Event()
-    gate = _backlog_gate(redis_url, cfg.groups_per_step * (cfg.max_staleness + 1), stop)
     env_rewards: deque[float] = deque(maxlen=ENV_WINDOW)
     env_log = open(cfg.run_dir / "env_rewards.jsonl", "a")  # noqa: SIM115 (closed below)
 
@@ -278,7 +291,7 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
     async with AsyncGSPOClient(url, api_key=api_key) as client:
         runner = asyncio.create_task(arun_groups(
             env, client, None, concurrency=cfg.concurrency, seed=cfg.seed, stop=stop,
-            on_group=on_group, gate=gate))
+            on_group=on_group))
         try:
             while True:
                 await asyncio.sleep(0.5)
@@ -311,6 +324,7 @@ def run_up(cfg: UpConfig) -> UpResult:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     procs = Processes(cfg.run_dir)
+    groups: dict[str, int] | None = None
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     t0 = time.monotonic()
@@ -325,10 +339,12 @@ def run_up(cfg: UpConfig) -> UpResult:
 
             def on_status(s: dict[str, Any]) -> None:
                 info = (f"reward {s['reward']:.2f} (env {s['env_reward']:.2f})  "
-                        f"{s['tok_s']:.0f} tok/s  staleness {s['staleness']:.2f}")
+                        f"{s['tok_s']:.0f} tok/s  staleness {s['staleness']:.2f}  "
+                        f"trained {s['trained_fraction']:.0%} of finished groups")
                 progress.update(task, completed=s["step"], info=info)
 
             asyncio.run(_drive(cfg, url, api_key, redis_url, metrics, procs, on_status))
+        groups = group_counts(redis_url)
     finally:
         procs.stop_all()
         signal.signal(signal.SIGTERM, previous)
@@ -345,4 +361,4 @@ def run_up(cfg: UpConfig) -> UpResult:
             m >= cfg.target_reward for m in moving(env, ENV_WINDOW)[ENV_WINDOW - 1:])
     return UpResult(steps=len(records), rewards=rewards, sampled=sampled,
                     seconds=time.monotonic() - t0, metrics_path=metrics, plot_path=plot,
-                    target_reached=reached)
+                    target_reached=reached, groups=groups)

@@ -34,6 +34,7 @@ a float, and the microbatch then carries ``advantages_BT`` (scalars broadcast al
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +42,9 @@ import numpy as np
 import torch
 
 from contract.redis_schema import ReadyGroup, RolloutRecord
+from learner.reader import Batch
+
+logger = logging.getLogger("learner.loop")
 
 AdvantageFn = Callable[[ReadyGroup, int], float | np.ndarray]
 
@@ -293,3 +297,21 @@ def plan_step(
         n_padded_tokens=(sum(s.length for s in samples) if packed
                          else sum(m.n_padded_tokens for m in micros)),
     )
+
+
+def split_invalid(batch: Batch, advantage_fn: AdvantageFn) -> list[str]:
+    """Removes from ``batch`` (in place) the groups that can never be trained, and returns
+    their stream ids: a poison group must not crash the learner on every restart."""
+    keep, bad = [], []
+    for g, eid, st in zip(batch.groups, batch.entry_ids, batch.staleness, strict=True):
+        try:
+            samples_from_groups([g], advantage_fn)
+            keep.append((g, eid, st))
+        except ValueError as exc:
+            logger.error("dropping invalid group %s (%s): %s", g.group_id, eid, exc)
+            bad.append(eid)
+    if bad:
+        batch.groups = [k[0] for k in keep]
+        batch.entry_ids = [k[1] for k in keep]
+        batch.staleness = [k[2] for k in keep]
+    return bad

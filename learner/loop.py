@@ -11,7 +11,8 @@ Components (each behind a small interface, wired here):
 
 One iteration: ``read_batch`` -> ``trainer.step`` -> version += 1 -> every ``sync_every``
 steps push the weights -> every ``save_every`` steps checkpoint, *then* ack the groups trained
-since the previous checkpoint -> publish version and step to ``Keys.learner_state`` -> log.
+since the previous checkpoint -> publish version, step and the admission parameters to
+``Keys.learner_state`` (``learner.published``) -> log.
 
 Exactly-once, relative to the model that survives: a group is acknowledged only after a
 checkpoint that contains its update is durable, and the checkpoint records the ids it covers.
@@ -54,29 +55,28 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-import numpy as np
 import redis
 import torch
 
 from contract.redis_schema import Keys
-from learner.batching import AdvantageFn, samples_from_groups
-from learner.checkpoint import (
-    Checkpoint,
-    LearnerState,
-    list_checkpoints,
-    load_latest,
-    remove_partial,
-    restore_rng,
-    save_checkpoint,
-)
+from learner.batching import AdvantageFn, split_invalid
+from learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
 from learner.config import LearnerConfig
 from learner.distributed import DistContext, init_from_env
 from learner.follower import export_full, follow, load_policy
 from learner.healing import ServerHealer
-from learner.metrics import MetricsLogger, read_drop_counters, reward_stats, staleness_histogram
+from learner.metrics import (
+    MetricsLogger,
+    read_drop_counters,
+    reward_stats,
+    staleness_histogram,
+    trained_fractions,
+)
 from learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
 from learner.protocol import Gather, Idle, Resume, Stop, Train, send
+from learner.published import publish_state, publish_training, state_fields
 from learner.reader import Batch, GroupReader
+from learner.startup import build_weight_sync, checkpoint_to_resume, seed_everything
 from learner.sync_base import NoSync, WeightSync
 from learner.trainer import Trainer
 
@@ -84,26 +84,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _REDIS_SOCKET_TIMEOUT_S = 30.0
 _HEAL_INTERVAL_S = 5.0  # > the servers' heartbeat interval (2 s): versions have settled
-
-
-def build_weight_sync(config: LearnerConfig, client: redis.Redis) -> WeightSync:
-    """The ``WeightSync`` that ``config.weight_sync`` names."""
-    if config.weight_sync == "none":
-        return NoSync(client, Keys(config.key_prefix))
-    from learner.weight_sync import BroadcastSync
-
-    key = config.admin_key.get_secret_value() if config.admin_key is not None else None
-    return BroadcastSync(client, Keys(config.key_prefix), admin_key=key,
-                         master_addr=config.sync_master_addr, backend=config.sync_backend,
-                         timeout_s=config.sync_timeout_s)
-
-
-def _seed(seed: int) -> None:
-    import random
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 class Learner:
@@ -128,10 +108,10 @@ class Learner:
             socket_connect_timeout=_REDIS_SOCKET_TIMEOUT_S)
         self.keys = Keys(config.key_prefix)
         self.sync = sync if sync is not None else build_weight_sync(config, self.client)
-        ckpt = self._checkpoint_to_resume()
+        ckpt = checkpoint_to_resume(config)
         if dist is not None:  # the other ranks load the same weights and optimiser state
             send(dist, Resume(str(ckpt.path) if ckpt is not None else None))
-        _seed(config.seed)
+        seed_everything(config.seed)
         source = ckpt.path if ckpt is not None else Path(config.model)
         self.tokenizer_src = source
         self.policy = load_policy(source, config, dist)
@@ -168,21 +148,6 @@ class Learner:
                             "checkpoint": str(ckpt.path) if ckpt else None})
 
     # ---------------------------------------------------------------- start-up
-
-    def _checkpoint_to_resume(self) -> Checkpoint | None:
-        cfg = self.config
-        if cfg.save_dir is None:
-            return None
-        for name in remove_partial(cfg.save_dir):
-            log.warning("removed a partial checkpoint left by a crash: %s", name)
-        if cfg.resume:
-            ckpt = load_latest(cfg.save_dir)
-            log.info("resuming from %s", ckpt.path if ckpt else "scratch (no checkpoint)")
-            return ckpt
-        if list_checkpoints(cfg.save_dir):
-            raise ValueError(f"save_dir {cfg.save_dir} already holds checkpoints: pass "
-                             "--resume to continue from them, or choose another directory")
-        return None
 
     def _restore(self, ckpt: Checkpoint) -> None:
         state = ckpt.trainer_state(map_location="cpu" if self.sharded else self.policy.device)
@@ -304,12 +269,14 @@ class Learner:
             send(self.dist, Train(batch.groups) if train else Idle())
         if not train:
             if batch.dropped_stale:
+                self.reader.trim()  # acked, but trimmed only by an ack: the stream looked full
                 self.progress.stalled("all_stale", f"{batch.dropped_stale} groups older than "
                                       f"{self.config.max_staleness} versions (learner at "
                                       f"{self.version}) dropped, none to train")
             else:
                 self.progress.stalled("no_groups", "the ready stream is empty")
             return None
+        publish_training(self.client, self.keys, len(batch.groups))  # still in flight
         metrics = self.trainer.step(batch.groups)
         self.step += 1
         self.version += 1
@@ -326,21 +293,10 @@ class Learner:
         return rec
 
     def _screen(self, batch: Batch) -> int:
-        """Drop (ack and count) groups that can never be trained: a poison group must not
-        crash the learner on every restart. Returns how many were dropped."""
-        keep, bad = [], []
-        for g, eid, st in zip(batch.groups, batch.entry_ids, batch.staleness, strict=True):
-            try:
-                samples_from_groups([g], self.trainer.advantage_fn)
-                keep.append((g, eid, st))
-            except ValueError as exc:
-                log.error("dropping invalid group %s (%s): %s", g.group_id, eid, exc)
-                bad.append(eid)
+        """Drop (ack and count) groups that can never be trained (``split_invalid``)."""
+        bad = split_invalid(batch, self.trainer.advantage_fn)
         if bad:
             self.reader.drop_invalid(bad)
-            batch.groups = [k[0] for k in keep]
-            batch.entry_ids = [k[1] for k in keep]
-            batch.staleness = [k[2] for k in keep]
         return len(bad)
 
     # ---------------------------------------------------------------- side effects
@@ -398,12 +354,8 @@ class Learner:
         return time.perf_counter() - t0
 
     def _publish_state(self) -> None:
-        try:
-            self.client.hset(self.keys.learner_state, mapping={
-                "version": self.version, "step": self.step, "updated_at": time.time(),
-                "consumer": self.config.consumer, "groups_trained": self.groups_trained})
-        except redis.RedisError as exc:
-            log.warning("publishing the learner state failed: %s", exc)
+        publish_state(self.client, self.keys, state_fields(
+            self.config, self.version, self.step, self.groups_trained))
 
     def _record(self, batch: Batch, metrics: dict[str, float], invalid: int,
                 times: dict[str, float]) -> dict[str, Any]:
@@ -418,6 +370,8 @@ class Learner:
             "time_compute_s": metrics["compute_s"], **times,
             "staleness": staleness_histogram(batch.staleness),
             "dropped": dropped, "dropped_stale_step": batch.dropped_stale,
+            "groups_trained_total": self.groups_trained,
+            **trained_fractions(self.groups_trained, dropped),
             "dropped_invalid_step": invalid, "reclaimed": batch.reclaimed,
             "sync_ok": getattr(self, "_last_sync_ok", True),
             "registry_rejected": self.healer.rejected if self.healer else 0,

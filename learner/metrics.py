@@ -6,6 +6,9 @@ A step record is a flat dict of floats plus a few structured fields:
   (policy versions between the group's oldest sampled token and the weights it trains).
 - ``dropped``: totals by reason from the Redis counters hash (``dropped_stale``,
   ``expired_dropped``, ...); ``dropped_stale_step``: groups the reader dropped this step.
+- ``groups_trained_total``, ``trained_fraction``: groups trained so far (this learner's,
+  checkpoints included) and their share of the finished groups (trained + dropped);
+  ``trained_fraction_with_signal`` leaves equal-reward groups out (``trained_fractions``).
 - ``time_wait_s`` / ``time_compute_s`` / ``time_sync_s``: where the step's wall time went
   (waiting for data vs computing vs pushing weights); a step record is written before the
   checkpoint that covers it, which writes its own ``{"event": "checkpoint", ...,
@@ -66,6 +69,17 @@ def read_drop_counters(client: redis.Redis, keys: Keys) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def trained_fractions(trained: int, dropped: dict[str, int]) -> dict[str, float]:
+    """Of the groups that finished (trained, or dropped for any reason), the fraction trained;
+    and the same leaving out equal-reward groups (``dropped.zero_variance``: no learning
+    signal, so no admission rule could make them trainable). 1.0 before anything finished."""
+    lost = sum(dropped.values())
+    no_signal = dropped.get("dropped_zero_variance", 0)
+    finished, with_signal = trained + lost, trained + lost - no_signal
+    return {"trained_fraction": trained / finished if finished else 1.0,
+            "trained_fraction_with_signal": trained / with_signal if with_signal else 1.0}
+
+
 def _fmt(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 1e4 else f"{x:.0f}"
 
@@ -83,7 +97,9 @@ def console_line(rec: dict[str, Any]) -> str:
              f"gnorm {_fmt(g('grad_norm', 0.0))}",
              f"tok/s {_fmt(g('tokens_per_s', 0.0))}",
              f"stale {g('staleness', {})}",
-             f"dropped {sum((g('dropped') or {}).values())}",
+             f"dropped {sum((g('dropped') or {}).values())} "
+             f"(trained {g('trained_fraction', 1.0):.0%} of finished groups, "
+             f"{g('trained_fraction_with_signal', 1.0):.0%} of those with signal)",
              f"wait {g('time_wait_s', 0.0):.2f}s compute {g('time_compute_s', 0.0):.2f}s "
              f"sync {g('time_sync_s', 0.0):.2f}s"
              + ("" if g("sync_ok", True) else " NOT SYNCED: servers run older weights")]

@@ -1,85 +1,207 @@
-"""A bound on the ready queue: no new groups while the learner is far behind.
+"""Admission control: a new group starts only if it can be trained within the learner's
+staleness bound; otherwise the request is held, then refused.
 
-The ready queue is the Redis stream of published groups (``Keys.ready_stream``); the learner
-reads it, acknowledges what it trained or dropped and trims the stream. When the learner stops
-(paused, crashed, restarting), groups would pile up without limit: Redis memory grows, and by
-the time the learner returns the groups are too stale to train.
+Why the server decides (and not the SDK): every group starts at a server, whatever opened it
+(the SDK's group runners, a plain ``openai`` client, an agent harness), and only the server
+side sees the learner (Redis) and the weights it samples with. An environment may not even
+reach Redis (docker-compose.yml puts it on another network). So the server is the authority,
+and the SDK honours its answer: it waits and retries on the 503 below (``clients.client``)
+without counting a failure. Before this gate, environments ran ahead of the learner and most
+of their groups arrived too stale to train (88% dropped in a compose run).
 
-Behaviour at the bound (``ServerSettings.max_ready_groups``, 0: no bound): while the stream
-holds that many entries or more, requests that would start a *new* group are refused with
-503 ``ready_queue_full`` and ``Retry-After`` (``POST /v1/completions``, ``/v1/rollouts``,
-``/v1/chat/completions`` without a ``rollout_id``, ``POST /v1/groups``). Work already
-accepted is never refused or lost: rewards are stored and their groups published (the stream
-may go over the bound by the groups in flight), and turns of open multi-turn episodes go on.
-The depth is the gauge ``gspo_ready_queue_depth`` (refreshed by every admission check and
-every ``/metrics`` scrape); refusals count in ``gspo_ready_queue_refused``.
+The rule (``contract.admission``): with ``n`` groups in flight (``server.inflight``: admitted
+and not yet trained, dropped or expired, summed over every server from facts in Redis) a new
+group is admitted when ``n + 1 <= (max_staleness + 1 - lag) * groups_per_step``, the learner's
+parameters as it published them, ``lag`` the learner's version minus this server's. Until a
+learner has published them the bound is ``admission_capacity_without_learner``. A learner
+without ``max_staleness`` sets no bound.
+
+Behaviour at the bound: the request is *held* (it waits in the server, re-checked every
+``POLL_S`` and whenever one of this server's groups leaves) for at most
+``admission_wait_s``, and admitted as soon as the learner advances; after that it is refused
+with 503 ``too_many_groups_in_flight`` and ``Retry-After``. Routes that start a group:
+``POST /v1/completions``, ``/v1/rollouts``, ``/v1/chat/completions`` without a
+``rollout_id``, ``POST /v1/groups``. Work already accepted (rewards, turns of open episodes) is
+never held. Several servers read the same facts; two admitting at the same instant can
+overshoot the bound by one group each (the count is re-read every ``POLL_S``).
+
+The ready-queue bound (``max_ready_groups``, 503 ``ready_queue_full``) stays as a coarse,
+independent limit on the stream's length (a learner that stopped acknowledging).
+
+Metrics: ``gspo_groups_in_flight``, ``gspo_admission_bound`` (-1: none),
+``gspo_admission_held`` (requests waiting now), ``gspo_admission_waited_total``,
+``gspo_admission_refused`` (by route), ``gspo_ready_queue_depth``, ``gspo_ready_queue_refused``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import math
 import time
+from collections.abc import AsyncIterator, Callable
 
-import redis.asyncio as aioredis
 from fastapi import Request
 
 from server.errors import APIError
+from server.inflight import InFlightCounter, Snapshot
 from server.limits import parsed_body
 from server.metrics import ServerMetrics
+from server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
+ADMISSION_RETRY_AFTER_S = 1
+POLL_S = 0.05
 WARN_EVERY_S = 10.0
 
 
-class ReadyQueueGate:
-    """Reads the ready stream's length and refuses new groups at the bound."""
+class AdmissionGate:
+    """Holds new groups back at the in-flight bound and at the ready-queue bound."""
 
-    def __init__(self, client: aioredis.Redis, stream_key: str, max_ready_groups: int,
-                 metrics: ServerMetrics) -> None:
-        self.client = client
-        self.stream_key = stream_key
-        self.max_ready_groups = max_ready_groups
+    def __init__(self, counter: InFlightCounter, settings: ServerSettings,
+                 metrics: ServerMetrics, server_version: Callable[[], int | None]) -> None:
+        self.counter = counter
+        self.enabled = settings.admission
+        self.wait_s = settings.admission_wait_s
+        self.fallback = settings.admission_capacity_without_learner
+        self.max_ready_groups = settings.max_ready_groups
         self.metrics = metrics
+        self.server_version = server_version
+        self.local = 0  # admitted here, request still being served
+        self._snap: Snapshot | None = None
+        self._snap_at = -math.inf
+        self._cond = asyncio.Condition()
         self._last_warning = -WARN_EVERY_S
 
-    async def depth(self) -> int:
-        """Entries on the ready stream (published, not yet acknowledged and trimmed)."""
-        depth = int(await self.client.xlen(self.stream_key))
-        self.metrics.ready_queue_depth.set(depth)
-        return depth
+    async def snapshot(self, max_age_s: float = POLL_S) -> Snapshot:
+        """The in-flight facts, re-read when older than ``max_age_s``."""
+        if self._snap is None or time.monotonic() - self._snap_at > max_age_s:
+            self._snap = await self.counter.read()
+            self._snap_at = time.monotonic()
+            self.metrics.ready_queue_depth.set(self._snap.ready_depth)
+        return self._snap
 
-    async def admit(self, route: str) -> None:
-        """503 while the stream is at or over the bound (one XLEN, O(1) in Redis)."""
-        if self.max_ready_groups <= 0:
-            return
-        depth = await self.depth()
-        if depth < self.max_ready_groups:
+    async def refresh_gauges(self) -> None:
+        """Re-read the facts and set the gauges (``/metrics``)."""
+        snap = await self.snapshot(max_age_s=0.0)
+        bound = self.bound(snap)
+        self.metrics.groups_in_flight.set(snap.others + self.local)
+        self.metrics.admission_bound.set(-1 if bound is None else bound)
+
+    def bound(self, snap: Snapshot) -> int | None:
+        version = self.server_version()
+        if version is None:
+            version = snap.learner.version
+        return snap.learner.bound(version, self.fallback)
+
+    async def admit(self, route: str) -> bool:
+        """Returns once the request may start a group (True: counted, call ``release``);
+        raises 503 at the ready-queue bound or after ``admission_wait_s`` held. A cached
+        read (at most ``POLL_S`` old) may admit; holding or refusing needs a fresh one."""
+        if not self.enabled:
+            snap = await self.snapshot()
+            if self._ready_full(snap):
+                self._check_ready_queue(await self.snapshot(max_age_s=0.0), route)
+            return False
+        deadline = time.monotonic() + self.wait_s
+        held, fresh = False, False
+        try:
+            async with self._cond:
+                while True:
+                    snap = await self.snapshot(max_age_s=0.0 if fresh else POLL_S)
+                    if not self._ready_full(snap) and self._try(snap):
+                        return True
+                    if not fresh:
+                        fresh = True
+                        continue
+                    self._check_ready_queue(snap, route)
+                    if not held:
+                        held = True
+                        self.metrics.admission_held.inc()
+                        self.metrics.admission_waited.inc()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._refuse(snap, route)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._cond.wait(), min(POLL_S, remaining))
+        finally:
+            if held:
+                self.metrics.admission_held.dec()
+
+    def _try(self, snap: Snapshot) -> bool:
+        in_flight = snap.others + self.local
+        bound = self.bound(snap)
+        self.metrics.groups_in_flight.set(in_flight)
+        self.metrics.admission_bound.set(-1 if bound is None else bound)
+        if bound is not None and in_flight + 1 > bound:
+            return False
+        self.local += 1
+        return True
+
+    async def release(self) -> None:
+        """An admitted request ended: its group is in Redis now (or never will be)."""
+        async with self._cond:
+            self.local = max(0, self.local - 1)
+            self._snap_at = -math.inf  # its group moved into the facts: read them again
+            self._cond.notify_all()
+
+    def _refuse(self, snap: Snapshot, route: str) -> APIError:
+        self.metrics.admission_refused.labels(route).inc()
+        bound = self.bound(snap)
+        self._warn(f"{snap.others + self.local} groups in flight (bound {bound}, learner at "
+                   f"version {snap.learner.version}): refusing new groups on {route} after "
+                   f"holding them {self.wait_s:g} s")
+        return APIError(
+            503, f"{snap.others + self.local} groups are in flight, at the bound of {bound} "
+                 "that the learner's staleness limit allows; this request waited "
+                 f"{self.wait_s:g} s for the learner to advance (admission_wait_s): retry",
+            code="too_many_groups_in_flight",
+            headers={"Retry-After": str(ADMISSION_RETRY_AFTER_S)})
+
+    def _ready_full(self, snap: Snapshot) -> bool:
+        return 0 < self.max_ready_groups <= snap.undelivered
+
+    def _check_ready_queue(self, snap: Snapshot, route: str) -> None:
+        """503 ``ready_queue_full`` while ``max_ready_groups`` or more published groups wait
+        for the learner to read them. (Not the stream's length: entries the learner dropped
+        stale are acknowledged but stay until its next trim, and counting them refused new
+        groups while the learner had nothing left to train.)"""
+        if not self._ready_full(snap):
             return
         self.metrics.ready_queue_refused.labels(route).inc()
+        self._warn(f"ready queue holds {snap.undelivered} unread groups (bound "
+                   f"{self.max_ready_groups}): refusing new groups on {route} until the "
+                   "learner catches up")
+        raise APIError(503, f"the ready queue holds {snap.undelivered} unread groups, at this "
+                            f"server's bound of {self.max_ready_groups} (max_ready_groups): "
+                            "the learner is behind; retry later", code="ready_queue_full",
+                       headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    def _warn(self, message: str) -> None:
         now = time.monotonic()
-        if now - self._last_warning < WARN_EVERY_S:  # every request is refused: log sparsely
-            raise self._full(depth)
-        self._last_warning = now
-        log.warning("ready queue holds %d groups (bound %d): refusing new groups on %s until "
-                    "the learner catches up", depth, self.max_ready_groups, route)
-        raise self._full(depth)
-
-    def _full(self, depth: int) -> APIError:
-        return APIError(503, f"the ready queue holds {depth} groups, at this server's bound of "
-                             f"{self.max_ready_groups} (max_ready_groups): the learner is "
-                             "behind; retry later", code="ready_queue_full",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
+        if now - self._last_warning >= WARN_EVERY_S:  # every request is refused: log sparsely
+            self._last_warning = now
+            log.warning("%s", message)
 
 
-async def admit_new_group(request: Request) -> None:
-    """Dependency of the routes that start a group (see the module docstring). A chat request
-    carrying a ``rollout_id`` continues an accepted episode and is let through."""
-    gate: ReadyQueueGate | None = getattr(request.app.state, "ready_gate", None)
+async def admit_new_group(request: Request) -> AsyncIterator[None]:
+    """Dependency of the routes that start a group (see the module docstring): held until
+    admitted, counted until the request ends. A chat request carrying a ``rollout_id``
+    continues an accepted episode and is let through."""
+    gate: AdmissionGate | None = getattr(request.app.state, "admission", None)
     if gate is None:
+        yield
         return
     if request.url.path == "/v1/chat/completions":
         body = await parsed_body(request)
         if isinstance(body, dict) and body.get("rollout_id") is not None:
+            yield
             return
-    await gate.admit(request.url.path)
+    counted = await gate.admit(request.url.path)
+    try:
+        yield
+    finally:
+        if counted:
+            await gate.release()

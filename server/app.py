@@ -30,7 +30,7 @@ from fastapi import Depends, FastAPI
 
 from contract.redis_schema import Keys
 from contract.registry import ServerInfo, heartbeat_loop
-from server.admission import ReadyQueueGate
+from server.admission import AdmissionGate
 from server.chat import TokenTexts
 from server.chat_sanitize import warm as warm_chat_encoders
 from server.deps import require_admin_key, require_api_key
@@ -39,6 +39,7 @@ from server.engine_watch import watch_engine
 from server.engines.base import Engine
 from server.episode_store import EpisodeStore
 from server.errors import install_error_handlers
+from server.inflight import InFlightCounter
 from server.limits import check_request_json
 from server.metrics import RequestMetricsMiddleware, ServerMetrics
 from server.routes import admin, chat, completions, groups, health, metrics, rewards, rollouts
@@ -110,8 +111,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         app.state.engine, app.state.redis, app.state.keys, app.state.store = (
             engine, redis, keys, store)
-        app.state.ready_gate = ReadyQueueGate(redis, keys.ready_stream,
-                                              settings.max_ready_groups, app.state.metrics)
+        counter = InFlightCounter(redis, keys, settings.server_id)
+        gate = AdmissionGate(counter, settings, app.state.metrics,
+                             lambda: engine.policy_version)
+        app.state.admission = gate
+        tasks.append(asyncio.create_task(counter.publish_loop(lambda: gate.local)))
         app.state.tokenizer = load_tokenizer(engine)
         warm_chat_encoders(app.state.tokenizer)
         app.state.token_texts = TokenTexts(app.state.tokenizer)
@@ -132,6 +136,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         for task in reversed(tasks):
             await _cancel(task)
+        gate = getattr(app.state, "admission", None)
+        if gate is not None:
+            await gate.counter.withdraw()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(engine.shutdown(), SHUTDOWN_TIMEOUT_S)
         await redis.aclose()

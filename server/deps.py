@@ -24,7 +24,7 @@ from pydantic import SecretStr
 from redis.asyncio import Redis
 
 from contract.redis_schema import Keys
-from server.admission import ReadyQueueGate
+from server.admission import AdmissionGate
 from server.engines.base import Engine
 from server.errors import APIError
 from server.metrics import ServerMetrics
@@ -60,9 +60,9 @@ async def get_keys(request: Request) -> Keys:
     return request.app.state.keys
 
 
-async def get_ready_gate(request: Request) -> ReadyQueueGate | None:
+async def get_admission(request: Request) -> AdmissionGate | None:
     """The ready-queue bound, or None in an app that does not bound it."""
-    return getattr(request.app.state, "ready_gate", None)
+    return getattr(request.app.state, "admission", None)
 
 
 async def get_optional_tokenizer(request: Request) -> Any | None:
@@ -80,7 +80,7 @@ StoreDep = Annotated[RolloutStore, Depends(get_store)]
 SamplingDep = Annotated[SamplingService, Depends(get_sampling)]
 RedisDep = Annotated[Redis, Depends(get_redis)]
 KeysDep = Annotated[Keys, Depends(get_keys)]
-ReadyGateDep = Annotated[ReadyQueueGate | None, Depends(get_ready_gate)]
+AdmissionDep = Annotated[AdmissionGate | None, Depends(get_admission)]
 OptionalTokenizerDep = Annotated[Any | None, Depends(get_optional_tokenizer)]
 MetricsDep = Annotated[ServerMetrics, Depends(get_metrics)]
 

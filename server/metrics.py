@@ -56,6 +56,19 @@ class ServerMetrics:
                                            ["route"], registry=r)
         self.engine_dead = Gauge("gspo_engine_dead", "1 once the engine has died (the server "
                                  "is stopping and exits non-zero), else 0", registry=r)
+        self.groups_in_flight = Gauge("gspo_groups_in_flight", "Groups admitted and not yet "
+                                      "trained, dropped or expired, over every server "
+                                      "(server.inflight)", registry=r)
+        self.admission_bound = Gauge("gspo_admission_bound", "Most groups in flight the "
+                                     "learner's staleness bound allows (-1: no bound)",
+                                     registry=r)
+        self.admission_held = Gauge("gspo_admission_held", "Requests held now, waiting for "
+                                    "the learner to advance", registry=r)
+        self.admission_waited = Counter("gspo_admission_waited", "Requests that had "
+                                            "to wait for admission", registry=r)
+        self.admission_refused = Counter("gspo_admission_refused", "New groups refused (503 "
+                                         "too_many_groups_in_flight) after the longest hold",
+                                         ["route"], registry=r)
         self.engine_extra = Gauge("gspo_engine_stat", "Engine-specific numbers (EngineStats."
                                   "extra: decode steps, prefills, ...)", ["name"], registry=r)
 

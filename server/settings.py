@@ -111,9 +111,20 @@ class ServerSettings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """Request bodies larger than this are refused with a 413 before they are parsed."""
     max_ready_groups: int = Field(default=1024, ge=0)
-    """Bound on the ready queue (published groups the learner has not yet acknowledged): at
-    or over it, requests that would start a new group get a 503 until the learner catches up
+    """Bound on the ready queue (published groups the learner has not yet read): at or over
+    it, requests that would start a new group get a 503 until the learner catches up
     (``server.admission``). 0: no bound."""
+    admission: bool = True
+    """Hold back requests that start a group while as many groups are in flight as the
+    learner can train within its staleness bound (``server.admission``): they wait, then get
+    a 503 ``too_many_groups_in_flight``. False: admit everything (groups may arrive too stale
+    and be dropped by the learner)."""
+    admission_wait_s: float = Field(default=30.0, ge=0)
+    """Longest time a request is held for admission before its 503 (clients retry after
+    ``Retry-After``; the SDK does so by itself)."""
+    admission_capacity_without_learner: int = Field(default=12, ge=1)
+    """Groups in flight admitted while no learner has published its staleness bound and
+    groups per step (12 = (2 + 1) x 4, the demo's); once it has, its bound applies."""
     sanitize_control_tokens: bool = True
     """Chat templating encodes special tokens (``<|im_end|>``, ``<|eot_id|>``...) found inside
     message contents and tool definitions as plain text, so a user message cannot forge a

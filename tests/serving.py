@@ -100,7 +100,8 @@ class RedisKeys:
         self.keys = keys
 
     def snapshot(self) -> tuple[frozenset[bytes], dict[bytes, bytes]]:
-        registry = (self.keys.servers.encode(), f"{self.keys.prefix}:server:".encode())
+        registry = (self.keys.servers.encode(), f"{self.keys.prefix}:server:".encode(),
+                    f"{self.keys.prefix}:admission:".encode())  # refreshed every second
         names = frozenset(k for k in self.client.scan_iter(f"{self.keys.prefix}:*", count=1000)
                           if not k.startswith(registry))
         return names, self.client.hgetall(self.keys.counters)
@@ -120,14 +121,16 @@ MODEL_NAME = "tiny"
 @contextlib.contextmanager
 def running_server(model_dir: Path, redis_url: str, **overrides: Any) -> Iterator[Served]:
     """The real app (hf engine on ``model_dir``) served on a free port. Defaults: both keys
-    set, small limits (max_n 8, max_tokens 64) so the limit checks are cheap to reach."""
+    set, small limits (max_n 8, max_tokens 64) so the limit checks are cheap to reach, and
+    admission control off (no learner runs: the API tests leave many groups open, which
+    would count as in flight; tests/integration/test_admission.py turns it on)."""
     from server.app import create_app
     from server.settings import ServerSettings
 
     fields: dict[str, Any] = dict(
         model=str(model_dir), redis_url=redis_url, served_model_name=MODEL_NAME,
         api_key=API_KEY, admin_key=ADMIN_KEY, max_n=8, max_tokens=64, max_batch_size=16,
-        max_body_bytes=64 * 1024, device="cpu", server_id="test-server")
+        max_body_bytes=64 * 1024, device="cpu", server_id="test-server", admission=False)
     fields.update(overrides)
     # One port for both: the server advertises it to the learner through the registry.
     fields.setdefault("port", free_port())

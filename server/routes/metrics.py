@@ -10,15 +10,16 @@ import redis.exceptions
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.deps import EngineDep, MetricsDep, ReadyGateDep
+from server.deps import AdmissionDep, EngineDep, MetricsDep
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", response_class=Response)
-async def metrics(metrics: MetricsDep, engine: EngineDep, gate: ReadyGateDep) -> Response:
+async def metrics(metrics: MetricsDep, engine: EngineDep, gate: AdmissionDep) -> Response:
     if gate is not None:
-        # The queue depth is read from Redis: /metrics still answers while Redis is down.
+        # Queue depth and groups in flight are read from Redis: /metrics still answers
+        # while Redis is down.
         with contextlib.suppress(TimeoutError, redis.exceptions.RedisError, OSError):
-            await asyncio.wait_for(gate.depth(), 1.0)
+            await asyncio.wait_for(gate.refresh_gauges(), 1.0)
     return Response(metrics.render(engine), media_type=CONTENT_TYPE_LATEST)

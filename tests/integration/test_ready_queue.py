@@ -103,3 +103,22 @@ def test_zero_means_no_bound(tiny_model_dir: Path, redis_server: RedisServer) ->
             reward(s, sample_group(s))
         assert post(s, *NEW_GROUP_REQUESTS[0]).status_code == 200
         assert gauge(s, "gspo_ready_queue_depth") == 3
+
+
+def test_groups_the_learner_dropped_stale_do_not_fill_the_queue(
+    served: Served, redis_server: RedisServer,
+) -> None:
+    """Stale groups are acknowledged on read but stay on the stream until the learner's next
+    trim: counting them refused every new group while the learner had nothing to train (a
+    deadlock seen in a run without admission control)."""
+    from learner.reader import GroupReader
+
+    for _ in range(BOUND):
+        reward(served, sample_group(served))
+    client = redis.Redis.from_url(redis_server.url)
+    batch = GroupReader(client, Keys(), max_staleness=0).read_batch(4, 5, timeout_s=1)
+    assert batch.groups == [] and batch.dropped_stale == BOUND
+    assert client.xlen(Keys().ready_stream) == BOUND  # acknowledged, not yet trimmed
+    client.close()
+    for path, body in NEW_GROUP_REQUESTS:
+        assert post(served, path, body).status_code == 200, path

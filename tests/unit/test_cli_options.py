@@ -19,6 +19,7 @@ SERVE_FLAGS = [
     "--key-prefix", "--api-key", "--admin-key", "--device", "--max-batch-size", "--dtype",
     "--max-model-len", "--tensor-parallel-size", "--gpu-memory-utilization", "--enforce-eager",
     "--vllm-arg", "--max-n", "--max-tokens", "--max-body-bytes", "--max-ready-groups",
+    "--admission", "--admission-wait-s", "--admission-capacity-without-learner",
     "--max-episode-turns", "--episode-history-rewrite", "--tool-call-parser",
     "--reasoning-parser", "--group-ttl-s", "--server-id", "--advertise-url", "--log-level"]
 LEARN_FLAGS = [

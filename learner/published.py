@@ -1,0 +1,46 @@
+"""What the learner publishes to Redis for the rest of the system (``Keys.learner_state``):
+its policy version and step, groups trained, and the admission parameters the rollout servers
+bound the groups in flight with (``contract.admission``): ``max_staleness`` (-1: none),
+``groups_per_step`` and ``training`` (groups of the step being trained, 0 between steps).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+
+from contract.admission import (
+    FIELD_GROUPS_PER_STEP,
+    FIELD_MAX_STALENESS,
+    FIELD_TRAINING,
+    FIELD_VERSION,
+)
+from contract.redis_schema import Keys
+from learner.config import LearnerConfig
+
+log = logging.getLogger("learner.loop")
+
+
+def state_fields(config: LearnerConfig, version: int, step: int, groups_trained: int,
+                 training: int = 0) -> dict[str, Any]:
+    stale = config.max_staleness
+    return {FIELD_VERSION: version, "step": step, "updated_at": time.time(),
+            "consumer": config.consumer, "groups_trained": groups_trained,
+            FIELD_MAX_STALENESS: -1 if stale is None else stale,
+            FIELD_GROUPS_PER_STEP: config.groups_per_step, FIELD_TRAINING: training}
+
+
+def publish_state(client: redis.Redis, keys: Keys, fields: dict[str, Any]) -> None:
+    """HSET the fields; a Redis error is logged, not raised (the next step publishes again)."""
+    try:
+        client.hset(keys.learner_state, mapping=fields)
+    except redis.RedisError as exc:
+        log.warning("publishing the learner state failed: %s", exc)
+
+
+def publish_training(client: redis.Redis, keys: Keys, n_groups: int) -> None:
+    """The step now being trained holds ``n_groups`` groups (still in flight for admission)."""
+    publish_state(client, keys, {FIELD_TRAINING: n_groups})

@@ -1,0 +1,54 @@
+"""Start-up pieces of the learner process: the weight sync it pushes with, the seeds, the
+checkpoint it resumes from (``learner.loop`` wires them)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import redis
+import torch
+
+from contract.redis_schema import Keys
+from learner.checkpoint import Checkpoint, list_checkpoints, load_latest, remove_partial
+from learner.config import LearnerConfig
+from learner.sync_base import NoSync, WeightSync
+
+log = logging.getLogger("learner.loop")
+
+
+def build_weight_sync(config: LearnerConfig, client: redis.Redis) -> WeightSync:
+    """The ``WeightSync`` that ``config.weight_sync`` names."""
+    if config.weight_sync == "none":
+        return NoSync(client, Keys(config.key_prefix))
+    from learner.weight_sync import BroadcastSync
+
+    key = config.admin_key.get_secret_value() if config.admin_key is not None else None
+    return BroadcastSync(client, Keys(config.key_prefix), admin_key=key,
+                         master_addr=config.sync_master_addr, backend=config.sync_backend,
+                         timeout_s=config.sync_timeout_s)
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def checkpoint_to_resume(cfg: LearnerConfig) -> Checkpoint | None:
+    """The newest checkpoint under ``save_dir`` with ``resume``; partial ones (a crash during
+    a save) are removed first. Refuses to train over existing checkpoints without ``resume``."""
+    if cfg.save_dir is None:
+        return None
+    for name in remove_partial(cfg.save_dir):
+        log.warning("removed a partial checkpoint left by a crash: %s", name)
+    if cfg.resume:
+        ckpt = load_latest(cfg.save_dir)
+        log.info("resuming from %s", ckpt.path if ckpt else "scratch (no checkpoint)")
+        return ckpt
+    if list_checkpoints(cfg.save_dir):
+        raise ValueError(f"save_dir {cfg.save_dir} already holds checkpoints: pass "
+                         "--resume to continue from them, or choose another directory")
+    return None

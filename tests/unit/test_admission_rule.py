@@ -1,0 +1,36 @@
+"""The admission rule (contract.admission), a pure function: how many groups may be in flight
+so that the newest is trained within the learner's staleness bound."""
+
+from __future__ import annotations
+
+from contract.admission import LearnerParams, admits, capacity
+
+
+def test_capacity_is_staleness_plus_one_steps_of_groups_less_the_servers_lag() -> None:
+    assert capacity(2, 4) == 12  # (2 + 1) x 4: the demo's and the compose profile's
+    assert capacity(0, 4) == 4  # on-policy: one step's worth, all sampled by one version
+    assert capacity(2, 4, lag=1) == 8  # the server trails by a version: one step less
+    assert capacity(2, 4, lag=3) == 0  # anything sampled now would arrive too stale
+    assert capacity(2, 4, lag=-2) == 12  # a server ahead of the published version: lag 0
+    assert capacity(None, 4) is None  # no staleness bound: no admission bound
+
+
+def test_admits_while_one_more_group_fits() -> None:
+    assert admits(11, 12) and not admits(12, 12) and not admits(13, 12)
+    assert admits(0, 1) and not admits(0, 0)
+    assert admits(10_000, None)
+
+
+def test_learner_params_from_the_published_hash() -> None:
+    raw = {b"version": b"7", b"step": b"7", b"max_staleness": b"2", b"groups_per_step": b"4",
+           b"training": b"4"}
+    p = LearnerParams.from_hash(raw)
+    assert (p.version, p.max_staleness, p.groups_per_step, p.training) == (7, 2, 4, 4)
+    assert p.bound(server_version=7, fallback=99) == 12
+    assert p.bound(server_version=6, fallback=99) == 8
+    unbounded = LearnerParams.from_hash({"version": "3", "max_staleness": "-1",
+                                         "groups_per_step": "4"})
+    assert unbounded.bound(server_version=3, fallback=99) is None
+    # No learner has published its parameters (none yet, or one from before admission).
+    assert LearnerParams.from_hash({}).bound(server_version=0, fallback=12) == 12
+    assert LearnerParams.from_hash({b"version": b"5"}).bound(server_version=0, fallback=6) == 6
