@@ -191,7 +191,9 @@ def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path) -> It
            "--max-batch-size", str(args.max_num_seqs), "--max-model-len",
            str(args.max_model_len), "--max-tokens", str(args.max_tokens), "--max-n", "1",
            "--log-level", "warning"]
-    env = {**engine_env(), "GSPO_API_KEY": API_KEY, "GSPO_MAX_READY_GROUPS": "0"}
+    # No learner runs: no bound on the ready queue or on groups in flight (server.admission).
+    env = {**engine_env(), "GSPO_API_KEY": API_KEY, "GSPO_MAX_READY_GROUPS": "0",
+           "GSPO_ADMISSION": "false"}
     url = f"http://127.0.0.1:{port}"
     with _process(cmd, "gspo serve", f"{url}/health", env, log) as proc:
         yield Server("ours", url, proc, log)

@@ -74,7 +74,8 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GSPO_API_KEY": API_KEY,
-           "GSPO_ENGINE_DEAD_EXIT_DELAY_S": "5", "VLLM_CPU_KVCACHE_SPACE": "1"}
+           "GSPO_ENGINE_DEAD_EXIT_DELAY_S": "5", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "GSPO_ADMISSION": "false"}  # no learner runs: admit every group
     with redis_for_module(tmp_path_factory) as redis_server, log.open("wb") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gspo.cli", "serve", "--engine", "vllm",
