@@ -65,13 +65,14 @@ def serve(**params: Any) -> None:
                  for e in exc.errors()]
         typer.echo("invalid server settings:\n" + "\n".join(lines), err=True)
         raise typer.Exit(2) from exc
-    import uvicorn
-
     from server.app import create_app
+    from server.engine_watch import run_server
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=params["log_level"], timeout_graceful_shutdown=30,
-                timeout_keep_alive=settings.keep_alive_s)
+    code = run_server(create_app(settings), host=settings.host, port=settings.port,
+                      log_level=params["log_level"], timeout_graceful_shutdown=30,
+                      timeout_keep_alive=settings.keep_alive_s)
+    if code:  # the engine died (server.engine_watch) or the app failed to start
+        raise typer.Exit(code)
 
 
 # Not fields: --vllm-arg (parsed into ServerSettings.vllm_args), uvicorn's log level.

@@ -9,6 +9,9 @@ on ``app.state``, in that order, and torn down in reverse. Routes reach it throu
 Route guards: ``/health`` and ``/metrics`` are open; every ``/v1`` route requires the API key
 (when one is set); ``/admin`` routes (weights) require the separate admin key.
 
+A dead engine (``Engine.dead_reason``) is watched for (``server.engine_watch``): ``/health``
+turns 503, and the server stops with a non-zero exit status so that it is restarted.
+
 Engines are pluggable (``settings.engine``) and imported only when chosen, so the hf engine
 never imports vLLM. Tests and benchmarks may pass an engine in; the app starts and shuts it
 down like one it built.
@@ -32,6 +35,7 @@ from server.chat import TokenTexts
 from server.chat_sanitize import warm as warm_chat_encoders
 from server.deps import require_admin_key, require_api_key
 from server.disconnect import CancelOnDisconnectMiddleware
+from server.engine_watch import watch_engine
 from server.engines.base import Engine
 from server.episode_store import EpisodeStore
 from server.errors import install_error_handlers
@@ -119,6 +123,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.sampling = SamplingService(engine, store, app.state.tokenizer,
                                              app.state.token_texts, settings, app.state.metrics)
         tasks.append(asyncio.create_task(store.run_sweeper(settings.sweep_interval_s)))
+        tasks.append(asyncio.create_task(  # dead: 503s, then stop, exit != 0
+            watch_engine(app, engine, settings.engine_dead_exit_delay_s)))
         info = ServerInfo(server_id=settings.server_id, url=advertised_url(settings),
                           engine=engine.name, model=settings.model_name,
                           ranks=engine.weight_ranks())
@@ -147,6 +153,9 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.state.settings = settings
     app.state.injected_engine = engine
     app.state.metrics = ServerMetrics()
+    app.state.engine_dead = None  # why the engine died, once it has (server.engine_watch)
+    app.state.exit_code = 0  # the process's exit status once uvicorn stops (run_server)
+    app.state.stop_server = None  # set by run_server: a graceful stop from inside the app
     app.add_middleware(  # innermost: cancels the handler, the error handlers stay outside
         CancelOnDisconnectMiddleware, paths=SAMPLING_PATHS,
         on_disconnect=lambda path: app.state.metrics.disconnected.labels(path).inc())

@@ -54,6 +54,8 @@ class ServerMetrics:
         self.ready_queue_refused = Counter("gspo_ready_queue_refused", "New groups refused "
                                            "(503) because the ready queue was at its bound",
                                            ["route"], registry=r)
+        self.engine_dead = Gauge("gspo_engine_dead", "1 once the engine has died (the server "
+                                 "is stopping and exits non-zero), else 0", registry=r)
         self.groups_in_flight = Gauge("gspo_groups_in_flight", "Groups admitted and not yet "
                                       "trained, dropped or expired, over every server "
                                       "(server.inflight)", registry=r)
@@ -81,6 +83,7 @@ class ServerMetrics:
             self.engine_running.set(stats.running)
             self.engine_waiting.set(stats.waiting)
             self.policy_version.set(engine.policy_version)
+            self.engine_dead.set(1 if engine.dead_reason() is not None else 0)
             for name, value in stats.extra.items():
                 self.engine_extra.labels(name).set(value)
         return generate_latest(self.registry)

@@ -84,6 +84,10 @@ class ServerSettings(BaseSettings):
     ``http://{host}:{port}`` (the host's name when bound to all interfaces)."""
     server_id: str = Field(default_factory=_default_server_id)
     """This server's id in the Redis server registry (default: hostname-pid)."""
+    engine_dead_exit_delay_s: float = Field(default=2.0, ge=0)
+    """Once the engine has died, ``/health`` answers 503 ``"dead"`` (and ``/metrics`` can be
+    scraped) for this long; then the server stops and exits non-zero, so that its supervisor
+    restarts it (``server.engine_watch``)."""
 
     # ---------------------------------------------------------------- queue (Redis)
     redis_url: str = "redis://127.0.0.1:6379/0"

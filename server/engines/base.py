@@ -109,6 +109,12 @@ class Engine(abc.ABC):
     def stats(self) -> EngineStats:
         """Current load, for metrics."""
 
+    def dead_reason(self) -> str | None:
+        """Why this engine can never generate again (its scheduler or worker died), or None
+        while it can. Cheap: polled by the server's watchdog (``server.engine_watch``), which
+        then reports the server unhealthy and ends the process so that it is restarted."""
+        return None
+
     # ------------------------------------------------------------------ weight broadcast
     # Default: this server process itself takes one rank of the learner's broadcast group,
     # receives every bucket, then loads. Engines whose weights live in other processes (vLLM

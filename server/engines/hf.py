@@ -224,6 +224,13 @@ class HFEngine(Engine):
                      coalesce_wait_seconds=self._window.waited_s)
         return EngineStats(running=len(self._rows), waiting=len(self._waiting), extra=extra)
 
+    def dead_reason(self) -> str | None:
+        if self._error is not None:
+            return f"the hf engine's scheduler failed: {self._error!r}"
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping:
+            return "the hf engine's scheduler thread exited"
+        return None
+
     # ------------------------------------------------------------------ scheduler thread
 
     def _run(self) -> None:

@@ -12,11 +12,16 @@ import torch
 
 from server.engines.base import SamplingParams
 
+STREAM_INTERVAL = 16  # tokens per streamed chunk of one request (after its first token)
+
 
 def vllm_params(p: SamplingParams) -> Any:
     """vLLM's sampling parameters for ours: no implicit EOS (only ``stop_token_ids`` end on a
     token, as in the hf engine), text only when stop strings need it (special tokens kept, as
-    the hf engine decodes them), streamed as deltas so progress is visible."""
+    the hf engine decodes them), streamed as deltas so progress is visible: the first token,
+    then every ``STREAM_INTERVAL`` tokens, then the rest (an output per token per request
+    costs the server process CPU on every engine step; vLLM's own server asks for the final
+    output only when not streaming)."""
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -25,7 +30,7 @@ def vllm_params(p: SamplingParams) -> Any:
         top_k=p.top_k, seed=p.seed, stop=list(p.stop) or None,
         stop_token_ids=list(p.stop_token_ids), ignore_eos=True, logprobs=p.top_logprobs,
         detokenize=bool(p.stop), skip_special_tokens=False,
-        output_kind=RequestOutputKind.DELTA)
+        output_kind=RequestOutputKind.DELTA, stream_interval=STREAM_INTERVAL)
 
 
 def take_delta(out: Any, k: int, ids: list[int], lps: list[float],

