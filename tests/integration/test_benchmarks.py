@@ -36,7 +36,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "bench_weight_sync.py": (["--models", "tiny", "--servers", "1", "--repeats", "1"],
                              ["ratio"]),
     "bench_limits.py": (["--ids", "1000", "--repeat", "1"], ["check/parse"]),
-    "bench_admission.py": (["--minutes", "0.3", "--configs", "demo"],
+    "bench_admission.py": (["--minutes", "0.1", "--configs", "demo"],
                            ["trained fraction on", "ratio on/off"]),
     "bench_async.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
                         "--seeds", "0"],
