@@ -39,11 +39,13 @@ def cpu_worker_cls() -> str:
 # ---------------------------------------------------------------------- processes
 
 
-def _wait(check, proc: subprocess.Popen, what: str, timeout: float) -> None:  # noqa: ANN001
+def _wait(check, proc: subprocess.Popen, what: str, timeout: float,  # noqa: ANN001
+          log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} during start-up")
+            tail = log.read_text(errors="replace")[-4000:] if log else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode} during start-up\n{tail}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not ready within {timeout}s")
         time.sleep(0.2)
@@ -57,13 +59,15 @@ def _get_ok(url: str) -> bool:
 
 
 @contextmanager
-def _process(cmd: list[str], what: str, ready_url: str, env: dict[str, str],
-             log: Path) -> Iterator[subprocess.Popen]:
+def process_group(cmd: list[str], what: str, ready_url: str, env: dict[str, str],
+                  log: Path) -> Iterator[subprocess.Popen]:
+    """``cmd`` in its own process group (its children too), logging to ``log``, yielded once
+    ``ready_url`` answers 200; stopped as a group (SIGTERM, then SIGKILL after 60 s)."""
     with log.open("wb") as sink:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own group: vLLM's children too
         try:
-            _wait(lambda: _get_ok(ready_url), proc, what, START_TIMEOUT_S)
+            _wait(lambda: _get_ok(ready_url), proc, what, START_TIMEOUT_S, log)
             yield proc
         finally:
             if proc.poll() is None:
@@ -171,7 +175,7 @@ def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path) -> It
     env = {**engine_env(), "GSPO_API_KEY": API_KEY, "GSPO_MAX_READY_GROUPS": "0",
            "GSPO_ADMISSION": "false"}
     url = f"http://127.0.0.1:{port}"
-    with _process(cmd, "gspo serve", f"{url}/health", env, log) as proc:
+    with process_group(cmd, "gspo serve", f"{url}/health", env, log) as proc:
         yield Server("ours", url, proc, log)
 
 
@@ -191,7 +195,7 @@ def vllm_server(model: Path, args: argparse.Namespace, log: Path,
     if fixed:
         cmd += ["--worker-cls", cpu_worker_cls()]
     url = f"http://127.0.0.1:{port}"
-    with _process(cmd, "vLLM's api_server", f"{url}/health", engine_env(), log) as proc:
+    with process_group(cmd, "vLLM's api_server", f"{url}/health", engine_env(), log) as proc:
         yield Server("vLLM", url, proc, log, fixed=fixed)
 
 

