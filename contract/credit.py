@@ -47,8 +47,15 @@ With ``scale=False`` the advantages are only centred (``A = c``), as ``group_adv
 Every token of model turn ``k`` gets ``A_{i,k}``; tokens the model did not write (system,
 user, tool results, template tokens) get 0 and are masked out of the loss anyway.
 
-Wiring: the server computes ``group_credit`` once, when a group completes
-(``server.store_finish``), and publishes both the sequence and the per-turn advantages;
+Arithmetic: doubles, and every mean summed left to right with one rounding per addition
+(``_mean``), not numpy's pairwise order: a defined order that the server's Lua copy of the
+outcome-only rule (``server.credit_lua``: groups without turn rewards, published by the reward
+script itself) reproduces bit for bit (``tests/integration/test_credit_lua.py``). Change the
+rule here and there together.
+
+Wiring: the server computes the rule once, when a group completes (in the reward script for
+outcome-only groups, ``server.store_finish`` for the others), and publishes both the sequence
+and the per-turn advantages;
 ``learner.advantages.TurnAdvantages`` spreads the published per-turn advantages over each
 rollout's tokens (it recomputes them only for groups published without them) and is what
 ``learner.advantages.advantage_fn_for`` gives the per-token loss kinds; "gspo" uses the
@@ -58,6 +65,7 @@ rule: the server to publish and to drop zero-variance groups, the learner for ol
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,11 +109,21 @@ def turn_rewards_to_go(turn_rewards: Sequence[float] | None, n_turns: int) -> np
     return np.cumsum(np.asarray(turn_rewards, dtype=np.float64)[::-1])[::-1].copy()
 
 
+def _mean(x: np.ndarray) -> float:
+    """The mean in a defined order: ``(((x_0 + x_1) + x_2) + ...) / n``, one rounding per
+    addition (doubles), not numpy's pairwise/unrolled order, so that the Lua copy of the
+    outcome-only rule (``server.credit_lua``) gets the same bits; 0 for an empty array."""
+    total = 0.0
+    for v in x.tolist():
+        total += v
+    return total / x.size if x.size else 0.0
+
+
 def _centred(x: np.ndarray) -> np.ndarray:
     """``x - mean(x)``, exactly 0 when all values are equal (no spread, no signal)."""
     if x.size == 0 or x.max() == x.min():
         return np.zeros_like(x)
-    return x - x.mean()
+    return x - _mean(x)
 
 
 @dataclass(frozen=True)
@@ -147,7 +165,7 @@ def group_credit(
             c[i][k] += v
     largest = np.asarray([np.abs(ci).max() if len(ci) else abs(o)
                           for ci, o in zip(c, outcome, strict=True)])
-    sigma = float(np.sqrt(np.mean(largest ** 2)))
+    sigma = math.sqrt(_mean(largest * largest))
     has_signal = sigma > 0
     denom = (sigma + eps) if scale and has_signal else 1.0
     turn_adv = [ci / denom for ci in c]
@@ -162,7 +180,7 @@ def _outcome_only(rewards: np.ndarray, n_turns: list[int], eps: float,
     the same numbers as the general loop (``c_{i,k} = outcome_i``, ``sigma = std``), which
     costs ~10x more for the common single-turn group (the publish path runs it per group)."""
     outcome = _centred(rewards) + 0.0
-    sigma = float(np.sqrt(np.mean(outcome ** 2)))
+    sigma = math.sqrt(_mean(outcome * outcome))
     has_signal = sigma > 0
     seq = outcome / ((sigma + eps) if scale and has_signal else 1.0)
     return GroupCredit([np.full(n, a) for n, a in zip(n_turns, seq, strict=True)], seq,

@@ -3,7 +3,7 @@ their reward.
 
 An episode is a rollout whose record (``Keys.rollout``) is the token trajectory so far, plus a
 small hash (``Keys.episode``) with what the next turn must be checked against (see
-``contract.redis_schema``). Every change is one Lua script (``server.store_scripts``), so it
+``contract.redis_schema``). Every change is one Lua script (``server.episode_scripts``), so it
 is atomic:
 
 - ``open_episodes``: the group (``RolloutStore.create_group``), then in one script its
@@ -15,7 +15,7 @@ is atomic:
   open. Two concurrent turns of one episode: the first commits, the second gets a 409.
 
 Large values never pass through Lua (a record through a script's ARGV costs Redis ~20x a plain
-SET, see ``server.store_scripts``): ``load`` reads the record with a plain GET in the same
+SET, see ``server.episode_scripts``): ``load`` reads the record with a plain GET in the same
 MULTI/EXEC as its checking script, ``commit_turn`` SETs the new record to the rollout's
 staging key and its script renames it into place (or deletes it), in one MULTI/EXEC. The
 episode state is small by design: hashes of the messages, not the messages.
@@ -55,9 +55,9 @@ from contract.redis_schema import (
     pack_rollout,
     unpack_rollout,
 )
+from server.episode_scripts import APPEND_TURN, CLOSE_EPISODES, LOAD_EPISODE, OPEN_EPISODES
 from server.store import QueueConfig, RewardItem, RewardsOutcome, RolloutStore
 from server.store_errors import StoreError, StoreReason
-from server.store_scripts import APPEND_TURN, CLOSE_EPISODES, LOAD_EPISODE, OPEN_EPISODES
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """A group's life in Redis: created, rollouts recorded, rewarded, completed, published once.
 
 ```
-record_group (create + record, x size)--> open --post_rewards (last one)--> complete
+record_group (create + record, x size)--> open --post_rewards (last one)--> published | dropped
+                                               (outcome-only groups: one script, Lua credit rule)
+open --post_rewards (last one, turn rewards)--> complete --finisher (Python rule, publish
+                                                           script)--> published | dropped
 open --deadline, >= min rewarded--> complete (partial)      open --deadline--> expired
-complete --finisher (advantages, publish script)--> published | dropped (zero variance)
 ```
 
 The design, for few round trips and one write of the rollout bytes (BENCHMARKS.md, "Reward API
@@ -17,27 +19,28 @@ and Redis queue", has the numbers):
   (``learner.reader``). Scripts see key names and small values only (a 13 kB script argument
   costs Redis ~20x a plain SET of it).
 - **Round trips.** The sampling path opens the group and records its rollouts in one
-  MULTI/EXEC (``record_group``). A reward is one script call. The reward that completes a
-  group gets the group's rewards back from that call, the credit rule runs here
-  (``server.store_finish.decide_finish``), and one more script call publishes or drops it
-  (``PUBLISH_GROUP``: checks ``complete``, XADDs, bookkeeping). So a group
-  of 8 costs the producer 1 + 8 + 1 round trips with single-reward posts (1 + 1 + 1 when its
-  rewards come in one call), against 8 before (create, a MULTI, the reward, WATCH, HMGET,
-  MGET, MULTI/XADD/EXEC, HSET of the stream id).
+  MULTI/EXEC (``record_group``). A reward is one script call (``POST_REWARDS``), and the
+  reward that completes a group also ends it in that call: when no episode has turn rewards
+  (single-turn groups, and multi-turn ones rewarded on their outcome), a Lua copy of the
+  outcome-only credit rule (``server.credit_lua``, bit for bit ``contract.credit``'s)
+  computes the advantages, and the script XADDs the head or drops the group (zero variance).
+  So a group of 8 costs the producer 1 + 8 round trips with single-reward posts (1 + 1 when
+  its rewards come in one call), against 8 before the redesign (create, a MULTI, the
+  reward, WATCH, HMGET, MGET, MULTI/XADD/EXEC, HSET of the stream id). A group with turn
+  rewards takes one more: the reward script leaves it ``complete`` and returns its rewards,
+  the general rule runs here (``server.store_finish.decide_finish``) and ``PUBLISH_GROUP``
+  publishes or drops it.
 - **One connection per process, auto-pipelined** (``server.redis_pipe``): the hot path's
   commands from every concurrent request go out in one write per event-loop iteration and are
   parsed by hiredis, ~5x less client CPU per round trip than redis-py's asyncio client.
 
-Why the decision is not in the reward script too (one call less per group): the credit rule
-(``contract.credit``, with per-turn baselines) would need a second implementation in Lua that
-must agree with the learner's bit for bit; the price of one implementation is 1/size of a
-round trip per reward.
-
-Exactly once, crash or not: only the reward script flips ``open -> complete`` (atomically
-with the last reward), and only the publish script leaves ``complete`` (atomically with its
-XADD). A process that dies between the two leaves the group in the ``complete`` set, where the
-sweeper (``run_sweeper``) finds and publishes it; racing finishers find it no longer
-``complete`` and do nothing.
+Exactly once, crash or not: a group leaves ``open`` for good only through the reward script
+(atomically with the last reward), and is published only atomically with the state change
+that ends it: in the reward script itself, or, for a group left ``complete``, by the
+publish script (which checks ``complete``). A process that dies between the reward script
+and the publish script leaves the group in the ``complete`` set, where the sweeper
+(``run_sweeper``) finds and publishes it; racing finishers find it no longer ``complete``
+and do nothing.
 
 Memory stays bounded: an open group's keys expire ``finished_ttl_s`` after its deadline (the
 sweeper acts at the deadline); once a group is published, dropped or expired, its keys, its
@@ -55,17 +58,16 @@ import asyncio
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
 import redis.exceptions
-from pydantic import BaseModel, ConfigDict, Field
 from redis.commands.core import AsyncScript
 
-from contract.credit import AdvantageConfig
 from contract.redis_schema import (
+    READY_COUNT_FIELD,
+    READY_HEAD_FIELD,
     Keys,
     RolloutRecord,
     as_str,
@@ -73,6 +75,7 @@ from contract.redis_schema import (
     pack_rollout,
 )
 from server.redis_pipe import pipe_for, run_script
+from server.reward_scripts import POST_REWARDS, PUBLISH_GROUP
 from server.store_errors import StoreError, StoreReason, item_status, record_error
 from server.store_finish import (
     Snapshot,
@@ -81,107 +84,20 @@ from server.store_finish import (
     publish_result,
     read_snapshot,
 )
-from server.store_scripts import (
-    CREATE_GROUP,
-    EXPIRE_DUE,
-    POST_REWARDS,
-    PUBLISH_GROUP,
-    RECORD_ROLLOUTS,
+from server.store_scripts import CREATE_GROUP, EXPIRE_DUE, RECORD_ROLLOUTS
+from server.store_types import (
+    GroupView,
+    QueueConfig,
+    RewardItem,
+    RewardResult,
+    RewardsOutcome,
+    pack_reward,
 )
 
+__all__ = ["GroupView", "QueueConfig", "RewardItem", "RewardResult", "RewardsOutcome",
+           "RolloutStore", "StoreError", "make_redis", "pack_reward"]
+
 logger = logging.getLogger(__name__)
-
-class QueueConfig(BaseModel):
-    """How long groups wait for rewards and what happens to groups that cannot be trained."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    group_ttl_s: float = Field(default=600.0, gt=0)
-    """Seconds after its creation a group that is not complete expires."""
-    min_rewarded_to_finalise: int = Field(default=2, ge=1)
-    """At expiry, a group with at least this many rewarded rollouts is published with them
-    (partial); one with fewer is dropped (counted as ``groups_expired_dropped``)."""
-    drop_zero_variance: bool = True
-    """Drop groups without learning signal: every advantage of the credit rule is 0 (final
-    rewards all equal, and so are the turn rewards of every turn index)."""
-    rollout_ttl_s: float = Field(default=3600.0, gt=0)
-    """Lifetime of a rollout record from its last write while its group is open (never less
-    than the group's own keys)."""
-    finished_ttl_s: float = Field(default=600.0, gt=0)
-    """How long a published / dropped / expired group's keys and rollouts stay, so that a
-    repeated reward gets a 200, a late one a 410, and ``GET /v1/groups/{id}`` its state."""
-    stuck_complete_s: float = Field(default=5.0, ge=0)
-    """The sweeper publishes a group left ``complete`` this long (its finisher died)."""
-    sweep_limit: int = Field(default=500, ge=1)
-    """Due groups handled per sweep pass (bounds the time one script blocks Redis)."""
-    max_group_size: int = Field(default=4096, ge=1)
-    """Largest accepted group."""
-    advantage_eps: float = Field(default=AdvantageConfig.eps, gt=0)
-    """``eps`` of the credit rule (``contract.credit.group_credit``): c / (sigma + eps)."""
-    scale_advantages: bool = AdvantageConfig.scale
-    """Divide by the group's spread (False: only centre, Dr. GRPO style)."""
-
-    @property
-    def advantage(self) -> AdvantageConfig:
-        """The credit rule's config, recorded with each published group."""
-        return AdvantageConfig(eps=self.advantage_eps, scale=self.scale_advantages)
-
-
-@dataclass(frozen=True)
-class RewardItem:
-    rollout_id: str
-    reward: float
-    turn_rewards: list[float] | None = None
-    n_turns: int | None = None  # the rollout's model turns, when the store knows them
-
-
-@dataclass
-class RewardResult:
-    """One item's outcome. ``status``: stored | duplicate | unknown_rollout | conflict |
-    expired | closed | not_applied (valid, but another item of the call failed)."""
-
-    rollout_id: str
-    status: str
-    group_id: str | None = None
-    group_complete: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.status in ("stored", "duplicate")
-
-
-@dataclass
-class RewardsOutcome:
-    results: list[RewardResult]
-    applied: bool  # False: at least one item failed and nothing of the call was written
-
-
-@dataclass
-class GroupView:
-    group_id: str
-    state: str
-    size: int
-    n_rewarded: int
-    created_at: float
-    deadline: float
-    metadata: dict[str, Any]
-    rollout_ids: list[str]
-    rewards: dict[str, dict[str, Any]]  # rollout_id -> {"reward", "turn_rewards"}
-    partial: bool
-    stream_id: str | None
-    drop_reason: str | None
-
-
-def pack_reward(reward: float, turn_rewards: Sequence[float] | None,
-                n_turns: int | None = None) -> bytes:
-    """Canonical bytes for a reward, compared byte for byte by the reward script (so a repeat
-    with equal values is a duplicate). ``+ 0.0`` folds -0.0 into 0.0. ``n_turns`` (the
-    rollout's model turns; fixed once it is rewarded) lets the credit rule place an episode
-    without turn rewards among the others' turns (``server.store_finish.reward_turns``)."""
-    turns = None if turn_rewards is None else [float(t) + 0.0 for t in turn_rewards]
-    return msgpack.packb({"reward": float(reward) + 0.0, "turn_rewards": turns,
-                          "n_turns": n_turns})
-
 
 def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
     """An asyncio client that retries briefly on connection errors (Redis restarting): every
@@ -195,7 +111,6 @@ def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
         socket_connect_timeout=2.0, socket_timeout=10.0, health_check_interval=10,
     )
-
 
 
 class RolloutStore:
@@ -221,6 +136,13 @@ class RolloutStore:
         self._t_rewards = key_template(k.group_rewards)
         self._t_staging = key_template(k.rollout_staging)
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
+        adv = config.advantage
+        # the reward script's constant arguments (see POST_REWARDS)
+        self._reward_args: list[Any] = [
+            *self._t_map, *self._t_group, *self._t_rewards, *self._t_list, *self._t_rollout,
+            1, repr(float(adv.eps)), int(adv.scale), int(config.drop_zero_variance),
+            msgpack.packb(adv.to_dict()), self._finished_ttl, READY_HEAD_FIELD,
+            READY_COUNT_FIELD]
 
     async def aclose(self) -> None:
         """Closes the store's own connection (the hot path's ``RedisPipe``); the redis-py
@@ -301,8 +223,10 @@ class RolloutStore:
         return list(await self._run(self._record, keys, args, before=staged))
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
-        """Records rewards, all or nothing (one script checks every item, then writes them),
-        then publishes the groups they completed. See ``server/routes/rewards.py``."""
+        """Records rewards, all or nothing (one script checks every item, then writes them);
+        the same script publishes (or drops) the groups they completed, unless a group needs
+        the Python credit rule (turn rewards), which then runs here, followed by the publish
+        script. See ``server/routes/rewards.py``."""
         packed: dict[str, bytes] = {}
         in_call_conflict: set[str] = set()
         for it in items:
@@ -314,23 +238,24 @@ class RolloutStore:
                 RewardResult(it.rollout_id,
                              "conflict" if it.rollout_id in in_call_conflict else "not_applied")
                 for it in items], applied=False)
-        args: list[Any] = [*self._t_map, *self._t_group, *self._t_rewards, len(packed)]
+        args: list[Any] = [*self._reward_args, len(packed)]
         for rid, p in packed.items():
             args += [rid, p]
-        args += self._t_list
         statuses, gids, completed = await self._run(
-            self._rewards, [self.keys.counters, self.keys.complete, self.keys.deadlines], args)
+            self._rewards, [self.keys.counters, self.keys.complete, self.keys.deadlines,
+                            self.keys.ready_stream], args)
         by_rid = {rid: (as_str(st), as_str(g) or None)
                   for rid, st, g in zip(packed, statuses, gids, strict=True)}
-        snapshots = {as_str(c[0]): Snapshot.from_script(c[1], c[2], c[3]) for c in completed}
+        done = {as_str(c[0]) for c in completed}
         applied = all(st in ("ok", "duplicate") for st, _ in by_rid.values())
         results = []
         for it in items:
             st, gid = by_rid[it.rollout_id]
             results.append(RewardResult(it.rollout_id, item_status(st, applied), gid,
-                                        applied and gid in snapshots))
-        for gid, snap in snapshots.items():
-            await self._finish_safely(gid, snap)
+                                        applied and gid in done))
+        for c in completed:  # groups the script left for the Python rule (turn rewards)
+            if as_str(c[1]) == "complete":
+                await self._finish_safely(as_str(c[0]), Snapshot.from_script(c[2], c[3], c[4]))
         return RewardsOutcome(results, applied)
 
     async def _finish_safely(self, group_id: str, snapshot: Snapshot) -> None:

@@ -7,12 +7,12 @@ stored msgpack records, which never leave Redis on the way: the publish script
 (without a TTL from then on); the learner reads them after XREADGROUP and joins them
 (``join_ready_group``), byte for byte what ``pack_ready_group`` produces (a test checks it).
 
-Why the decision is here and not in the reward script: the credit rule
-(``contract.credit.group_credit``, with turn rewards and per-turn baselines) would have to be
-ported to Lua and kept identical to the learner's; the price of keeping it in Python is one
-round trip more for the reward that completes a group (the reward script returns the group's
-snapshot, the publish script carries out the decision), i.e. 1/8 of a round trip per reward
-for groups of 8.
+This is the Python path, for groups the reward script does not end itself: groups with turn
+rewards (the general rule, per-turn baselines), groups finalised at their deadline and groups
+a crashed finisher left ``complete`` (the sweeper). Outcome-only groups are ended by the
+reward script that completes them (``server.reward_scripts``), with a Lua copy of the
+outcome-only rule that gives these functions' numbers and head bytes exactly
+(``server.credit_lua``).
 """
 
 from __future__ import annotations

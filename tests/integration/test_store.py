@@ -129,18 +129,35 @@ def test_zero_variance_groups_are_dropped_and_counted(redis_url: str) -> None:
 
 class DiesAfterRewardScript(RolloutStore):
     """A process that dies right after the reward script completed a group (before it
-    publishes): the group is left in the ``complete`` set."""
+    publishes): a group the script left to the Python rule stays in the ``complete`` set."""
 
     async def _finish_safely(self, group_id: str, snapshot: Any) -> None:
         return None
 
 
-def test_group_left_complete_by_a_crash_is_published_once(redis_url: str) -> None:
-    async def crash(store: RolloutStore) -> None:
+def test_outcome_only_groups_are_published_by_the_reward_script_itself(redis_url: str) -> None:
+    async def body(store: RolloutStore) -> None:
         ids = await open_group(store, "g", 2)
         out = await store.post_rewards([RewardItem(ids[0], 0.0), RewardItem(ids[1], 1.0)])
         assert out.results[1].group_complete
+        # no crash window: the group never waits in the complete set
+        assert await store.redis.smembers(KEYS.complete) == set()
+        view = await store.get_group("g")
+        assert view is not None and view.state == "published" and view.stream_id
+        assert len(await stream(store)) == 1
+
+    run(redis_url, body, store_cls=DiesAfterRewardScript)
+
+
+def test_group_left_complete_by_a_crash_is_published_once(redis_url: str) -> None:
+    async def crash(store: RolloutStore) -> None:
+        ids = await open_group(store, "g", 2)
+        # turn rewards: the Python rule's path, reward script then publish script
+        out = await store.post_rewards([RewardItem(ids[0], 0.0, [0.5]),
+                                        RewardItem(ids[1], 1.0)])
+        assert out.results[1].group_complete
         assert await store.redis.smembers(KEYS.complete) == {b"g"}
+        assert await stream(store) == []
 
     run(redis_url, crash, store_cls=DiesAfterRewardScript)
 
@@ -235,7 +252,8 @@ def test_record_rollouts_pipelined_and_after_a_script_flush(redis_url: str) -> N
     run(redis_url, body)
 
 
-STORE_MODULES = ("store", "store_errors", "store_finish", "store_scripts", "episode_store")
+STORE_MODULES = ("store", "store_errors", "store_finish", "store_scripts", "store_types",
+                 "reward_scripts", "credit_lua", "episode_scripts", "episode_store")
 
 
 def test_the_redis_layer_speaks_no_http() -> None:

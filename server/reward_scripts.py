@@ -1,0 +1,190 @@
+"""The Lua scripts that end a group: the reward script (which publishes the groups it completes
+when the Lua credit rule covers them) and the publish script (the Python path's second step).
+
+A group's end, exactly once: only the reward script leaves ``open`` for good (atomically with
+its last reward), and a group leaves ``complete`` only through ``end_group``, atomically with
+its XADD. The reward that completes a group publishes it in the same script when every
+rewarded episode is outcome-only (``server.credit_lua``); otherwise the group is left
+``complete`` (in the complete set) with its snapshot returned, the caller runs the Python rule
+and ``PUBLISH_GROUP`` carries out the decision; a caller that dies in between leaves it to the
+sweeper (``server.store.RolloutStore.sweep_once``).
+
+Publishing is by reference (``contract.redis_schema``): the entry is the head and the rollout
+ids; the records stay where the sampling path wrote them and only lose their TTL.
+"""
+
+from __future__ import annotations
+
+from server.credit_lua import CREDIT_LUA
+from server.store_scripts import COMMON
+
+# end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now, in_set):
+# publishes (XADD head + packed ids, the records' TTL removed) or drops the group, then the
+# bookkeeping: state, stream_id or drop_reason (and completed_at when now is given),
+# counters, SREM from the complete set (in_set), the group's keys, its rollout -> group
+# mappings and its unpublished records shortened to finished_ttl. A missing record (expired)
+# turns a publish into a drop (missing_rollouts). Returns {'published', sid} or {'dropped',
+# reason}. P: gk, lk, wk (the group's keys), counters, complete, stream, r_head, r_tail,
+# m_head, m_tail, ttl, head_field, ids_field.
+_END_GROUP = COMMON + """
+local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now,
+                         in_set)
+  local rks, moved, sid = {}, {}, nil
+  for i, rid in ipairs(ids) do rks[i] = P.r_head .. rid .. P.r_tail end
+  if mode == 'publish' and (#rks == 0 or redis.call('EXISTS', unpack(rks)) < #rks) then
+    mode, reason = 'drop', 'missing_rollouts'
+  end
+  local fields
+  if mode == 'publish' then
+    sid = redis.call('XADD', P.stream, '*', P.head_field, head, P.ids_field, packed_ids)
+    for i, rk in ipairs(rks) do
+      redis.call('PERSIST', rk)
+      moved[ids[i]] = true
+    end
+    fields = {'state', 'published', 'stream_id', sid}
+    redis.call('HINCRBY', P.counters, 'groups_published', 1)
+    if partial then redis.call('HINCRBY', P.counters, 'groups_published_partial', 1) end
+  else
+    fields = {'state', 'dropped', 'drop_reason', reason}
+    redis.call('HINCRBY', P.counters, 'groups_dropped_' .. reason, 1)
+  end
+  if now then
+    fields[5], fields[6] = 'completed_at', tostring(now)
+  end
+  redis.call('HSET', P.gk, unpack(fields))
+  if in_set then redis.call('SREM', P.complete, gid) end
+  for _, rid in ipairs(all_rids) do
+    if not moved[rid] then shorten(P.r_head .. rid .. P.r_tail, P.ttl) end
+    shorten(P.m_head .. rid .. P.m_tail, P.ttl)
+  end
+  shorten(P.gk, P.ttl)
+  shorten(P.lk, P.ttl)
+  shorten(P.wk, P.ttl)
+  if sid then return {'published', sid} end
+  return {'dropped', reason}
+end
+"""
+
+# KEYS: group, group rollouts, group rewards, complete set, counters, ready stream.
+# ARGV: group_id, mode (publish | drop), drop reason, finished_ttl, r_head, r_tail (rollout),
+#       m_head, m_tail (rollout->group), head (the record's bytes before the rollouts), ids
+#       (msgpack list of the rollout ids to publish), head field, ids field, then those ids.
+# Ends a complete group exactly once (end_group): anything but 'complete' returns {} (another
+# finisher won, or the group moved on). Returns {'published', stream id} | {'dropped', reason}.
+PUBLISH_GROUP = _END_GROUP + """
+local st = redis.call('HMGET', KEYS[1], 'state', 'partial')
+if st[1] ~= 'complete' then return {} end
+local P = {gk = KEYS[1], lk = KEYS[2], wk = KEYS[3], complete = KEYS[4], counters = KEYS[5],
+  stream = KEYS[6], ttl = tonumber(ARGV[4]), r_head = ARGV[5], r_tail = ARGV[6],
+  m_head = ARGV[7], m_tail = ARGV[8], head_field = ARGV[11], ids_field = ARGV[12]}
+local ids = {}
+for i = 13, #ARGV do ids[#ids + 1] = ARGV[i] end
+return end_group(P, ARGV[1], ARGV[2], ARGV[3], ARGV[9], ids, ARGV[10],
+  redis.call('LRANGE', KEYS[2], 0, -1), st[2] == '1', nil, true)
+"""
+
+# KEYS: counters, complete set, deadlines, ready stream.
+# ARGV: m_head, m_tail (rollout->group), g_head, g_tail (group), w_head, w_tail (rewards),
+#       l_head, l_tail (group rollouts), r_head, r_tail (rollout), inline (1: publish the
+#       groups the Lua credit rule covers here), eps, scale (1/0), drop_zero_variance (1/0),
+#       advantage config (msgpack), finished_ttl, head field, ids field,
+#       n, then n pairs (rollout_id, packed reward).
+# All items are checked first; if any fails nothing is written. Returns {statuses, group ids,
+# completed}: status ok | duplicate | unknown_rollout | conflict | closed:<state>; completed
+# has, per group this call completed, {group id, 'published', stream id} or {group id,
+# 'dropped', reason} when it was ended here, else {group id, 'complete', metadata, rollout
+# ids, rewards (flat hash)}: what the Python rule needs, so the caller does not read it back.
+POST_REWARDS = _END_GROUP + CREDIT_LUA + """
+local n = tonumber(ARGV[19])
+local statuses, gids = {}, {}
+local all_ok = true
+local mks = {}
+for i = 1, n do mks[i] = ARGV[1] .. ARGV[18 + 2 * i] .. ARGV[2] end
+local owners = redis.call('MGET', unpack(mks))
+local groups, order = {}, {}  -- gid -> {state, size, items}; gids in first-seen order
+for i = 1, n do
+  local rid, packed = ARGV[18 + 2 * i], ARGV[19 + 2 * i]
+  local gid = owners[i]
+  local status
+  if not gid then
+    status = 'unknown_rollout'
+    gid = ''
+  else
+    local g = groups[gid]
+    if not g then
+      local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size')
+      g = {state = h[1], size = tonumber(h[2]), items = {}}
+      groups[gid] = g
+      order[#order + 1] = gid
+    end
+    local prev = redis.call('HGET', ARGV[5] .. gid .. ARGV[6], rid)
+    if prev then
+      if prev == packed then status = 'duplicate' else status = 'conflict' end
+    elseif not g.state then status = 'closed:gone'
+    elseif g.state ~= 'open' then status = 'closed:' .. g.state
+    else
+      status = 'ok'
+      g.items[#g.items + 1] = rid
+      g.items[#g.items + 1] = packed
+    end
+  end
+  if status ~= 'ok' and status ~= 'duplicate' then all_ok = false end
+  statuses[i], gids[i] = status, gid
+end
+local completed = {}
+if not all_ok then return {statuses, gids, completed} end
+
+-- The group's end in this script, when the Lua credit rule covers it; nil otherwise.
+local function end_here(gid, gk, lk, wk, rids, now)
+  local vals = #rids > 0 and redis.call('HMGET', wk, unpack(rids)) or {}
+  local ids, rewards, has_tr, turns = outcome_entries(rids, vals)
+  if not ids then return nil end
+  local P = {gk = gk, lk = lk, wk = wk, complete = KEYS[2], counters = KEYS[1],
+    stream = KEYS[4], ttl = tonumber(ARGV[16]), r_head = ARGV[9], r_tail = ARGV[10],
+    m_head = ARGV[1], m_tail = ARGV[2], head_field = ARGV[17], ids_field = ARGV[18]}
+  local mode, reason, head = 'publish', '', ''
+  if #ids == 0 then
+    mode, reason = 'drop', 'no_rewards'
+  else
+    local adv, signal = outcome_credit(rewards, tonumber(ARGV[12]), ARGV[13] == '1')
+    if ARGV[14] == '1' and not signal then
+      mode, reason = 'drop', 'zero_variance'
+    else
+      head = ready_head(gid, redis.call('HGET', gk, 'metadata') or '\\128', now, rewards,
+        adv, has_tr, turns, ARGV[15])
+    end
+  end
+  return end_group(P, gid, mode, reason, head, ids, mode == 'publish' and mp_ids(ids) or '',
+    rids, false, now, false)
+end
+
+local stored, now = 0, nil
+for _, gid in ipairs(order) do
+  local g = groups[gid]
+  if #g.items > 0 then
+    local gk, wk = ARGV[3] .. gid .. ARGV[4], ARGV[5] .. gid .. ARGV[6]
+    redis.call('HSET', wk, unpack(g.items))
+    redis.call('EXPIREAT', wk, redis.call('EXPIRETIME', gk))
+    stored = stored + #g.items / 2
+    local count = redis.call('HINCRBY', gk, 'n_rewarded', #g.items / 2)
+    if count >= g.size then
+      now = now or now_s()
+      redis.call('ZREM', KEYS[3], gid)
+      local lk = ARGV[7] .. gid .. ARGV[8]
+      local rids = redis.call('LRANGE', lk, 0, -1)
+      local ended = ARGV[11] == '1' and end_here(gid, gk, lk, wk, rids, now)
+      if ended then
+        completed[#completed + 1] = {gid, ended[1], ended[2]}
+      else
+        redis.call('HSET', gk, 'state', 'complete', 'completed_at', tostring(now))
+        redis.call('SADD', KEYS[2], gid)
+        completed[#completed + 1] = {gid, 'complete', redis.call('HGET', gk, 'metadata'),
+          rids, redis.call('HGETALL', wk)}
+      end
+    end
+  end
+end
+if stored > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_stored', stored) end
+if n - stored > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_duplicate', n - stored) end
+return {statuses, gids, completed}
+"""
