@@ -42,9 +42,33 @@ _RETRIES = 5
 _FLUSH_BYTES = 256 * 1024
 
 
-def _encode(args: tuple[Any, ...], out: list[bytes]) -> None:
+class Encoded(bytes):
+    """Several arguments of a command already in RESP (``encode_args``): the constant arguments
+    of a script call (key templates, settings) are encoded once, not on every call."""
+
+    args: tuple[Any, ...]  # the arguments themselves (for a client that is not a RedisPipe)
+
+
+def encode_args(*args: Any) -> Encoded:
+    """``args`` as a piece of a command, encoded once (see ``Encoded``)."""
+    out: list[bytes] = []
+    _encode(args, out)
+    enc = Encoded(b"".join(out).split(b"\r\n", 1)[1])  # without the "*<count>" header
+    enc.args = args
+    return enc
+
+
+def expand(args: Sequence[Any]) -> list[Any]:
+    """``args`` with every ``Encoded`` piece replaced by its arguments."""
+    return [x for a in args for x in (a.args if type(a) is Encoded else (a,))]
+
+
+def _encode(args: Sequence[Any], out: list[bytes]) -> None:
     """RESP for one command, appended to ``out`` (large values as their own pieces)."""
-    small: list[bytes] = [b"*%d\r\n" % len(args)]
+    head = len(out)
+    out.append(b"")  # the "*<count>" header, once ``Encoded`` pieces are counted
+    count = len(args)
+    small: list[bytes] = []
     for a in args:
         t = type(a)
         if t is bytes:
@@ -53,6 +77,10 @@ def _encode(args: tuple[Any, ...], out: list[bytes]) -> None:
             b = a.encode()
         elif t is int or t is float:
             b = repr(a).encode()
+        elif t is Encoded:
+            small.append(a)
+            count += len(a.args) - 1
+            continue
         else:
             raise TypeError(f"cannot send {t.__name__} to Redis")
         if len(b) < 4096:
@@ -63,6 +91,7 @@ def _encode(args: tuple[Any, ...], out: list[bytes]) -> None:
             out.append(b)
             small = [b"\r\n"]
     out.append(b"".join(small))
+    out[head] = b"*%d\r\n" % count
 
 
 def as_exception(reply: Any) -> Exception | None:
@@ -253,7 +282,7 @@ async def run_script(pipe: RedisPipe | None, client: aioredis.Redis, script: Asy
                      before: Sequence[tuple[Any, ...]] = ()) -> Any:
     """EVALSHA ``script`` (loaded again if Redis forgot it: a restart), after the commands
     ``before`` in the same MULTI/EXEC when there are any; through ``pipe`` when there is one,
-    else ``client``. An error reply is raised."""
+    else ``client``. ``args`` may hold ``Encoded`` pieces. An error reply is raised."""
     call = ("EVALSHA", script.sha, len(keys), *keys, *args)
     delay = 0.02
     for _ in range(_RETRIES + 1):
@@ -261,7 +290,7 @@ async def run_script(pipe: RedisPipe | None, client: aioredis.Redis, script: Asy
             async with client.pipeline(transaction=bool(before)) as p:
                 for cmd in before:
                     p.execute_command(*cmd)
-                p.execute_command(*call)
+                p.execute_command(*expand(call))
                 out = (await p.execute(raise_on_error=False))[-1]
         elif before:
             try:

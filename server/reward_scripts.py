@@ -101,7 +101,30 @@ local all_ok = true
 local mks = {}
 for i = 1, n do mks[i] = ARGV[1] .. ARGV[18 + 2 * i] .. ARGV[2] end
 local owners = redis.call('MGET', unpack(mks))
-local groups, order = {}, {}  -- gid -> {state, size, items}; gids in first-seen order
+-- gid -> {state, size, at (positions of its items), prev (their stored rewards), items};
+-- one HMGET of the group's state and one of its stored rewards per group, not per item
+local groups, order, pos = {}, {}, {}
+for i = 1, n do
+  local gid = owners[i]
+  if gid then
+    local g = groups[gid]
+    if not g then
+      g = {at = {}, items = {}}
+      groups[gid] = g
+      order[#order + 1] = gid
+    end
+    g.at[#g.at + 1] = i
+    pos[i] = #g.at
+  end
+end
+for _, gid in ipairs(order) do
+  local g = groups[gid]
+  local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size')
+  g.state, g.size = h[1], tonumber(h[2])
+  local rids = {}
+  for k, i in ipairs(g.at) do rids[k] = ARGV[18 + 2 * i] end
+  g.prev = redis.call('HMGET', ARGV[5] .. gid .. ARGV[6], unpack(rids))
+end
 for i = 1, n do
   local rid, packed = ARGV[18 + 2 * i], ARGV[19 + 2 * i]
   local gid = owners[i]
@@ -111,13 +134,7 @@ for i = 1, n do
     gid = ''
   else
     local g = groups[gid]
-    if not g then
-      local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size')
-      g = {state = h[1], size = tonumber(h[2]), items = {}}
-      groups[gid] = g
-      order[#order + 1] = gid
-    end
-    local prev = redis.call('HGET', ARGV[5] .. gid .. ARGV[6], rid)
+    local prev = g.prev[pos[i]]
     if prev then
       if prev == packed then status = 'duplicate' else status = 'conflict' end
     elseif not g.state then status = 'closed:gone'

@@ -74,7 +74,7 @@ from contract.redis_schema import (
     key_template,
     pack_rollout,
 )
-from server.redis_pipe import pipe_for, run_script
+from server.redis_pipe import encode_args, pipe_for, run_script
 from server.reward_scripts import POST_REWARDS, PUBLISH_GROUP
 from server.store_errors import StoreError, StoreReason, item_status, record_error
 from server.store_finish import (
@@ -138,11 +138,15 @@ class RolloutStore:
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
         adv = config.advantage
         # the reward script's constant arguments (see POST_REWARDS)
-        self._reward_args: list[Any] = [
+        # the constant arguments of the hot scripts, encoded once (see POST_REWARDS and
+        # RECORD_ROLLOUTS for their order)
+        self._reward_args = encode_args(
             *self._t_map, *self._t_group, *self._t_rewards, *self._t_list, *self._t_rollout,
             1, repr(float(adv.eps)), int(adv.scale), int(config.drop_zero_variance),
             msgpack.packb(adv.to_dict()), self._finished_ttl, READY_HEAD_FIELD,
-            READY_COUNT_FIELD]
+            READY_COUNT_FIELD)
+        self._record_args = encode_args(math.ceil(config.rollout_ttl_s), *self._t_rollout,
+                                        *self._t_map, *self._t_staging)
 
     async def aclose(self) -> None:
         """Closes the store's own connection (the hot path's ``RedisPipe``); the redis-py
@@ -215,8 +219,7 @@ class RolloutStore:
         keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid), k.deadlines,
                 k.counters]
         opening = [1, *create, c.group_ttl_s, self._finished_ttl] if create else [0, 0, b"", 0, 0]
-        args: list[Any] = [gid, math.ceil(c.rollout_ttl_s), *self._t_rollout, *self._t_map,
-                           *self._t_staging, *opening, *[r.rollout_id for r in recs]]
+        args: list[Any] = [gid, self._record_args, *opening, *[r.rollout_id for r in recs]]
         # staging keys expire on their own if the script fails
         staged = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX", 300)
                   for r in recs]
@@ -238,7 +241,7 @@ class RolloutStore:
                 RewardResult(it.rollout_id,
                              "conflict" if it.rollout_id in in_call_conflict else "not_applied")
                 for it in items], applied=False)
-        args: list[Any] = [*self._reward_args, len(packed)]
+        args: list[Any] = [self._reward_args, len(packed)]
         for rid, p in packed.items():
             args += [rid, p]
         statuses, gids, completed = await self._run(

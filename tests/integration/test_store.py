@@ -273,3 +273,27 @@ def test_the_redis_layer_speaks_no_http() -> None:
                      for a in n.names}
         http = {m for m in imported if m and m.split(".")[0] in ("fastapi", "starlette")}
         assert not http and "server.errors" not in imported, (name, http)
+
+
+def test_without_the_pipelined_connection_the_scripts_run_through_redis_py(
+        redis_url: str) -> None:
+    """A client the store cannot pipeline itself (unix socket, TLS) runs the same scripts
+    through redis-py: the arguments encoded once (``encode_args``) are sent as themselves."""
+    from server.redis_pipe import _encode, encode_args
+
+    pieces: list[bytes] = []
+    _encode(("EVALSHA", "s", 0, encode_args("a", b"b" * 5000, 3), 1.5), pieces)
+    plain: list[bytes] = []
+    _encode(("EVALSHA", "s", 0, "a", b"b" * 5000, 3, 1.5), plain)
+    assert b"".join(pieces) == b"".join(plain)
+
+    async def body(store: RolloutStore) -> None:
+        await store.aclose()
+        store._pipe = None
+        recs = [make_rollout(f"r{i}", "g", seed=i) for i in range(2)]
+        await store.record_group("g", 2, None, recs)
+        out = await store.post_rewards([RewardItem("r0", 0.0), RewardItem("r1", 1.0)])
+        assert out.applied and out.results[1].group_complete
+        assert len(await stream(store)) == 1
+
+    run(redis_url, body)
