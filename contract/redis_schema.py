@@ -32,12 +32,15 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   tokens, ``turns == []``) in one script.
 - ``{p}:groups:deadlines``: sorted set group_id -> deadline (for the expiry sweeper).
 - ``{p}:groups:complete``: set of group ids whose last reward arrived but which are not yet
-  published (the finaliser, or the sweeper after a crash, publishes them).
+  published (the finaliser, or the sweeper after a crash, publishes them). Only groups the
+  Python credit rule decides pass through it (turn rewards, groups finalised at their
+  deadline): the reward script publishes an outcome-only group in the call that completes
+  it (``server.reward_scripts``).
 - ``{p}:stream:ready``: stream of ready groups, published *by reference*: an entry holds
   ``head`` (the ``pack_ready_group`` bytes up to the rollouts' array header: group id,
   metadata, rewards, advantages; a few hundred bytes) and ``rollouts`` (msgpack list of the
   published rollout ids, in order); their records are the ``{p}:rollout:{rollout_id}`` keys,
-  left where they were written (the publish script removes their TTL: they belong to the
+  left where they were written (publishing removes their TTL: they belong to the
   entry now, and the learner's trim script gives them back a TTL of 600 s when it trims the
   entry, in the same atomic step, so a trained group's trajectories stay readable a while), and
   ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``).

@@ -101,7 +101,8 @@ local all_ok = true
 local mks = {}
 for i = 1, n do mks[i] = ARGV[1] .. ARGV[18 + 2 * i] .. ARGV[2] end
 local owners = redis.call('MGET', unpack(mks))
--- gid -> {state, size, at (positions of its items), prev (their stored rewards), items};
+-- gid -> {state, size, had (rewards stored before), at (positions of its items), prev
+-- (their stored rewards), items (rollout id, packed reward, ...) to store};
 -- one HMGET of the group's state and one of its stored rewards per group, not per item
 local groups, order, pos = {}, {}, {}
 for i = 1, n do
@@ -119,8 +120,8 @@ for i = 1, n do
 end
 for _, gid in ipairs(order) do
   local g = groups[gid]
-  local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size')
-  g.state, g.size = h[1], tonumber(h[2])
+  local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size', 'n_rewarded')
+  g.state, g.size, g.had = h[1], tonumber(h[2]), tonumber(h[3] or 0)
   local rids = {}
   for k, i in ipairs(g.at) do rids[k] = ARGV[18 + 2 * i] end
   g.prev = redis.call('HMGET', ARGV[5] .. gid .. ARGV[6], unpack(rids))
@@ -152,8 +153,14 @@ local completed = {}
 if not all_ok then return {statuses, gids, completed} end
 
 -- The group's end in this script, when the Lua credit rule covers it; nil otherwise.
-local function end_here(gid, gk, lk, wk, rids, now)
-  local vals = #rids > 0 and redis.call('HMGET', wk, unpack(rids)) or {}
+local function end_here(gid, gk, lk, wk, rids, now, items)
+  local vals, mine, all_mine = {}, {}, true
+  for k = 1, #items, 2 do mine[items[k]] = items[k + 1] end
+  for i, rid in ipairs(rids) do
+    vals[i] = mine[rid]
+    all_mine = all_mine and vals[i] ~= nil
+  end
+  if not all_mine then vals = redis.call('HMGET', wk, unpack(rids)) end
   local ids, rewards, has_tr, turns = outcome_entries(rids, vals)
   if not ids then return nil end
   local P = {gk = gk, lk = lk, wk = wk, complete = KEYS[2], counters = KEYS[1],
@@ -181,7 +188,9 @@ for _, gid in ipairs(order) do
   if #g.items > 0 then
     local gk, wk = ARGV[3] .. gid .. ARGV[4], ARGV[5] .. gid .. ARGV[6]
     redis.call('HSET', wk, unpack(g.items))
-    redis.call('EXPIREAT', wk, redis.call('EXPIRETIME', gk))
+    if g.had == 0 then  -- the group's first rewards: the hash is new, give it the group's TTL
+      redis.call('EXPIREAT', wk, redis.call('EXPIRETIME', gk))
+    end
     stored = stored + #g.items / 2
     local count = redis.call('HINCRBY', gk, 'n_rewarded', #g.items / 2)
     if count >= g.size then
@@ -189,7 +198,7 @@ for _, gid in ipairs(order) do
       redis.call('ZREM', KEYS[3], gid)
       local lk = ARGV[7] .. gid .. ARGV[8]
       local rids = redis.call('LRANGE', lk, 0, -1)
-      local ended = ARGV[11] == '1' and end_here(gid, gk, lk, wk, rids, now)
+      local ended = ARGV[11] == '1' and end_here(gid, gk, lk, wk, rids, now, g.items)
       if ended then
         completed[#completed + 1] = {gid, ended[1], ended[2]}
       else

@@ -145,8 +145,11 @@ class RolloutStore:
             1, repr(float(adv.eps)), int(adv.scale), int(config.drop_zero_variance),
             msgpack.packb(adv.to_dict()), self._finished_ttl, READY_HEAD_FIELD,
             READY_COUNT_FIELD)
-        self._record_args = encode_args(math.ceil(config.rollout_ttl_s), *self._t_rollout,
-                                        *self._t_map, *self._t_staging)
+        # a record's TTL from its last write, never less than its group's keys
+        self._record_ttl = max(math.ceil(config.rollout_ttl_s),
+                               math.ceil(config.group_ttl_s + self._finished_ttl) + 1)
+        self._record_args = encode_args(self._record_ttl, *self._t_rollout, *self._t_map,
+                                        *self._t_staging)
 
     async def aclose(self) -> None:
         """Closes the store's own connection (the hot path's ``RedisPipe``); the redis-py
@@ -220,9 +223,10 @@ class RolloutStore:
                 k.counters]
         opening = [1, *create, c.group_ttl_s, self._finished_ttl] if create else [0, 0, b"", 0, 0]
         args: list[Any] = [gid, self._record_args, *opening, *[r.rollout_id for r in recs]]
-        # staging keys expire on their own if the script fails
-        staged = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX", 300)
-                  for r in recs]
+        # with the record's TTL, which RENAME keeps (a staging key the script never saw, when
+        # the transaction failed, expires on its own)
+        staged = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX",
+                   self._record_ttl) for r in recs]
         return list(await self._run(self._record, keys, args, before=staged))
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:

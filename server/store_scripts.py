@@ -44,7 +44,7 @@ local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl)
   shorten(rewk, ttl)
 end
 -- Opens a group (see CREATE_GROUP). Returns 1 created, 0 already exists with the same size,
--- -1 exists with another size.
+-- -1 exists with another size; and, when created, the expiry of the group's keys.
 local function create_group(gk, dk, ck, gid, size, metadata, group_ttl, finished_ttl)
   if redis.call('EXISTS', gk) == 1 then
     if redis.call('HGET', gk, 'size') == size then return 0 end
@@ -52,42 +52,52 @@ local function create_group(gk, dk, ck, gid, size, metadata, group_ttl, finished
   end
   local now = now_s()
   local deadline = now + tonumber(group_ttl)
+  local group_exp = math.ceil(deadline + tonumber(finished_ttl))
   redis.call('HSET', gk, 'size', size, 'state', 'open', 'metadata', metadata,
     'created_at', tostring(now), 'deadline', tostring(deadline), 'n_rewarded', 0)
-  redis.call('EXPIREAT', gk, math.ceil(deadline + tonumber(finished_ttl)))
+  redis.call('EXPIREAT', gk, group_exp)
   redis.call('ZADD', dk, deadline, gid)
   redis.call('HINCRBY', ck, 'groups_created', 1)
-  return 1
+  return 1, group_exp
 end
 """
 
 # KEYS: group, deadlines, counters. ARGV: group_id, size, metadata, group_ttl, finished_ttl.
 # Returns 1 created, 0 already exists with the same size, -1 exists with another size.
 CREATE_GROUP = COMMON + """
-return create_group(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+local created = create_group(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4],
+  ARGV[5])
+return created
 """
 
 # KEYS: group, group rollouts, group rewards, deadlines, counters.
-# ARGV: group_id, rollout_ttl, r_head, r_tail (rollout), m_head, m_tail (rollout->group),
+# ARGV: group_id, record_ttl, r_head, r_tail (rollout), m_head, m_tail (rollout->group),
 #       s_head, s_tail (staging), create (0/1), size, metadata, group_ttl, finished_ttl,
 #       then the rollout ids.
-# Runs in one MULTI/EXEC after the plain SETs of each rollout's record to its staging key:
-# an accepted rollout's staging key is renamed into place, a refused one's deleted. (Passing
-# a 13 kB record through a script's ARGV costs Redis ~20x a plain SET of it.) With create=1
-# the group is first opened as CREATE_GROUP does (the sampling path: a new group and all its
-# rollouts in one round trip); if it exists with another size every rollout is refused with
-# group_exists.
+# Runs in one MULTI/EXEC after the plain SETs of each rollout's record to its staging key,
+# each with EX record_ttl: an accepted rollout's staging key is renamed into place (its TTL
+# goes with it: record_ttl = max(rollout_ttl, group_ttl + finished_ttl + 1), never less than
+# the group's keys), a refused one's deleted. (Passing a 13 kB record through a script's ARGV
+# costs Redis ~20x a plain SET of it.) With create=1 the group is first opened as
+# CREATE_GROUP does (the sampling path: a new group and all its rollouts in one round trip);
+# if it exists with another size every rollout is refused with group_exists.
 # Returns one status per rollout: created | updated | unknown_group | group_closed |
 # rollout_rewarded | rollout_in_other_group | group_full | group_exists | no_data. A rollout
 # may be recorded again (a multi-turn episode grows) until it has a reward.
 RECORD_ROLLOUTS = COMMON + """
-local conflict = false
+local conflict, state, size, any_reward, count, group_exp = false, nil, nil, false, nil, nil
+local created = 0
 if ARGV[9] == '1' then
-  conflict = create_group(KEYS[1], KEYS[4], KEYS[5], ARGV[1], ARGV[10], ARGV[11], ARGV[12],
-    ARGV[13]) < 0
+  created, group_exp = create_group(KEYS[1], KEYS[4], KEYS[5], ARGV[1], ARGV[10], ARGV[11],
+    ARGV[12], ARGV[13])
+  conflict = created < 0
 end
-local g = redis.call('HMGET', KEYS[1], 'state', 'size', 'n_rewarded')
-local state, size, any_reward = g[1], tonumber(g[2]), tonumber(g[3] or 0) > 0
+if created == 1 then  -- what the group just opened holds: no read needed
+  state, size, count = 'open', tonumber(ARGV[10]), 0
+else
+  local g = redis.call('HMGET', KEYS[1], 'state', 'size', 'n_rewarded')
+  state, size, any_reward = g[1], tonumber(g[2]), tonumber(g[3] or 0) > 0
+end
 local ids, mks, sks = {}, {}, {}
 for i = 14, #ARGV do
   ids[#ids + 1] = ARGV[i]
@@ -104,7 +114,6 @@ for i, rid in ipairs(ids) do
   if not owners[i] then new_rks[#new_rks + 1] = ARGV[3] .. rid .. ARGV[4] end
 end
 local orphans = #new_rks > 0 and redis.call('EXISTS', unpack(new_rks)) > 0
-local count, group_exp, now = nil, nil, nil
 local out, pushed, seen = {}, {}, {}
 for i, rid in ipairs(ids) do
   local mk, sk, owner = mks[i], sks[i], owners[i]
@@ -120,8 +129,6 @@ for i, rid in ipairs(ids) do
   elseif not owner and orphans and redis.call('EXISTS', ARGV[3] .. rid .. ARGV[4]) == 1 then
     result = 'rollout_in_other_group'
   else
-    group_exp = group_exp or redis.call('EXPIRETIME', KEYS[1])
-    now = now or now_s()
     result = 'updated'
     if not owner then
       count = count or redis.call('LLEN', KEYS[2])
@@ -136,11 +143,8 @@ for i, rid in ipairs(ids) do
   end
   seen[rid] = true
   if result == 'created' or result == 'updated' then
-    local exp = math.max(math.ceil(now + tonumber(ARGV[2])), group_exp)
-    local rk = ARGV[3] .. rid .. ARGV[4]
-    redis.call('RENAME', sk, rk)
-    redis.call('EXPIREAT', rk, exp)
-    redis.call('SET', mk, ARGV[1], 'EXAT', exp)
+    redis.call('RENAME', sk, ARGV[3] .. rid .. ARGV[4])
+    redis.call('SET', mk, ARGV[1], 'EX', ARGV[2])
   elseif result ~= 'no_data' then
     redis.call('DEL', sk)
   end
@@ -148,7 +152,7 @@ for i, rid in ipairs(ids) do
 end
 if #pushed > 0 then
   redis.call('RPUSH', KEYS[2], unpack(pushed))
-  redis.call('EXPIREAT', KEYS[2], group_exp)
+  redis.call('EXPIREAT', KEYS[2], group_exp or redis.call('EXPIRETIME', KEYS[1]))
 end
 return out
 """
