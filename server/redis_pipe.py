@@ -63,8 +63,38 @@ def expand(args: Sequence[Any]) -> list[Any]:
     return [x for a in args for x in (a.args if type(a) is Encoded else (a,))]
 
 
+_pack_command = getattr(hiredis, "pack_command", None)  # hiredis >= 2.1: C, ~2x faster
+
+
 def _encode(args: Sequence[Any], out: list[bytes]) -> None:
-    """RESP for one command, appended to ``out`` (large values as their own pieces)."""
+    """RESP for one command, appended to ``out``; ``Encoded`` pieces go in as they are."""
+    if _pack_command is None:
+        _encode_py(args, out)
+        return
+    pieces: list[bytes] = []
+    count = start = 0
+    for i, a in enumerate(args):
+        if type(a) is Encoded:
+            if i > start:
+                packed = _pack_command(tuple(args[start:i]))
+                pieces.append(packed[packed.index(b"\r\n") + 2:])  # without its "*<n>"
+                count += i - start
+            pieces.append(a)
+            count += len(a.args)
+            start = i + 1
+    if not pieces:
+        out.append(_pack_command(tuple(args)))
+        return
+    if start < len(args):
+        packed = _pack_command(tuple(args[start:]))
+        pieces.append(packed[packed.index(b"\r\n") + 2:])
+        count += len(args) - start
+    out.append(b"*%d\r\n" % count)
+    out.extend(pieces)
+
+
+def _encode_py(args: Sequence[Any], out: list[bytes]) -> None:
+    """``_encode`` in Python (large values as their own pieces, not copied)."""
     head = len(out)
     out.append(b"")  # the "*<count>" header, once ``Encoded`` pieces are counted
     count = len(args)

@@ -26,8 +26,8 @@ class QueueConfig(BaseModel):
     """Drop groups without learning signal: every advantage of the credit rule is 0 (final
     rewards all equal, and so are the turn rewards of every turn index)."""
     rollout_ttl_s: float = Field(default=3600.0, gt=0)
-    """Lifetime of a rollout record from its last write while its group is open (never less
-    than the group's own keys)."""
+    """Lifetime of a rollout record from its last write while its group is open, never less
+    than the group's own keys: ``max(rollout_ttl_s, group_ttl_s + finished_ttl_s + 1)``."""
     finished_ttl_s: float = Field(default=600.0, gt=0)
     """How long a published / dropped / expired group's keys and rollouts stay, so that a
     repeated reward gets a 200, a late one a 410, and ``GET /v1/groups/{id}`` its state."""

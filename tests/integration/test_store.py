@@ -279,13 +279,17 @@ def test_without_the_pipelined_connection_the_scripts_run_through_redis_py(
         redis_url: str) -> None:
     """A client the store cannot pipeline itself (unix socket, TLS) runs the same scripts
     through redis-py: the arguments encoded once (``encode_args``) are sent as themselves."""
-    from server.redis_pipe import _encode, encode_args
+    from server.redis_pipe import _encode, _encode_py, encode_args
 
-    pieces: list[bytes] = []
-    _encode(("EVALSHA", "s", 0, encode_args("a", b"b" * 5000, 3), 1.5), pieces)
     plain: list[bytes] = []
-    _encode(("EVALSHA", "s", 0, "a", b"b" * 5000, 3, 1.5), plain)
-    assert b"".join(pieces) == b"".join(plain)
+    _encode_py(("EVALSHA", "s", 0, "a", b"b" * 5000, 3, 1.5, "\u00e9"), plain)
+    for cmd in [("EVALSHA", "s", 0, encode_args("a", b"b" * 5000, 3), 1.5, "\u00e9"),
+                ("EVALSHA", "s", 0, "a", b"b" * 5000, 3, 1.5, "\u00e9"),
+                (encode_args("EVALSHA", "s", 0), "a", b"b" * 5000, encode_args(3, 1.5, "\u00e9"))]:
+        for encode in (_encode, _encode_py):  # hiredis's C packer, and without it
+            pieces: list[bytes] = []
+            encode(cmd, pieces)
+            assert b"".join(pieces) == b"".join(plain), (cmd, encode)
 
     async def body(store: RolloutStore) -> None:
         await store.aclose()
