@@ -195,14 +195,17 @@ def pack_rollout(r: RolloutRecord) -> bytes:
     })
 
 
+_I4, _U1, _F4 = np.dtype("<i4"), np.dtype("u1"), np.dtype("<f4")  # (parsing "<i4": ~1 us)
+
+
 def rollout_from_dict(d: dict[str, Any]) -> RolloutRecord:
     return RolloutRecord(
         rollout_id=d["rollout_id"],
         group_id=d["group_id"],
-        token_ids=np.frombuffer(d["token_ids"], dtype="<i4"),
-        loss_mask=np.frombuffer(d["loss_mask"], dtype="u1"),
-        logprobs=np.frombuffer(d["logprobs"], dtype="<f4"),
-        versions=np.frombuffer(d["versions"], dtype="<i4"),
+        token_ids=np.frombuffer(d["token_ids"], dtype=_I4),
+        loss_mask=np.frombuffer(d["loss_mask"], dtype=_U1),
+        logprobs=np.frombuffer(d["logprobs"], dtype=_F4),
+        versions=np.frombuffer(d["versions"], dtype=_I4),
         prompt_len=int(d["prompt_len"]),
         temperature=float(d.get("temperature", 1.0)),
         top_p=float(d.get("top_p", 1.0)),
