@@ -230,39 +230,17 @@ def _status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str
 
 
 def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
-    """The fate of every group of the run, from Redis: ``generated`` (groups created),
-    ``trained`` (by the learner), ``dropped_<reason>`` (stale, zero_variance, ...),
-    ``expired_dropped``, and ``in_flight`` (generated, not yet trained or dropped)."""
+    """The fate of every group of the run, from Redis (``learner.metrics.group_fates``)."""
     import redis
 
     from contract.redis_schema import Keys
+    from learner.metrics import group_fates
 
-    keys = Keys(prefix) if prefix else Keys()
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     try:
-        raw = {k.decode(): int(float(v)) for k, v in client.hgetall(keys.counters).items()}
-        trained = int(float(client.hget(keys.learner_state, "groups_trained") or 0))
+        return group_fates(client, Keys(prefix) if prefix else Keys())
     finally:
         client.close()
-    out = {"generated": raw.get("groups_created", 0), "trained": trained}
-    out.update({k.removeprefix("groups_"): v for k, v in sorted(raw.items())
-                if "dropped" in k})
-    out["in_flight"] = max(0, out["generated"] - trained - sum(
-        v for k, v in out.items() if "dropped" in k))
-    return out
-
-
-def fates_line(c: dict[str, int]) -> str:
-    """One line: how many generated groups were trained, and where the others went."""
-    gen, trained = c.get("generated", 0), c.get("trained", 0)
-    finished = max(1, gen - c.get("in_flight", 0))
-    equal = c.get("dropped_zero_variance", 0)
-    others = ", ".join(f"{k} {v}" for k, v in c.items()
-                       if "dropped" in k and k != "dropped_zero_variance")
-    return (f"groups: {gen} generated, {trained} trained ({trained / finished:.0%} of the "
-            f"{finished} finished; {trained / max(1, finished - equal):.0%} of those with a "
-            f"learning signal), {equal} equal-reward dropped"
-            + (f", {others}" if others else "") + f", {c.get('in_flight', 0)} in flight")
 
 
 async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics: Path,

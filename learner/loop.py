@@ -67,6 +67,8 @@ from learner.follower import export_full, follow, load_policy
 from learner.healing import ServerHealer
 from learner.metrics import (
     MetricsLogger,
+    fates_line,
+    group_fates,
     read_drop_counters,
     reward_stats,
     staleness_histogram,
@@ -78,11 +80,13 @@ from learner.published import publish_state, publish_training, state_fields
 from learner.reader import Batch, GroupReader
 from learner.startup import build_weight_sync, checkpoint_to_resume, seed_everything
 from learner.sync_base import NoSync, WeightSync
+from learner.target import TargetStop, continue_hint, groups_in_flight
 from learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _REDIS_SOCKET_TIMEOUT_S = 30.0
+_SETTLE_S = 1.5  # > server.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
 _HEAL_INTERVAL_S = 5.0  # > the servers' heartbeat interval (2 s): versions have settled
 
 
@@ -128,6 +132,7 @@ class Learner:
         # Acked after a checkpoint; acked again after a Redis outage (AOF may lose ~1 s).
         self.recent_acked: deque[str] = deque(maxlen=10_000)
         self._stop = False
+        self.target = TargetStop(config.target_reward, config.target_window)
         if ckpt is not None:
             self._restore(ckpt)
         self.resumed_from = self.step
@@ -143,6 +148,7 @@ class Learner:
             keep_trained_s=config.keep_trained_s))
         if ckpt is not None:  # idempotent: the crash may follow the ack
             self._retrying(lambda: self.reader.ack(ckpt.state.entry_ids))
+        self.target.observe(self.client, self.keys)  # the reward window's baseline
         self._retrying(self._resync)
         self.metrics.event({"event": "start", "run_id": self.run_id, "time": time.time(),
                             "resumed_from": self.resumed_from, "version": self.version,
@@ -208,14 +214,21 @@ class Learner:
 
     def done(self) -> bool:
         cap = self.config.max_steps
-        return self._stop or (cap is not None and self.step >= cap)
+        return self._stop or bool(self.target.finished) or (cap is not None
+                                                            and self.step >= cap)
 
     def run(self) -> LearnerState:
         """Train until ``max_steps`` or a stop request; returns the final state."""
         try:
             while not self.done():
                 self._iterate()
+                if self.target.met:
+                    self._finish_at_target()
             self._checkpoint(force=True)
+            if self.target.finished:
+                log.warning("stopped at step %d: %s. %s; %s", self.step, self.target.finished,
+                            fates_line(self._retrying(lambda: group_fates(
+                                self.client, self.keys))), continue_hint())
             if self.dist is not None:
                 send(self.dist, Stop())
         finally:
@@ -244,6 +257,24 @@ class Learner:
         if self.retry.ok():
             self.progress.clear("redis_down")
             self._retrying(self._recover_reader)
+
+    def _finish_at_target(self) -> None:
+        """The target is met (``learner.target``): publish ``finished`` (servers start no new
+        group), then train the groups still in flight, for at most ``drain_timeout_s``."""
+        log.warning("%s", self.target.finish(self.step))
+        self._publish_state()
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        idle = 0  # zero twice, a server's publishing interval apart (``server.inflight``)
+        while not self._stop and time.monotonic() < deadline:
+            idle = idle + 1 if self._retrying(
+                lambda: groups_in_flight(self.client, self.keys)) == 0 else 0
+            if idle >= 2:
+                return
+            if idle:
+                time.sleep(_SETTLE_S)
+            else:
+                self._iterate()
+        log.warning("groups were still in flight after drain_timeout_s: not trained")
 
     def _recover_reader(self) -> None:
         """After an outage: re-ack what Redis may have forgotten, and claim again what a
@@ -285,7 +316,8 @@ class Learner:
         self.pending_ack.extend(batch.entry_ids)
         sync_s = self._push() if self.step % self.config.sync_every == 0 else 0.0
         rec = self._record(batch, metrics, invalid,
-                           {"time_wait_s": wait_s, "time_sync_s": sync_s})
+                           {"time_wait_s": wait_s, "time_sync_s": sync_s,
+                            "env_reward": self.target.observe(self.client, self.keys)})
         # Logged before the checkpoint that may cover it: a crash right after the save must
         # not leave a durable step missing from the audit log (``trained_history``).
         self.metrics.log(rec)
@@ -356,7 +388,8 @@ class Learner:
 
     def _publish_state(self) -> None:
         publish_state(self.client, self.keys, state_fields(
-            self.config, self.version, self.step, self.groups_trained))
+            self.config, self.version, self.step, self.groups_trained,
+            finished=self.target.finished))
 
     def _record(self, batch: Batch, metrics: dict[str, float], invalid: int,
                 times: dict[str, float]) -> dict[str, Any]:

@@ -223,10 +223,12 @@ if n - stored > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_duplicate', n - s
 return {statuses, gids, completed}
 """
 
-# KEYS: group, group rollouts, group rewards, complete set, counters, ready stream.
+# KEYS: group, group rollouts, group rewards, complete set, counters, ready stream, finished
+#       rewards (hash: groups, rewards, sum).
 # ARGV: group_id, mode (publish | drop), drop reason, finished_ttl, r_head, r_tail (rollout),
 #       m_head, m_tail (rollout->group), head (the record's bytes before the rollouts), ids
-#       (msgpack list of the rollout ids to publish), head field, ids field, then those ids.
+#       (msgpack list of the rollout ids to publish), head field, ids field, the number of
+#       final rewards and their sum (both 0 for a group without rewards), then the ids.
 # Ends a complete group exactly once: anything but 'complete' returns {} (another finisher
 # won, or the group moved on). Publish: XADD an entry that carries the head and the rollout
 # ids -- by reference: the records stay where they are, only their TTL is removed (they
@@ -240,7 +242,7 @@ local st = redis.call('HMGET', KEYS[1], 'state', 'partial')
 if st[1] ~= 'complete' then return {} end
 local mode, reason, sid = ARGV[2], ARGV[3], nil
 local rks, moved = {}, {}
-for i = 13, #ARGV do rks[#rks + 1] = ARGV[5] .. ARGV[i] .. ARGV[6] end
+for i = 15, #ARGV do rks[#rks + 1] = ARGV[5] .. ARGV[i] .. ARGV[6] end
 if mode == 'publish' and (#rks == 0 or redis.call('EXISTS', unpack(rks)) < #rks) then
   mode, reason = 'drop', 'missing_rollouts'
 end
@@ -248,7 +250,7 @@ if mode == 'publish' then
   sid = redis.call('XADD', KEYS[6], '*', ARGV[11], ARGV[9], ARGV[12], ARGV[10])
   for i, rk in ipairs(rks) do
     redis.call('PERSIST', rk)
-    moved[ARGV[12 + i]] = true
+    moved[ARGV[14 + i]] = true
   end
   redis.call('HSET', KEYS[1], 'state', 'published', 'stream_id', sid)
   redis.call('HINCRBY', KEYS[5], 'groups_published', 1)
@@ -256,6 +258,11 @@ if mode == 'publish' then
 else
   redis.call('HSET', KEYS[1], 'state', 'dropped', 'drop_reason', reason)
   redis.call('HINCRBY', KEYS[5], 'groups_dropped_' .. reason, 1)
+end
+if tonumber(ARGV[13]) > 0 then
+  redis.call('HINCRBY', KEYS[7], 'groups', 1)
+  redis.call('HINCRBY', KEYS[7], 'rewards', tonumber(ARGV[13]))
+  redis.call('HINCRBYFLOAT', KEYS[7], 'sum', ARGV[14])
 end
 redis.call('SREM', KEYS[4], ARGV[1])
 local ttl = tonumber(ARGV[4])
