@@ -63,7 +63,9 @@ class UpConfig(BaseModel):
     minutes: float = Field(10.0, gt=0)
     """Hard wall-clock limit."""
     target_reward: float | None = None
-    """Stop once the last 32 sampled groups average this; None: train for max_steps."""
+    """Stop once the last 32 sampled groups average this (the learner's ``target_reward``:
+    the servers start no new group, the groups in flight are trained, the learner checkpoints
+    and exits 0, as in docker compose's cpu profile); None: train for max_steps."""
     seed: int = 0
     device: str | None = None
     """Server and learner device (cpu, cuda, cuda:1); None: theirs."""
@@ -203,6 +205,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         str(cfg.groups_per_step), "--lr", str(cfg.lr), "--max-steps", str(cfg.max_steps),
         "--save-dir", str(cfg.run_dir / "checkpoints"), "--metrics-jsonl", str(metrics),
         "--weight-sync", "broadcast", "--seed", str(cfg.seed),
+        *(["--target-reward", str(cfg.target_reward)] if cfg.target_reward else []),
         *(["--device", cfg.device] if cfg.device else []), *cfg.extra_learn_args),
         env=keys_env)
     return url, api_key, redis_url, metrics
@@ -245,8 +248,8 @@ def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
 
 async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics: Path,
                  procs: Processes, on_status: Any) -> None:
-    """Run the example environment until the learner finishes, the clock runs out, or the
-    target reward is reached; surface any child's crash at once."""
+    """Run the example environment until the learner finishes (its step cap, or the target
+    reward: ``learner.target``) or the clock runs out; surface any child's crash at once."""
     from clients.client import AsyncGSPOClient
     from clients.environment import arun_groups
     from clients.examples.alphabet import AlphabetEnvironment
@@ -285,9 +288,6 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
                         procs.check("learner")
                     break
                 if time.monotonic() > deadline:
-                    break
-                if (cfg.target_reward is not None and len(env_rewards) == ENV_WINDOW
-                        and status["env_reward"] >= cfg.target_reward):
                     break
         finally:
             env_log.close()

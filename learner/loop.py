@@ -39,7 +39,8 @@ state without progress is logged and recorded (``learner.progress.ProgressMonito
 Stopping: SIGINT / SIGTERM finish the current step, checkpoint, ack and return; a second
 signal aborts at once (unacked groups are redelivered on the next start). A batch that was
 being read when the stop request arrived is still trained (it is the current step), then
-checkpointed and acknowledged on exit.
+checkpointed and acknowledged on exit. With ``target_reward`` the learner also stops once the
+environment's recent groups reach it, after training the groups in flight (``learner.target``).
 """
 
 from __future__ import annotations
@@ -80,13 +81,12 @@ from learner.published import publish_state, publish_training, state_fields
 from learner.reader import Batch, GroupReader
 from learner.startup import build_weight_sync, checkpoint_to_resume, seed_everything
 from learner.sync_base import NoSync, WeightSync
-from learner.target import TargetStop, continue_hint, groups_in_flight
+from learner.target import TargetStop, continue_hint, drain, groups_in_flight
 from learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _REDIS_SOCKET_TIMEOUT_S = 30.0
-_SETTLE_S = 1.5  # > server.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
 _HEAL_INTERVAL_S = 5.0  # > the servers' heartbeat interval (2 s): versions have settled
 
 
@@ -214,8 +214,8 @@ class Learner:
 
     def done(self) -> bool:
         cap = self.config.max_steps
-        return self._stop or bool(self.target.finished) or (cap is not None
-                                                            and self.step >= cap)
+        finished = bool(self.target.finished)  # the target reward was reached
+        return self._stop or finished or (cap is not None and self.step >= cap)
 
     def run(self) -> LearnerState:
         """Train until ``max_steps`` or a stop request; returns the final state."""
@@ -259,22 +259,13 @@ class Learner:
             self._retrying(self._recover_reader)
 
     def _finish_at_target(self) -> None:
-        """The target is met (``learner.target``): publish ``finished`` (servers start no new
-        group), then train the groups still in flight, for at most ``drain_timeout_s``."""
+        """The target is met: publish ``finished`` (servers start no new group), then train
+        the groups still in flight (``learner.target.drain``)."""
         log.warning("%s", self.target.finish(self.step))
         self._publish_state()
-        deadline = time.monotonic() + self.config.drain_timeout_s
-        idle = 0  # zero twice, a server's publishing interval apart (``server.inflight``)
-        while not self._stop and time.monotonic() < deadline:
-            idle = idle + 1 if self._retrying(
-                lambda: groups_in_flight(self.client, self.keys)) == 0 else 0
-            if idle >= 2:
-                return
-            if idle:
-                time.sleep(_SETTLE_S)
-            else:
-                self._iterate()
-        log.warning("groups were still in flight after drain_timeout_s: not trained")
+        if not drain(lambda: self._retrying(lambda: groups_in_flight(self.client, self.keys)),
+                     self._iterate, lambda: self._stop, self.config.drain_timeout_s):
+            log.warning("groups were still in flight after drain_timeout_s: not trained")
 
     def _recover_reader(self) -> None:
         """After an outage: re-ack what Redis may have forgotten, and claim again what a

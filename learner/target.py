@@ -18,7 +18,9 @@ again publishes an empty ``finished``: the servers take groups again.
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -88,6 +90,27 @@ def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
         values = client.mget([keys.admission_pending(as_str(s)) for s in servers])
         pending = sum(int(v) for v in values if v is not None)
     return int(n_open) + int(n_complete) + undelivered(groups, int(depth)) + pending
+
+
+SETTLE_S = 1.5  # > server.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
+
+
+def drain(in_flight: Callable[[], int], train_step: Callable[[], None],
+          stopping: Callable[[], bool], timeout_s: float) -> bool:
+    """Train until no group is in flight (read as zero twice, ``SETTLE_S`` apart: a request
+    a server admitted a moment ago shows in its next published count), for at most
+    ``timeout_s`` or until ``stopping()``. True: nothing was left in flight."""
+    deadline = time.monotonic() + timeout_s
+    idle = 0
+    while not stopping() and time.monotonic() < deadline:
+        idle = idle + 1 if in_flight() == 0 else 0
+        if idle >= 2:
+            return True
+        if idle:
+            time.sleep(SETTLE_S)
+        else:
+            train_step()
+    return False
 
 
 def stop_message(target: float, mean: float, window: int, step: int) -> str:
