@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -30,6 +31,7 @@ _RETRY_STATUS = {502, 503, 504}
 ADMISSION_CODES = frozenset({"too_many_groups_in_flight", "ready_queue_full",
                              "training_finished"})
 FINISHED_CODE = "training_finished"
+FINISHED_WARN_EVERY_S = 60.0
 _MAX_RETRY_AFTER_S = 30.0
 log = logging.getLogger("clients.client")
 
@@ -105,9 +107,7 @@ class _Attempts:
             return None
         self.held += 1
         if code == FINISHED_CODE:
-            if self.held % 6 == 1:  # Retry-After 10 s: once a minute
-                log.warning("%s: waiting for a learner to start again",
-                            _error_message(resp))
+            _warn_finished(_error_message(resp))
         elif self.held % 10 == 1:
             log.info("server holds new groups back (%s): retrying", code)
         try:
@@ -115,6 +115,18 @@ class _Attempts:
         except ValueError:
             after = 1.0
         return min(_MAX_RETRY_AFTER_S, max(0.05, after)) * (0.75 + 0.5 * random.random())
+
+
+_finished_warned_at = -math.inf
+
+
+def _warn_finished(message: str) -> None:
+    """Once a minute per process, whatever the number of requests waiting."""
+    global _finished_warned_at
+    now = time.monotonic()
+    if now - _finished_warned_at >= FINISHED_WARN_EVERY_S:
+        _finished_warned_at = now
+        log.warning("%s: waiting for a learner to start again", message)
 
 
 def _error_message(resp: httpx.Response) -> str:

@@ -5,10 +5,12 @@ started again takes groups), saying why in a warning, not once per retry."""
 from __future__ import annotations
 
 import logging
+import math
 
 import httpx
 import pytest
 
+import clients.client as client_module
 from clients.client import RetryPolicy, _Attempts
 
 
@@ -18,14 +20,19 @@ def answer(code: str, message: str = "the learner finished training (target rewa
                           headers={"Retry-After": "10"})
 
 
-def test_training_finished_is_waited_out_with_a_warning(caplog: pytest.LogCaptureFixture
-                                                       ) -> None:
-    attempts = _Attempts(RetryPolicy(attempts=1))  # no failure retries: waiting is not one
+def test_training_finished_is_waited_out_with_one_warning_a_minute(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(client_module, "_finished_warned_at", -math.inf)
+    waiting = [_Attempts(RetryPolicy(attempts=1)) for _ in range(8)]  # 8 requests held
     with caplog.at_level(logging.WARNING, logger="clients.client"):
-        delays = [attempts.admission_delay(answer("training_finished")) for _ in range(12)]
-    assert all(d is not None and 7.5 <= d <= 12.5 for d in delays)
+        for _ in range(7):  # 70 s of 10 s waits
+            delays = [a.admission_delay(answer("training_finished")) for a in waiting]
+            assert all(d is not None and 7.5 <= d <= 12.5 for d in delays)
+            clock[0] += 10.0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 2  # once a minute of 10 s waits
+    assert len(warnings) == 2  # at 0 s and at 60 s, not once per request
     assert "reached at step 9" in warnings[0] and "waiting for a learner" in warnings[0]
 
 
