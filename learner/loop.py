@@ -281,8 +281,9 @@ class Learner:
     def run_step(self) -> dict[str, Any] | None:
         """Read one batch and train on it; returns the step record (None: nothing trained)."""
         t0 = time.perf_counter()
-        batch = self.reader.read_batch(self.config.groups_per_step, self.version,
-                                       self.config.read_timeout_s)
+        batch = self.reader.read_batch(
+            self.config.groups_per_step, self.version, self.config.read_timeout_s,
+            on_delivered=lambda n: publish_training(self.client, self.keys, n))
         wait_s = time.perf_counter() - t0
         invalid = self._screen(batch)
         # A batch already read is the current step: a stop request arriving during the read
@@ -291,6 +292,7 @@ class Learner:
         if self.dist is not None:  # every read, so no rank waits longer than one read
             send(self.dist, Train(batch.groups) if train else Idle())
         if not train:
+            publish_training(self.client, self.keys, 0)  # what was delivered left: dropped
             if batch.dropped_stale:
                 self.reader.trim()  # acked, but trimmed only by an ack: the stream looked full
                 self.progress.stalled("all_stale", f"{batch.dropped_stale} groups older than "
