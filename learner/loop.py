@@ -213,9 +213,12 @@ class Learner:
         self._stop = True
 
     def done(self) -> bool:
-        cap = self.config.max_steps
         finished = bool(self.target.finished)  # the target reward was reached
-        return self._stop or finished or (cap is not None and self.step >= cap)
+        return self._stop or finished or self._at_cap()
+
+    def _at_cap(self) -> bool:
+        cap = self.config.max_steps
+        return cap is not None and self.step >= cap
 
     def run(self) -> LearnerState:
         """Train until ``max_steps`` or a stop request; returns the final state."""
@@ -264,8 +267,10 @@ class Learner:
         log.warning("%s", self.target.finish(self.step))
         self._publish_state()
         if not drain(lambda: self._retrying(lambda: groups_in_flight(self.client, self.keys)),
-                     self._iterate, lambda: self._stop, self.config.drain_timeout_s):
-            log.warning("groups were still in flight after drain_timeout_s: not trained")
+                     self._iterate, lambda: self._stop or self._at_cap(),
+                     self.config.drain_timeout_s):
+            log.warning("groups were still in flight when the learner stopped "
+                        "(drain_timeout_s, max_steps or a signal): not trained")
 
     def _recover_reader(self) -> None:
         """After an outage: re-ack what Redis may have forgotten, and claim again what a

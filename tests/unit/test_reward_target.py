@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from learner.target import FinishedTotals, RewardWindow, TargetStop
+import learner.target
+from learner.target import FinishedTotals, RewardWindow, TargetStop, drain
 
 
 def totals(groups: int, ones: int, size: int = 2) -> FinishedTotals:
@@ -54,3 +55,28 @@ def test_target_is_met_at_or_above_it_and_zero_means_none(target: float | None, 
         assert stop.finished == "target reward 0.8 reached at step 7"
     else:
         assert stop.finished == ""
+
+
+def test_drain_trains_until_nothing_is_in_flight_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(learner.target, "SETTLE_S", 0.0)
+    left = [3]
+    reads: list[int] = []
+
+    def in_flight() -> int:
+        reads.append(left[0])
+        return left[0]
+
+    def train_step() -> None:
+        left[0] = max(0, left[0] - 2)
+
+    assert drain(in_flight, train_step, lambda: False, timeout_s=60)
+    assert reads == [3, 1, 0, 0]  # two steps, then zero twice
+
+
+def test_drain_gives_up_when_stopping_or_out_of_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(learner.target, "SETTLE_S", 0.0)
+    steps: list[int] = []
+    assert not drain(lambda: 5, lambda: steps.append(1), lambda: len(steps) >= 3,
+                     timeout_s=60)
+    assert len(steps) == 3  # a stop request (or max_steps) ends it
+    assert not drain(lambda: 5, lambda: None, lambda: False, timeout_s=0.0)
