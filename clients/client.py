@@ -4,7 +4,8 @@ Chat completions go through the official ``openai`` client (see clients/examples
 clients cover what the OpenAI API has no word for. Retries: connection errors, timeouts and
 502/503/504 are retried with exponential backoff; 4xx never are. A 503 that holds a new group
 back (``too_many_groups_in_flight``: the learner is behind, ``server.admission``; or
-``ready_queue_full``) is backpressure, not a failure: it is retried after the server's
+``ready_queue_full``; ``training_finished``: the learner met its goal, a warning says so once a
+minute) is backpressure, not a failure: it is retried after the server's
 ``Retry-After`` for as long as ``RetryPolicy.admission_patience_s`` allows (default: as long
 as it takes), without using up ``attempts``. Rewards are idempotent on
 the server (the same reward again is a 200 that changes nothing), so a retried reward post
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -26,7 +28,10 @@ import httpx
 from clients.errors import ServerUnavailable, error_for_status
 
 _RETRY_STATUS = {502, 503, 504}
-ADMISSION_CODES = frozenset({"too_many_groups_in_flight", "ready_queue_full"})
+ADMISSION_CODES = frozenset({"too_many_groups_in_flight", "ready_queue_full",
+                             "training_finished"})
+FINISHED_CODE = "training_finished"
+FINISHED_WARN_EVERY_S = 60.0
 _MAX_RETRY_AFTER_S = 30.0
 log = logging.getLogger("clients.client")
 
@@ -101,13 +106,34 @@ class _Attempts:
                 patience is not None and time.monotonic() - self.started > patience):
             return None
         self.held += 1
-        if self.held % 10 == 1:
+        if code == FINISHED_CODE:
+            _warn_finished(_error_message(resp))
+        elif self.held % 10 == 1:
             log.info("server holds new groups back (%s): retrying", code)
         try:
             after = float(resp.headers.get("Retry-After", "1"))
         except ValueError:
             after = 1.0
         return min(_MAX_RETRY_AFTER_S, max(0.05, after)) * (0.75 + 0.5 * random.random())
+
+
+_finished_warned_at = -math.inf
+
+
+def _warn_finished(message: str) -> None:
+    """Once a minute per process, whatever the number of requests waiting."""
+    global _finished_warned_at
+    now = time.monotonic()
+    if now - _finished_warned_at >= FINISHED_WARN_EVERY_S:
+        _finished_warned_at = now
+        log.warning("%s: waiting for a learner to start again", message)
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:200]
 
 
 def _reward_items(rewards: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

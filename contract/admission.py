@@ -19,8 +19,10 @@ bound exactly when::
 learner's parameters would give at lag 0 if known, else their own fallback.
 
 The learner publishes, in ``Keys.learner_state`` (a hash, next to ``version`` and ``step``):
-``max_staleness`` (-1: none), ``groups_per_step`` and ``training`` (groups of the batch it is
-training now, 0 between steps).
+``max_staleness`` (-1: none), ``groups_per_step``, ``training`` (groups of the batch it is
+training now, 0 between steps) and ``finished`` (empty while it trains; once it has met its
+goal, e.g. a target reward (``learner.target``), why it stops: servers then start no new
+group, 503 ``training_finished``, until a learner publishes an empty ``finished`` again).
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from contract.redis_schema import LEARNER_CONSUMER_GROUP, as_str
+
 FIELD_VERSION = "version"
 FIELD_MAX_STALENESS = "max_staleness"
 FIELD_GROUPS_PER_STEP = "groups_per_step"
 FIELD_TRAINING = "training"
+FIELD_FINISHED = "finished"
 
 
 def capacity(max_staleness: int | None, groups_per_step: int, lag: int = 0) -> int | None:
@@ -56,6 +61,8 @@ class LearnerParams:
     max_staleness: int | None = None
     groups_per_step: int | None = None
     training: int = 0
+    finished: str = ""
+    """Why the learner stopped taking groups (its goal was met); empty: it takes them."""
 
     @property
     def known(self) -> bool:
@@ -77,7 +84,8 @@ class LearnerParams:
         return cls(version=num(FIELD_VERSION) or 0,
                    max_staleness=None if stale is None or stale < 0 else stale,
                    groups_per_step=num(FIELD_GROUPS_PER_STEP),
-                   training=max(0, num(FIELD_TRAINING) or 0))
+                   training=max(0, num(FIELD_TRAINING) or 0),
+                   finished=d.get(FIELD_FINISHED, ""))
 
     def bound(self, server_version: int, fallback: int | None) -> int | None:
         """The capacity for a server at ``server_version``; ``fallback`` while no learner has
@@ -87,3 +95,16 @@ class LearnerParams:
         assert self.groups_per_step is not None
         return capacity(self.max_staleness, self.groups_per_step,
                         self.version - server_version)
+
+
+def undelivered(groups: object, depth: int) -> int:
+    """Published groups the learner has not read: its consumer group's ``lag`` on the ready
+    stream (``groups``: ``XINFO GROUPS``'s reply); the stream's length ``depth`` when there is
+    no such group (or Redis could not say)."""
+    if not isinstance(groups, list):
+        return depth
+    for g in groups:
+        if as_str(g.get("name")) == LEARNER_CONSUMER_GROUP:
+            lag = g.get("lag")
+            return int(lag) if lag is not None else depth
+    return depth

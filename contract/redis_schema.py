@@ -48,6 +48,9 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   ``group`` field instead carries the whole record inline (how groups were published before;
   still read, e.g. by tests and tools that XADD a packed group).
 - ``{p}:counters``: hash of monotonically increasing counters (published, dropped_*, ...).
+- ``{p}:rewards:finished``: hash ``groups``, ``rewards`` (integers) and ``sum`` (a float) over
+  every group that finished with rewards, published or dropped (equal rewards included):
+  what the environment scored, read by the learner's reward target (``learner.target``).
 - ``{p}:servers``: hash server_id -> signed JSON registration
   (``contract.registry``); ``{p}:server:{id}:alive`` heartbeat
   key with a short TTL.
@@ -121,6 +124,10 @@ class Keys:
     @property
     def counters(self) -> str:
         return f"{self.prefix}:counters"
+
+    @property
+    def finished_rewards(self) -> str:
+        return f"{self.prefix}:rewards:finished"
 
     @property
     def servers(self) -> str:

@@ -226,7 +226,7 @@ def up(
         typer.echo(f"learner reward (trained groups, equal-reward groups excluded): last steps "
                    f"{sum(tail) / len(tail):.2f}")
     if result.groups is not None:
-        from gspo.up import fates_line
+        from learner.metrics import fates_line
 
         typer.echo(fates_line(result.groups))
     typer.echo(f"metrics: {result.metrics_path}")

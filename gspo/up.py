@@ -63,7 +63,9 @@ class UpConfig(BaseModel):
     minutes: float = Field(10.0, gt=0)
     """Hard wall-clock limit."""
     target_reward: float | None = None
-    """Stop once the last 32 sampled groups average this; None: train for max_steps."""
+    """Stop once the last 32 sampled groups average this (the learner's ``target_reward``:
+    the servers start no new group, the groups in flight are trained, the learner checkpoints
+    and exits 0, as in docker compose's cpu profile); None: train for max_steps."""
     seed: int = 0
     device: str | None = None
     """Server and learner device (cpu, cuda, cuda:1); None: theirs."""
@@ -203,6 +205,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         str(cfg.groups_per_step), "--lr", str(cfg.lr), "--max-steps", str(cfg.max_steps),
         "--save-dir", str(cfg.run_dir / "checkpoints"), "--metrics-jsonl", str(metrics),
         "--weight-sync", "broadcast", "--seed", str(cfg.seed),
+        *(["--target-reward", str(cfg.target_reward)] if cfg.target_reward else []),
         *(["--device", cfg.device] if cfg.device else []), *cfg.extra_learn_args),
         env=keys_env)
     return url, api_key, redis_url, metrics
@@ -230,45 +233,23 @@ def _status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str
 
 
 def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
-    """The fate of every group of the run, from Redis: ``generated`` (groups created),
-    ``trained`` (by the learner), ``dropped_<reason>`` (stale, zero_variance, ...),
-    ``expired_dropped``, and ``in_flight`` (generated, not yet trained or dropped)."""
+    """The fate of every group of the run, from Redis (``learner.metrics.group_fates``)."""
     import redis
 
     from contract.redis_schema import Keys
+    from learner.metrics import group_fates
 
-    keys = Keys(prefix) if prefix else Keys()
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     try:
-        raw = {k.decode(): int(float(v)) for k, v in client.hgetall(keys.counters).items()}
-        trained = int(float(client.hget(keys.learner_state, "groups_trained") or 0))
+        return group_fates(client, Keys(prefix) if prefix else Keys())
     finally:
         client.close()
-    out = {"generated": raw.get("groups_created", 0), "trained": trained}
-    out.update({k.removeprefix("groups_"): v for k, v in sorted(raw.items())
-                if "dropped" in k})
-    out["in_flight"] = max(0, out["generated"] - trained - sum(
-        v for k, v in out.items() if "dropped" in k))
-    return out
-
-
-def fates_line(c: dict[str, int]) -> str:
-    """One line: how many generated groups were trained, and where the others went."""
-    gen, trained = c.get("generated", 0), c.get("trained", 0)
-    finished = max(1, gen - c.get("in_flight", 0))
-    equal = c.get("dropped_zero_variance", 0)
-    others = ", ".join(f"{k} {v}" for k, v in c.items()
-                       if "dropped" in k and k != "dropped_zero_variance")
-    return (f"groups: {gen} generated, {trained} trained ({trained / finished:.0%} of the "
-            f"{finished} finished; {trained / max(1, finished - equal):.0%} of those with a "
-            f"learning signal), {equal} equal-reward dropped"
-            + (f", {others}" if others else "") + f", {c.get('in_flight', 0)} in flight")
 
 
 async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics: Path,
                  procs: Processes, on_status: Any) -> None:
-    """Run the example environment until the learner finishes, the clock runs out, or the
-    target reward is reached; surface any child's crash at once."""
+    """Run the example environment until the learner finishes (its step cap, or the target
+    reward: ``learner.target``) or the clock runs out; surface any child's crash at once."""
     from clients.client import AsyncGSPOClient
     from clients.environment import arun_groups
     from clients.examples.alphabet import AlphabetEnvironment
@@ -307,9 +288,6 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
                         procs.check("learner")
                     break
                 if time.monotonic() > deadline:
-                    break
-                if (cfg.target_reward is not None and len(env_rewards) == ENV_WINDOW
-                        and status["env_reward"] >= cfg.target_reward):
                     break
         finally:
             env_log.close()

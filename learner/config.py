@@ -105,6 +105,17 @@ class LearnerConfig(BaseModel):
     """Seeds torch, numpy and random at start (restored from the checkpoint on resume)."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many training steps (counting steps before a resume). ``None``: never."""
+    target_reward: float | None = Field(default=None, ge=0.0)
+    """Stop once the environment's mean reward over its last ``target_window`` finished groups
+    (every group it scored, trained or dropped for equal rewards) reaches this: the task is
+    learned. The servers then start no new group, the groups in flight are trained, a
+    checkpoint is saved and the learner returns (``gspo learn`` exits 0; ``learner.target``).
+    ``None`` or 0: no target (train until ``max_steps`` or a signal)."""
+    target_window: int = Field(default=32, ge=1)
+    """Groups the ``target_reward`` mean is taken over (finished since this learner started)."""
+    drain_timeout_s: float = Field(default=60.0, gt=0.0)
+    """After the target is reached: the longest the learner waits for the groups still in
+    flight to be trained before it stops (an abandoned group counts until it expires)."""
     read_timeout_s: float = Field(default=5.0, gt=0.0)
     """Longest wait for a full batch; a partial batch after it is trained as it is, an empty
     one is waited for again (the loop checks for a stop signal between waits)."""

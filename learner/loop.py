@@ -39,7 +39,8 @@ state without progress is logged and recorded (``learner.progress.ProgressMonito
 Stopping: SIGINT / SIGTERM finish the current step, checkpoint, ack and return; a second
 signal aborts at once (unacked groups are redelivered on the next start). A batch that was
 being read when the stop request arrived is still trained (it is the current step), then
-checkpointed and acknowledged on exit.
+checkpointed and acknowledged on exit. With ``target_reward`` the learner also stops once the
+environment's recent groups reach it, after training the groups in flight (``learner.target``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ from learner.follower import export_full, follow, load_policy
 from learner.healing import ServerHealer
 from learner.metrics import (
     MetricsLogger,
+    fates_line,
+    group_fates,
     read_drop_counters,
     reward_stats,
     staleness_histogram,
@@ -78,6 +81,7 @@ from learner.published import publish_state, publish_training, state_fields
 from learner.reader import Batch, GroupReader
 from learner.startup import build_weight_sync, checkpoint_to_resume, seed_everything
 from learner.sync_base import NoSync, WeightSync
+from learner.target import TargetStop, continue_hint, drain, groups_in_flight
 from learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -128,6 +132,7 @@ class Learner:
         # Acked after a checkpoint; acked again after a Redis outage (AOF may lose ~1 s).
         self.recent_acked: deque[str] = deque(maxlen=10_000)
         self._stop = False
+        self.target = TargetStop(config.target_reward, config.target_window)
         if ckpt is not None:
             self._restore(ckpt)
         self.resumed_from = self.step
@@ -143,6 +148,7 @@ class Learner:
             keep_trained_s=config.keep_trained_s))
         if ckpt is not None:  # idempotent: the crash may follow the ack
             self._retrying(lambda: self.reader.ack(ckpt.state.entry_ids))
+        self.target.observe(self.client, self.keys)  # the reward window's baseline
         self._retrying(self._resync)
         self.metrics.event({"event": "start", "run_id": self.run_id, "time": time.time(),
                             "resumed_from": self.resumed_from, "version": self.version,
@@ -207,15 +213,25 @@ class Learner:
         self._stop = True
 
     def done(self) -> bool:
+        finished = bool(self.target.finished)  # the target reward was reached
+        return self._stop or finished or self._at_cap()
+
+    def _at_cap(self) -> bool:
         cap = self.config.max_steps
-        return self._stop or (cap is not None and self.step >= cap)
+        return cap is not None and self.step >= cap
 
     def run(self) -> LearnerState:
         """Train until ``max_steps`` or a stop request; returns the final state."""
         try:
             while not self.done():
                 self._iterate()
+                if self.target.met:
+                    self._finish_at_target()
             self._checkpoint(force=True)
+            if self.target.finished:
+                log.warning("stopped at step %d: %s. %s; %s", self.step, self.target.finished,
+                            fates_line(self._retrying(lambda: group_fates(
+                                self.client, self.keys))), continue_hint())
             if self.dist is not None:
                 send(self.dist, Stop())
         finally:
@@ -245,6 +261,17 @@ class Learner:
             self.progress.clear("redis_down")
             self._retrying(self._recover_reader)
 
+    def _finish_at_target(self) -> None:
+        """The target is met: publish ``finished`` (servers start no new group), then train
+        the groups still in flight (``learner.target.drain``)."""
+        log.warning("%s", self.target.finish(self.step))
+        self._publish_state()
+        if not drain(lambda: self._retrying(lambda: groups_in_flight(self.client, self.keys)),
+                     self._iterate, lambda: self._stop or self._at_cap(),
+                     self.config.drain_timeout_s):
+            log.warning("groups were still in flight when the learner stopped "
+                        "(drain_timeout_s, max_steps or a signal): not trained")
+
     def _recover_reader(self) -> None:
         """After an outage: re-ack what Redis may have forgotten, and claim again what a
         failed read left pending (not what awaits its checkpoint)."""
@@ -259,8 +286,9 @@ class Learner:
     def run_step(self) -> dict[str, Any] | None:
         """Read one batch and train on it; returns the step record (None: nothing trained)."""
         t0 = time.perf_counter()
-        batch = self.reader.read_batch(self.config.groups_per_step, self.version,
-                                       self.config.read_timeout_s)
+        batch = self.reader.read_batch(
+            self.config.groups_per_step, self.version, self.config.read_timeout_s,
+            on_delivered=lambda n: publish_training(self.client, self.keys, n))
         wait_s = time.perf_counter() - t0
         invalid = self._screen(batch)
         # A batch already read is the current step: a stop request arriving during the read
@@ -269,6 +297,7 @@ class Learner:
         if self.dist is not None:  # every read, so no rank waits longer than one read
             send(self.dist, Train(batch.groups) if train else Idle())
         if not train:
+            publish_training(self.client, self.keys, 0)  # what was delivered left: dropped
             if batch.dropped_stale:
                 self.reader.trim()  # acked, but trimmed only by an ack: the stream looked full
                 self.progress.stalled("all_stale", f"{batch.dropped_stale} groups older than "
@@ -285,7 +314,8 @@ class Learner:
         self.pending_ack.extend(batch.entry_ids)
         sync_s = self._push() if self.step % self.config.sync_every == 0 else 0.0
         rec = self._record(batch, metrics, invalid,
-                           {"time_wait_s": wait_s, "time_sync_s": sync_s})
+                           {"time_wait_s": wait_s, "time_sync_s": sync_s,
+                            "env_reward": self.target.observe(self.client, self.keys)})
         # Logged before the checkpoint that may cover it: a crash right after the save must
         # not leave a durable step missing from the audit log (``trained_history``).
         self.metrics.log(rec)
@@ -356,7 +386,8 @@ class Learner:
 
     def _publish_state(self) -> None:
         publish_state(self.client, self.keys, state_fields(
-            self.config, self.version, self.step, self.groups_trained))
+            self.config, self.version, self.step, self.groups_trained,
+            finished=self.target.finished))
 
     def _record(self, batch: Batch, metrics: dict[str, float], invalid: int,
                 times: dict[str, float]) -> dict[str, Any]:

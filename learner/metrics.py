@@ -6,6 +6,8 @@ A step record is a flat dict of floats plus a few structured fields:
   (policy versions between the group's oldest sampled token and the weights it trains).
 - ``dropped``: totals by reason from the Redis counters hash (``dropped_stale``,
   ``expired_dropped``, ...); ``dropped_stale_step``: groups the reader dropped this step.
+- ``env_reward``: the environment's mean reward over its last ``target_window`` finished
+  groups, trained or not (``learner.target``; None until that many finished).
 - ``groups_trained_total``, ``trained_fraction``: groups trained so far (this learner's,
   checkpoints included) and their share of the finished groups (trained + dropped);
   ``trained_fraction_with_signal`` leaves equal-reward groups out (``trained_fractions``).
@@ -35,7 +37,7 @@ from typing import Any
 
 import redis
 
-from contract.redis_schema import Keys, ReadyGroup
+from contract.redis_schema import Keys, ReadyGroup, as_str
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +86,41 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 1e4 else f"{x:.0f}"
 
 
+def group_fates(client: redis.Redis, keys: Keys) -> dict[str, int]:
+    """The fate of every group, from Redis: ``generated`` (groups created), ``trained`` (by
+    the learner, as it published), ``dropped_<reason>`` (stale, zero_variance, ...),
+    ``expired_dropped``, and ``in_flight`` (generated, not yet trained or dropped)."""
+    raw = {as_str(k): int(float(v)) for k, v in client.hgetall(keys.counters).items()}
+    trained = int(float(client.hget(keys.learner_state, "groups_trained") or 0))
+    out = {"generated": raw.get("groups_created", 0), "trained": trained}
+    out.update({k.removeprefix("groups_"): v for k, v in sorted(raw.items())
+                if "dropped" in k})
+    out["in_flight"] = max(0, out["generated"] - trained - sum(
+        v for k, v in out.items() if "dropped" in k))
+    return out
+
+
+def fates_line(c: dict[str, int]) -> str:
+    """One line: how many generated groups were trained, and where the others went."""
+    gen, trained = c.get("generated", 0), c.get("trained", 0)
+    finished = max(1, gen - c.get("in_flight", 0))
+    equal = c.get("dropped_zero_variance", 0)
+    others = ", ".join(f"{k} {v}" for k, v in c.items()
+                       if "dropped" in k and k != "dropped_zero_variance")
+    return (f"groups: {gen} generated, {trained} trained ({trained / max(1, gen):.0%} of "
+            f"those generated, {trained / finished:.0%} of the {finished} finished; "
+            f"{trained / max(1, finished - equal):.0%} of those with a learning signal), "
+            f"{equal} equal-reward dropped" + (f", {others}" if others else "")
+            + f", {c.get('in_flight', 0)} in flight")
+
+
 def console_line(rec: dict[str, Any]) -> str:
     """One compact line per step for the terminal."""
     g = rec.get
     parts = [f"step {rec['step']} v{rec['version']}",
              f"groups {g('groups', 0)}",
-             f"reward {_fmt(g('reward_mean', float('nan')))}",
+             f"reward {_fmt(g('reward_mean', float('nan')))}"
+             + ("" if g("env_reward") is None else f" (env {_fmt(g('env_reward'))})"),
              f"loss {_fmt(g('loss', float('nan')))}",
              f"clip {_fmt(g('clip_fraction', 0.0))} (lo {_fmt(g('clip_low_fraction', 0.0))} "
              f"hi {_fmt(g('clip_high_fraction', 0.0))})",

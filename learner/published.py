@@ -1,7 +1,8 @@
 """What the learner publishes to Redis for the rest of the system (``Keys.learner_state``):
 its policy version and step, groups trained, and the admission parameters the rollout servers
 bound the groups in flight with (``contract.admission``): ``max_staleness`` (-1: none),
-``groups_per_step`` and ``training`` (groups of the step being trained, 0 between steps).
+``groups_per_step``, ``training`` (groups of the step being trained, 0 between steps) and
+``finished`` (why it stopped taking groups, ``learner.target``; empty while it trains).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import redis
 
 from contract.admission import (
+    FIELD_FINISHED,
     FIELD_GROUPS_PER_STEP,
     FIELD_MAX_STALENESS,
     FIELD_TRAINING,
@@ -25,12 +27,13 @@ log = logging.getLogger("learner.loop")
 
 
 def state_fields(config: LearnerConfig, version: int, step: int, groups_trained: int,
-                 training: int = 0) -> dict[str, Any]:
+                 training: int = 0, finished: str = "") -> dict[str, Any]:
     stale = config.max_staleness
     return {FIELD_VERSION: version, "step": step, "updated_at": time.time(),
             "consumer": config.consumer, "groups_trained": groups_trained,
             FIELD_MAX_STALENESS: -1 if stale is None else stale,
-            FIELD_GROUPS_PER_STEP: config.groups_per_step, FIELD_TRAINING: training}
+            FIELD_GROUPS_PER_STEP: config.groups_per_step, FIELD_TRAINING: training,
+            FIELD_FINISHED: finished}
 
 
 def publish_state(client: redis.Redis, keys: Keys, fields: dict[str, Any]) -> None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -196,14 +196,22 @@ class GroupReader:
         self._claim_end = self._last_delivered()
         self._held, self._committed = set(held), set(committed)
 
-    def read_batch(self, n_groups: int, current_version: int, timeout_s: float) -> Batch:
+    def read_batch(self, n_groups: int, current_version: int, timeout_s: float,
+                   on_delivered: Callable[[int], None] | None = None) -> Batch:
         """Up to ``n_groups`` groups: reclaimed pending entries first, then new ones, blocking
-        at most ``timeout_s`` in all (fewer groups, possibly none, when it runs out)."""
+        at most ``timeout_s`` in all (fewer groups, possibly none, when it runs out).
+        ``on_delivered(n)``: called as soon as ``n`` entries (so far) left the stream for this
+        batch, before they are decoded or more are waited for; the learner publishes it as
+        its ``training`` count (``contract.admission``), so that the servers' in-flight count
+        never loses them between the stream and the step (a gap in which they admitted extra
+        groups that then arrived too stale)."""
         if n_groups < 1:
             raise ValueError("n_groups must be >= 1")
         deadline = time.monotonic() + max(0.0, timeout_s)
         batch = Batch(groups=[], entry_ids=[], dropped_stale=0, staleness=[])
         reclaimed = self._claim(n_groups)
+        if reclaimed and on_delivered is not None:
+            on_delivered(len(reclaimed))
         self._take(batch, reclaimed, current_version)
         batch.reclaimed = len(batch.groups)
         while len(batch.groups) < n_groups:
@@ -216,6 +224,8 @@ class GroupReader:
             )
             entries = res[0][1] if res else []
             if entries:
+                if on_delivered is not None:
+                    on_delivered(len(batch.groups) + len(entries))
                 self._take(batch, entries, current_version)
             elif remaining_ms <= 0 or time.monotonic() >= deadline:
                 break

@@ -25,6 +25,11 @@ with 503 ``too_many_groups_in_flight`` and ``Retry-After``. Routes that start a 
 never held. Several servers read the same facts; two admitting at the same instant can
 overshoot the bound by one group each (the count is re-read every ``POLL_S``).
 
+A learner that has met its goal (``finished`` in its state: e.g. its target reward,
+``learner.target``) trains no new group: every route that starts one answers 503
+``training_finished`` at once (``Retry-After`` 10 s; the SDK waits and retries, saying why)
+until a learner starts again, with or without admission control.
+
 The ready-queue bound (``max_ready_groups``, 503 ``ready_queue_full``) stays as a coarse,
 independent limit on the stream's length (a learner that stopped acknowledging).
 
@@ -55,6 +60,8 @@ RETRY_AFTER_S = 5
 ADMISSION_RETRY_AFTER_S = 1
 POLL_S = 0.05
 WARN_EVERY_S = 10.0
+FINISHED_RETRY_AFTER_S = 10
+FINISHED_WARN_EVERY_S = 60.0
 
 
 class AdmissionGate:
@@ -102,6 +109,7 @@ class AdmissionGate:
         read (at most ``POLL_S`` old) may admit; holding or refusing needs a fresh one."""
         if not self.enabled:
             snap = await self.snapshot()
+            self._check_finished(snap, route)
             if self._ready_full(snap):
                 self._check_ready_queue(await self.snapshot(max_age_s=0.0), route)
             return False
@@ -111,6 +119,7 @@ class AdmissionGate:
             async with self._cond:
                 while True:
                     snap = await self.snapshot(max_age_s=0.0 if fresh else POLL_S)
+                    self._check_finished(snap, route)
                     if not self._ready_full(snap) and self._try(snap):
                         return True
                     if not fresh:
@@ -160,6 +169,21 @@ class AdmissionGate:
             code="too_many_groups_in_flight",
             headers={"Retry-After": str(ADMISSION_RETRY_AFTER_S)})
 
+    def _check_finished(self, snap: Snapshot, route: str) -> None:
+        """503 ``training_finished`` once the learner has met its goal (``finished`` in its
+        state, e.g. its target reward): a group started now would never be trained. Lifted
+        when a learner starts again (it publishes an empty ``finished``)."""
+        why = snap.learner.finished
+        if not why:
+            return
+        self.metrics.admission_refused.labels(route).inc()
+        self._warn(f"the learner finished training ({why}): refusing new groups on {route} "
+                   "until a learner starts again", every_s=FINISHED_WARN_EVERY_S)
+        raise APIError(503, f"the learner finished training ({why}); this server starts no "
+                            "new group until a learner starts again (then retry)",
+                       code="training_finished",
+                       headers={"Retry-After": str(FINISHED_RETRY_AFTER_S)})
+
     def _ready_full(self, snap: Snapshot) -> bool:
         return 0 < self.max_ready_groups <= snap.undelivered
 
@@ -179,9 +203,9 @@ class AdmissionGate:
                             "the learner is behind; retry later", code="ready_queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    def _warn(self, message: str) -> None:
+    def _warn(self, message: str, every_s: float = WARN_EVERY_S) -> None:
         now = time.monotonic()
-        if now - self._last_warning >= WARN_EVERY_S:  # every request is refused: log sparsely
+        if now - self._last_warning >= every_s:  # every request is refused: log sparsely
             self._last_warning = now
             log.warning("%s", message)
 

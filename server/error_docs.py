@@ -39,8 +39,9 @@ _WHY = {
     413: "Request body larger than max_body_bytes",
     422: "A field is missing or has a wrong type or value (details lists each field)",
     501: "Not supported by this server's configuration",
-    503: "Redis unreachable or out of memory, the engine unavailable, or the ready queue at "
-         "its bound: nothing was stored; retry after Retry-After",
+    503: "Redis unreachable or out of memory, the engine unavailable, the ready queue or the "
+         "groups in flight at their bound, or the learner finished training (a new group "
+         "only): nothing was stored; retry after Retry-After",
     504: "The weight transfer timed out",
 }
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from contract.admission import LearnerParams
-from contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys, as_str
+from contract.admission import LearnerParams, undelivered
+from contract.redis_schema import Keys, as_str
 
 log = logging.getLogger(__name__)
 PUBLISH_EVERY_S = 1.0
@@ -57,18 +57,6 @@ class Snapshot:
     def others(self) -> int:
         return (self.open + self.complete + self.undelivered + self.learner.training
                 + self.remote_pending)
-
-
-def _undelivered(groups: object, depth: int) -> int:
-    """The learner consumer group's lag (entries not yet delivered); the stream's length
-    when there is no such group (or Redis could not say)."""
-    if not isinstance(groups, list):
-        return depth
-    for g in groups:
-        if as_str(g.get("name")) == LEARNER_CONSUMER_GROUP:
-            lag = g.get("lag")
-            return int(lag) if lag is not None else depth
-    return depth
 
 
 class InFlightCounter:
@@ -99,7 +87,7 @@ class InFlightCounter:
             if gone:  # expired: that server stopped (or crashed)
                 await self.client.srem(k.admission_servers, *gone)
         return Snapshot(open=int(n_open), complete=int(n_complete),
-                        undelivered=_undelivered(groups, int(depth)), remote_pending=remote,
+                        undelivered=undelivered(groups, int(depth)), remote_pending=remote,
                         ready_depth=int(depth), learner=LearnerParams.from_hash(learner))
 
     async def publish(self, pending: int) -> None:

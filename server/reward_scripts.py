@@ -18,17 +18,20 @@ from __future__ import annotations
 from server.credit_lua import CREDIT_LUA
 from server.store_scripts import COMMON
 
-# end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now, in_set):
+# end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now, in_set,
+#           n_rewards, reward_sum):
 # publishes (XADD head + packed ids, the records' TTL removed) or drops the group, then the
 # bookkeeping: state, stream_id or drop_reason (and completed_at when now is given),
-# counters, SREM from the complete set (in_set), the group's keys, its rollout -> group
-# mappings and its unpublished records shortened to finished_ttl. A missing record (expired)
-# turns a publish into a drop (missing_rollouts). Returns {'published', sid} or {'dropped',
-# reason}. P: gk, lk, wk (the group's keys), counters, complete, stream, r_head, r_tail,
-# m_head, m_tail, ttl, head_field, ids_field.
+# counters, the finished-rewards totals (n_rewards > 0: what the group scored, published or
+# dropped; ``learner.target`` reads them), SREM from the complete set (in_set), the group's
+# keys, its rollout -> group mappings and its unpublished records shortened to finished_ttl.
+# A missing record (expired) turns a publish into a drop (missing_rollouts). Returns
+# {'published', sid} or {'dropped', reason}. P: gk, lk, wk (the group's keys), counters,
+# complete, stream, finished (the totals' hash), r_head, r_tail, m_head, m_tail, ttl,
+# head_field, ids_field.
 _END_GROUP = COMMON + """
 local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now,
-                         in_set)
+                         in_set, n_rewards, reward_sum)
   local rks, moved, sid = {}, {}, nil
   for i, rid in ipairs(ids) do rks[i] = P.r_head .. rid .. P.r_tail end
   if mode == 'publish' and (#rks == 0 or redis.call('EXISTS', unpack(rks)) < #rks) then
@@ -52,6 +55,13 @@ local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, 
     fields[5], fields[6] = 'completed_at', tostring(now)
   end
   redis.call('HSET', P.gk, unpack(fields))
+  -- pcall: a sum that is or would become infinite is refused by Redis; a raised error would
+  -- end the script half-way (its writes so far kept), so that group is left out of the totals
+  if n_rewards > 0 and type(redis.pcall('HINCRBYFLOAT', P.finished, 'sum', reward_sum))
+      ~= 'table' then
+    redis.call('HINCRBY', P.finished, 'groups', 1)
+    redis.call('HINCRBY', P.finished, 'rewards', n_rewards)
+  end
   if in_set then redis.call('SREM', P.complete, gid) end
   for _, rid in ipairs(all_rids) do
     if not moved[rid] then shorten(P.r_head .. rid .. P.r_tail, P.ttl) end
@@ -65,25 +75,27 @@ local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, 
 end
 """
 
-# KEYS: group, group rollouts, group rewards, complete set, counters, ready stream.
+# KEYS: group, group rollouts, group rewards, complete set, counters, ready stream, finished
+#       rewards (hash: groups, rewards, sum).
 # ARGV: group_id, mode (publish | drop), drop reason, finished_ttl, r_head, r_tail (rollout),
 #       m_head, m_tail (rollout->group), head (the record's bytes before the rollouts), ids
-#       (msgpack list of the rollout ids to publish), head field, ids field, then those ids.
+#       (msgpack list of the rollout ids to publish), head field, ids field, the number of
+#       final rewards and their sum (both 0 for a group without rewards), then those ids.
 # Ends a complete group exactly once (end_group): anything but 'complete' returns {} (another
 # finisher won, or the group moved on). Returns {'published', stream id} | {'dropped', reason}.
 PUBLISH_GROUP = _END_GROUP + """
 local st = redis.call('HMGET', KEYS[1], 'state', 'partial')
 if st[1] ~= 'complete' then return {} end
 local P = {gk = KEYS[1], lk = KEYS[2], wk = KEYS[3], complete = KEYS[4], counters = KEYS[5],
-  stream = KEYS[6], ttl = tonumber(ARGV[4]), r_head = ARGV[5], r_tail = ARGV[6],
-  m_head = ARGV[7], m_tail = ARGV[8], head_field = ARGV[11], ids_field = ARGV[12]}
+  stream = KEYS[6], finished = KEYS[7], ttl = tonumber(ARGV[4]), r_head = ARGV[5],
+  r_tail = ARGV[6], m_head = ARGV[7], m_tail = ARGV[8], head_field = ARGV[11], ids_field = ARGV[12]}
 local ids = {}
-for i = 13, #ARGV do ids[#ids + 1] = ARGV[i] end
+for i = 15, #ARGV do ids[#ids + 1] = ARGV[i] end
 return end_group(P, ARGV[1], ARGV[2], ARGV[3], ARGV[9], ids, ARGV[10],
-  redis.call('LRANGE', KEYS[2], 0, -1), st[2] == '1', nil, true)
+  redis.call('LRANGE', KEYS[2], 0, -1), st[2] == '1', nil, true, tonumber(ARGV[13]), ARGV[14])
 """
 
-# KEYS: counters, complete set, deadlines, ready stream.
+# KEYS: counters, complete set, deadlines, ready stream, finished rewards.
 # ARGV: m_head, m_tail (rollout->group), g_head, g_tail (group), w_head, w_tail (rewards),
 #       l_head, l_tail (group rollouts), r_head, r_tail (rollout), inline (1: publish the
 #       groups the Lua credit rule covers here), eps, scale (1/0), drop_zero_variance (1/0),
@@ -164,8 +176,9 @@ local function end_here(gid, gk, lk, wk, rids, now, items)
   local ids, rewards, has_tr, turns = outcome_entries(rids, vals)
   if not ids then return nil end
   local P = {gk = gk, lk = lk, wk = wk, complete = KEYS[2], counters = KEYS[1],
-    stream = KEYS[4], ttl = tonumber(ARGV[16]), r_head = ARGV[9], r_tail = ARGV[10],
-    m_head = ARGV[1], m_tail = ARGV[2], head_field = ARGV[17], ids_field = ARGV[18]}
+    stream = KEYS[4], finished = KEYS[5], ttl = tonumber(ARGV[16]), r_head = ARGV[9],
+    r_tail = ARGV[10], m_head = ARGV[1], m_tail = ARGV[2], head_field = ARGV[17],
+    ids_field = ARGV[18]}
   local mode, reason, head = 'publish', '', ''
   if #ids == 0 then
     mode, reason = 'drop', 'no_rewards'
@@ -178,8 +191,10 @@ local function end_here(gid, gk, lk, wk, rids, now, items)
         adv, has_tr, turns, ARGV[15])
     end
   end
+  local total = 0.0
+  for _, r in ipairs(rewards) do total = total + r end
   return end_group(P, gid, mode, reason, head, ids, mode == 'publish' and mp_ids(ids) or '',
-    rids, false, now, false)
+    rids, false, now, false, #rewards, string.format('%.17g', total))
 end
 
 local stored, now = 0, nil

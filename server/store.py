@@ -250,7 +250,7 @@ class RolloutStore:
             args += [rid, p]
         statuses, gids, completed = await self._run(
             self._rewards, [self.keys.counters, self.keys.complete, self.keys.deadlines,
-                            self.keys.ready_stream], args)
+                            self.keys.ready_stream, self.keys.finished_rewards], args)
         by_rid = {rid: (as_str(st), as_str(g) or None)
                   for rid, st, g in zip(packed, statuses, gids, strict=True)}
         done = {as_str(c[0]) for c in completed}

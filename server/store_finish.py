@@ -44,6 +44,7 @@ class Decision:
     head: bytes = b""  # the record up to the rollouts (publish)
     reason: str = ""  # why (drop)
     rollout_ids: list[str] = field(default_factory=list)  # rollouts to append, in order
+    rewards: list[float] = field(default_factory=list)  # the final rewards scored
 
 
 def ready_group_head(
@@ -128,12 +129,12 @@ def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decisio
     except ValueError:  # cannot happen for API-validated rewards; never block the sweeper
         return Decision("drop", reason="invalid_rewards")
     if config.drop_zero_variance and not credit.has_signal:
-        return Decision("drop", reason="zero_variance")
+        return Decision("drop", reason="zero_variance", rewards=rewards_G)
     head = ready_group_head(
         group_id, msgpack.unpackb(snap.metadata_raw), time.time(), rewards_G,
         credit.sequence_advantages.tolist(), turn_rewards_G,
         [a.tolist() for a in credit.turn_advantages], adv_config)
-    return Decision("publish", head=head, rollout_ids=rewarded)
+    return Decision("publish", head=head, rollout_ids=rewarded, rewards=rewards_G)
 
 
 def publish_call(keys: Keys, group_id: str, decision: Decision,
@@ -142,10 +143,11 @@ def publish_call(keys: Keys, group_id: str, decision: Decision,
     ``decision`` exactly once: the group must still be ``complete``; publishing XADDs the head
     and moves the rollout records to the entry's ready keys."""
     return ([keys.group(group_id), keys.group_rollouts(group_id), keys.group_rewards(group_id),
-             keys.complete, keys.counters, keys.ready_stream],
+             keys.complete, keys.counters, keys.ready_stream, keys.finished_rewards],
             [group_id, decision.mode, decision.reason, finished_ttl,
              *key_template(keys.rollout), *key_template(keys.rollout_group), decision.head,
              msgpack.packb(decision.rollout_ids), READY_HEAD_FIELD, READY_COUNT_FIELD,
+             len(decision.rewards), repr(float(sum(decision.rewards))),
              *decision.rollout_ids])
 
 

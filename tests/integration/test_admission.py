@@ -27,6 +27,7 @@ from contract.redis_schema import Keys
 from learner.config import LearnerConfig
 from learner.published import publish_state, state_fields
 from learner.reader import GroupReader
+from learner.target import groups_in_flight
 from server.inflight import PENDING_TTL_S, InFlightCounter
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, Served, running_server
@@ -67,12 +68,13 @@ def wait_until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> No
 
 
 def learner_publishes(redis_url: str, model: Path, *, max_staleness: int, groups_per_step: int,
-                      version: int = 0, training: int = 0) -> None:
+                      version: int = 0, training: int = 0, finished: str = "") -> None:
     """What the learner writes to ``Keys.learner_state`` (learner.published)."""
     cfg = LearnerConfig(model=str(model), redis_url=redis_url, max_staleness=max_staleness,
                         groups_per_step=groups_per_step)
     client = redis.Redis.from_url(redis_url)
-    publish_state(client, KEYS, state_fields(cfg, version, version, 0, training=training))
+    publish_state(client, KEYS, state_fields(cfg, version, version, 0, training=training,
+                                             finished=finished))
     client.close()
 
 
@@ -138,6 +140,40 @@ def test_refused_with_503_after_the_longest_hold_and_the_sdk_retries(
 
         opened = asyncio.run(main())
         assert len(opened["rollout_ids"]) == 2
+
+
+@pytest.mark.parametrize("admission", [True, False])
+def test_a_finished_learner_gets_no_new_group_and_its_groups_in_flight_finish(
+        tiny_model_dir: Path, redis_server: RedisServer, admission: bool) -> None:
+    """Once the learner met its target (``finished``, learner.target) every route that starts
+    a group answers 503 training_finished at once, with or without admission; rewards of the
+    groups in flight are still taken. The server records what every finished group scored,
+    equal-reward ones too (the target's measure), and the learner's synchronous in-flight count
+    agrees with the server's. A learner that starts again lifts the refusal."""
+    url = redis_server.url
+    with running_server(tiny_model_dir, url, admission=admission, admission_wait_s=120) as s:
+        first, second = sample(s), sample(s)
+        client = redis.Redis.from_url(url)
+        if admission:  # the server's published count of its requests lags by <= 1 s
+            assert gauge(s, "gspo_groups_in_flight") == 2
+            wait_until(lambda: groups_in_flight(client, KEYS) == 2, "the counts to agree")
+        learner_publishes(url, tiny_model_dir, max_staleness=2, groups_per_step=4,
+                          finished="target reward 0.8 reached at step 9")
+        for path, body in (("/v1/rollouts", ROLLOUT), ("/v1/groups", {"size": 2})):
+            r = post(s, path, body, timeout=10)  # at once, not after admission_wait_s
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "training_finished"
+            assert "reached at step 9" in r.json()["error"]["message"]
+            assert int(r.headers["Retry-After"]) >= 1
+        reward(s, first, [0.0, 1.0])  # published
+        reward(s, second, [1.0, 1.0])  # dropped: equal rewards
+        totals = client.hgetall(KEYS.finished_rewards)
+        assert totals == {b"groups": b"2", b"rewards": b"4", b"sum": b"3"}
+        wait_until(lambda: groups_in_flight(client, KEYS) == 1,  # published, not yet read
+                   "the published group alone in flight")
+        learner_publishes(url, tiny_model_dir, max_staleness=2, groups_per_step=4)
+        sample(s)  # a learner started again (``finished`` empty): new groups start
+        client.close()
 
 
 class _Coin(SingleTurnEnvironment):

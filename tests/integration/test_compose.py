@@ -485,3 +485,25 @@ def test_shipped_redis_refuses_clients_without_the_password(doc: dict[str, Any],
         proc.terminate()
         proc.wait(timeout=10)
 
+
+
+def test_cpu_learner_stops_at_the_demo_target_and_is_not_restarted(
+        raw: dict[str, Any], env_values: dict[str, str], clean_env: pytest.MonkeyPatch) -> None:
+    """The cpu profile trains the demo task until it is learned, at the reward `gspo up` stops
+    at (issue 15: past it, whole groups score alike and are dropped): exit 0 there must not be
+    restarted, and a new `up` resumes from the checkpoint. GSPO_TARGET_REWARD=0: no target."""
+    def cpu_learner(values: dict[str, str]) -> tuple[dict[str, Any], LearnerConfig]:
+        learner = roles_of(services_in(interpolate(raw, values), "cpu"))["learn"][1]
+        return learner, learner_config(learner)
+
+    learner, cfg = cpu_learner(env_values)
+    demo_target = parse_gspo(["up"])[1]["target_reward"]
+    assert cfg.target_reward == float(env_values["GSPO_TARGET_REWARD"]) == demo_target
+    assert learner["restart"] == "on-failure"  # exit 0 at the target: stays stopped
+    assert cfg.resume and cfg.save_dir is not None
+    env = roles_of(services_in(interpolate(raw, env_values), "cpu"))["env"][1]
+    assert env["restart"] == "on-failure"  # it waits (503 training_finished), never exits
+    _, off = cpu_learner({**env_values, "GSPO_TARGET_REWARD": "0"})
+    assert off.target_reward == 0.0  # learner.target: 0 is no target
+    with pytest.raises(Exception, match="target_reward"):
+        cpu_learner({**env_values, "GSPO_TARGET_REWARD": "-1"})

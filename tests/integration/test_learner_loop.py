@@ -233,3 +233,40 @@ def test_sigterm_finishes_the_step_checkpoints_and_acks(tiny_model_dir, redis_ur
     assert final is not None and final.state.step == steps[-1]  # checkpointed on the way out
     assert pending(client) == 0  # and acked
     assert int(client.hget(KEYS.learner_state, "step")) == steps[-1]
+
+
+def test_target_reward_stops_taking_groups_trains_those_in_flight_and_stops(
+        tiny_model_dir, redis_url, tmp_path, sampler):
+    """At the target (learner.target) the learner publishes ``finished`` (servers start no
+    new group), trains every group still in flight, checkpoints and returns; a learner started
+    again clears ``finished``. The totals are what the servers record per finished group."""
+    client = redis.Redis.from_url(redis_url)
+    published = publish(client, sampler, 6)
+    cfg = _cfg(tiny_model_dir, redis_url, tmp_path, target_reward=0.8, target_window=4,
+               max_steps=50, resume=True)
+    learner = Learner(cfg, client=client, sync=RecordingSync())  # baseline: no groups yet
+    # Groups the environment scored since: 8 groups of 2, mean 0.875 (trained or not).
+    client.hset(KEYS.finished_rewards, mapping={"groups": 8, "rewards": 16, "sum": 14.0})
+    state = learner.run()
+    # Step 1 met the target; the 4 groups still in flight were trained: 3 steps, not 50.
+    assert (state.step, state.groups_trained) == (3, 6)
+    assert pending(client) == 0  # checkpointed, then acked
+    why = client.hget(KEYS.learner_state, "finished").decode()
+    assert why == "target reward 0.8 reached at step 1"
+    steps = trained_history(tmp_path / "ck" / "metrics.jsonl")
+    assert sorted(g for s in steps for g in s["group_ids"]) == sorted(published)
+    assert steps[0]["env_reward"] == 0.875
+    Learner(cfg, client=client, sync=RecordingSync())  # started again: takes groups again
+    assert client.hget(KEYS.learner_state, "finished") == b""
+
+
+def test_below_the_target_the_learner_trains_on(tiny_model_dir, redis_url, tmp_path,
+                                                sampler):
+    client = redis.Redis.from_url(redis_url)
+    publish(client, sampler, 6)
+    learner = Learner(_cfg(tiny_model_dir, redis_url, tmp_path, target_reward=0.8,
+                           target_window=4, max_steps=3),
+                      client=client, sync=RecordingSync())
+    client.hset(KEYS.finished_rewards, mapping={"groups": 8, "rewards": 16, "sum": 12.0})
+    state = learner.run()
+    assert state.step == 3 and client.hget(KEYS.learner_state, "finished") == b""

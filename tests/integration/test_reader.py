@@ -49,6 +49,25 @@ def test_batches_come_in_order_and_shorter_on_timeout(redis_url: str, r: redis.R
     assert counter(r, "groups_acked") == 3
 
 
+def test_delivered_entries_are_reported_before_the_read_waits_for_more(
+        redis_url: str, r: redis.Redis) -> None:
+    """The learner publishes these counts as ``training`` (admission): a group that left the
+    stream must count as in flight at once, not only once the whole batch has arrived."""
+    reader = GroupReader(r)
+    publish(redis_url, ["g0"])
+    reported: list[tuple[int, int]] = []  # (count, groups in the stream still unread)
+
+    def on_delivered(n: int) -> None:
+        info = r.xinfo_groups(KEYS.ready_stream)[0]
+        reported.append((n, int(info["lag"])))
+        if len(reported) == 1:  # the second group arrives while the read waits for it
+            threading.Thread(target=publish, args=(redis_url, ["g1"])).start()
+
+    batch = reader.read_batch(2, current_version=0, timeout_s=60, on_delivered=on_delivered)
+    assert [g.group_id for g in batch.groups] == ["g0", "g1"]
+    assert reported == [(1, 0), (2, 0)]
+
+
 def test_blocking_read_gets_groups_published_meanwhile(redis_url: str, r: redis.Redis) -> None:
     reader = GroupReader(r)
     t = threading.Thread(target=publish, args=(redis_url, ["late0", "late1"]))
@@ -163,8 +182,8 @@ def test_memory_is_bounded_after_a_full_cycle(redis_url: str, r: redis.Redis) ->
     assert all(0 < r.ttl(k) <= KEEP_TRAINED_S for k in records)  # expiring with their entries
     for key in r.scan_iter("*"):
         name = key.decode()
-        if name in (KEYS.counters, KEYS.ready_stream):
-            continue
+        if name in (KEYS.counters, KEYS.finished_rewards, KEYS.ready_stream):
+            continue  # fixed-size totals, and the stream
         assert r.ttl(name) > 0, f"{name} has no TTL"
 
 

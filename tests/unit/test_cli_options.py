@@ -27,7 +27,8 @@ LEARN_FLAGS = [
     "--old-logprobs", "--is-weight-cap", "--max-staleness", "--groups-per-step",
     "--minibatches", "--micro-batch-tokens", "--lr", "--weight-decay", "--grad-clip",
     "--warmup-steps", "--save-dir", "--save-every", "--keep-last", "--resume", "--sync-every",
-    "--weight-sync", "--max-steps", "--read-timeout-s", "--device", "--data-parallel", "--seed",
+    "--weight-sync", "--max-steps", "--target-reward", "--target-window",
+    "--drain-timeout-s", "--read-timeout-s", "--device", "--data-parallel", "--seed",
     "--metrics-jsonl", "--tensorboard-dir", "--log-level"]
 
 
