@@ -71,9 +71,7 @@ from learner.metrics import (
     fates_line,
     group_fates,
     read_drop_counters,
-    reward_stats,
-    staleness_histogram,
-    trained_fractions,
+    step_fields,
 )
 from learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
 from learner.protocol import Gather, Idle, Resume, Stop, Train, send
@@ -115,18 +113,7 @@ class Learner:
         ckpt = checkpoint_to_resume(config)
         if dist is not None:  # the other ranks load the same weights and optimiser state
             send(dist, Resume(str(ckpt.path) if ckpt is not None else None))
-        seed_everything(config.seed)
-        source = ckpt.path if ckpt is not None else Path(config.model)
-        self.tokenizer_src = source
-        self.policy = load_policy(source, config, dist)
-        self.sharded = dist is not None and dist.fsdp
-        # FSDP2: the unsharded CPU copy that pushes and checkpoints read (learner.fsdp).
-        self.host: torch.nn.Module | None = None
-        if self.sharded:
-            from learner.fsdp import load_host_copy
-
-            self.host = load_host_copy(source)
-        self.trainer = Trainer(self.policy, config, advantage_fn, dist=dist)
+        self._load_model(ckpt.path if ckpt is not None else Path(config.model), advantage_fn)
         self.step, self.version, self.groups_trained = 0, 0, 0
         self.pending_ack: list[str] = []
         # Acked after a checkpoint; acked again after a Redis outage (AOF may lose ~1 s).
@@ -155,6 +142,20 @@ class Learner:
                             "checkpoint": str(ckpt.path) if ckpt else None})
 
     # ---------------------------------------------------------------- start-up
+
+    def _load_model(self, source: Path, advantage_fn: AdvantageFn | None) -> None:
+        """Seed, load the policy from ``source`` (a checkpoint or the model) and build the
+        trainer; under FSDP2 also the unsharded CPU copy that pushes and checkpoints read."""
+        seed_everything(self.config.seed)
+        self.tokenizer_src = source
+        self.policy = load_policy(source, self.config, self.dist)
+        self.sharded = self.dist is not None and self.dist.fsdp
+        self.host: torch.nn.Module | None = None
+        if self.sharded:
+            from learner.fsdp import load_host_copy
+
+            self.host = load_host_copy(source)
+        self.trainer = Trainer(self.policy, self.config, advantage_fn, dist=self.dist)
 
     def _restore(self, ckpt: Checkpoint) -> None:
         state = ckpt.trainer_state(map_location="cpu" if self.sharded else self.policy.device)
@@ -397,18 +398,11 @@ class Learner:
             dropped = {}
         return {
             "event": "step", "run_id": self.run_id, "step": self.step,
-            "version": self.version, "time": time.time(), "groups": len(batch.groups),
-            **reward_stats(batch.groups), **metrics,
-            "time_compute_s": metrics["compute_s"], **times,
-            "staleness": staleness_histogram(batch.staleness),
-            "dropped": dropped, "dropped_stale_step": batch.dropped_stale,
-            "groups_trained_total": self.groups_trained,
-            **trained_fractions(self.groups_trained, dropped),
-            "dropped_invalid_step": invalid, "reclaimed": batch.reclaimed,
+            "version": self.version, "time": time.time(),
+            **step_fields(batch, metrics, times, dropped, self.groups_trained, invalid),
             "sync_ok": getattr(self, "_last_sync_ok", True),
             "registry_rejected": self.healer.rejected if self.healer else 0,
             **self.progress.progressed(),
-            "group_ids": [g.group_id for g in batch.groups], "entry_ids": batch.entry_ids,
         }
 
 

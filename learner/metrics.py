@@ -33,11 +33,14 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from contract.redis_schema import Keys, ReadyGroup, as_str
+
+if TYPE_CHECKING:
+    from learner.reader import Batch
 
 log = logging.getLogger(__name__)
 
@@ -236,3 +239,18 @@ def trained_history(jsonl_path: Path) -> list[dict[str, Any]]:
             elif "step" in rec and rec.get("event", "step") == "step":
                 history.append(rec)
     return history
+
+
+def step_fields(batch: Batch, metrics: dict[str, float], times: dict[str, float],
+                dropped: dict[str, int], groups_trained: int, invalid: int) -> dict[str, Any]:
+    """The fields of a step's record that describe its batch and the run's group fates."""
+    return {
+        "groups": len(batch.groups), **reward_stats(batch.groups), **metrics,
+        "time_compute_s": metrics["compute_s"], **times,
+        "staleness": staleness_histogram(batch.staleness),
+        "dropped": dropped, "dropped_stale_step": batch.dropped_stale,
+        "groups_trained_total": groups_trained,
+        **trained_fractions(groups_trained, dropped),
+        "dropped_invalid_step": invalid, "reclaimed": batch.reclaimed,
+        "group_ids": [g.group_id for g in batch.groups], "entry_ids": batch.entry_ids,
+    }
