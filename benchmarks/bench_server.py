@@ -108,7 +108,7 @@ def http_server(model: Path, redis_url: str, args: argparse.Namespace
     cmd = [sys.executable, "-m", "gspo.cli", "serve", "--model", str(model), "--port",
            str(port), "--redis-url", redis_url, "--max-tokens", str(2 * args.max_tokens),
            "--max-batch-size", str(args.max_batch_size), "--device", args.device,
-           "--log-level", "warning"]
+           "--log-level", "warning", "--no-admission"]  # no learner: nothing is trained
     env = {**os.environ, "GSPO_API_KEY": API_KEY}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"

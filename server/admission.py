@@ -23,7 +23,10 @@ with 503 ``too_many_groups_in_flight`` and ``Retry-After``. Routes that start a 
 ``POST /v1/completions``, ``/v1/rollouts``, ``/v1/chat/completions`` without a
 ``rollout_id``, ``POST /v1/groups``. Work already accepted (rewards, turns of open episodes) is
 never held. Several servers read the same facts; two admitting at the same instant can
-overshoot the bound by one group each (the count is re-read every ``POLL_S``).
+overshoot the bound by one group each (the count is re-read every ``POLL_S``). Concurrent
+requests share one read of the facts (``AdmissionGate.snapshot``): a burst of 32 costs one
+round of Redis calls, not 32; a read begun before one of this server's groups left is not
+reused.
 
 A learner that has met its goal (``finished`` in its state: e.g. its target reward,
 ``learner.target``) trains no new group: every route that starts one answers 503
@@ -78,17 +81,35 @@ class AdmissionGate:
         self.server_version = server_version
         self.local = 0  # admitted here, request still being served
         self._snap: Snapshot | None = None
-        self._snap_at = -math.inf
-        self._cond = asyncio.Condition()
+        self._snap_at = -math.inf  # when the cached read started
+        self._gen = 0  # bumped by ``release``: reads started before it are out of date
+        self._snap_gen = -1
+        self._reading: asyncio.Future[Snapshot] | None = None  # the shared read under way
+        self._reading_gen = -1
+        self._changed = asyncio.Event()  # set (and replaced) when one of our groups leaves
         self._last_warning = -WARN_EVERY_S
 
     async def snapshot(self, max_age_s: float = POLL_S) -> Snapshot:
-        """The in-flight facts, re-read when older than ``max_age_s``."""
-        if self._snap is None or time.monotonic() - self._snap_at > max_age_s:
-            self._snap = await self.counter.read()
-            self._snap_at = time.monotonic()
-            self.metrics.ready_queue_depth.set(self._snap.ready_depth)
-        return self._snap
+        """The in-flight facts, re-read when older than ``max_age_s`` or read before the
+        last ``release``. Concurrent callers share one read (a burst of requests costs one
+        round of Redis calls, not one each); ``max_age_s=0`` always starts its own."""
+        now = time.monotonic()
+        if (self._snap is not None and self._snap_gen == self._gen
+                and now - self._snap_at <= max_age_s):
+            return self._snap
+        task = self._reading
+        if max_age_s <= 0 or task is None or task.done() or self._reading_gen != self._gen:
+            task = asyncio.ensure_future(self._read(self._gen, now))
+            task.add_done_callback(_retrieve)  # its callers may all have left
+            self._reading, self._reading_gen = task, self._gen
+        return await asyncio.shield(task)  # a cancelled caller does not cancel the others'
+
+    async def _read(self, gen: int, started: float) -> Snapshot:
+        snap = await self.counter.read()
+        if started >= self._snap_at:  # a newer read may have finished first
+            self._snap, self._snap_at, self._snap_gen = snap, started, gen
+            self.metrics.ready_queue_depth.set(snap.ready_depth)
+        return snap
 
     async def refresh_gauges(self) -> None:
         """Re-read the facts and set the gauges (``/metrics``)."""
@@ -116,25 +137,26 @@ class AdmissionGate:
         deadline = time.monotonic() + self.wait_s
         held, fresh = False, False
         try:
-            async with self._cond:
-                while True:
-                    snap = await self.snapshot(max_age_s=0.0 if fresh else POLL_S)
-                    self._check_finished(snap, route)
-                    if not self._ready_full(snap) and self._try(snap):
-                        return True
-                    if not fresh:
-                        fresh = True
-                        continue
-                    self._check_ready_queue(snap, route)
-                    if not held:
-                        held = True
-                        self.metrics.admission_held.inc()
-                        self.metrics.admission_waited.inc()
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise self._refuse(snap, route)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._cond.wait(), min(POLL_S, remaining))
+            while True:
+                changed = self._changed
+                snap = await self.snapshot(max_age_s=0.0 if fresh else POLL_S)
+                self._check_finished(snap, route)
+                # _try is synchronous: count and decision cannot interleave with another's
+                if not self._ready_full(snap) and self._try(snap):
+                    return True
+                if not fresh:
+                    fresh = True
+                    continue
+                self._check_ready_queue(snap, route)
+                if not held:
+                    held = True
+                    self.metrics.admission_held.inc()
+                    self.metrics.admission_waited.inc()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._refuse(snap, route)
+                with contextlib.suppress(TimeoutError):  # woken by a release, or re-polls
+                    await asyncio.wait_for(changed.wait(), min(POLL_S, remaining))
         finally:
             if held:
                 self.metrics.admission_held.dec()
@@ -151,10 +173,10 @@ class AdmissionGate:
 
     async def release(self) -> None:
         """An admitted request ended: its group is in Redis now (or never will be)."""
-        async with self._cond:
-            self.local = max(0, self.local - 1)
-            self._snap_at = -math.inf  # its group moved into the facts: read them again
-            self._cond.notify_all()
+        self.local = max(0, self.local - 1)
+        self._gen += 1  # its group moved into the facts: read them again
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def _refuse(self, snap: Snapshot, route: str) -> APIError:
         self.metrics.admission_refused.labels(route).inc()
@@ -208,6 +230,11 @@ class AdmissionGate:
         if now - self._last_warning >= every_s:  # every request is refused: log sparsely
             self._last_warning = now
             log.warning("%s", message)
+
+
+def _retrieve(task: asyncio.Future[Snapshot]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def admit_new_group(request: Request) -> AsyncIterator[None]:

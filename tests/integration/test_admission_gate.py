@@ -1,0 +1,90 @@
+"""The admission gate's own mechanics against a real Redis (server.admission): a burst of
+requests shares one read of the facts, a read started before a release is not reused, and a
+held request that is cancelled (its client left) leaves the gate as it found it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from contract.redis_schema import Keys
+from learner.config import LearnerConfig
+from learner.published import publish_state, state_fields
+from server.admission import AdmissionGate
+from server.inflight import InFlightCounter
+from server.metrics import ServerMetrics
+from server.settings import ServerSettings
+from tests.conftest import RedisServer
+
+KEYS = Keys()
+
+
+class CountingCounter(InFlightCounter):
+    """The real counter, counting its reads."""
+
+    reads = 0
+
+    async def read(self):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return await super().read()
+
+
+def _gate(url: str, model: Path, admission_wait_s: float = 30.0
+          ) -> tuple[AdmissionGate, CountingCounter, ServerMetrics]:
+    settings = ServerSettings(model=str(model), redis_url=url, admission=True,
+                              admission_wait_s=admission_wait_s)
+    counter = CountingCounter(aioredis.Redis.from_url(url), KEYS, "gate-test")
+    metrics = ServerMetrics()
+    return AdmissionGate(counter, settings, metrics, lambda: 0), counter, metrics
+
+
+def _bound_one(url: str, model: Path) -> None:
+    cfg = LearnerConfig(model=str(model), redis_url=url, max_staleness=0, groups_per_step=1)
+    client = redis.Redis.from_url(url)
+    publish_state(client, KEYS, state_fields(cfg, 0, 0, 0))
+    client.close()
+
+
+def test_a_burst_shares_one_read_and_a_release_forces_a_new_one(
+        tiny_model_dir: Path, redis_server: RedisServer) -> None:
+    async def go() -> None:
+        gate, counter, _ = _gate(redis_server.url, tiny_model_dir)
+        snaps = await asyncio.gather(*(gate.snapshot() for _ in range(32)))
+        assert counter.reads == 1 and all(s is snaps[0] for s in snaps)
+        await gate.snapshot()  # cached
+        assert counter.reads == 1
+        await gate.release()  # a group left: the cached facts are out of date
+        await gate.snapshot()
+        assert counter.reads == 2
+        await gate.snapshot(max_age_s=0.0)  # fresh: always its own read
+        assert counter.reads == 3
+    asyncio.run(go())
+
+
+def test_a_cancelled_held_request_leaves_the_gate_as_it_found_it(
+        tiny_model_dir: Path, redis_server: RedisServer) -> None:
+    _bound_one(redis_server.url, tiny_model_dir)  # max_staleness 0 x 1 group: bound 1
+
+    async def go() -> None:
+        gate, _, metrics = _gate(redis_server.url, tiny_model_dir)
+        assert await gate.admit("/v1/rollouts") is True  # the one group the bound allows
+        held = asyncio.ensure_future(gate.admit("/v1/rollouts"))
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if metrics.admission_held._value.get() == 1:
+                break
+        assert metrics.admission_held._value.get() == 1 and not held.done()
+        held.cancel()  # its client left
+        with pytest.raises(asyncio.CancelledError):
+            await held
+        assert metrics.admission_held._value.get() == 0 and gate.local == 1
+        waiting = asyncio.ensure_future(gate.admit("/v1/rollouts"))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await gate.release()  # the first group ends: the waiting request gets its place
+        assert await asyncio.wait_for(waiting, 10) is True and gate.local == 1
+    asyncio.run(go())
