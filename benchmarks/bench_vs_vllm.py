@@ -53,6 +53,7 @@ from benchmarks.lib.vllm_servers import (  # noqa: E402
     ours,
     redis_server,
     vllm_server,
+    wait_up,
 )
 
 WORDS = ["alpha", "beta", "gamma", "delta", "seven", "ninety", "apple", "river", "stone",
@@ -274,9 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         model = make_tiny_model(work / "model", num_layers=args.layers,
                                 hidden_size=args.hidden)
         redis_url = stack.enter_context(redis_server(work))
-        servers = [stack.enter_context(ours(model, redis_url, args, work / "ours.log")),
+        # both start at once (their start-ups overlap), then both must answer
+        servers = [stack.enter_context(ours(model, redis_url, args, work / "ours.log",
+                                            wait=False)),
                    stack.enter_context(vllm_server(model, args, work / "vllm.log",
-                                                   fixed=args.vllm_fixed))]
+                                                   fixed=args.vllm_fixed, wait=False))]
+        for server in servers:
+            wait_up(server)
         print(f"both servers up; model {args.layers} layers x {args.hidden} hidden, float32; "
               f"max_tokens {args.max_tokens}, {args.rounds} rounds x {args.waves} waves",
               flush=True)

@@ -60,14 +60,16 @@ def _get_ok(url: str) -> bool:
 
 @contextmanager
 def process_group(cmd: list[str], what: str, ready_url: str, env: dict[str, str],
-                  log: Path) -> Iterator[subprocess.Popen]:
+                  log: Path, wait: bool = True) -> Iterator[subprocess.Popen]:
     """``cmd`` in its own process group (its children too), logging to ``log``, yielded once
-    ``ready_url`` answers 200; stopped as a group (SIGTERM, then SIGKILL after 60 s)."""
+    ``ready_url`` answers 200 (``wait=False``: at once; see ``wait_up``); stopped as a group
+    (SIGTERM, then SIGKILL after 60 s)."""
     with log.open("wb") as sink:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own group: vLLM's children too
         try:
-            _wait(lambda: _get_ok(ready_url), proc, what, START_TIMEOUT_S, log)
+            if wait:
+                _wait(lambda: _get_ok(ready_url), proc, what, START_TIMEOUT_S, log)
             yield proc
         finally:
             if proc.poll() is None:
@@ -164,7 +166,8 @@ def engine_env() -> dict[str, str]:
 
 
 @contextmanager
-def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path) -> Iterator[Server]:
+def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path,
+         wait: bool = True) -> Iterator[Server]:
     port = free_port()
     cmd = [sys.executable, "-m", "gspo.cli", "serve", "--engine", "vllm", "--model", str(model),
            "--served-model-name", MODEL_NAME, "--port", str(port), "--redis-url", redis_url,
@@ -175,13 +178,13 @@ def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path) -> It
     env = {**engine_env(), "GSPO_API_KEY": API_KEY, "GSPO_MAX_READY_GROUPS": "0",
            "GSPO_ADMISSION": "false"}
     url = f"http://127.0.0.1:{port}"
-    with process_group(cmd, "gspo serve", f"{url}/health", env, log) as proc:
+    with process_group(cmd, "gspo serve", f"{url}/health", env, log, wait) as proc:
         yield Server("ours", url, proc, log)
 
 
 @contextmanager
 def vllm_server(model: Path, args: argparse.Namespace, log: Path,
-                fixed: bool = False) -> Iterator[Server]:
+                fixed: bool = False, wait: bool = True) -> Iterator[Server]:
     """vLLM's own server; ``fixed``: with our CPU worker (``--worker-cls``), which keeps
     seeded requests alive through chunked prefill (``server.engines.vllm_cpu_worker``)."""
     port = free_port()
@@ -195,7 +198,8 @@ def vllm_server(model: Path, args: argparse.Namespace, log: Path,
     if fixed:
         cmd += ["--worker-cls", cpu_worker_cls()]
     url = f"http://127.0.0.1:{port}"
-    with process_group(cmd, "vLLM's api_server", f"{url}/health", engine_env(), log) as proc:
+    with process_group(cmd, "vLLM's api_server", f"{url}/health", engine_env(), log,
+                       wait) as proc:
         yield Server("vLLM", url, proc, log, fixed=fixed)
 
 
@@ -248,3 +252,9 @@ class LeanClient:
         if self.conn is not None:
             self.conn[1].close()
             self.conn = None
+
+
+def wait_up(server: Server) -> None:
+    """Wait until a server started with ``wait=False`` answers ``/health`` with 200."""
+    _wait(lambda: _get_ok(f"{server.url}/health"), server.proc, server.name,
+          START_TIMEOUT_S, server.log)
