@@ -4,10 +4,13 @@ A sampling request can hold the engine for minutes (64 samples of 2,000 tokens);
 disconnects (a timeout, a killed environment) nobody will read the samples or post their
 rewards, so the decoding is wasted and the group it would record only expires. This pure ASGI
 middleware watches the connection once the request body has been read: on
-``http.disconnect`` before the response has started, it cancels the request's task. The
-cancellation reaches the engine's ``generate`` (the hf engine drops the rows before its next
-step, vLLM's ``AsyncLLM.generate`` aborts the request on cancellation), and since rollouts are
-written to Redis only after generation, nothing is recorded for the request.
+``http.disconnect`` before the response has started, or while a streamed response
+(``text/event-stream``, ``server.streaming``) is still being sent, it cancels the request's
+task. The
+cancellation reaches the engine's ``generate`` / ``generate_stream`` (the hf engine drops the
+rows before its next step, vLLM's ``AsyncLLM.generate`` aborts the request on cancellation),
+and since rollouts are written to Redis only after generation (streamed: after every sample
+ended, before the final chunks), nothing is recorded for the request.
 
 Only the routes in ``paths`` are watched (the sampling routes): a reward post is short and must
 finish once it has started (its write is atomic anyway). Cancelled requests are counted in
@@ -42,7 +45,7 @@ class CancelOnDisconnectMiddleware:
             await self.app(scope, receive, send)
             return
         body_read = asyncio.Event()
-        response_started = False
+        response_started = streaming = response_sent = False
 
         async def tracked_receive() -> Message:
             message = await receive()
@@ -51,9 +54,14 @@ class CancelOnDisconnectMiddleware:
             return message
 
         async def tracked_send(message: Message) -> None:
-            nonlocal response_started
-            if message["type"] == "http.response.start":
+            nonlocal response_started, streaming, response_sent
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                response_sent = True  # the server reports a disconnect after this: not one
+            elif message["type"] == "http.response.start":
                 response_started = True
+                streaming = any(k.lower() == b"content-type"
+                                and v.startswith(b"text/event-stream")
+                                for k, v in message.get("headers", ()))
             await send(message)
 
         handler = asyncio.create_task(self.app(scope, tracked_receive, tracked_send))
@@ -63,7 +71,8 @@ class CancelOnDisconnectMiddleware:
             # The handler does not read again once the body is in: the next message the
             # server delivers is the disconnect (or nothing until the response is done).
             message = await receive()
-            if message["type"] == "http.disconnect" and not response_started:
+            if message["type"] == "http.disconnect" and not response_sent and (
+                    streaming or not response_started):
                 scope[DISCONNECTED_KEY] = True
                 log.info("client left %s before its response: its generation is aborted",
                          scope["path"])

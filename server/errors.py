@@ -204,18 +204,41 @@ async def _http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     return APIError(exc.status_code, message, headers=exc.headers).response()
 
 
+def _redis_down_error() -> APIError:
+    return APIError(503, "the queue (Redis) is unavailable; nothing was stored, retry later",
+                    code="redis_unavailable", headers={"Retry-After": "1"})
+
+
+def _redis_oom_error() -> APIError:
+    return APIError(503, "the queue (Redis) is out of memory and refuses writes; nothing was "
+                         "stored, retry later", code="redis_out_of_memory",
+                    headers={"Retry-After": "5"})
+
+
+def api_error_of(exc: BaseException) -> APIError:
+    """The ``APIError`` an exception renders as, as the handlers below render it (for a
+    response that has already started: ``server.stream_group`` sends it as an SSE event)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, StoreError):
+        return store_api_error(exc)
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return _redis_oom_error()
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError
+                  | redis.exceptions.BusyLoadingError):
+        return _redis_down_error()
+    return APIError(500, "internal server error", code="internal_error")
+
+
 async def _redis_down_handler(request: Request, exc: Exception) -> JSONResponse:
     logger.warning("redis unavailable during %s %s: %s", request.method, request.url.path, exc)
-    return APIError(503, "the queue (Redis) is unavailable; nothing was stored, retry later",
-                    code="redis_unavailable", headers={"Retry-After": "1"}).response()
+    return _redis_down_error().response()
 
 
 async def _redis_oom_handler(request: Request, exc: Exception) -> JSONResponse:
     logger.warning("redis refused a write (out of memory) during %s %s: %s", request.method,
                    request.url.path, exc)
-    return APIError(503, "the queue (Redis) is out of memory and refuses writes; nothing was "
-                         "stored, retry later", code="redis_out_of_memory",
-                    headers={"Retry-After": "5"}).response()
+    return _redis_oom_error().response()
 
 
 async def _unexpected_handler(request: Request, exc: Exception) -> JSONResponse:

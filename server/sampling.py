@@ -152,27 +152,41 @@ def plan_generation(
                           metadata=dict(body.metadata or {}), route=route)
 
 
-async def generate_n(engine: Engine, plan: GenerationPlan) -> list[Completion]:
-    """The plan's n samples, concurrently (the engine batches them). With a seed, sample i
-    uses seed + i. If one fails, the others are cancelled."""
-    params = [plan.params if plan.params.seed is None
-              else dataclasses.replace(plan.params, seed=plan.params.seed + i)
-              for i in range(plan.n)]
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(engine.generate(plan.prompt_token_ids, p))
-                     for p in params]
-    except* ValueError as eg:  # the engine refused the request: a check above missed it
-        raise APIError(400, f"the engine refused the request: {eg.exceptions[0]}",
-                       code="invalid_request") from eg
-    except* RuntimeError as eg:  # the engine is stopped or its scheduler failed
-        raise APIError(503, f"the engine cannot generate: {eg.exceptions[0]}",
-                       code="engine_unavailable", headers={"Retry-After": "1"}) from eg
-    completions = [t.result() for t in tasks]
+def sample_params(plan: GenerationPlan) -> list[SamplingParams]:
+    """Each sample's parameters: with a seed, sample i uses seed + i."""
+    return [plan.params if plan.params.seed is None
+            else dataclasses.replace(plan.params, seed=plan.params.seed + i)
+            for i in range(plan.n)]
+
+
+def engine_error(exc: BaseException) -> BaseException:
+    """What an engine failure of ``generate`` becomes for the client (anything else: itself)."""
+    if isinstance(exc, ValueError):  # the engine refused the request: a check above missed it
+        return APIError(400, f"the engine refused the request: {exc}", code="invalid_request")
+    if isinstance(exc, RuntimeError):  # the engine is stopped or its scheduler failed
+        return APIError(503, f"the engine cannot generate: {exc}", code="engine_unavailable",
+                        headers={"Retry-After": "1"})
+    return exc
+
+
+def check_not_aborted(completions: list[Completion]) -> None:
     if any(c.finish_reason == "abort" for c in completions):
         raise APIError(503, "generation was aborted (the engine is shutting down or "
                             "restarting); nothing was recorded, retry",
                        code="generation_aborted", headers={"Retry-After": "1"})
+
+
+async def generate_n(engine: Engine, plan: GenerationPlan) -> list[Completion]:
+    """The plan's n samples, concurrently (the engine batches them). With a seed, sample i
+    uses seed + i. If one fails, the others are cancelled."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(engine.generate(plan.prompt_token_ids, p))
+                     for p in sample_params(plan)]
+    except* (ValueError, RuntimeError) as eg:
+        raise engine_error(eg.exceptions[0]) from eg
+    completions = [t.result() for t in tasks]
+    check_not_aborted(completions)
     return completions
 
 
@@ -203,8 +217,15 @@ async def sample_group(engine: Engine, store: RolloutStore, plan: GenerationPlan
     """Samples the plan, records the group and its rollouts, returns them."""
     start = time.perf_counter()
     completions = await generate_n(engine, plan)
-    metrics.generation_latency.labels(plan.route).observe(time.perf_counter() - start)
-    group_id = uuid.uuid4().hex
+    return await record_samples(store, plan, completions, metrics, server_id,
+                                group_id=uuid.uuid4().hex, started=start)
+
+
+async def record_samples(store: RolloutStore, plan: GenerationPlan,
+                         completions: list[Completion], metrics: ServerMetrics,
+                         server_id: str, *, group_id: str, started: float) -> GroupResult:
+    """Records finished samples as group ``group_id`` (streamed or not: the same record)."""
+    metrics.generation_latency.labels(plan.route).observe(time.perf_counter() - started)
     samples = [Sample(rollout_id=uuid.uuid4().hex, completion=c) for c in completions]
     record_meta = {"server_id": server_id, "route": plan.route}
     await store.record_group(group_id, plan.n, plan.metadata,

@@ -19,6 +19,7 @@ from server.engines.base import Completion, Engine
 from server.episodes import episode_turn
 from server.metrics import ServerMetrics
 from server.sampling import (
+    GenerationPlan,
     GroupResult,
     check_model,
     first_version,
@@ -48,13 +49,19 @@ class SamplingService:
         """EOS and end-of-turn ids (``server.chat.end_token_ids``)."""
         return end_token_ids(self.tokenizer)
 
-    async def sample(self, body: SamplingFields, prompt_ids: list[int], *,
-                     max_tokens: int | None, top_logprobs: int, route: str) -> GroupResult:
-        """Plans ``body``'s generation over ``prompt_ids``, samples it, records the group."""
-        plan = plan_generation(
+    def plan(self, body: SamplingFields, prompt_ids: list[int], *, max_tokens: int | None,
+             top_logprobs: int, route: str) -> GenerationPlan:
+        """Checks ``body``'s limits and plans its generation over ``prompt_ids``."""
+        return plan_generation(
             body, prompt_token_ids=prompt_ids, max_tokens=max_tokens,
             top_logprobs=top_logprobs, stop_token_ids=self.stop_token_ids(),
             engine=self.engine, settings=self.settings, route=route)
+
+    async def sample(self, body: SamplingFields, prompt_ids: list[int], *,
+                     max_tokens: int | None, top_logprobs: int, route: str) -> GroupResult:
+        """Plans ``body``'s generation over ``prompt_ids``, samples it, records the group."""
+        plan = self.plan(body, prompt_ids, max_tokens=max_tokens, top_logprobs=top_logprobs,
+                         route=route)
         return await sample_group(self.engine, self.store, plan, self.metrics,
                                   self.settings.server_id)
 

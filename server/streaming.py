@@ -1,23 +1,31 @@
-"""``stream: true`` on chat and completions: the response as OpenAI server-sent events.
+"""``stream: true`` on chat and completions: OpenAI server-sent events, sent as generated.
 
-A streamed request runs exactly the pipeline of a non-streamed one (sample the group, record
-it in Redis, build the response object); only then is that response sent as SSE chunks
-(``data: {json}\\n\\n`` ... ``data: [DONE]\\n\\n``). Buffering the group before the first byte
-keeps three properties the RL side needs:
+New groups stream incrementally (``server.stream_group`` runs the group; the views here decide
+what each chunk says). What is sent before the end is always a prefix of the non-streamed
+response (``server.stream_text``), so joining the deltas gives the non-streamed message:
 
-- a streamed completion is recorded exactly as a non-streamed one (same code, same record);
-- every error (validation, limits, engine, Redis) is still a JSON 4xx/5xx, since nothing has
-  been sent when it is raised;
-- a client that leaves during generation still cancels the decoding
-  (``server.disconnect`` only cancels before the response has started).
+- chat: a first chunk per choice with ``delta.role`` (and ``content: ""`` when no parser can
+  claim text); then chunks with ``content`` / ``reasoning_content`` deltas as tokens come.
+  Reasoning is streamed through the reasoning parser's rule (``stable_split``). With ``tools``
+  in the request (tool_choice not ``none``) the content is held back to the final chunk: the
+  tool-call parser may claim any of it (Hermes blocks sit anywhere in the text; a malformed
+  call leaves the whole text content), so the final chunk carries the content and
+  ``tool_calls`` whole (``index`` per call), as a non-streamed response says them;
+- completions: chunks with ``text`` deltas;
+- ``logprobs`` (when asked) ride on the chunk that first reports their tokens, so a client
+  that joins them gets the non-streamed list (chat ``logprobs.content``; completions'
+  ``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset`` from the completion's
+  start); a chunk may carry log-probabilities of tokens whose text is still held back;
+- the final chunk of each choice, sent once the group is recorded: the rest of the text,
+  ``finish_reason`` and the RL extension fields (``rollout_id``, ``token_ids``,
+  ``prompt_token_ids``, ``policy_version``, ``policy_versions``);
+- with ``stream_options.include_usage`` every chunk has ``usage: null`` and one last chunk
+  with empty ``choices`` carries the usage, as OpenAI sends it. Every chunk carries the
+  top-level ``group_id`` extension; ``[DONE]`` ends the stream.
 
-Chunks per choice (chat): one with ``delta.role``, then the final one carrying the content
-(``content``, ``reasoning_content``, ``tool_calls`` with their ``index``), ``logprobs`` when
-asked, ``finish_reason`` and the RL extension fields (``rollout_id``, ``token_ids``,
-``prompt_token_ids``, ``policy_version``, ``policy_versions``). Completions: one chunk per
-choice with the text and the same fields. With ``stream_options.include_usage`` every chunk
-has ``usage: null`` and one last chunk with empty ``choices`` carries the usage, as OpenAI
-sends it. Every chunk carries the top-level ``group_id`` extension.
+A turn of a multi-turn episode (chat with a ``rollout_id``) is sent buffered
+(``chat_chunks``): the turn is sampled and appended to its rollout first, then sent as
+chunks of the same shape (one chunk per choice with the whole content).
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ def include_usage(stream_options: dict[str, Any] | None) -> bool:
     return value
 
 
-def _sse(payload: dict[str, Any] | str) -> str:
+def sse(payload: dict[str, Any] | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n"
 
@@ -62,7 +70,7 @@ def _head(resp: ChatCompletionResponse | CompletionResponse, obj: str,
 
 
 def _usage_chunk(resp: ChatCompletionResponse | CompletionResponse, obj: str) -> str:
-    return _sse({**_head(resp, obj, False), "choices": [], "usage": resp.usage.model_dump()})
+    return sse({**_head(resp, obj, False), "choices": [], "usage": resp.usage.model_dump()})
 
 
 def _rl_fields(choice: Any) -> dict[str, Any]:
@@ -89,29 +97,15 @@ def chat_chunks(resp: ChatCompletionResponse, with_usage: bool) -> Iterator[str]
         # content "" as OpenAI sends it, None for a choice without content (tool calls): a
         # client that joins the deltas then gets the non-streamed message's content.
         role = {"role": "assistant", "content": "" if c.message.content is not None else None}
-        yield _sse({**head, "choices": [{"index": c.index, "delta": role, "logprobs": None,
+        yield sse({**head, "choices": [{"index": c.index, "delta": role, "logprobs": None,
                                          "finish_reason": None}]})
         logprobs = c.logprobs.model_dump() if c.logprobs is not None else None
-        yield _sse({**head, "choices": [{
+        yield sse({**head, "choices": [{
             "index": c.index, "delta": _chat_delta(c.message), "logprobs": logprobs,
             "finish_reason": c.finish_reason, **_rl_fields(c)}]})
     if with_usage:
         yield _usage_chunk(resp, obj)
-    yield _sse("[DONE]")
-
-
-def completion_chunks(resp: CompletionResponse, with_usage: bool) -> Iterator[str]:
-    """The SSE events of a completions response (module docstring)."""
-    obj = "text_completion"
-    head = _head(resp, obj, with_usage)
-    for c in resp.choices:
-        logprobs = c.logprobs.model_dump() if c.logprobs is not None else None
-        yield _sse({**head, "choices": [{
-            "index": c.index, "text": c.text, "logprobs": logprobs,
-            "finish_reason": c.finish_reason, **_rl_fields(c)}]})
-    if with_usage:
-        yield _usage_chunk(resp, obj)
-    yield _sse("[DONE]")
+    yield sse("[DONE]")
 
 
 def sse_response(events: Iterator[str]) -> StreamingResponse:

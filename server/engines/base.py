@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -57,6 +57,18 @@ class Completion:
 
 
 @dataclass
+class Partial:
+    """A completion still being generated (``Engine.generate_stream``): its first ``length``
+    tokens. The lists may be shared with the engine and grow past ``length``; read them up to
+    ``length`` only."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None
+    length: int
+
+
+@dataclass
 class EngineStats:
     """Point-in-time engine numbers for /metrics and /health."""
 
@@ -89,6 +101,14 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
         """Sample one completion. Concurrent calls must be batched together by the engine."""
+
+    async def generate_stream(self, prompt_token_ids: list[int],
+                              params: SamplingParams) -> AsyncIterator[Partial | Completion]:
+        """``generate``, reporting progress: a ``Partial`` each time the completion grows, then
+        the finished ``Completion`` last. Closing the iterator (or cancelling its consumer)
+        aborts the request, as cancelling ``generate`` does. Default: the completion alone
+        (an engine that cannot report progress streams nothing before the end)."""
+        yield await self.generate(prompt_token_ids, params)
 
     @abc.abstractmethod
     async def pause(self) -> None:

@@ -36,7 +36,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import torch
 
@@ -45,10 +45,18 @@ from server.engines.base import (
     Completion,
     Engine,
     EngineStats,
+    Partial,
     SamplingParams,
     validate_request,
 )
-from server.engines.hf_requests import ArrivalWindow, Outcome, Request, deliver, finish_reason
+from server.engines.hf_requests import (
+    ArrivalWindow,
+    Outcome,
+    Request,
+    deliver,
+    finish_reason,
+    notify_progress,
+)
 
 log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 120.0  # longest wait for a running step before pause / load_weights give up
@@ -153,23 +161,51 @@ class HFEngine(Engine):
 
     # ------------------------------------------------------------------ requests
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
+    def _submit(self, prompt_token_ids: list[int], params: SamplingParams,
+                progress: asyncio.Event | None = None) -> Request:
         validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
-        req = Request(list(prompt_token_ids), params, loop.create_future(), loop, gen)
+        req = Request(list(prompt_token_ids), params, loop.create_future(), loop, gen,
+                      progress=progress)
         with self._cond:
             if self._stopping or self._thread is None or self._error is not None:
                 raise RuntimeError(f"engine is not running (error: {self._error!r})")
             self._waiting.append(req)
             self._cond.notify_all()
+        return req
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
+        req = self._submit(prompt_token_ids, params)
         try:
             return await req.future
         except asyncio.CancelledError:
             req.cancelled = True  # the scheduler drops it before its next step
             raise
+
+    async def generate_stream(self, prompt_token_ids: list[int],
+                              params: SamplingParams) -> AsyncIterator[Partial | Completion]:
+        """The scheduler wakes the reader after each step that added tokens (one wake-up per
+        event loop and step, ``hf_requests.notify_progress``); the reader reports what the
+        step recorded (``Request.produced``, set after every list was appended)."""
+        req = self._submit(prompt_token_ids, params, progress=asyncio.Event())
+        assert req.progress is not None
+        reported = 0
+        try:
+            while not req.future.done():
+                await req.progress.wait()
+                req.progress.clear()
+                n = req.produced
+                if n > reported and not req.future.done():
+                    reported = n
+                    yield Partial(req.token_ids, req.logprobs,
+                                  req.top if params.top_logprobs > 0 else None, n)
+            yield req.future.result()
+        finally:
+            if not req.future.done():
+                req.cancelled = True  # the scheduler drops it before its next step
 
     # ------------------------------------------------------------------ control
 
@@ -359,6 +395,7 @@ class HFEngine(Engine):
             top = got.top_logprobs[i]
             if top is not None:
                 req.top.append(top)
+            req.produced = len(req.token_ids)
             end = finish_reason(req, self._stop_tokenizer, self.max_model_len)
             finished.append(end is not None)
             if end is not None:
@@ -366,6 +403,8 @@ class HFEngine(Engine):
         self._evict(finished)
         self._window.ended(len(ends))
         deliver(ends)
+        notify_progress(r for r, done in zip(rows, finished[offset:], strict=True)
+                        if r.progress is not None and not done)
 
     def _evict(self, drop: list[bool]) -> None:
         """Remove rows flagged in ``drop`` and cache columns no remaining row attends to."""

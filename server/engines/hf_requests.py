@@ -52,6 +52,8 @@ class Request:
     versions: list[int] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     cancelled: bool = False
+    progress: asyncio.Event | None = None  # set when tokens were added (streamed requests)
+    produced: int = 0  # tokens recorded in every list (set after the step appended them)
 
     def completion(self, reason: FinishReason, stop_string: str | None = None) -> Completion:
         return Completion(
@@ -102,6 +104,24 @@ def _settle(items: list[Outcome]) -> None:
             req.future.set_exception(value)
         else:
             req.future.set_result(value)
+        if req.progress is not None:
+            req.progress.set()
+
+
+def notify_progress(reqs: Iterable[Request]) -> None:
+    """Wakes the streamed requests' readers after a step (one call per event loop)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+    for req in reqs:
+        if req.progress is not None:
+            by_loop.setdefault(req.loop, []).append(req.progress)
+    for loop, events in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads
+            loop.call_soon_threadsafe(_set_all, events)
+
+
+def _set_all(events: list[asyncio.Event]) -> None:
+    for event in events:
+        event.set()
 
 
 class ArrivalWindow:

@@ -48,7 +48,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import torch
@@ -58,6 +58,7 @@ from server.engines.base import (
     Engine,
     EngineStats,
     FinishReason,
+    Partial,
     SamplingParams,
     validate_request,
 )
@@ -203,6 +204,16 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
     # ------------------------------------------------------------------ requests
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
+        async with contextlib.aclosing(self.generate_stream(prompt_token_ids, params)) as it:
+            async for item in it:
+                if isinstance(item, Completion):
+                    return item
+        raise RuntimeError("vllm generation ended without a completion")
+
+    async def generate_stream(self, prompt_token_ids: list[int],
+                              params: SamplingParams) -> AsyncIterator[Partial | Completion]:
+        """vLLM's outputs as they come (one per engine step, DELTA kind); closing this
+        iterator closes vLLM's, which aborts the request."""
         from vllm.inputs import TokensPrompt
 
         validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
@@ -212,19 +223,27 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         tops: list[list[tuple[int, float]]] = []
         last: Any = None
         self._counters["requests"] += 1
-        try:
-            stream = llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)),
-                                  vllm_params(params), request_id=uuid.uuid4().hex)
-            async for out in stream:
+        stream = llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)),
+                              vllm_params(params), request_id=uuid.uuid4().hex)
+        async with contextlib.aclosing(stream):
+            while True:
+                try:
+                    out = await anext(stream, None)
+                except Exception as exc:
+                    if isinstance(exc.__cause__, ValueError):  # vLLM refused the input
+                        raise exc.__cause__ from None
+                    if self._stopping:  # during shutdown: "abort" with what arrived
+                        break
+                    raise RuntimeError(f"vllm generation failed: {exc!r}") from exc
+                if out is None:
+                    break
                 last = out.outputs[0]
                 take_delta(last, params.top_logprobs, ids, lps, tops)
                 self._counters["tokens_generated"] += len(last.token_ids)
-        except Exception as exc:
-            if isinstance(exc.__cause__, ValueError):  # vLLM refused the input
-                raise exc.__cause__ from None
-            if not self._stopping:  # during shutdown: "abort" with what arrived
-                raise RuntimeError(f"vllm generation failed: {exc!r}") from exc
-        return self._completion(last, ids, lps, tops, params)
+                if not out.finished and last.token_ids:
+                    yield Partial(ids, lps, tops if params.top_logprobs > 0 else None,
+                                  len(ids))
+        yield self._completion(last, ids, lps, tops, params)
 
     def _completion(self, last: Any, ids: list[int], lps: list[float],
                     tops: list[list[tuple[int, float]]], params: SamplingParams) -> Completion:

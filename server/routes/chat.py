@@ -37,6 +37,8 @@ from server.parsers import AssistantParse, parse_assistant
 from server.sampling import GroupResult, Sample, check_prompt_ids, reject_unsupported
 from server.sampling_service import SamplingService
 from server.settings import ServerSettings
+from server.stream_group import start_stream
+from server.stream_views import ChatView
 from server.streaming import SSE_RESPONSE_DOC, chat_chunks, include_usage, sse_response
 
 router = APIRouter(tags=["chat"])
@@ -117,20 +119,29 @@ def chat_response(result: GroupResult, body: ChatCompletionRequest, svc: Samplin
 async def chat_completions(body: ChatCompletionRequest,
                            svc: SamplingDep) -> ChatCompletionResponse | StreamingResponse:
     """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group.
-    With ``stream: true`` the same response is sent as server-sent events once the group is
-    recorded (``server.streaming``)."""
+    With ``stream: true`` the turns are sent as server-sent events as they are generated,
+    and recorded before their final chunks (``server.streaming``)."""
     svc.check_model(body.model)
     check_chat_messages(body.messages)
     with_tools, top_k = check_chat_options(body)
     with_usage = include_usage(body.stream_options) if body.stream else False
     if body.rollout_id is not None:  # one more turn of a multi-turn episode
         result = await svc.episode_turn(body, top_logprobs=top_k, with_tools=with_tools)
-    else:
-        prompt_ids = await chat_prompt(body, svc.tokenizer, svc.settings)
-        result = await svc.sample(body, prompt_ids,
-                                  max_tokens=body.max_completion_tokens or body.max_tokens,
-                                  top_logprobs=top_k, route=ROUTE)
-    response = chat_response(result, body, svc, with_tools, top_k)
+        response = chat_response(result, body, svc, with_tools, top_k)
+        return sse_response(chat_chunks(response, with_usage)) if body.stream else response
+    prompt_ids = await chat_prompt(body, svc.tokenizer, svc.settings)
+    max_tokens = body.max_completion_tokens or body.max_tokens
     if body.stream:
-        return sse_response(chat_chunks(response, with_usage))
-    return response
+        plan = svc.plan(body, prompt_ids, max_tokens=max_tokens, top_logprobs=top_k,
+                        route=ROUTE)
+        thinking = (body.chat_template_kwargs or {}).get("enable_thinking", True) is not False
+        view = ChatView(svc.tokenizer, svc.texts, svc.stop_token_ids(), plan,
+                        top_k if body.logprobs else None,
+                        reasoning_parser=svc.settings.reasoning_parser, thinking=thinking,
+                        with_tools=with_tools)
+        return await start_stream(
+            svc, plan, view, lambda r: chat_response(r, body, svc, with_tools, top_k),
+            with_usage)
+    result = await svc.sample(body, prompt_ids, max_tokens=max_tokens, top_logprobs=top_k,
+                              route=ROUTE)
+    return chat_response(result, body, svc, with_tools, top_k)

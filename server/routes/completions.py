@@ -20,13 +20,11 @@ from server.deps import SamplingDep
 from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import completion_logprobs, usage
-from server.sampling import check_prompt_ids, reject_unsupported
-from server.streaming import (
-    SSE_RESPONSE_DOC,
-    completion_chunks,
-    include_usage,
-    sse_response,
-)
+from server.sampling import GroupResult, check_prompt_ids, reject_unsupported
+from server.sampling_service import SamplingService
+from server.stream_group import start_stream
+from server.stream_views import CompletionView
+from server.streaming import SSE_RESPONSE_DOC, include_usage
 
 router = APIRouter(tags=["completions"])
 ROUTE = "completions"
@@ -68,15 +66,28 @@ async def completion_prompt(prompt: Any, tokenizer: Any) -> list[int]:
 async def completions(body: CompletionRequest,
                       svc: SamplingDep) -> CompletionResponse | StreamingResponse:
     """Samples ``n`` continuations; each is recorded in Redis as one rollout of a group.
-    With ``stream: true`` the same response is sent as server-sent events once the group is
-    recorded (``server.streaming``)."""
+    With ``stream: true`` the continuations are sent as server-sent events as they are
+    generated, and recorded before their final chunks (``server.streaming``)."""
     svc.check_model(body.model)
     top_k = check_completion_options(body)
     with_usage = include_usage(body.stream_options) if body.stream else False
     prompt_ids = await completion_prompt(body.prompt, svc.tokenizer)
-    stop_ids = svc.stop_token_ids()
+    if body.stream:
+        plan = svc.plan(body, prompt_ids, max_tokens=body.max_tokens, top_logprobs=top_k,
+                        route=ROUTE)
+        view = CompletionView(svc.tokenizer, svc.texts, svc.stop_token_ids(), plan,
+                              top_k if body.logprobs is not None else None)
+        return await start_stream(svc, plan, view,
+                                  lambda r: completion_response(r, body, svc, top_k),
+                                  with_usage)
     result = await svc.sample(body, prompt_ids, max_tokens=body.max_tokens,
                               top_logprobs=top_k, route=ROUTE)
+    return completion_response(result, body, svc, top_k)
+
+
+def completion_response(result: GroupResult, body: CompletionRequest, svc: SamplingService,
+                        top_k: int) -> CompletionResponse:
+    stop_ids = svc.stop_token_ids()
     choices = [
         CompletionChoice(
             index=i, text=svc.text(s.completion, stop_ids),
@@ -90,9 +101,6 @@ async def completions(body: CompletionRequest,
         )
         for i, s in enumerate(result.samples)
     ]
-    response = CompletionResponse(id=f"cmpl-{result.group_id}", created=int(time.time()),
-                                  model=svc.settings.model_name, choices=choices,
-                                  usage=usage(result), group_id=result.group_id)
-    if body.stream:
-        return sse_response(completion_chunks(response, with_usage))
-    return response
+    return CompletionResponse(id=f"cmpl-{result.group_id}", created=int(time.time()),
+                              model=svc.settings.model_name, choices=choices,
+                              usage=usage(result), group_id=result.group_id)

@@ -1,6 +1,6 @@
-"""The SSE chunks of ``server.streaming``, read back by the ``openai`` library's own stream
-accumulator: what a client assembles from the chunks is the non-streamed response (tool calls,
-reasoning, logprobs and the RL fields included)."""
+"""The buffered SSE chunks of ``server.streaming`` (episode turns), read back by the
+``openai`` library's own stream accumulator: what a client assembles from the chunks is the
+non-streamed response (tool calls, reasoning, logprobs and the RL fields included)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
-from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
 from server.api_models import (
@@ -17,15 +16,13 @@ from server.api_models import (
     ChatChoice,
     ChatCompletionResponse,
     ChoiceLogprobs,
-    CompletionChoice,
-    CompletionResponse,
     FunctionCallOut,
     TokenLogprob,
     ToolCallOut,
     Usage,
 )
 from server.errors import APIError
-from server.streaming import chat_chunks, completion_chunks, include_usage
+from server.streaming import chat_chunks, include_usage
 
 RL = dict(token_ids=[5, 6], prompt_token_ids=[1, 2, 3], policy_version=4,
           policy_versions=[4, 5])
@@ -84,18 +81,6 @@ def test_openai_accumulates_chat_chunks_into_the_response(with_usage: bool) -> N
         assert final.usage is not None and final.usage.total_tokens == 7
     else:
         assert all("usage" not in p for p in payloads)
-
-
-def test_completion_chunks_parse_as_openai_completions() -> None:
-    choices = [CompletionChoice(index=i, text=f"t{i}", finish_reason="length",
-                                rollout_id=f"r{i}", **RL) for i in range(2)]
-    resp = CompletionResponse(id="cmpl-g", created=1, model="m", choices=choices,
-                              usage=USAGE, group_id="g")
-    payloads = events(completion_chunks(resp, True))
-    parsed = [Completion.model_validate(p) for p in payloads]
-    assert [c.choices[0].text for c in parsed[:-1]] == ["t0", "t1"]
-    assert [c.choices[0].model_extra["rollout_id"] for c in parsed[:-1]] == ["r0", "r1"]
-    assert parsed[-1].choices == [] and parsed[-1].usage.total_tokens == 7
 
 
 def test_include_usage_must_be_a_bool() -> None:
