@@ -15,6 +15,9 @@ refusing the record) reaches the client as an error event, not as a stream that 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,11 +26,19 @@ import openai
 import pytest
 
 from contract.redis_schema import RolloutRecord, unpack_rollout
-from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served
+from tests.conftest import RedisServer
+from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 USER = [{"role": "user", "content": "count to five"}]
 SAMPLING: dict[str, Any] = dict(n=2, max_tokens=10, temperature=0.9, seed=11)
+MAX_TOKENS = 1900  # long completions (the tiny model's context is 2048): a client can leave while one is generated
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
+    with running_server(tiny_model_dir, redis_mod.url, max_tokens=MAX_TOKENS) as s:
+        yield s
 
 
 
@@ -203,3 +214,106 @@ def test_episode_turn_streams(served: Served, client: openai.OpenAI, rkeys: Redi
     assert rec.turns == [(len(prompt), len(prompt) + len(sampled))]
     np.testing.assert_allclose(rec.logprobs[len(prompt):],
                                [e.logprob for e in final[0].logprobs.content], atol=1e-6)
+
+
+LONG: dict[str, Any] = dict(max_tokens=200, temperature=1.0, extra_body={"ignore_eos": True})
+
+
+def test_text_arrives_while_the_completion_is_generated(client: openai.OpenAI,
+                                                        rkeys: RedisKeys) -> None:
+    """Order of events, not timing: each chunk carries the log-probabilities of the tokens
+    that existed when it was sent, so a text chunk that covers fewer tokens than the
+    completion's final count was sent before the completion ended."""
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, logprobs=True,
+                                            stream=True, **LONG)
+    seen: list[int] = []  # tokens covered so far, at each chunk with text
+    covered = 0
+    first_group_recorded: bool | None = None
+    for chunk in stream:
+        c = chunk.choices[0]
+        covered += len(c.logprobs.content) if c.logprobs and c.logprobs.content else 0
+        if c.delta.content and c.finish_reason is None:
+            seen.append(covered)
+            if first_group_recorded is None:
+                group_id = chunk.model_extra["group_id"]
+                first_group_recorded = rkeys.client.exists(
+                    rkeys.keys.group_rollouts(group_id)) == 1
+        if c.finish_reason is not None:
+            total = len(c.model_extra["token_ids"])
+    assert total == 200 and seen, "no text before the final chunk"
+    assert seen[0] < total, "the first text was sent only once every token existed"
+    assert len(seen) > 3, f"text came in {len(seen)} pieces: not as it was generated"
+    assert first_group_recorded is False, "the group was recorded before the first text"
+
+
+def test_n_choices_interleave_and_join(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = dict(model=MODEL_NAME, messages=USER, n=2, seed=5, **LONG)
+    plain = client.chat.completions.create(**kw)
+    order = []
+    texts = {0: "", 1: ""}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            if c.delta.content:
+                order.append(c.index)
+                texts[c.index] += c.delta.content
+    assert texts == {i: plain.choices[i].message.content for i in (0, 1)}
+    first_1 = order.index(1)
+    assert 0 in order[first_1:], f"choice 0 was streamed wholly before choice 1: {order}"
+
+
+def _disconnected(served: Served) -> float:
+    text = httpx.get(served.url + "/metrics", timeout=10).text
+    line = 'gspo_requests_disconnected_total{route="/v1/chat/completions"} '
+    values = [float(x.split(" ")[-1]) for x in text.splitlines() if x.startswith(line)]
+    return values[0] if values else 0.0
+
+
+def _wait_idle(served: Served) -> dict[str, float]:
+    engine = served.app.state.engine
+    deadline = time.monotonic() + 120
+    while (stats := engine.stats()).running or stats.waiting:
+        assert time.monotonic() < deadline, f"engine still busy: {stats}"
+        time.sleep(0.05)
+    return stats.extra
+
+
+def test_client_leaving_mid_stream_cancels_the_decoding(served: Served,
+                                                        rkeys: RedisKeys) -> None:
+    tokens_before = _wait_idle(served).get("tokens_generated", 0.0)
+    left_before = _disconnected(served)
+    before = rkeys.snapshot()
+    body = {"model": MODEL_NAME, "messages": USER, "n": 2, "max_tokens": MAX_TOKENS,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{served.v1}/chat/completions", json=body, headers=AUTH,
+                      timeout=60) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                break  # text is flowing: the decoding is under way; leave
+    generated = _wait_idle(served).get("tokens_generated", 0.0) - tokens_before
+    assert generated < 2 * MAX_TOKENS, "the engine decoded the whole request for nobody"
+    time.sleep(0.2)  # a stream that was not cancelled would record right after generation
+    assert rkeys.snapshot() == before, "a group was recorded for a client that left"
+    assert _disconnected(served) == left_before + 1
+
+
+def test_failure_after_the_first_byte_is_an_error_event(client: openai.OpenAI,
+                                                        rkeys: RedisKeys) -> None:
+    """Redis refuses every write (maxmemory reached): the samples stream, then the record
+    fails; the client gets the error as an event (the ``openai`` client raises it), never a
+    stream that ends as if complete."""
+    before = rkeys.snapshot()
+    got_text = False
+    rkeys.client.config_set("maxmemory", "1")
+    try:
+        stream = client.chat.completions.create(model=MODEL_NAME, messages=USER,
+                                                max_tokens=20, stream=True)
+        with pytest.raises(openai.APIError) as err:
+            for chunk in stream:
+                assert chunk.choices[0].finish_reason is None, "a final chunk unrecorded"
+                got_text = got_text or bool(chunk.choices[0].delta.content)
+    finally:
+        rkeys.client.config_set("maxmemory", "0")
+    assert got_text, "the error came before any text: not a mid-stream failure"
+    assert err.value.body is not None and err.value.body["code"] == "redis_out_of_memory"
+    assert rkeys.snapshot() == before, "nothing is recorded"
