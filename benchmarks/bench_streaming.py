@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -32,7 +34,13 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_server import API_KEY, http_server, make_prompts, redis_server  # noqa: E402
+from benchmarks.bench_server import (  # noqa: E402
+    API_KEY,
+    cpu_clock,
+    http_server,
+    make_prompts,
+    redis_server,
+)
 
 Times = tuple[float, float]  # (first text, end) in seconds
 
@@ -45,41 +53,78 @@ async def plain(client: httpx.AsyncClient, body: dict) -> Times:
     return took, took
 
 
-async def streamed(client: httpx.AsyncClient, body: dict) -> Times:
+FIRST_TEXT = re.compile(rb'"text":"[^"]')
+
+
+async def streamed(url: str, body: dict) -> Times:
+    """A lean streaming client (raw HTTP/1.1 over asyncio streams; httpx's line iterator
+    costs the shared cores ~20x the CPU of a non-streamed request): times the first chunk
+    with text and the ``[DONE]`` event."""
+    u = httpx.URL(url)
+    data = json.dumps({**body, "stream": True}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {u.host}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(data)}\r\nAuthorization: Bearer "
+            f"{API_KEY}\r\nConnection: close\r\n\r\n").encode()
     start = time.perf_counter()
-    first = None
-    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if first is None and line.startswith("data: {"):
-                choice = (json.loads(line[6:]).get("choices") or [{}])[0]
-                if choice.get("text"):
-                    first = time.perf_counter() - start
-            if line == "data: [DONE]":
-                break
+    reader, writer = await asyncio.open_connection(u.host, u.port)
+    writer.write(head + data)
+    first, seen = None, b""
+    try:
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"{status!r}: {(await reader.read(300))!r}")
+        while b"data: [DONE]" not in seen[-64:]:
+            got = await reader.read(65536)
+            if not got:
+                raise RuntimeError("the stream ended before [DONE]")
+            seen = seen[-64:] + got
+            if first is None and FIRST_TEXT.search(got):
+                first = time.perf_counter() - start
+    finally:
+        writer.close()
     end = time.perf_counter() - start
     return (end if first is None else first), end
 
 
 async def phase(client: httpx.AsyncClient, bodies: list[dict], stream: bool) -> list[Times]:
-    call = streamed if stream else plain
-    return list(await asyncio.gather(*(call(client, b) for b in bodies)))
+    if stream:
+        return list(await asyncio.gather(*(streamed(str(client.base_url), b) for b in bodies)))
+    return list(await asyncio.gather(*(plain(client, b) for b in bodies)))
 
 
-async def bench(url: str, args: argparse.Namespace) -> dict[str, list[float]]:
+async def cpu_phase(client: httpx.AsyncClient, bodies: list[dict], stream: bool,
+                    clocks: dict[str, Callable[[], float]]) -> tuple[list[Times], dict]:
+    """A phase and the CPU seconds each process (server, this client) used in it."""
+    before = {k: c() for k, c in clocks.items()}
+    times = await phase(client, bodies, stream)
+    return times, {k: c() - before[k] for k, c in clocks.items()}
+
+
+async def bench(url: str, model: str, server_pid: int,
+                args: argparse.Namespace) -> dict[str, list[float]]:
     prompts = make_prompts(args.concurrency, args.prompt_len, 500)
+    clocks = {"server": cpu_clock(server_pid), "client": cpu_clock(None)}
     out: dict[str, list[float]] = {k: [] for k in ("ttft_s", "ttft_p", "end_s", "end_p",
-                                                    "ttft_ratio", "end_ratio")}
+                                                    "ttft_ratio", "end_ratio", "server_cpu",
+                                                    "client_cpu", "server_us_s", "server_us_p")}
     async with httpx.AsyncClient(base_url=url, timeout=600,
                                  headers={"Authorization": f"Bearer {API_KEY}"}) as client:
-        warm = [{"prompt": p, "max_tokens": 4, "ignore_eos": True} for p in prompts]
+        warm = [{"model": model, "prompt": p, "max_tokens": 4, "ignore_eos": True} for p in prompts]
         await phase(client, warm, False)
         await phase(client, warm, True)
         for pair in range(args.pairs):
-            bodies = [{"prompt": p, "max_tokens": args.max_tokens, "ignore_eos": True,
-                       "seed": 1000 * pair + i} for i, p in enumerate(prompts)]
+            bodies = [{"model": model, "prompt": p, "max_tokens": args.max_tokens,
+                       "ignore_eos": True, "seed": 1000 * pair + i}
+                      for i, p in enumerate(prompts)]
             order = (True, False) if pair % 2 else (False, True)
-            got = {s: await phase(client, bodies, s) for s in order}
+            got, cpu = {}, {}
+            for s in order:
+                got[s], cpu[s] = await cpu_phase(client, bodies, s, clocks)
+            out["server_cpu"].append(cpu[True]["server"] / cpu[False]["server"])
+            tokens = args.max_tokens * len(bodies)
+            out["server_us_s"].append(cpu[True]["server"] / tokens * 1e6)
+            out["server_us_p"].append(cpu[False]["server"] / tokens * 1e6)
+            out["client_cpu"].append(cpu[True]["client"] / cpu[False]["client"])
             ttft_s = statistics.median(t for t, _ in got[True])
             ttft_p = statistics.median(t for t, _ in got[False])
             end_s = statistics.median(e for _, e in got[True])
@@ -103,6 +148,10 @@ def report(res: dict[str, list[float]], args: argparse.Namespace) -> None:
           f"(pairs: {', '.join(f'{r:.3f}' for r in res['ttft_ratio'])})")
     print(f"total-time ratio streamed/non-streamed: {med['end_ratio']:.3f} "
           f"(pairs: {', '.join(f'{r:.3f}' for r in res['end_ratio'])})")
+    print(f"server CPU per token: non-streamed {med['server_us_p']:.0f} us, streamed "
+          f"{med['server_us_s']:.0f} us")
+    print(f"CPU ratio streamed/non-streamed: server {med['server_cpu']:.3f}, "
+          f"client {med['client_cpu']:.3f}")
 
 
 def main() -> None:
@@ -125,8 +174,8 @@ def main() -> None:
             model = make_tiny_model(Path(tmp) / "tiny", num_layers=args.layers,
                                     hidden_size=args.hidden)
         with redis_server(Path(tmp)) as (redis_url, _), \
-                http_server(model, redis_url, args) as (url, _):
-            out = asyncio.run(bench(url, args))
+                http_server(model, redis_url, args) as (url, pid):
+            out = asyncio.run(bench(url, model.name, pid, args))
     report(out, args)
 
 

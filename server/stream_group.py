@@ -149,10 +149,10 @@ async def _events(run: GroupRun, view: ChunkView, head: dict[str, Any],
                     finals[index] = item
                     item = as_partial(item)
                 latest[index] = item
-            for index, partial in latest.items():
-                choice = view.progress(index, partial)
-                if choice is not None:
-                    yield sse({**head, "choices": [choice]})
+            chunks = [sse({**head, "choices": [choice]}) for choice in
+                      (view.progress(i, p) for i, p in latest.items()) if choice is not None]
+            if chunks:
+                yield "".join(chunks)  # one write for what arrived together
         response = await record([finals[i] for i in range(n)])
         for c in response.choices:
             yield sse({**head, "choices": [view.final(c.index, c)]})

@@ -52,7 +52,7 @@ class _View:
 
     def _text(self, index: int, p: Partial) -> str:
         sent = self.sent[index]
-        sent.text.update(p.token_ids[:p.length])
+        sent.text.update(p.token_ids, p.length)
         return sent.text.stable()
 
 
