@@ -32,7 +32,7 @@ from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 USER = [{"role": "user", "content": "count to five"}]
 SAMPLING: dict[str, Any] = dict(n=2, max_tokens=10, temperature=0.9, seed=11)
-MAX_TOKENS = 1900  # long completions (the tiny model's context is 2048): a client can leave while one is generated
+MAX_TOKENS = 1900  # long completions (context 2048): a client can leave during one
 
 
 @pytest.fixture(scope="module")
@@ -317,3 +317,20 @@ def test_failure_after_the_first_byte_is_an_error_event(client: openai.OpenAI,
     assert got_text, "the error came before any text: not a mid-stream failure"
     assert err.value.body is not None and err.value.body["code"] == "redis_out_of_memory"
     assert rkeys.snapshot() == before, "nothing is recorded"
+
+
+def test_with_tools_the_content_comes_whole_in_the_final_chunk(client: openai.OpenAI) -> None:
+    """The tool-call parser may claim any text: with ``tools`` nothing is sent as content
+    before the final chunk, which carries what the non-streamed response says."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}}}}]
+    kw: dict[str, Any] = dict(model=MODEL_NAME, messages=USER, tools=tools, n=2, seed=9,
+                              max_tokens=30, logprobs=True)
+    plain = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    for i, parts in by_choice(chunks).items():
+        *body, final = parts
+        assert not any(p.delta.content for p in body), "content sent before the parser ran"
+        assert len(body) > 2, "the log-probabilities did not stream"
+        assert final.delta.content == plain.choices[i].message.content
+        assert final.finish_reason == plain.choices[i].finish_reason
