@@ -52,6 +52,7 @@ class ChunkView(Protocol):
     """What a route streams (``server.streaming``): chunk dicts of one choice each."""
 
     obj: str  # the chunks' ``object``
+    id_prefix: str  # the response id's, before the group id
 
     def opening(self, n: int) -> list[dict[str, Any]]: ...
 
@@ -119,16 +120,17 @@ async def start_stream(svc: SamplingService, plan: GenerationPlan, view: ChunkVi
     except BaseException:
         await run.close()
         raise
-    head = {"id": "", "object": view.obj, "created": int(time.time()),
-            "model": svc.settings.model_name, "group_id": uuid.uuid4().hex}
-    head["id"] = ("chatcmpl-" if view.obj.startswith("chat") else "cmpl-") + head["group_id"]
+    group_id = uuid.uuid4().hex  # chosen now: every chunk names the group it will be
+    head: dict[str, Any] = {"id": f"{view.id_prefix}{group_id}", "object": view.obj,
+                            "created": int(time.time()), "model": svc.settings.model_name,
+                            "group_id": group_id}
     if with_usage:
         head["usage"] = None
 
     async def record(completions: list[Completion]) -> Any:
         check_not_aborted(completions)
         result = await record_samples(svc.store, plan, completions, svc.metrics,
-                                      svc.settings.server_id, group_id=head["group_id"],
+                                      svc.settings.server_id, group_id=group_id,
                                       started=started)
         return build(result)
 

@@ -59,7 +59,7 @@ class _View:
 class ChatView(_View):
     """Content and reasoning deltas; tool calls whole in the final chunk."""
 
-    obj = "chat.completion.chunk"
+    obj, id_prefix = "chat.completion.chunk", "chatcmpl-"
 
     def __init__(self, tokenizer: Any, texts: TokenTexts, end_ids: tuple[int, ...],
                  plan: GenerationPlan, top_k: int | None, *, reasoning_parser: str,
@@ -117,7 +117,7 @@ class ChatView(_View):
 class CompletionView(_View):
     """Text deltas; the legacy log-probabilities with offsets from the completion's start."""
 
-    obj = "text_completion"
+    obj, id_prefix = "text_completion", "cmpl-"
 
     def opening(self, n: int) -> list[dict[str, Any]]:
         return []
