@@ -52,6 +52,7 @@ import hashlib
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -70,7 +71,15 @@ from server.episode_store import Episode, EpisodeState, EpisodeStore
 from server.errors import APIError
 from server.metrics import ServerMetrics
 from server.parsers import parse_assistant
-from server.sampling import GroupResult, Sample, check_prompt_ids, generate_n, plan_generation
+from server.sampling import (
+    GenerationPlan,
+    GroupResult,
+    Sample,
+    check_not_aborted,
+    check_prompt_ids,
+    generate_n,
+    plan_generation,
+)
 from server.settings import ServerSettings
 from server.store import RolloutStore
 
@@ -259,15 +268,28 @@ async def _turn_prompt(body: ChatCompletionRequest, ep: Episode, raw: list[dict[
     return full, new_ids, extends
 
 
-async def episode_turn(
+@dataclass
+class PlannedTurn:
+    """A checked turn, ready to sample (``plan``) and then to commit (``commit_turn``)."""
+
+    plan: GenerationPlan
+    ep: Episode
+    raw: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    temperature: float
+    full: list[int]  # the whole conversation's rendering
+    new_ids: list[int]  # what the turn appends before the model's tokens
+    extends: bool  # the rendering extends the previous one (no history rewrite)
+    stop_ids: tuple[int, ...]
+
+
+async def plan_turn(
     body: ChatCompletionRequest, *, store: RolloutStore, engine: Engine, tokenizer: Any,
-    settings: ServerSettings, metrics: ServerMetrics, top_logprobs: int, with_tools: bool,
-) -> GroupResult:
-    """One model turn of the episode ``body.rollout_id``: checked, sampled on the stored
-    trajectory plus the new messages, appended atomically. Any 4xx leaves the episode as it
-    was; so does a turn that loses a race with another turn of the same episode (409)."""
-    episodes = episode_store(store)
-    ep = await episodes.load(body.rollout_id or "")
+    settings: ServerSettings, top_logprobs: int,
+) -> PlannedTurn:
+    """Every check of a turn of the episode ``body.rollout_id`` (a 4xx changes nothing) and
+    its generation plan: the stored trajectory plus the new messages' tokens."""
+    ep = await episode_store(store).load(body.rollout_id or "")
     raw = [m.model_dump(exclude_none=True) for m in body.messages]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     temperature = 1.0 if body.temperature is None else body.temperature
@@ -285,23 +307,49 @@ async def episode_turn(
         top_logprobs=top_logprobs, stop_token_ids=stop_ids, engine=engine, settings=settings,
         route=ROUTE)
     _check_same_cut(ep, plan.params)
-    t0 = time.perf_counter()
-    (completion,) = await generate_n(engine, plan)
-    metrics.generation_latency.labels(ROUTE).observe(time.perf_counter() - t0)
+    return PlannedTurn(plan, ep, raw, tools, temperature, full, new_ids, extends, stop_ids)
+
+
+async def commit_turn(
+    turn: PlannedTurn, completion: Completion, body: ChatCompletionRequest, *,
+    store: RolloutStore, tokenizer: Any, settings: ServerSettings, metrics: ServerMetrics,
+    with_tools: bool, started: float,
+) -> GroupResult:
+    """Appends the sampled turn to its episode atomically (streamed or not: the same)."""
+    check_not_aborted([completion])
+    metrics.generation_latency.labels(ROUTE).observe(time.perf_counter() - started)
+    ep, plan = turn.ep, turn.plan
     parsed = parse_assistant(
-        completion_text(tokenizer, completion, stop_ids), tool_parser=settings.tool_call_parser,
-        reasoning_parser=settings.reasoning_parser, with_tools=with_tools, tools=tools,
-        template_kwargs=body.chat_template_kwargs)
-    rewrites = (ep.state.history_rewrites if ep.state else 0) + (not extends)
+        completion_text(tokenizer, completion, turn.stop_ids),
+        tool_parser=settings.tool_call_parser, reasoning_parser=settings.reasoning_parser,
+        with_tools=with_tools, tools=turn.tools, template_kwargs=body.chat_template_kwargs)
+    rewrites = (ep.state.history_rewrites if ep.state else 0) + (not turn.extends)
     state = EpisodeState(
-        messages=[digest(m) for m in template_messages(raw)],
+        messages=[digest(m) for m in template_messages(turn.raw)],
         assistant=produced_message(parsed.content, [(t.name, t.arguments) for t in parsed.calls]),
-        tools=digest(tools), temperature=temperature, render_len=len(full),
-        render_hash=ids_hash(full),
-        eot_count=sum(1 for t in full if t in set(stop_ids)), history_rewrites=rewrites)
+        tools=digest(turn.tools), temperature=turn.temperature, render_len=len(turn.full),
+        render_hash=ids_hash(turn.full),
+        eot_count=sum(1 for t in turn.full if t in set(turn.stop_ids)),
+        history_rewrites=rewrites)
     meta = {"server_id": settings.server_id, "route": ROUTE, "history_rewrites": rewrites}
-    await episodes.commit_turn(ep, grow_record(ep.record, new_ids, completion, plan.params,
-                                               meta), state)
-    metrics.record_usage(ROUTE, len(prompt), len(completion.token_ids))
-    return GroupResult(group_id=ep.group_id, prompt_token_ids=prompt,
+    await episode_store(store).commit_turn(
+        ep, grow_record(ep.record, turn.new_ids, completion, plan.params, meta), state)
+    metrics.record_usage(ROUTE, len(plan.prompt_token_ids), len(completion.token_ids))
+    return GroupResult(group_id=ep.group_id, prompt_token_ids=plan.prompt_token_ids,
                        samples=[Sample(rollout_id=ep.rollout_id, completion=completion)])
+
+
+async def episode_turn(
+    body: ChatCompletionRequest, *, store: RolloutStore, engine: Engine, tokenizer: Any,
+    settings: ServerSettings, metrics: ServerMetrics, top_logprobs: int, with_tools: bool,
+) -> GroupResult:
+    """One model turn of the episode ``body.rollout_id``: checked, sampled on the stored
+    trajectory plus the new messages, appended atomically. Any 4xx leaves the episode as it
+    was; so does a turn that loses a race with another turn of the same episode (409)."""
+    turn = await plan_turn(body, store=store, engine=engine, tokenizer=tokenizer,
+                           settings=settings, top_logprobs=top_logprobs)
+    started = time.perf_counter()
+    (completion,) = await generate_n(engine, turn.plan)
+    return await commit_turn(turn, completion, body, store=store, tokenizer=tokenizer,
+                             settings=settings, metrics=metrics, with_tools=with_tools,
+                             started=started)

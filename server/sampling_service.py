@@ -16,7 +16,7 @@ from typing import Any
 from server.api_models import ChatCompletionRequest, SamplingFields
 from server.chat import TokenTexts, completion_text, end_token_ids
 from server.engines.base import Completion, Engine
-from server.episodes import episode_turn
+from server.episodes import PlannedTurn, commit_turn, episode_turn, plan_turn
 from server.metrics import ServerMetrics
 from server.sampling import (
     GenerationPlan,
@@ -72,6 +72,21 @@ class SamplingService:
                                   tokenizer=self.tokenizer, settings=self.settings,
                                   metrics=self.metrics, top_logprobs=top_logprobs,
                                   with_tools=with_tools)
+
+    async def plan_turn(self, body: ChatCompletionRequest, *,
+                        top_logprobs: int) -> PlannedTurn:
+        """A checked episode turn, ready to sample (streamed turns: ``routes.chat``)."""
+        return await plan_turn(body, store=self.store, engine=self.engine,
+                               tokenizer=self.tokenizer, settings=self.settings,
+                               top_logprobs=top_logprobs)
+
+    async def commit_turn(self, turn: PlannedTurn, completion: Completion,
+                          body: ChatCompletionRequest, *, with_tools: bool,
+                          started: float) -> GroupResult:
+        """Appends a sampled (streamed) turn to its episode, as ``episode_turn`` does."""
+        return await commit_turn(turn, completion, body, store=self.store,
+                                 tokenizer=self.tokenizer, settings=self.settings,
+                                 metrics=self.metrics, with_tools=with_tools, started=started)
 
     def text(self, completion: Completion, stop_ids: tuple[int, ...]) -> str:
         """The completion's text as the client sees it (end tokens dropped)."""

@@ -30,6 +30,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
+from starlette.responses import StreamingResponse
+
 from server.engines.base import Completion, Engine, Partial
 from server.errors import APIError, api_error_of
 from server.sampling import (
@@ -109,37 +111,48 @@ class GroupRun:
                 await task
 
 
-async def start_stream(svc: SamplingService, plan: GenerationPlan, view: ChunkView,
-                       build: Callable[[GroupResult], Any], with_usage: bool) -> Any:
-    """Starts the samples (errors: JSON), then answers with the SSE stream (module doc).
-    ``build``: the non-streamed response object of the recorded group."""
-    started = time.perf_counter()
-    run = GroupRun(svc.engine, plan)
+Finish = Callable[[list[Completion]], Awaitable[Any]]
+"""Records the finished samples and returns the non-streamed response object."""
+
+
+async def start_stream(engine: Engine, plan: GenerationPlan, view: ChunkView, *,
+                       group_id: str, model: str, finish: Finish,
+                       with_usage: bool) -> StreamingResponse:
+    """Starts the samples (errors: JSON), then answers with the SSE stream (module doc)."""
+    run = GroupRun(engine, plan)
     try:
         await run.start()
     except BaseException:
         await run.close()
         raise
-    group_id = uuid.uuid4().hex  # chosen now: every chunk names the group it will be
     head: dict[str, Any] = {"id": f"{view.id_prefix}{group_id}", "object": view.obj,
-                            "created": int(time.time()), "model": svc.settings.model_name,
-                            "group_id": group_id}
+                            "created": int(time.time()), "model": model, "group_id": group_id}
     if with_usage:
         head["usage"] = None
+    return sse_response(_events(run, view, head, finish, plan.n))
 
-    async def record(completions: list[Completion]) -> Any:
+
+async def stream_new_group(svc: SamplingService, plan: GenerationPlan, view: ChunkView,
+                           build: Callable[[GroupResult], Any],
+                           with_usage: bool) -> StreamingResponse:
+    """A new group, streamed: recorded (``record_samples``) as a non-streamed one would be.
+    ``build``: the non-streamed response object of the recorded group."""
+    started = time.perf_counter()
+    group_id = uuid.uuid4().hex  # chosen now: every chunk names the group it will be
+
+    async def finish(completions: list[Completion]) -> Any:
         check_not_aborted(completions)
-        result = await record_samples(svc.store, plan, completions, svc.metrics,
-                                      svc.settings.server_id, group_id=group_id,
-                                      started=started)
-        return build(result)
+        return build(await record_samples(svc.store, plan, completions, svc.metrics,
+                                          svc.settings.server_id, group_id=group_id,
+                                          started=started))
 
-    return sse_response(_events(run, view, head, record, plan.n))
+    return await start_stream(svc.engine, plan, view, group_id=group_id,
+                              model=svc.settings.model_name, finish=finish,
+                              with_usage=with_usage)
 
 
 async def _events(run: GroupRun, view: ChunkView, head: dict[str, Any],
-                  record: Callable[[list[Completion]], Awaitable[Any]],
-                  n: int) -> AsyncIterator[str]:
+                  finish: Finish, n: int) -> AsyncIterator[str]:
     try:
         for choice in view.opening(n):
             yield sse({**head, "choices": [choice]})
@@ -155,7 +168,7 @@ async def _events(run: GroupRun, view: ChunkView, head: dict[str, Any],
                       (view.progress(i, p) for i, p in latest.items()) if choice is not None]
             if chunks:
                 yield "".join(chunks)  # one write for what arrived together
-        response = await record([finals[i] for i in range(n)])
+        response = await finish([finals[i] for i in range(n)])
         for c in response.choices:
             yield sse({**head, "choices": [view.final(c.index, c)]})
         if "usage" in head:

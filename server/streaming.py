@@ -1,6 +1,6 @@
 """``stream: true`` on chat and completions: OpenAI server-sent events, sent as generated.
 
-New groups stream incrementally (``server.stream_group`` runs the group; the views here decide
+Responses stream incrementally (``server.stream_group`` runs the group; the views here decide
 what each chunk says). What is sent before the end is always a prefix of the non-streamed
 response (``server.stream_text``), so joining the deltas gives the non-streamed message:
 
@@ -23,20 +23,19 @@ response (``server.stream_text``), so joining the deltas gives the non-streamed 
   with empty ``choices`` carries the usage, as OpenAI sends it. Every chunk carries the
   top-level ``group_id`` extension; ``[DONE]`` ends the stream.
 
-A turn of a multi-turn episode (chat with a ``rollout_id``) is sent buffered
-(``chat_chunks``): the turn is sampled and appended to its rollout first, then sent as
-chunks of the same shape (one chunk per choice with the whole content).
+A turn of a multi-turn episode (chat with a ``rollout_id``) streams the same way; the turn is
+appended to its rollout (``episodes.commit_turn``, as a non-streamed turn) before its final
+chunk, and the chunks name the episode's group.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from server.api_models import ChatCompletionResponse, CompletionResponse
 from server.errors import APIError
 
 SSE_RESPONSE_DOC: dict[int | str, dict[str, Any]] = {200: {
@@ -60,55 +59,7 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
-def _head(resp: ChatCompletionResponse | CompletionResponse, obj: str,
-          with_usage: bool) -> dict[str, Any]:
-    head: dict[str, Any] = {"id": resp.id, "object": obj, "created": resp.created,
-                            "model": resp.model, "group_id": resp.group_id}
-    if with_usage:
-        head["usage"] = None
-    return head
-
-
-def _usage_chunk(resp: ChatCompletionResponse | CompletionResponse, obj: str) -> str:
-    return sse({**_head(resp, obj, False), "choices": [], "usage": resp.usage.model_dump()})
-
-
-def _rl_fields(choice: Any) -> dict[str, Any]:
-    return {"rollout_id": choice.rollout_id, "token_ids": choice.token_ids,
-            "prompt_token_ids": choice.prompt_token_ids,
-            "policy_version": choice.policy_version, "policy_versions": choice.policy_versions}
-
-
-def _chat_delta(message: Any) -> dict[str, Any]:
-    delta: dict[str, Any] = {"content": message.content}
-    if message.reasoning_content is not None:
-        delta["reasoning_content"] = message.reasoning_content
-    if message.tool_calls:
-        delta["tool_calls"] = [{"index": j, **call.model_dump()}
-                               for j, call in enumerate(message.tool_calls)]
-    return delta
-
-
-def chat_chunks(resp: ChatCompletionResponse, with_usage: bool) -> Iterator[str]:
-    """The SSE events of a chat response (module docstring)."""
-    obj = "chat.completion.chunk"
-    head = _head(resp, obj, with_usage)
-    for c in resp.choices:
-        # content "" as OpenAI sends it, None for a choice without content (tool calls): a
-        # client that joins the deltas then gets the non-streamed message's content.
-        role = {"role": "assistant", "content": "" if c.message.content is not None else None}
-        yield sse({**head, "choices": [{"index": c.index, "delta": role, "logprobs": None,
-                                         "finish_reason": None}]})
-        logprobs = c.logprobs.model_dump() if c.logprobs is not None else None
-        yield sse({**head, "choices": [{
-            "index": c.index, "delta": _chat_delta(c.message), "logprobs": logprobs,
-            "finish_reason": c.finish_reason, **_rl_fields(c)}]})
-    if with_usage:
-        yield _usage_chunk(resp, obj)
-    yield sse("[DONE]")
-
-
-def sse_response(events: Iterator[str]) -> StreamingResponse:
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
     """The events as ``text/event-stream`` (not cached, not buffered by proxies)."""
     return StreamingResponse(events, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

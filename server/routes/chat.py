@@ -29,17 +29,24 @@ from server.api_models import (
 from server.chat import approx_chars, off_loop_if_large
 from server.chat import render_chat_prompt as render
 from server.deps import SamplingDep
+from server.engines.base import Completion
 from server.error_docs import V1_POST, error_responses
 from server.errors import APIError
 from server.formatting import chat_logprobs, usage
 from server.limits import check_chat_messages
 from server.parsers import AssistantParse, parse_assistant
-from server.sampling import GroupResult, Sample, check_prompt_ids, reject_unsupported
+from server.sampling import (
+    GenerationPlan,
+    GroupResult,
+    Sample,
+    check_prompt_ids,
+    reject_unsupported,
+)
 from server.sampling_service import SamplingService
 from server.settings import ServerSettings
-from server.stream_group import start_stream
+from server.stream_group import start_stream, stream_new_group
 from server.stream_views import ChatView
-from server.streaming import SSE_RESPONSE_DOC, chat_chunks, include_usage, sse_response
+from server.streaming import SSE_RESPONSE_DOC, include_usage
 
 router = APIRouter(tags=["chat"])
 ROUTE = "chat"
@@ -125,23 +132,44 @@ async def chat_completions(body: ChatCompletionRequest,
     check_chat_messages(body.messages)
     with_tools, top_k = check_chat_options(body)
     with_usage = include_usage(body.stream_options) if body.stream else False
+    if body.stream:
+        return await stream_chat(body, svc, with_tools, top_k, with_usage)
     if body.rollout_id is not None:  # one more turn of a multi-turn episode
         result = await svc.episode_turn(body, top_logprobs=top_k, with_tools=with_tools)
-        response = chat_response(result, body, svc, with_tools, top_k)
-        return sse_response(chat_chunks(response, with_usage)) if body.stream else response
-    prompt_ids = await chat_prompt(body, svc.tokenizer, svc.settings)
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    if body.stream:
-        plan = svc.plan(body, prompt_ids, max_tokens=max_tokens, top_logprobs=top_k,
-                        route=ROUTE)
-        thinking = (body.chat_template_kwargs or {}).get("enable_thinking", True) is not False
-        view = ChatView(svc.tokenizer, svc.texts, svc.stop_token_ids(), plan,
+    else:
+        prompt_ids = await chat_prompt(body, svc.tokenizer, svc.settings)
+        result = await svc.sample(body, prompt_ids,
+                                  max_tokens=body.max_completion_tokens or body.max_tokens,
+                                  top_logprobs=top_k, route=ROUTE)
+    return chat_response(result, body, svc, with_tools, top_k)
+
+
+async def stream_chat(body: ChatCompletionRequest, svc: SamplingService, with_tools: bool,
+                      top_k: int, with_usage: bool) -> StreamingResponse:
+    """``stream: true``: a new group, or one more turn of an episode (``server.streaming``)."""
+    thinking = (body.chat_template_kwargs or {}).get("enable_thinking", True) is not False
+
+    def view(plan: GenerationPlan) -> ChatView:
+        return ChatView(svc.tokenizer, svc.texts, svc.stop_token_ids(), plan,
                         top_k if body.logprobs else None,
                         reasoning_parser=svc.settings.reasoning_parser, thinking=thinking,
                         with_tools=with_tools)
-        return await start_stream(
-            svc, plan, view, lambda r: chat_response(r, body, svc, with_tools, top_k),
-            with_usage)
-    result = await svc.sample(body, prompt_ids, max_tokens=max_tokens, top_logprobs=top_k,
-                              route=ROUTE)
-    return chat_response(result, body, svc, with_tools, top_k)
+
+    def build(result: GroupResult) -> ChatCompletionResponse:
+        return chat_response(result, body, svc, with_tools, top_k)
+
+    if body.rollout_id is None:
+        prompt_ids = await chat_prompt(body, svc.tokenizer, svc.settings)
+        plan = svc.plan(body, prompt_ids, max_tokens=body.max_completion_tokens or body.max_tokens,
+                        top_logprobs=top_k, route=ROUTE)
+        return await stream_new_group(svc, plan, view(plan), build, with_usage)
+    turn = await svc.plan_turn(body, top_logprobs=top_k)
+    started = time.perf_counter()
+
+    async def finish(completions: list[Completion]) -> ChatCompletionResponse:
+        return build(await svc.commit_turn(turn, completions[0], body, with_tools=with_tools,
+                                           started=started))
+
+    return await start_stream(svc.engine, turn.plan, view(turn.plan),
+                              group_id=turn.ep.group_id, model=svc.settings.model_name,
+                              finish=finish, with_usage=with_usage)

@@ -22,7 +22,7 @@ from server.errors import APIError
 from server.formatting import completion_logprobs, usage
 from server.sampling import GroupResult, check_prompt_ids, reject_unsupported
 from server.sampling_service import SamplingService
-from server.stream_group import start_stream
+from server.stream_group import stream_new_group
 from server.stream_views import CompletionView
 from server.streaming import SSE_RESPONSE_DOC, include_usage
 
@@ -77,9 +77,9 @@ async def completions(body: CompletionRequest,
                         route=ROUTE)
         view = CompletionView(svc.tokenizer, svc.texts, svc.stop_token_ids(), plan,
                               top_k if body.logprobs is not None else None)
-        return await start_stream(svc, plan, view,
-                                  lambda r: completion_response(r, body, svc, top_k),
-                                  with_usage)
+        return await stream_new_group(svc, plan, view,
+                                      lambda r: completion_response(r, body, svc, top_k),
+                                      with_usage)
     result = await svc.sample(body, prompt_ids, max_tokens=body.max_tokens,
                               top_logprobs=top_k, route=ROUTE)
     return completion_response(result, body, svc, top_k)

@@ -200,20 +200,34 @@ def test_client_leaving_mid_stream_does_not_hurt_the_server(served: Served,
 
 
 def test_episode_turn_streams(served: Served, client: openai.OpenAI, rkeys: RedisKeys) -> None:
+    """A turn of a multi-turn episode streams too: text before the turn ends, the turn
+    appended to its rollout before the final chunk, the deltas joining to the non-streamed
+    turn's text, and the next turn continuing it."""
     resp = httpx.post(f"{served.v1}/groups", json={"size": 1}, headers=AUTH, timeout=30)
     assert resp.status_code == 200, resp.text
-    rid = resp.json()["rollout_ids"][0]
+    rid, group_id = resp.json()["rollout_ids"][0], resp.json()["group_id"]
     chunks = list(client.chat.completions.create(
-        model=MODEL_NAME, messages=USER, max_tokens=6, stream=True, logprobs=True,
-        extra_body={"rollout_id": rid}))
-    final = [c for ch in chunks for c in ch.choices if c.finish_reason is not None]
-    assert len(final) == 1 and final[0].model_extra["rollout_id"] == rid
+        model=MODEL_NAME, messages=USER, max_tokens=40, stream=True, logprobs=True,
+        extra_body={"rollout_id": rid, "ignore_eos": True}))
+    assert {c.model_extra["group_id"] for c in chunks} == {group_id}
+    parts = by_choice(chunks)[0]
+    *body, final = parts
+    assert final.finish_reason is not None and final.model_extra["rollout_id"] == rid
+    covered = [len(p.logprobs.content) for p in body if p.logprobs]
+    assert covered and covered[0] < 40, "the turn's first chunk came after its last token"
     rec = stored(rkeys, rid)
-    prompt, sampled = final[0].model_extra["prompt_token_ids"], final[0].model_extra["token_ids"]
+    prompt, sampled = final.model_extra["prompt_token_ids"], final.model_extra["token_ids"]
     assert rec.token_ids.tolist() == prompt + sampled
     assert rec.turns == [(len(prompt), len(prompt) + len(sampled))]
-    np.testing.assert_allclose(rec.logprobs[len(prompt):],
-                               [e.logprob for e in final[0].logprobs.content], atol=1e-6)
+    joined = [e.logprob for p in parts if p.logprobs for e in p.logprobs.content]
+    np.testing.assert_allclose(rec.logprobs[len(prompt):], joined, atol=1e-6)
+    content = "".join(p.delta.content or "" for p in parts)
+    nxt = client.chat.completions.create(
+        model=MODEL_NAME, max_tokens=4, stream=True, extra_body={"rollout_id": rid},
+        messages=[*USER, {"role": "assistant", "content": content},
+                  {"role": "user", "content": "go on"}])
+    assert [c for c in nxt][-1].choices[0].finish_reason is not None
+    assert len(stored(rkeys, rid).turns) == 2, "the streamed turn's content continues it"
 
 
 LONG: dict[str, Any] = dict(max_tokens=200, temperature=1.0, extra_body={"ignore_eos": True})

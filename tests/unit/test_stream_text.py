@@ -23,12 +23,14 @@ from server.api_models import (
 )
 from server.chat import TokenTexts, completion_text
 from server.engines.base import Completion, Partial, SamplingParams
+from server.errors import APIError
 from server.formatting import chat_logprobs, completion_logprobs
 from server.parsers import parse_assistant
 from server.parsers.reasoning import split_reasoning
 from server.sampling import GenerationPlan
 from server.stream_text import TextStream, remainder, stable_split
 from server.stream_views import ChatView, CompletionView
+from server.streaming import include_usage
 from server.tiny_model import EOS_TOKEN, build_tokenizer
 
 RL: dict[str, Any] = dict(rollout_id="r", prompt_token_ids=[1], policy_version=0)
@@ -218,3 +220,11 @@ def test_completion_view_text_and_logprobs_join_to_the_non_streamed_ones() -> No
     for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
         joined = [x for c in chunks if c["logprobs"] for x in c["logprobs"][key]]
         assert joined == getattr(want, key), key
+
+
+def test_include_usage_must_be_a_bool() -> None:
+    assert include_usage(None) is False and include_usage({}) is False
+    assert include_usage({"include_usage": True}) is True
+    with pytest.raises(APIError) as err:
+        include_usage({"include_usage": "yes"})
+    assert err.value.status == 400
