@@ -8,10 +8,11 @@ stopped) is still a JSON 4xx/5xx: no byte of the stream has been sent.
 
 The stream then sends, as the engine produces tokens, one chunk per choice that has new text
 (choices interleaved in the order their tokens come, as OpenAI does; what is sent is decided by
-the route's ``ChunkView``, ``server.streaming``). When every sample has ended, the group is
-recorded exactly as a non-streamed one (``sampling.record_samples``: the same record, one
-round trip), and only then the final chunk of each choice (``finish_reason``, the rest of the
-text, the RL fields ``rollout_id`` etc.), the usage chunk when asked, and ``[DONE]``.
+the route's ``ChunkView``, ``server.streaming``). When every sample has ended, they are
+recorded exactly as non-streamed ones (``finish``: ``sampling.record_samples`` for a new group,
+the same record in one round trip; ``episodes.commit_turn`` for a turn of an episode), and only
+then come the final chunk of each choice (``finish_reason``, the rest of the text, the RL
+fields ``rollout_id`` etc.), the usage chunk when asked, and ``[DONE]``.
 
 An error after the response has started (the engine died or was shut down, Redis refused the
 record) is sent as one SSE event ``data: {"error": {...}}`` (the JSON body the error has
