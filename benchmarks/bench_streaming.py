@@ -2,11 +2,11 @@
 
     .venv/bin/python benchmarks/bench_streaming.py [--max-tokens 256 --concurrency 8 --pairs 6]
 
-One ``gspo serve`` (hf engine, real Redis recording every rollout) in a subprocess, driven over
-HTTP by httpx. Every request is ``POST /v1/completions`` with a token-id prompt, a seed and
-``ignore_eos``, so both ways generate exactly ``max_tokens`` tokens. Paired phases, the order
-alternating: ``concurrency`` non-streamed requests at once, then the same requests streamed
-(same seeds), or the reverse.
+One ``gspo serve`` (hf engine, or ``--engine vllm``; real Redis recording every rollout) in a
+subprocess, driven over HTTP. Every request is ``POST /v1/completions`` with a token-id
+prompt, a seed and ``ignore_eos``, so both ways generate exactly ``max_tokens`` tokens.
+Paired phases, the order alternating: ``concurrency`` non-streamed requests at once, then the
+same requests streamed (same seeds), or the reverse.
 
 Baseline: the non-streamed request, whose text arrives with its response (time to first text =
 its latency). Measured: the streamed request's time to its first chunk with text, and to its
@@ -138,7 +138,8 @@ async def bench(url: str, model: str, server_pid: int,
 
 def report(res: dict[str, list[float]], args: argparse.Namespace) -> None:
     med = {k: statistics.median(v) for k, v in res.items()}
-    print(f"completions of {args.max_tokens} tokens, {args.concurrency} in flight, "
+    print(f"{args.engine} engine: completions of {args.max_tokens} tokens, "
+          f"{args.concurrency} in flight, "
           f"{args.pairs} pairs (medians)")
     print(f"  non-streamed: first text {med['ttft_p'] * 1e3:8.1f} ms   "
           f"end {med['end_p'] * 1e3:8.1f} ms")
@@ -163,6 +164,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=6)
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     p.add_argument("--layers", type=int, default=2, help="tiny model's layers")
     p.add_argument("--hidden", type=int, default=128, help="tiny model's hidden size")
     args = p.parse_args()
@@ -173,9 +175,16 @@ def main() -> None:
 
             model = make_tiny_model(Path(tmp) / "tiny", num_layers=args.layers,
                                     hidden_size=args.hidden)
-        with redis_server(Path(tmp)) as (redis_url, _), \
-                http_server(model, redis_url, args) as (url, pid):
-            out = asyncio.run(bench(url, model.name, pid, args))
+        with redis_server(Path(tmp)) as (redis_url, _):
+            if args.engine == "hf":
+                with http_server(model, redis_url, args) as (url, pid):
+                    out = asyncio.run(bench(url, model.name, pid, args))
+            else:  # the vllm engine: the CPU figures are the front process's only
+                from benchmarks.lib.vllm_servers import MODEL_NAME, ours
+
+                args.max_num_seqs, args.max_model_len = args.max_batch_size, 1024
+                with ours(model, redis_url, args, Path(tmp) / "serve.log") as srv:
+                    out = asyncio.run(bench(srv.url, MODEL_NAME, srv.proc.pid, args))
     report(out, args)
 
 
