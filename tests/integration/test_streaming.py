@@ -9,7 +9,8 @@ a non-streamed one (same tokens, mask, behavior log-probabilities, versions); an
 incremental: text arrives while the completion is still being generated (a chunk's
 log-probabilities show how many tokens existed when it was sent), n choices interleave, a
 client that leaves mid-stream cancels the decoding, and a failure after the first byte (Redis
-refusing the record) reaches the client as an error event, not as a stream that looks done.
+refusing the record, the engine stopping) reaches the client as an error event, not as a
+stream that looks done.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 import openai
 import pytest
 
-from contract.redis_schema import RolloutRecord, unpack_rollout
+from contract.redis_schema import Keys, RolloutRecord, unpack_rollout
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 
@@ -348,3 +349,29 @@ def test_with_tools_the_content_comes_whole_in_the_final_chunk(client: openai.Op
         assert len(body) > 2, "the log-probabilities did not stream"
         assert final.delta.content == plain.choices[i].message.content
         assert final.finish_reason == plain.choices[i].finish_reason
+
+
+def test_engine_stopping_mid_stream_is_an_error_event(tiny_model_dir: Path,
+                                                      redis_mod: RedisServer) -> None:
+    """The engine stops while a stream is under way (a server shutting down: its scheduler
+    ends and aborts what is in flight, as ``HFEngine.shutdown`` makes it): the client gets a
+    ``generation_aborted`` error event after the text it already has, and nothing is
+    recorded. Its own server: this one's engine does not come back."""
+    rkeys = RedisKeys(redis_mod.url, Keys())
+    before = rkeys.snapshot()
+    with running_server(tiny_model_dir, redis_mod.url, max_tokens=MAX_TOKENS) as own:
+        client = openai.OpenAI(base_url=own.v1, api_key=API_KEY, max_retries=0, timeout=60)
+        engine = own.app.state.engine
+        stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, stream=True,
+                                                max_tokens=MAX_TOKENS,
+                                                extra_body={"ignore_eos": True})
+        with pytest.raises(openai.APIError) as err:
+            for chunk in stream:
+                assert chunk.choices[0].finish_reason is None, "it ran to its end"
+                if chunk.choices[0].delta.content:
+                    with engine._cond:  # what shutdown() does first: the scheduler stops
+                        engine._stopping = True
+                        engine._cond.notify_all()
+        assert err.value.body is not None and err.value.body["code"] == "generation_aborted"
+    assert rkeys.snapshot() == before, "an aborted stream records nothing"
+    rkeys.close()
