@@ -90,6 +90,32 @@ class UpResult:
     target_reached: bool | None = None  # None: no target was set
     groups: dict[str, int] | None = None  # ``group_counts`` at the end of the run
 
+    def summary(self, target_reward: float) -> list[str]:
+        """What ``gspo up`` prints at the end: the reward curve in brief, the target, every
+        group's fate and where the files are."""
+        lines = []
+        if self.sampled:
+            first, last = self.sampled[0], self.sampled[-3:]
+            late = sum(m * n for _, m, n in last) / max(1, sum(n for _, _, n in last))
+            lines.append(f"reward of every sampled group: version {first[0]} {first[1]:.2f} -> "
+                         f"versions {last[0][0]}-{last[-1][0]} {late:.2f} "
+                         f"({self.steps} learner steps in {self.seconds:.0f} s)")
+        if self.target_reached is not None:
+            lines.append(f"target reward {target_reward}: "
+                         f"{'reached' if self.target_reached else 'NOT reached'}")
+        if self.rewards:
+            tail = self.rewards[-5:]
+            lines.append("learner reward (trained groups, equal-reward groups excluded): last "
+                         f"steps {sum(tail) / len(tail):.2f}")
+        if self.groups is not None:
+            from learner.metrics import fates_line
+
+            lines.append(fates_line(self.groups))
+        lines.append(f"metrics: {self.metrics_path}")
+        if self.plot_path:
+            lines.append(f"reward curve: {self.plot_path}")
+        return lines
+
 
 class Processes:
     """Child processes with their logs; ``stop_all`` terminates, then kills, in reverse."""
