@@ -223,7 +223,9 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
                                 *([] if cfg.admission else ["--no-admission"])),
                 env=keys_env)
     url = f"http://127.0.0.1:{port}"
-    _wait_http(f"{url}/health", procs, "server", timeout_s=120)
+    # The learner starts while the server does (their imports and model loads overlap): it
+    # pushes its weights to the servers registered when it is ready, and to any that
+    # registers later (``learner.healing``), so the order does not matter.
     metrics = cfg.run_dir / "metrics.jsonl"
     procs.start("learner", _gspo(
         "learn", "--model", model, "--redis-url", redis_url, "--loss", cfg.loss,
@@ -234,6 +236,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         *(["--target-reward", str(cfg.target_reward)] if cfg.target_reward else []),
         *(["--device", cfg.device] if cfg.device else []), *cfg.extra_learn_args),
         env=keys_env)
+    _wait_http(f"{url}/health", procs, "server", timeout_s=120)
     return url, api_key, redis_url, metrics
 
 
