@@ -30,6 +30,7 @@ from tests.vllm_stack import Stack, max_err, perturb, serve_vllm, until  # noqa:
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]  # start-up is slow on a busy box
 PROMPTS = [[5, 17, 42, 99, 7, 300, 12], [1, 2, 3], list(range(10, 40)), [100] * 5]
+DISCONNECT_N, DISCONNECT_MAX_TOKENS = 8, 2000
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
@@ -38,7 +39,8 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     """One server per model for the whole module (an engine start is the slow part)."""
     fixture = "tiny_model_dir" if request.param == "tied" else "tiny_model_untied_dir"
     with redis_for_module(tmp_path_factory) as redis_server, serve_vllm(
-            request.getfixturevalue(fixture), redis_server.url, f"vllm-{request.param}") as st:
+            request.getfixturevalue(fixture), redis_server.url, f"vllm-{request.param}",
+            max_tokens=DISCONNECT_MAX_TOKENS) as st:
         yield st
 
 
@@ -357,3 +359,40 @@ def test_openai_chat_completion_with_logprobs(stack: Stack) -> None:
     ref = sequence_logprobs(stack.ref, prompt + ids, len(prompt), 0.7)
     torch.testing.assert_close(torch.tensor([e.logprob for e in content]), torch.tensor(ref),
                                atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------- a client that leaves
+
+
+def _disconnected_count(stack: Stack) -> float:
+    metrics = httpx.get(stack.url + "/metrics", timeout=10).text
+    line = 'gspo_requests_disconnected_total{route="/v1/completions"} '
+    found = [float(x[len(line):]) for x in metrics.splitlines() if x.startswith(line)]
+    return found[0] if found else 0.0
+
+
+def test_disconnected_client_aborts_vllm_request(stack: Stack) -> None:
+    """A client that leaves mid-generation: the request is aborted in vLLM (``AsyncLLM``
+    aborts on cancellation) and nothing is recorded. The hf engine's counterpart, and the
+    reasons, are in ``test_disconnect``."""
+    from contract.redis_schema import Keys
+    from tests.serving import RedisKeys
+
+    rkeys = RedisKeys(stack.redis_url, Keys())
+    (names, counters), disconnected = rkeys.snapshot(), _disconnected_count(stack)
+    generated = stack.engine.stats().extra["tokens_generated"]
+    body = {"model": MODEL_NAME, "prompt": [1, 2, 3], "n": DISCONNECT_N,
+            "max_tokens": DISCONNECT_MAX_TOKENS, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(stack.url + "/v1/completions", json=body,
+                   headers={"Authorization": f"Bearer {API_KEY}"}, timeout=1.0)
+    deadline = time.monotonic() + 300
+    while (stats := stack.engine.stats()).running or stats.waiting:
+        assert time.monotonic() < deadline, f"vLLM still busy: {stats}"
+        time.sleep(0.05)
+    assert stats.extra["tokens_generated"] - generated < DISCONNECT_N * DISCONNECT_MAX_TOKENS
+    time.sleep(0.2)  # a handler that was not cancelled would record right after generation
+    after, after_counters = rkeys.snapshot()
+    assert after - names == frozenset() and after_counters == counters  # nothing recorded
+    assert _disconnected_count(stack) == disconnected + 1
+    rkeys.close()
