@@ -43,7 +43,8 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   left where they were written (publishing removes their TTL: they belong to the
   entry now, and the learner's trim script gives them back a TTL of 600 s when it trims the
   entry, in the same atomic step, so a trained group's trajectories stay readable a while), and
-  ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``).
+  ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``;
+  the learner decodes the pieces without joining them: ``unpack_ready_parts``).
   A rollout's bytes are written once, when sampled, and never copied. An entry with a
   ``group`` field instead carries the whole record inline (how groups were published before;
   still read, e.g. by tests and tools that XADD a packed group).

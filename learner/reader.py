@@ -31,11 +31,14 @@ groups published before the first learner starts wait for it.
 
 Groups are published by reference (``contract.redis_schema``): an entry carries the group's
 head (ids, rewards, advantages) and its rollout ids, whose records stay in their rollout keys
-(without a TTL once published). ``read_batch`` fetches the records of every entry an XREADGROUP (or
-claim) returned with one MGET, and joins them into the ``pack_ready_group`` bytes. The records
-leave with their entry, never before: the ack, the trim and the records' expiry are one script
-(``ACK_AND_TRIM``), atomic in Redis, so a crash at any point leaves either the entry with its
-records (read again, or trimmed later) or a trimmed entry whose records expire. A trimmed
+(without a TTL once published). ``read_batch`` fetches the records of every entry of a batch
+(the entries its XREADGROUP calls, or a claim, returned) with one MGET, and decodes the head
+and each record on their own (``unpack_ready_parts``: the same ``ReadyGroup`` as
+``unpack_ready_group`` of the joined ``pack_ready_group`` bytes, without copying them into
+one buffer: half the decode's CPU). The records leave with their entry, never before: the
+ack, the trim and the records' expiry are one script (``ACK_AND_TRIM``), atomic in Redis, so
+a crash at any point leaves either the entry with its records (read again, or trimmed later)
+or a trimmed entry whose records expire. A trimmed
 group's records stay readable for ``keep_trained_s`` (default 600 s, as a published group's
 records did before: ``GET /v1/groups/{id}?include=tokens`` still shows what was trained),
 then expire; the memory they hold is bounded by that window's groups; an entry another
