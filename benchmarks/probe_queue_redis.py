@@ -13,6 +13,9 @@ the median printed (the machine is shared: single runs move by +-30%).
 2. The record script: ``record_group`` (MULTI, the 8 staged SETs, the record script, EXEC) with
    the real script, with the real script less its per-rollout writes (RENAME from staging and
    the rollout -> group key), and with a script that does nothing; 32 groups in flight.
+3. The queue stage by stage, one after the other: ``record_group`` of every group, then their
+   rewards (one list call per group, which publishes it), then the learner's reader (batches
+   of 32, read and acked).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import redis  # noqa: E402
 
 from benchmarks.bench_queue import GROUP, cpu_s, start_redis, stop  # noqa: E402
 from contract.redis_schema import RolloutRecord, pack_rollout  # noqa: E402
-from server.store import RolloutStore, make_redis  # noqa: E402
+from learner.reader import GroupReader  # noqa: E402
+from server.store import RewardItem, RolloutStore, make_redis  # noqa: E402
 from server.store_scripts import RECORD_ROLLOUTS  # noqa: E402
 from tests.queue_helpers import make_rollout  # noqa: E402
 
@@ -75,6 +79,34 @@ async def record(url: str, script: str, groups: list[list[RolloutRecord]]) -> No
     await client.aclose()
 
 
+async def stage(url: str, groups: list[list[RolloutRecord]], what: str) -> None:
+    client = make_redis(url)
+    store = RolloutStore(client)
+    sem = asyncio.Semaphore(32)
+
+    async def one(recs: list[RolloutRecord]) -> None:
+        async with sem:
+            if what == "record":
+                await store.record_group(recs[0].group_id, GROUP, None, recs)
+            else:
+                out = await store.post_rewards([RewardItem(r.rollout_id, float(i))
+                                                for i, r in enumerate(recs)])
+                assert out.applied and out.results[-1].group_complete
+
+    await asyncio.gather(*[one(r) for r in groups])
+    await store.aclose()
+    await client.aclose()
+
+
+def read_all(client: redis.Redis, n: int) -> None:
+    reader = GroupReader(client)
+    got = 0
+    while got < n:
+        b = reader.read_batch(32, current_version=0, timeout_s=1.0)
+        reader.ack(b.entry_ids)
+        got += len(b.groups)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--groups", type=int, default=1000)
@@ -101,6 +133,17 @@ def main() -> None:
                     c0 = cpu_s(proc.pid)
                     asyncio.run(record(url, script, groups))
                     res.setdefault(f"record_group: {name}", []).append(cpu_s(proc.pid) - c0)
+                client.flushall()
+                groups = [[dataclasses.replace(t, rollout_id=f"s{k}-{g}-r{i}",
+                                               group_id=f"s{k}-{g}")
+                           for i, t in enumerate(templates)] for g in range(n)]
+                for what in ("record", "reward + publish", "read + ack"):
+                    c0 = cpu_s(proc.pid)
+                    if what == "read + ack":
+                        read_all(client, n)
+                    else:
+                        asyncio.run(stage(url, groups, what.split()[0]))
+                    res.setdefault(f"stage: {what}", []).append(cpu_s(proc.pid) - c0)
                 client.flushall()
             client.close()
         finally:
