@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -149,13 +150,28 @@ def peak_extra_cuda(impl: str, kind: str, x: dict[str, torch.Tensor]) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
+def peaks_cpu(B: int, T: int) -> dict[tuple[str, str], int]:
+    """``peak_extra_cpu`` of every (impl, kind), each in its own process, as many at once as
+    there are cores (after the timings: they would disturb them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(impl, kind) for kind in KINDS for impl in ("ours", "ref")]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        peaks = pool.map(lambda job: peak_extra_cpu(job[0], job[1], B, T), jobs)
+        return dict(zip(jobs, peaks, strict=True))
+
+
 def bench_device(device: str, B: int, T: int, repeats: int) -> list[dict[str, object]]:
     rows = []
+    times = {}
+    for kind in KINDS:
+        times[kind] = time_pair(kind, make_inputs(B, T, kind, device), repeats)
+    peaks = peaks_cpu(B, T) if device == "cpu" else {}
     for kind in KINDS:
         x = make_inputs(B, T, kind, device)
-        t_ours, t_ref = time_pair(kind, x, repeats)
+        t_ours, t_ref = times[kind]
         if device == "cpu":
-            m_ours, m_ref = (peak_extra_cpu(i, kind, B, T) for i in ("ours", "ref"))
+            m_ours, m_ref = peaks["ours", kind], peaks["ref", kind]
         else:
             m_ours, m_ref = (peak_extra_cuda(i, kind, x) for i in ("ours", "ref"))
         nbytes = input_bytes(x)

@@ -9,13 +9,14 @@
    ceiling of this stack on this machine). The load generator is a minimal asyncio HTTP/1.1
    client in another process (httpx alone costs more CPU than the server it measures).
 2. Groups per second end to end through Redis, groups of 8 rollouts x 1,024 tokens: record
-   (``record_group``: the group opened and its 8 records written in one round trip, as the
-   sampling path does), reward (one list call per group), publish (advantages, the publish
-   script: XADD of the head, the records moved to the entry), read (``GroupReader`` in another
+   (``record_group``: the group opened and its 8 records packed and written in one round
+   trip, as the sampling path does; the ``RolloutRecord`` objects are made before the clock
+   starts, as the baseline's payloads are), reward (one list call per group, which publishes
+   it: the Lua credit rule and the XADD of the head), read (``GroupReader`` in another
    process: XREADGROUP, one MGET of the records, decode), ack (the ack/trim script, which
-   deletes the records with their entries). Baseline: raw redis-py ``XADD`` of the same
-   ready-group bytes (packed before the clock starts) and ``XREADGROUP`` + ``XACK`` of them
-   (not decoded), same concurrency, same reader process layout.
+   gives the records of trimmed entries their expiry). Baseline: raw redis-py ``XADD`` of
+   the same ready-group bytes (packed before the clock starts) and ``XREADGROUP`` + ``XACK``
+   of them (not decoded), same concurrency, same reader process layout.
 3. msgpack (``pack_ready_group``) against JSON for the same ready-group records: bytes, and
    encode + decode time (JSON carries arrays as lists of numbers: it has no bytes type).
 """
@@ -229,20 +230,18 @@ def _consume(url: str, n_groups: int, raw: bool, batch: int, out: Any) -> None:
     out.put((time.perf_counter(), time.process_time() - cpu0))
 
 
-async def _produce_ours(url: str, n_groups: int, concurrency: int, tokens: int) -> None:
+async def _produce_ours(url: str, records: list[list[Any]], concurrency: int) -> None:
     from server.store import RewardItem
-    from tests.queue_helpers import make_rollout
 
+    n_groups = len(records)
     client = make_redis(url)
     store = RolloutStore(client)
-    templates = [make_rollout(f"t{i}", "t", tokens, seed=i) for i in range(GROUP)]
     sem = asyncio.Semaphore(concurrency)
 
     async def one(g: int) -> None:
         async with sem:
             gid = f"e{g}"
-            recs = [dataclasses.replace(t, rollout_id=f"{gid}-r{i}", group_id=gid)
-                    for i, t in enumerate(templates)]
+            recs = records[g]
             await store.record_group(gid, GROUP, None, recs)  # what sampling does
             out = await store.post_rewards(
                 [RewardItem(r.rollout_id, float(i)) for i, r in enumerate(recs)])
@@ -270,6 +269,17 @@ async def _produce_raw(url: str, payloads: list[bytes], concurrency: int) -> Non
     await client.aclose()
 
 
+def _group_records(n: int, tokens: int) -> list[list[Any]]:
+    """The rollout records of ``n`` groups (made before the clock starts, as the raw
+    baseline's payloads are: building them is the sampler's work, not the queue's; packing
+    them is the store's, and is timed)."""
+    from tests.queue_helpers import make_rollout
+
+    templates = [make_rollout(f"t{i}", "t", tokens, seed=i) for i in range(GROUP)]
+    return [[dataclasses.replace(t, rollout_id=f"e{g}-r{i}", group_id=f"e{g}")
+             for i, t in enumerate(templates)] for g in range(n)]
+
+
 def _ready_payloads(n: int, tokens: int) -> list[bytes]:
     from contract.redis_schema import ReadyGroup, pack_ready_group
     from tests.queue_helpers import make_rollout
@@ -290,6 +300,7 @@ def _run_e2e(url: str, redis_pid: int, n_groups: int, raw: bool, concurrency: in
 
     redis.Redis.from_url(url).flushall()
     payloads = _ready_payloads(n_groups, tokens) if raw else []
+    records = [] if raw else _group_records(n_groups, tokens)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_consume, args=(url, n_groups, raw, 32, q))
@@ -300,7 +311,7 @@ def _run_e2e(url: str, redis_pid: int, n_groups: int, raw: bool, concurrency: in
     if raw:
         asyncio.run(_produce_raw(url, payloads, concurrency))
     else:
-        asyncio.run(_produce_ours(url, n_groups, concurrency, tokens))
+        asyncio.run(_produce_ours(url, records, concurrency))
     prod = time.process_time() - prod0
     t_end, reader_cpu = q.get(timeout=600)
     redis_cpu = cpu_s(redis_pid) - redis0

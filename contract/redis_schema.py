@@ -43,7 +43,8 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   left where they were written (publishing removes their TTL: they belong to the
   entry now, and the learner's trim script gives them back a TTL of 600 s when it trims the
   entry, in the same atomic step, so a trained group's trajectories stay readable a while), and
-  ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``).
+  ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``;
+  the learner decodes the pieces without joining them: ``unpack_ready_parts``).
   A rollout's bytes are written once, when sampled, and never copied. An entry with a
   ``group`` field instead carries the whole record inline (how groups were published before;
   still read, e.g. by tests and tools that XADD a packed group).
@@ -66,7 +67,7 @@ log-probabilities, uint8 masks): packing and unpacking them costs a memcpy, not 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,11 +272,10 @@ def pack_ready_group(g: ReadyGroup) -> bytes:
     })
 
 
-def unpack_ready_group(data: bytes) -> ReadyGroup:
-    d = msgpack.unpackb(data)
+def _ready_group(d: dict[str, Any], rollouts: list[RolloutRecord]) -> ReadyGroup:
     return ReadyGroup(
         group_id=d["group_id"],
-        rollouts=[rollout_from_dict(r) for r in d["rollouts"]],
+        rollouts=rollouts,
         rewards=[float(x) for x in d["rewards"]],
         advantages=[float(x) for x in d["advantages"]],
         turn_rewards=d["turn_rewards"],
@@ -287,10 +287,28 @@ def unpack_ready_group(data: bytes) -> ReadyGroup:
     )
 
 
+def unpack_ready_group(data: bytes) -> ReadyGroup:
+    d = msgpack.unpackb(data)
+    return _ready_group(d, [rollout_from_dict(r) for r in d["rollouts"]])
+
+
 def join_ready_group(head: bytes, records: list[bytes]) -> bytes:
     """A by-reference entry's head and its rollout records (in order) -> the bytes
     ``pack_ready_group`` would produce for the group (``unpack_ready_group`` reads them)."""
     return b"".join([head, *records])
+
+
+def unpack_ready_parts(head: bytes, records: Sequence[bytes]) -> ReadyGroup:
+    """``unpack_ready_group(join_ready_group(head, records))`` without joining: the head and
+    each record are decoded on their own (what the learner's reader does; no copy of the
+    group's bytes). The head ends with the rollouts' array header, so it is completed with one
+    msgpack nil per record; a header that does not count ``len(records)`` raises, as the
+    joined bytes would."""
+    d = msgpack.unpackb(head + _NIL * len(records))
+    return _ready_group(d, [rollout_from_dict(msgpack.unpackb(r)) for r in records])
+
+
+_NIL = b"\xc0"
 
 
 def ready_entry_refs(keys: Keys,

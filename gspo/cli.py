@@ -114,8 +114,8 @@ def learn(**params: Any) -> None:
             msg = f"  {exc}"
         typer.echo("invalid learner settings:\n" + msg, err=True)
         raise typer.Exit(2) from exc
-    from learner.loop import run_learner
     from learner.progress import RedisUnavailable
+    from learner.run import run_learner
 
     try:
         state = run_learner(cfg)
@@ -212,27 +212,8 @@ def up(
     except KeyboardInterrupt:
         typer.echo("interrupted: every process stopped", err=True)
         raise typer.Exit(130) from None
-    if result.sampled:
-        first, last = result.sampled[0], result.sampled[-3:]
-        late = sum(m * n for _, m, n in last) / max(1, sum(n for _, _, n in last))
-        typer.echo(f"reward of every sampled group: version {first[0]} {first[1]:.2f} -> "
-                   f"versions {last[0][0]}-{last[-1][0]} {late:.2f} "
-                   f"({result.steps} learner steps in {result.seconds:.0f} s)")
-    if result.target_reached is not None:
-        typer.echo(f"target reward {target_reward}: "
-                   f"{'reached' if result.target_reached else 'NOT reached'}")
-    if result.rewards:
-        tail = result.rewards[-5:]
-        typer.echo(f"learner reward (trained groups, equal-reward groups excluded): last steps "
-                   f"{sum(tail) / len(tail):.2f}")
-    if result.groups is not None:
-        from learner.metrics import fates_line
-
-        typer.echo(fates_line(result.groups))
-    typer.echo(f"metrics: {result.metrics_path}")
-    if result.plot_path:
-        typer.echo(f"reward curve: {result.plot_path}")
-
+    for line in result.summary(target_reward):
+        typer.echo(line)
 
 if __name__ == "__main__":
     app()

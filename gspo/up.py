@@ -90,6 +90,32 @@ class UpResult:
     target_reached: bool | None = None  # None: no target was set
     groups: dict[str, int] | None = None  # ``group_counts`` at the end of the run
 
+    def summary(self, target_reward: float) -> list[str]:
+        """What ``gspo up`` prints at the end: the reward curve in brief, the target, every
+        group's fate and where the files are."""
+        lines = []
+        if self.sampled:
+            first, last = self.sampled[0], self.sampled[-3:]
+            late = sum(m * n for _, m, n in last) / max(1, sum(n for _, _, n in last))
+            lines.append(f"reward of every sampled group: version {first[0]} {first[1]:.2f} -> "
+                         f"versions {last[0][0]}-{last[-1][0]} {late:.2f} "
+                         f"({self.steps} learner steps in {self.seconds:.0f} s)")
+        if self.target_reached is not None:
+            lines.append(f"target reward {target_reward}: "
+                         f"{'reached' if self.target_reached else 'NOT reached'}")
+        if self.rewards:
+            tail = self.rewards[-5:]
+            lines.append("learner reward (trained groups, equal-reward groups excluded): last "
+                         f"steps {sum(tail) / len(tail):.2f}")
+        if self.groups is not None:
+            from learner.metrics import fates_line
+
+            lines.append(fates_line(self.groups))
+        lines.append(f"metrics: {self.metrics_path}")
+        if self.plot_path:
+            lines.append(f"reward curve: {self.plot_path}")
+        return lines
+
 
 class Processes:
     """Child processes with their logs; ``stop_all`` terminates, then kills, in reverse."""
@@ -197,7 +223,9 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
                                 *([] if cfg.admission else ["--no-admission"])),
                 env=keys_env)
     url = f"http://127.0.0.1:{port}"
-    _wait_http(f"{url}/health", procs, "server", timeout_s=120)
+    # The learner starts while the server does (their imports and model loads overlap): it
+    # pushes its weights to the servers registered when it is ready, and to any that
+    # registers later (``learner.healing``), so the order does not matter.
     metrics = cfg.run_dir / "metrics.jsonl"
     procs.start("learner", _gspo(
         "learn", "--model", model, "--redis-url", redis_url, "--loss", cfg.loss,
@@ -208,6 +236,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         *(["--target-reward", str(cfg.target_reward)] if cfg.target_reward else []),
         *(["--device", cfg.device] if cfg.device else []), *cfg.extra_learn_args),
         env=keys_env)
+    _wait_http(f"{url}/health", procs, "server", timeout_s=120)
     return url, api_key, redis_url, metrics
 
 

@@ -36,24 +36,22 @@ Redis errors are retried with back-off (``learner.progress.RedisRetry``) for
 ``redis_retry_s``, then ``RedisUnavailable`` ends the run (``gspo learn`` exits 75). Every
 state without progress is logged and recorded (``learner.progress.ProgressMonitor``).
 
-Stopping: SIGINT / SIGTERM finish the current step, checkpoint, ack and return; a second
-signal aborts at once (unacked groups are redelivered on the next start). A batch that was
-being read when the stop request arrived is still trained (it is the current step), then
-checkpointed and acknowledged on exit. With ``target_reward`` the learner also stops once the
-environment's recent groups reach it, after training the groups in flight (``learner.target``).
+Stopping (signals: ``learner.run``): SIGINT / SIGTERM finish the current step, checkpoint, ack
+and return; a second signal aborts at once (unacked groups are redelivered on the next start).
+A batch that was being read when the stop request arrived is still trained (it is the current
+step), then checkpointed and acknowledged on exit. With ``target_reward`` the learner also
+stops once the environment's recent groups reach it, after training the groups in flight
+(``learner.target``).
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any, TypeVar
 
 import redis
@@ -63,8 +61,8 @@ from contract.redis_schema import Keys
 from learner.batching import AdvantageFn, split_invalid
 from learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
 from learner.config import LearnerConfig
-from learner.distributed import DistContext, init_from_env
-from learner.follower import export_full, follow, load_policy
+from learner.distributed import DistContext
+from learner.follower import export_full, load_policy
 from learner.healing import ServerHealer
 from learner.metrics import (
     MetricsLogger,
@@ -194,24 +192,13 @@ class Learner:
 
     # ---------------------------------------------------------------- the loop
 
-    @contextmanager
-    def signal_handlers(self) -> Iterator[None]:
-        """SIGINT/SIGTERM request a graceful stop; a second one aborts (KeyboardInterrupt)."""
-        def handler(signum: int, frame: FrameType | None) -> None:
-            if self._stop:
-                raise KeyboardInterrupt
-            log.warning("signal %d: stopping after the current step", signum)
-            self._stop = True
-
-        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-
     def request_stop(self) -> None:
+        """Stop after the current step (``learner.run.graceful_signals`` calls it)."""
         self._stop = True
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop
 
     def done(self) -> bool:
         finished = bool(self.target.finished)  # the target reward was reached
@@ -405,21 +392,3 @@ class Learner:
             **self.progress.progressed(),
         }
 
-
-def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> LearnerState | None:
-    """Build a ``Learner`` and run it with graceful-stop signal handlers. Under ``torchrun``
-    rank 0 runs the learner and the other ranks follow it (``learner.follower``); they
-    return ``None``."""
-    dist = init_from_env(config.device, config.data_parallel)
-    try:
-        if dist is not None and not dist.is_main:
-            follow(config, dist)
-            return None
-        learner = Learner(config, sync=sync, dist=dist)
-        with learner.signal_handlers():
-            return learner.run()
-    finally:
-        if dist is not None:
-            import torch.distributed
-
-            torch.distributed.destroy_process_group()

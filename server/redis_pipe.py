@@ -132,11 +132,29 @@ def as_exception(reply: Any) -> Exception | None:
     return BaseParser.parse_error(str(reply))  # redis-py's own mapping (LOADING, NOSCRIPT...)
 
 
+class _Call:
+    """The replies one ``_Protocol.send`` waits for, and the future that gets them all."""
+
+    __slots__ = ("future", "left", "replies")
+
+    def __init__(self, future: asyncio.Future, wanted: int) -> None:
+        self.future, self.left, self.replies = future, wanted, [None] * wanted
+
+    def put(self, slot: int, reply: Any) -> None:
+        if slot < 0:
+            return
+        self.replies[slot] = reply
+        self.left -= 1
+        if not self.left and not self.future.done():
+            self.future.set_result(self.replies)
+
+
 class _Protocol(asyncio.Protocol):
     def __init__(self, timeout_s: float) -> None:
         self.reader = hiredis.Reader()
-        self.waiting: collections.deque[tuple[asyncio.Future[Any] | None, float]] = (
-            collections.deque())
+        # one entry per command sent: (its call's _Call, the reply's slot there or -1 when
+        # not wanted, when it was sent)
+        self.waiting: collections.deque[tuple[_Call, int, float]] = collections.deque()
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.timeout_s = timeout_s
@@ -150,9 +168,8 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
-            fut, _ = self.waiting.popleft()
-            if fut is not None and not fut.done():
-                fut.set_result(reply)
+            call, slot, _ = self.waiting.popleft()
+            call.put(slot, reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.fail(rexc.ConnectionError(f"connection to Redis lost: {exc or 'closed'}"))
@@ -160,35 +177,37 @@ class _Protocol(asyncio.Protocol):
     def fail(self, exc: Exception) -> None:
         self.transport = None
         while self.waiting:
-            fut, _ = self.waiting.popleft()
-            if fut is not None and not fut.done():
-                fut.set_exception(exc)
+            call, _, _ = self.waiting.popleft()
+            if not call.future.done():
+                call.future.set_exception(exc)
         if not self.closed.done():
             self.closed.set_result(None)
 
-    def send(self, commands: list[tuple[Any, ...]], want: list[bool]) -> list[asyncio.Future]:
-        """Queues ``commands`` (written together at the end of this loop iteration); one
-        future per command whose reply is wanted."""
+    def send(self, commands: list[tuple[Any, ...]], want: list[bool]) -> asyncio.Future:
+        """Queues ``commands`` (written together at the end of this loop iteration); returns
+        one future for the list of the wanted replies, in order (one future per call, not
+        per command: a MULTI/EXEC of 11 commands costs one)."""
         if self.transport is None:
             raise rexc.ConnectionError("not connected to Redis")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         if not self._buf:
             loop.call_soon(self._flush)  # (a no-op if a large write flushed it already)
-        futs = []
+        call = _Call(loop.create_future(), sum(want))
         mark = len(self._buf)
+        slot = 0
         for cmd, w in zip(commands, want, strict=True):
             _encode(cmd, self._buf)
-            fut = loop.create_future() if w else None
-            self.waiting.append((fut, now))
-            if fut is not None:
-                futs.append(fut)
+            self.waiting.append((call, slot if w else -1, now))
+            slot += w
+        if not call.left:
+            call.future.set_result([])
         self._buf_len += sum(len(b) for b in self._buf[mark:])
         if self._buf_len >= _FLUSH_BYTES:  # large records: hand them over now, in slices
             self._flush()              # a socket takes whole (a huge buffer is copied and
         if self._watchdog is None:     # shifted again on every partial send)
             self._watchdog = loop.call_later(self.timeout_s, self._check)
-        return futs
+        return call.future
 
     def _flush(self) -> None:
         if self.transport is not None and self._buf:
@@ -199,7 +218,7 @@ class _Protocol(asyncio.Protocol):
         self._watchdog = None
         if not self.waiting:
             return
-        oldest = self.waiting[0][1]
+        oldest = self.waiting[0][2]
         if time.monotonic() - oldest >= self.timeout_s:
             self.fail(rexc.TimeoutError(f"no reply from Redis in {self.timeout_s} s"))
             if self.transport is not None:
@@ -248,7 +267,7 @@ class RedisPipe:
             if self.db:
                 setup.append(("SELECT", self.db))
             if setup:
-                for reply in await asyncio.gather(*proto.send(setup, [True] * len(setup))):
+                for reply in await proto.send(setup, [True] * len(setup)):
                     if (err := as_exception(reply)) is not None:
                         raise err
             self._proto = proto
@@ -261,7 +280,7 @@ class RedisPipe:
         for attempt in range(_RETRIES + 1):
             try:
                 proto = await self._connected()
-                return list(await asyncio.gather(*proto.send(commands, want)))
+                return list(await proto.send(commands, want))
             except (rexc.ConnectionError, rexc.TimeoutError):
                 if attempt == _RETRIES:
                     raise

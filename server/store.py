@@ -15,9 +15,9 @@ and Redis queue", has the numbers):
   SET to a staging key and *renamed* into place by the record script; publishing leaves it
   there and only references it: the stream entry is the group's head (rewards, advantages: a
   few hundred bytes) and the rollout ids, and the record loses its TTL (it is the entry's
-  now); the learner MGETs the records after XREADGROUP and deletes them with the entry
-  (``learner.reader``). Scripts see key names and small values only (a 13 kB script argument
-  costs Redis ~20x a plain SET of it).
+  now); the learner MGETs a batch's records after XREADGROUP, and its trim of the entry gives
+  them back a TTL (``learner.reader``). Scripts see key names and small values only (a 13 kB
+  script argument costs Redis ~20x a plain SET of it).
 - **Round trips.** The sampling path opens the group and records its rollouts in one
   MULTI/EXEC (``record_group``). A reward is one script call (``POST_REWARDS``), and the
   reward that completes a group also ends it in that call: when no episode has turn rewards

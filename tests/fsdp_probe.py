@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from learner.config import LearnerConfig
-from learner.loop import run_learner
+from learner.run import run_learner
 from learner.sync_base import NoSyncReport
 from learner.weight_sync import named_weights
 

@@ -28,6 +28,7 @@ from learner.config import LearnerConfig
 from learner.published import publish_state, state_fields
 from learner.reader import GroupReader
 from learner.target import groups_in_flight
+from server.admission import POLL_S
 from server.inflight import PENDING_TTL_S, InFlightCounter
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, Served, running_server
@@ -159,6 +160,9 @@ def test_a_finished_learner_gets_no_new_group_and_its_groups_in_flight_finish(
             wait_until(lambda: groups_in_flight(client, KEYS) == 2, "the counts to agree")
         learner_publishes(url, tiny_model_dir, max_staleness=2, groups_per_step=4,
                           finished="target reward 0.8 reached at step 9")
+        # A read of the learner's state may be reused for up to POLL_S (the gauge read above
+        # may have cached one just before ``finished``); after that the refusal is immediate.
+        time.sleep(2 * POLL_S)
         for path, body in (("/v1/rollouts", ROLLOUT), ("/v1/groups", {"size": 2})):
             r = post(s, path, body, timeout=10)  # at once, not after admission_wait_s
             assert r.status_code == 503, r.text

@@ -29,6 +29,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "bench_queue.py": (["--rewards", "64", "--clients", "4", "--groups", "8",
                         "--concurrency", "2", "--tokens", "32", "--codec-groups", "4"],
                        ["ratio ours / noop", "ratio ours / raw", "msgpack"]),
+    "probe_queue_redis.py": (["--groups", "8", "--rounds", "1", "--tokens", "32"],
+                             ["ratio 1 SET / 8 SETs", "ratio to the record script"]),
     "bench_server.py": (["--max-tokens", "4", "--prompt-len", "4", "--concurrency", "2",
                          "--pairs-1", "1", "--waves", "1", "--rounds", "1",
                          "--max-batch-size", "4", "--layers", "1", "--hidden", "64"],
@@ -44,12 +46,14 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "bench_async.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
                         "--seeds", "0"],
                        ["throughput ratio async/sync"]),
-    "bench_vs_vllm.py": (["--concurrency", "4", "--rounds", "1", "--waves", "1",
+    # unseeded only: seeded requests at high concurrency are test_vllm_serve_process's
+    "bench_vs_vllm.py": (["--concurrency", "4", "--seeded", "no", "--rounds", "1", "--waves", "1",
                           "--max-tokens", "4", "--layers", "1", "--hidden", "64",
                           "--max-num-seqs", "8", "--max-model-len", "512"],
                          ["ratio ours/vLLM", "engine death ours: none"]),
-    "compare_losses.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3"],
-                          ["gspo", "grpo", "sapo"]),
+    # two of the three losses: the third runs the same code (its loss is tested on its own)
+    "compare_losses.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
+                           "--losses", "gspo,grpo"], ["gspo", "grpo", "clip fraction GSPO"]),
 }
 
 

@@ -34,9 +34,9 @@ from contract.redis_schema import Keys, ReadyGroup, unpack_rollout
 from learner.advantages import TurnAdvantages, advantage_fn_for
 from learner.batching import plan_step, sequence_advantage
 from learner.config import LearnerConfig
-from learner.loop import run_learner
 from learner.losses import LossConfig, group_advantages, policy_loss
 from learner.policy import Policy
+from learner.run import run_learner
 from learner.trainer import Trainer
 from server.store import QueueConfig
 from tests.queue_helpers import ready_groups as ready_groups_of

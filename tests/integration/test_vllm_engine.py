@@ -14,6 +14,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -30,6 +31,7 @@ from tests.vllm_stack import Stack, max_err, perturb, serve_vllm, until  # noqa:
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]  # start-up is slow on a busy box
 PROMPTS = [[5, 17, 42, 99, 7, 300, 12], [1, 2, 3], list(range(10, 40)), [100] * 5]
+DISCONNECT_N, DISCONNECT_MAX_TOKENS = 8, 2000
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
@@ -38,7 +40,8 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     """One server per model for the whole module (an engine start is the slow part)."""
     fixture = "tiny_model_dir" if request.param == "tied" else "tiny_model_untied_dir"
     with redis_for_module(tmp_path_factory) as redis_server, serve_vllm(
-            request.getfixturevalue(fixture), redis_server.url, f"vllm-{request.param}") as st:
+            request.getfixturevalue(fixture), redis_server.url, f"vllm-{request.param}",
+            max_tokens=DISCONNECT_MAX_TOKENS) as st:
         yield st
 
 
@@ -357,3 +360,114 @@ def test_openai_chat_completion_with_logprobs(stack: Stack) -> None:
     ref = sequence_logprobs(stack.ref, prompt + ids, len(prompt), 0.7)
     torch.testing.assert_close(torch.tensor([e.logprob for e in content]), torch.tensor(ref),
                                atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------- a client that leaves
+
+
+def _disconnected_count(stack: Stack) -> float:
+    metrics = httpx.get(stack.url + "/metrics", timeout=10).text
+    line = 'gspo_requests_disconnected_total{route="/v1/completions"} '
+    found = [float(x[len(line):]) for x in metrics.splitlines() if x.startswith(line)]
+    return found[0] if found else 0.0
+
+
+def test_disconnected_client_aborts_vllm_request(stack: Stack) -> None:
+    """A client that leaves mid-generation: the request is aborted in vLLM (``AsyncLLM``
+    aborts on cancellation) and nothing is recorded. The hf engine's counterpart, and the
+    reasons, are in ``test_disconnect``."""
+    from contract.redis_schema import Keys
+    from tests.serving import RedisKeys
+
+    rkeys = RedisKeys(stack.redis_url, Keys())
+    (names, counters), disconnected = rkeys.snapshot(), _disconnected_count(stack)
+    generated = stack.engine.stats().extra["tokens_generated"]
+    body = {"model": MODEL_NAME, "prompt": [1, 2, 3], "n": DISCONNECT_N,
+            "max_tokens": DISCONNECT_MAX_TOKENS, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(stack.url + "/v1/completions", json=body,
+                   headers={"Authorization": f"Bearer {API_KEY}"}, timeout=1.0)
+    deadline = time.monotonic() + 300
+    while (stats := stack.engine.stats()).running or stats.waiting:
+        assert time.monotonic() < deadline, f"vLLM still busy: {stats}"
+        time.sleep(0.05)
+    assert stats.extra["tokens_generated"] - generated < DISCONNECT_N * DISCONNECT_MAX_TOKENS
+    time.sleep(0.2)  # a handler that was not cancelled would record right after generation
+    after, after_counters = rkeys.snapshot()
+    assert after - names == frozenset() and after_counters == counters  # nothing recorded
+    assert _disconnected_count(stack) == disconnected + 1
+    rkeys.close()
+
+
+# ---------------------------------------------------------------------- streaming
+
+
+STREAM: dict[str, Any] = dict(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                              n=2, max_tokens=120, seed=3, logprobs=True,
+                              extra_body={"ignore_eos": True})
+
+
+def test_stream_is_incremental_and_recorded_as_non_streamed(stack: Stack) -> None:
+    """``VLLMEngine.generate_stream`` behind ``stream: true`` (the hf engine's tests are in
+    ``test_streaming``): text comes as vLLM produces it (a chunk's log-probabilities show how
+    many tokens existed when it was sent), joins to the non-streamed text for the same seed,
+    and the rollouts are recorded as the non-streamed ones."""
+    import numpy as np
+    import openai
+
+    from contract.redis_schema import Keys, unpack_rollout
+    from tests.serving import RedisKeys
+
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=API_KEY, max_retries=0,
+                           timeout=300)
+    plain = client.chat.completions.create(**STREAM)
+    texts, covered, seen = {0: "", 1: ""}, {0: 0, 1: 0}, []
+    finals: dict[int, Any] = {}
+    for chunk in client.chat.completions.create(stream=True, **STREAM):
+        for c in chunk.choices:
+            covered[c.index] += len(c.logprobs.content) if c.logprobs else 0
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason is None and c.delta.content:
+                seen.append(covered[c.index])
+            if c.finish_reason is not None:
+                finals[c.index] = c
+    assert texts == {i: plain.choices[i].message.content for i in (0, 1)}
+    assert seen and seen[0] < 120, "the first text was sent only once every token existed"
+    rkeys = RedisKeys(stack.redis_url, Keys())
+    for i, want in enumerate(plain.choices):
+        ext, want_ext = finals[i].model_extra, want.model_extra
+        assert ext["token_ids"] == want_ext["token_ids"] and len(ext["token_ids"]) == 120
+        a = unpack_rollout(rkeys.get(rkeys.keys.rollout(ext["rollout_id"])) or b"")
+        b = unpack_rollout(rkeys.get(rkeys.keys.rollout(want_ext["rollout_id"])) or b"")
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        assert a.versions.tolist() == b.versions.tolist()
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-4)
+        assert (a.turns, a.finish_reason, a.metadata) == (b.turns, b.finish_reason, b.metadata)
+    rkeys.close()
+
+
+def test_client_leaving_a_stream_aborts_it(stack: Stack) -> None:
+    from contract.redis_schema import Keys
+    from tests.serving import RedisKeys
+
+    rkeys = RedisKeys(stack.redis_url, Keys())
+    (names, counters) = rkeys.snapshot()
+    generated = stack.engine.stats().extra["tokens_generated"]
+    max_tokens = DISCONNECT_MAX_TOKENS - 100
+    body = {**STREAM, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    del body["extra_body"]
+    with httpx.stream("POST", stack.url + "/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                break  # text is flowing; leave
+    deadline = time.monotonic() + 300
+    while (stats := stack.engine.stats()).running or stats.waiting:
+        assert time.monotonic() < deadline, f"vLLM still busy: {stats}"
+        time.sleep(0.05)
+    assert stats.extra["tokens_generated"] - generated < 2 * max_tokens, "decoded for nobody"
+    time.sleep(0.2)  # a stream that was not cancelled would record right after generation
+    after, after_counters = rkeys.snapshot()
+    assert after - names == frozenset() and after_counters == counters  # nothing recorded
+    rkeys.close()

@@ -1,0 +1,170 @@
+"""Where the queue's Redis CPU goes, per group of 8 rollouts x 1,024 tokens (BENCHMARKS.md,
+"Reward API and Redis queue"): a probe for the next design step, not a goal benchmark.
+
+`flock /work/wt/notes/bench.lock .venv/bin/python benchmarks/probe_queue_redis.py`
+
+One redis-server with the shipped ``docker/redis.conf`` (AOF, everysec); Redis's CPU from
+``/proc`` around each part, per group; each variant run ``--rounds`` times, interleaved, and
+the median printed (the machine is shared: single runs move by +-30%).
+
+1. The rollout bytes in: the 8 packed records as 8 ``SET ... EX`` (what recording does, less
+   the script), as one ``SET`` of their concatenation, and as one ``XADD`` (what the raw
+   baseline of ``bench_queue.py`` writes); 32 groups per round trip.
+2. The record script: ``record_group`` (MULTI, the 8 staged SETs, the record script, EXEC) with
+   the real script, with the real script less its per-rollout writes (RENAME from staging and
+   the rollout -> group key), and with a script that does nothing; 32 groups in flight.
+3. The queue stage by stage, one after the other: ``record_group`` of every group, then their
+   rewards (one list call per group, which publishes it), then the learner's reader (batches
+   of 32, read and acked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import redis  # noqa: E402
+
+from benchmarks.bench_queue import GROUP, cpu_s, start_redis, stop  # noqa: E402
+from contract.redis_schema import RolloutRecord, pack_rollout  # noqa: E402
+from learner.reader import GroupReader  # noqa: E402
+from server.store import RewardItem, RolloutStore, make_redis  # noqa: E402
+from server.store_scripts import RECORD_ROLLOUTS  # noqa: E402
+from tests.queue_helpers import make_rollout  # noqa: E402
+
+_PER_ROLLOUT_WRITES = ("    redis.call('RENAME', sk, ARGV[3] .. rid .. ARGV[4])\n"
+                       "    redis.call('SET', mk, ARGV[1], 'EX', ARGV[2])\n")
+SCRIPTS = {"record script": RECORD_ROLLOUTS,
+           "less per-rollout writes": RECORD_ROLLOUTS.replace(_PER_ROLLOUT_WRITES, ""),
+           "no-op script": "return {}"}
+assert SCRIPTS["less per-rollout writes"] != RECORD_ROLLOUTS
+
+
+def bytes_in(client: redis.Redis, blobs: list[bytes], mode: str, tag: str, n: int) -> None:
+    big = b"".join(blobs)
+    for g0 in range(0, n, 32):
+        p = client.pipeline(transaction=False)
+        for g in range(g0, min(n, g0 + 32)):
+            key = f"probe:{tag}:{g}"
+            if mode == "8 SETs":
+                for i, b in enumerate(blobs):
+                    p.set(f"{key}:{i}", b, ex=3600)
+            elif mode == "1 SET":
+                p.set(key, big, ex=3600)
+            else:
+                p.xadd(f"probe:{tag}", {"group": big})
+        p.execute()
+
+
+async def record(url: str, script: str, groups: list[list[RolloutRecord]]) -> None:
+    client = make_redis(url)
+    store = RolloutStore(client)
+    store._record = client.register_script(script)  # the variant under test
+    sem = asyncio.Semaphore(32)
+
+    async def one(recs: list[RolloutRecord]) -> None:
+        async with sem:
+            await store._record_group(recs[0].group_id, recs, (GROUP, b"\x80"))
+
+    await asyncio.gather(*[one(r) for r in groups])
+    await store.aclose()
+    await client.aclose()
+
+
+async def stage(url: str, groups: list[list[RolloutRecord]], what: str) -> None:
+    client = make_redis(url)
+    store = RolloutStore(client)
+    sem = asyncio.Semaphore(32)
+
+    async def one(recs: list[RolloutRecord]) -> None:
+        async with sem:
+            if what == "record":
+                await store.record_group(recs[0].group_id, GROUP, None, recs)
+            else:
+                out = await store.post_rewards([RewardItem(r.rollout_id, float(i))
+                                                for i, r in enumerate(recs)])
+                assert out.applied and out.results[-1].group_complete
+
+    await asyncio.gather(*[one(r) for r in groups])
+    await store.aclose()
+    await client.aclose()
+
+
+def read_all(client: redis.Redis, n: int) -> None:
+    reader = GroupReader(client)
+    got = 0
+    while got < n:
+        b = reader.read_batch(32, current_version=0, timeout_s=1.0)
+        reader.ack(b.entry_ids)
+        got += len(b.groups)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--groups", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=1024)
+    args = ap.parse_args()
+    n = args.groups
+    templates = [make_rollout(f"t{i}", "t", args.tokens, seed=i) for i in range(GROUP)]
+    blobs = [pack_rollout(t) for t in templates]
+    res: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_redis(Path(tmp))
+        try:
+            client = redis.Redis.from_url(url)
+            for k in range(args.rounds):
+                for mode in ("8 SETs", "1 SET", "XADD"):
+                    c0 = cpu_s(proc.pid)
+                    bytes_in(client, blobs, mode, f"{k}{mode}", n)
+                    res.setdefault(f"bytes in: {mode}", []).append(cpu_s(proc.pid) - c0)
+                for name, script in SCRIPTS.items():
+                    groups = [[dataclasses.replace(t, rollout_id=f"{k}{name}{g}-r{i}",
+                                                   group_id=f"{k}{name}{g}")
+                               for i, t in enumerate(templates)] for g in range(n)]
+                    c0 = cpu_s(proc.pid)
+                    asyncio.run(record(url, script, groups))
+                    res.setdefault(f"record_group: {name}", []).append(cpu_s(proc.pid) - c0)
+                client.flushall()
+                groups = [[dataclasses.replace(t, rollout_id=f"s{k}-{g}-r{i}",
+                                               group_id=f"s{k}-{g}")
+                           for i, t in enumerate(templates)] for g in range(n)]
+                for what in ("record", "reward + publish", "read + ack"):
+                    c0 = cpu_s(proc.pid)
+                    if what == "read + ack":
+                        read_all(client, n)
+                    else:
+                        asyncio.run(stage(url, groups, what.split()[0]))
+                    res.setdefault(f"stage: {what}", []).append(cpu_s(proc.pid) - c0)
+                client.flushall()
+            client.close()
+        finally:
+            stop(proc)
+    print(f"Redis CPU per group of {GROUP} x {args.tokens} tokens, median of {args.rounds} "
+          f"interleaved rounds of {n} groups (all rounds in brackets)")
+    med = {}
+    for name, v in res.items():
+        ms = [1e3 * x / n for x in v]
+        med[name] = statistics.median(ms)
+        print(f"  {name:36s} {med[name]:6.3f} ms  {[round(x, 2) for x in ms]}")
+
+    def ratio(a: str, b: str) -> str:
+        return f"{med[a] / med[b]:.2f}" if med[b] > 0 else "n/a"
+
+    print(f"ratio 1 SET / 8 SETs: {ratio('bytes in: 1 SET', 'bytes in: 8 SETs')}, "
+          f"XADD / 8 SETs: {ratio('bytes in: XADD', 'bytes in: 8 SETs')}")
+    print("ratio to the record script: less per-rollout writes "
+          f"{ratio('record_group: less per-rollout writes', 'record_group: record script')}, "
+          f"no-op script {ratio('record_group: no-op script', 'record_group: record script')}")
+
+
+if __name__ == "__main__":
+    main()

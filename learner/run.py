@@ -1,0 +1,61 @@
+"""Running the learner as a process: graceful-stop signals, and rank 0 vs the other ranks.
+
+``run_learner`` is what ``gspo learn`` calls. SIGINT / SIGTERM ask the ``Learner`` to stop
+after its current step (it checkpoints and acks on the way out); a second signal aborts at
+once with ``KeyboardInterrupt`` (unacked groups are redelivered on the next start). Under
+``torchrun`` rank 0 runs the learner and the other ranks follow it (``learner.follower``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from learner.checkpoint import LearnerState
+from learner.config import LearnerConfig
+from learner.distributed import init_from_env
+from learner.follower import follow
+from learner.loop import Learner
+from learner.sync_base import WeightSync
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def graceful_signals(learner: Learner) -> Iterator[None]:
+    """SIGINT/SIGTERM request a graceful stop of ``learner``; a second one aborts
+    (``KeyboardInterrupt``). The previous handlers are restored on exit."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if learner.stop_requested:
+            raise KeyboardInterrupt
+        log.warning("signal %d: stopping after the current step", signum)
+        learner.request_stop()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> LearnerState | None:
+    """Build a ``Learner`` and run it with graceful-stop signal handlers. Under ``torchrun``
+    rank 0 runs the learner and the other ranks follow it (``learner.follower``); they
+    return ``None``."""
+    dist = init_from_env(config.device, config.data_parallel)
+    try:
+        if dist is not None and not dist.is_main:
+            follow(config, dist)
+            return None
+        learner = Learner(config, sync=sync, dist=dist)
+        with graceful_signals(learner):
+            return learner.run()
+    finally:
+        if dist is not None:
+            import torch.distributed
+
+            torch.distributed.destroy_process_group()
