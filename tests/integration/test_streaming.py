@@ -42,9 +42,6 @@ def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
         yield s
 
 
-
-
-
 def stored(rkeys: RedisKeys, rollout_id: str) -> RolloutRecord:
     raw = rkeys.get(rkeys.keys.rollout(rollout_id))
     assert raw is not None, f"rollout {rollout_id} not in Redis"
@@ -375,3 +372,29 @@ def test_engine_stopping_mid_stream_is_an_error_event(tiny_model_dir: Path,
         assert err.value.body is not None and err.value.body["code"] == "generation_aborted"
     assert rkeys.snapshot() == before, "an aborted stream records nothing"
     rkeys.close()
+
+
+def test_admission_counts_a_streamed_group_until_its_stream_ends(tiny_model_dir: Path,
+                                                                 redis_mod: RedisServer) -> None:
+    """With admission control on, a streamed group holds its slot while its text flows (it is
+    in flight: sampled, not yet recorded) and gives it back once the stream has ended, as a
+    non-streamed request does when its response is sent."""
+    with running_server(tiny_model_dir, redis_mod.url, max_tokens=MAX_TOKENS,
+                        admission=True) as own:
+        gate = own.app.state.admission
+        body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 200, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", f"{own.v1}/chat/completions", json=body, headers=AUTH,
+                          timeout=60) as resp:
+            assert resp.status_code == 200, resp.read()
+            lines = resp.iter_lines()
+            for line in lines:
+                if '"content":"' in line and '"content":""' not in line:
+                    break  # text is flowing
+            assert gate.local == 1, "the streamed group is not counted while it streams"
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        deadline = time.monotonic() + 30
+        while gate.local:
+            assert time.monotonic() < deadline, "the slot was not given back"
+            time.sleep(0.05)
