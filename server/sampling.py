@@ -65,11 +65,14 @@ class GroupResult:
         return sum(len(s.completion.token_ids) for s in self.samples)
 
 
-def check_model(requested: str | None, settings: ServerSettings) -> None:
-    """404 for a model this server does not serve (None: the native route's "any")."""
-    if requested is not None and requested != settings.model_name:
+def check_model(requested: str | None, settings: ServerSettings,
+                served: str | None = None) -> None:
+    """404 for a model this server does not serve (None: the native route's "any");
+    ``served``: ``settings.model_name`` when the caller has it already."""
+    served = settings.model_name if served is None else served
+    if requested is not None and requested != served:
         raise APIError(404, f"model {requested!r} not found: this server serves "
-                            f"{settings.model_name!r}", code="model_not_found")
+                            f"{served!r}", code="model_not_found")
 
 
 def check_prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
@@ -152,23 +155,37 @@ def plan_generation(
                           metadata=dict(body.metadata or {}), route=route)
 
 
+def _engine_refused(exc: BaseException) -> APIError:
+    if isinstance(exc, ValueError):  # the engine refused the request: a check above missed it
+        return APIError(400, f"the engine refused the request: {exc}", code="invalid_request")
+    return APIError(503, f"the engine cannot generate: {exc}",  # stopped, or its scheduler
+                    code="engine_unavailable", headers={"Retry-After": "1"})  # failed
+
+
+async def _generate_all(engine: Engine, prompt: list[int],
+                        params: list[SamplingParams]) -> list[Completion]:
+    if len(params) == 1:  # one sample: awaited as it is, no task to create and schedule
+        try:
+            return [await engine.generate(prompt, params[0])]
+        except (ValueError, RuntimeError) as e:
+            raise _engine_refused(e) from e
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(engine.generate(prompt, p)) for p in params]
+    except* ValueError as eg:
+        raise _engine_refused(eg.exceptions[0]) from eg
+    except* RuntimeError as eg:
+        raise _engine_refused(eg.exceptions[0]) from eg
+    return [t.result() for t in tasks]
+
+
 async def generate_n(engine: Engine, plan: GenerationPlan) -> list[Completion]:
     """The plan's n samples, concurrently (the engine batches them). With a seed, sample i
     uses seed + i. If one fails, the others are cancelled."""
     params = [plan.params if plan.params.seed is None
               else dataclasses.replace(plan.params, seed=plan.params.seed + i)
               for i in range(plan.n)]
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(engine.generate(plan.prompt_token_ids, p))
-                     for p in params]
-    except* ValueError as eg:  # the engine refused the request: a check above missed it
-        raise APIError(400, f"the engine refused the request: {eg.exceptions[0]}",
-                       code="invalid_request") from eg
-    except* RuntimeError as eg:  # the engine is stopped or its scheduler failed
-        raise APIError(503, f"the engine cannot generate: {eg.exceptions[0]}",
-                       code="engine_unavailable", headers={"Retry-After": "1"}) from eg
-    completions = [t.result() for t in tasks]
+    completions = await _generate_all(engine, plan.prompt_token_ids, params)
     if any(c.finish_reason == "abort" for c in completions):
         raise APIError(503, "generation was aborted (the engine is shutting down or "
                             "restarting); nothing was recorded, retry",

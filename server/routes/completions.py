@@ -91,7 +91,7 @@ async def completions(body: CompletionRequest,
         for i, s in enumerate(result.samples)
     ]
     response = CompletionResponse(id=f"cmpl-{result.group_id}", created=int(time.time()),
-                                  model=svc.settings.model_name, choices=choices,
+                                  model=svc.model_name, choices=choices,
                                   usage=usage(result), group_id=result.group_id)
     if body.stream:
         return sse_response(completion_chunks(response, with_usage))
