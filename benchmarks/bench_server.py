@@ -165,16 +165,18 @@ def make_prompts(n: int, prompt_len: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(n)]
 
 
-def cpu_clock(pid: int | None) -> Callable[[], float]:
+def cpu_clock(pid: int | None, thread: int | None = None) -> Callable[[], float]:
     """CPU seconds (user + system, every thread) used so far by process ``pid`` (None: this
-    one). CPU per token is what the server costs on top of the engine whatever else runs on
-    the machine; wall-clock ratios move with other processes' load."""
+    one), or by its thread ``thread`` alone (its id; the main thread's is ``pid``). CPU per
+    token is what the server costs on top of the engine whatever else runs on the machine;
+    wall-clock ratios move with other processes' load."""
     if pid is None:
         return time.process_time
     tick = os.sysconf("SC_CLK_TCK")
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
 
     def read() -> float:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
 
     return read
@@ -266,7 +268,8 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
     prompts = make_prompts(n_all, args.prompt_len, 900)
     engine_clocks = {"serving": cpu_clock(None)}
     server_clocks = {"serving": cpu_clock(server_pid), "client": cpu_clock(None),
-                     "redis": cpu_clock(redis_pid)}
+                     "redis": cpu_clock(redis_pid),  # the server's event loop: its main thread
+                     "loop": cpu_clock(server_pid, server_pid)}
     lengths = request_lengths(n_all, args.max_tokens, "fixed")
 
     async def direct(i: int) -> int:
@@ -341,6 +344,15 @@ def _verdict(ok: bool) -> str:
     return "OK" if ok else "MISSED"
 
 
+def _cpu_split(pairs: list[tuple[Phase, Phase]]) -> tuple[float, float, float]:
+    """Medians of the CPU ms per request: the direct engine's process, the server's event
+    loop (main thread) and the server's other threads (the engine's)."""
+    med = statistics.median
+    return (med(e.cpu_s["serving"] / e.requests * 1e3 for e, _ in pairs),
+            med(s.cpu_s["loop"] / s.requests * 1e3 for _, s in pairs),
+            med((s.cpu_s["serving"] - s.cpu_s["loop"]) / s.requests * 1e3 for _, s in pairs))
+
+
 def report(res: Results, args: argparse.Namespace) -> None:
     n, med = args.concurrency, statistics.median
     lat = [s.latency_s / e.latency_s for e, s in res.c1]
@@ -358,6 +370,10 @@ def report(res: Results, args: argparse.Namespace) -> None:
               f"{_verdict(med(tput) >= 0.95)}  [pairs {min(tput):.3f}..{max(tput):.3f}; "
               f"engine {med(e.tps for e, _ in pairs):.0f} tok/s]; CPU per token "
               f"engine/server {med(cpu):.3f} [{min(cpu):.3f}..{max(cpu):.3f}]")
+        per_req = _cpu_split(pairs)
+        print(f"    CPU per request (medians): engine alone {per_req[0]:.2f} ms; server: event "
+              f"loop thread {per_req[1]:.2f} ms + its other threads (the engine's) "
+              f"{per_req[2]:.2f} ms")
         sides = ([e for e, _ in pairs], [s for _, s in pairs])
         per = {k: [med(ph.engine.get(k, 0.0) for ph in side) for side in sides]
                for k in COUNTERS}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -98,6 +99,16 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
         await asyncio.wait_for(task, SHUTDOWN_TIMEOUT_S)
 
 
+def freeze_startup_objects() -> None:
+    """Moves every object alive once the server has started (torch, transformers, the
+    model: ~400k objects for a tiny model) out of the garbage collector's generations.
+    A full collection walked them all, 190 ms with the GIL held, so the engine's thread
+    stalled for ~24 decode steps each time a burst of requests triggered one; after the
+    freeze it walks only what requests allocated. Start-up garbage is collected first."""
+    gc.collect()
+    gc.freeze()
+
+
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: ServerSettings = app.state.settings
@@ -133,8 +144,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             redis, keys, info, admin_key=admin_key, version=lambda: engine.policy_version)))
         log.info("serving %s (%s engine) as %r", engine.model_path, engine.name,
                  settings.model_name)
+        freeze_startup_objects()
         yield
     finally:
+        gc.unfreeze()  # collectable again (tests start and stop apps in one process)
         for task in reversed(tasks):
             await _cancel(task)
         gate = getattr(app.state, "admission", None)

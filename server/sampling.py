@@ -65,11 +65,14 @@ class GroupResult:
         return sum(len(s.completion.token_ids) for s in self.samples)
 
 
-def check_model(requested: str | None, settings: ServerSettings) -> None:
-    """404 for a model this server does not serve (None: the native route's "any")."""
-    if requested is not None and requested != settings.model_name:
+def check_model(requested: str | None, settings: ServerSettings,
+                served: str | None = None) -> None:
+    """404 for a model this server does not serve (None: the native route's "any");
+    ``served``: ``settings.model_name`` when the caller has it already."""
+    served = settings.model_name if served is None else served
+    if requested is not None and requested != served:
         raise APIError(404, f"model {requested!r} not found: this server serves "
-                            f"{settings.model_name!r}", code="model_not_found")
+                            f"{served!r}", code="model_not_found")
 
 
 def check_prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
@@ -179,13 +182,20 @@ def check_not_aborted(completions: list[Completion]) -> None:
 async def generate_n(engine: Engine, plan: GenerationPlan) -> list[Completion]:
     """The plan's n samples, concurrently (the engine batches them). With a seed, sample i
     uses seed + i. If one fails, the others are cancelled."""
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(engine.generate(plan.prompt_token_ids, p))
-                     for p in sample_params(plan)]
-    except* (ValueError, RuntimeError) as eg:
-        raise engine_error(eg.exceptions[0]) from eg
-    completions = [t.result() for t in tasks]
+    params = sample_params(plan)
+    if len(params) == 1:  # one sample: awaited as it is, no task to create and schedule
+        try:
+            completions = [await engine.generate(plan.prompt_token_ids, params[0])]
+        except (ValueError, RuntimeError) as exc:
+            raise engine_error(exc) from exc
+    else:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(engine.generate(plan.prompt_token_ids, p))
+                         for p in params]
+        except* (ValueError, RuntimeError) as eg:
+            raise engine_error(eg.exceptions[0]) from eg
+        completions = [t.result() for t in tasks]
     check_not_aborted(completions)
     return completions
 

@@ -10,11 +10,12 @@ way vLLM's OpenAI layer gives each resource one serving object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from server.api_models import ChatCompletionRequest, SamplingFields
-from server.chat import TokenTexts, completion_text, end_token_ids
+from server.chat import TokenTexts, completion_text, end_token_ids, sequence_decoder
 from server.engines.base import Completion, Engine
 from server.episodes import PlannedTurn, commit_turn, episode_turn, plan_turn
 from server.metrics import ServerMetrics
@@ -40,14 +41,24 @@ class SamplingService:
     texts: TokenTexts
     settings: ServerSettings
     metrics: ServerMetrics
+    # Computed once: the tokenizer's added vocabulary (behind the end ids) is rebuilt as a
+    # dict on every call, and the model name parses a path (~0.1 ms a request together).
+    _stop_ids: tuple[int, ...] = field(init=False, repr=False)
+    _decode: Callable[[list[int]], str] = field(init=False, repr=False)
+    model_name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_stop_ids", end_token_ids(self.tokenizer))
+        object.__setattr__(self, "_decode", sequence_decoder(self.tokenizer))
+        object.__setattr__(self, "model_name", self.settings.model_name)
 
     def check_model(self, requested: str | None) -> None:
         """404 for a model this server does not serve."""
-        check_model(requested, self.settings)
+        check_model(requested, self.settings, self.model_name)
 
     def stop_token_ids(self) -> tuple[int, ...]:
         """EOS and end-of-turn ids (``server.chat.end_token_ids``)."""
-        return end_token_ids(self.tokenizer)
+        return self._stop_ids
 
     def plan(self, body: SamplingFields, prompt_ids: list[int], *, max_tokens: int | None,
              top_logprobs: int, route: str) -> GenerationPlan:
@@ -90,7 +101,7 @@ class SamplingService:
 
     def text(self, completion: Completion, stop_ids: tuple[int, ...]) -> str:
         """The completion's text as the client sees it (end tokens dropped)."""
-        return completion_text(self.tokenizer, completion, stop_ids)
+        return completion_text(self.tokenizer, completion, stop_ids, self._decode)
 
     def first_version(self, completion: Completion) -> int:
         """The policy version that sampled the completion's first token."""

@@ -116,7 +116,7 @@ def chat_response(result: GroupResult, body: ChatCompletionRequest, svc: Samplin
                                          with_tools), k)
                for i, s in enumerate(result.samples)]
     return ChatCompletionResponse(id=f"chatcmpl-{result.group_id}", created=int(time.time()),
-                                  model=svc.settings.model_name, choices=choices,
+                                  model=svc.model_name, choices=choices,
                                   usage=usage(result), group_id=result.group_id)
 
 

@@ -102,5 +102,5 @@ def completion_response(result: GroupResult, body: CompletionRequest, svc: Sampl
         for i, s in enumerate(result.samples)
     ]
     return CompletionResponse(id=f"cmpl-{result.group_id}", created=int(time.time()),
-                              model=svc.settings.model_name, choices=choices,
+                              model=svc.model_name, choices=choices,
                               usage=usage(result), group_id=result.group_id)

@@ -75,6 +75,6 @@ async def rollouts(body: RolloutRequest, svc: SamplingDep) -> RolloutResponse:
         )
         for s in result.samples
     ]
-    return RolloutResponse(group_id=result.group_id, model=svc.settings.model_name,
+    return RolloutResponse(group_id=result.group_id, model=svc.model_name,
                            prompt_token_ids=result.prompt_token_ids, rollouts=out,
                            usage=usage(result))

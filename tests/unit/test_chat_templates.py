@@ -7,6 +7,9 @@ tiny tokenizer: concurrency safety, which tokens are control tokens, and what st
   is not special) passes as the token it is, from a user or in an unclosed assistant reasoning.
 - With sanitizing off, an episode's own assistant messages are still encoded as text so a
   spelled end-of-turn marker cannot shift where the model's turn ends.
+- ``sequence_decoder`` (the completion text's fast path) gives ``tokenizer.decode``'s text
+  for random ids, special and added tokens included, and falls back to ``decode`` for a
+  tokenizer that cleans up spaces.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from server.chat import end_token_ids, render_chat_prompt
+from server.chat import end_token_ids, render_chat_prompt, sequence_decoder
 from server.errors import APIError
 from server.tiny_model import build_tokenizer
 from tests.template_models import template_tokenizer
@@ -169,3 +172,24 @@ def test_episode_turn_after_a_spelled_end_marker_appends_only_the_new_messages(
                                                    settings))
     assert extends
     assert qwen3.decode(new_ids) == "\n<|im_start|>user\nn<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_sequence_decoder_gives_the_text_of_decode(tiny: Any, qwen3: Any, llama3: Any) -> None:
+    rng = random.Random(7)
+    for tok in (tiny, qwen3, llama3):
+        decode = sequence_decoder(tok)
+        assert decode.__name__ == "fast"  # these tokenizers take the fast path
+        vocab = len(tok)
+        cases = [[], [vocab - 1], list(range(vocab - 8, vocab))]
+        cases += [[rng.randrange(vocab) for _ in range(rng.randint(1, 200))] for _ in range(200)]
+        for ids in cases:
+            assert decode(ids) == tok.decode(ids, skip_special_tokens=False), ids
+
+
+def test_sequence_decoder_falls_back_when_the_tokenizer_cleans_up_spaces() -> None:
+    tok = build_tokenizer(1024)
+    tok.clean_up_tokenization_spaces = True
+    decode = sequence_decoder(tok)
+    assert decode.__name__ == "slow"
+    ids = tok.encode("a , b . c ! d's")
+    assert decode(ids) == tok.decode(ids, skip_special_tokens=False)

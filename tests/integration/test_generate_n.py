@@ -1,0 +1,51 @@
+"""``server.sampling.generate_n`` over the real hf engine: a one-sample request awaits the
+engine directly, a group runs its samples as tasks; both map the engine's refusals alike
+(ValueError -> 400 invalid_request, a stopped engine -> 503 engine_unavailable), and with a
+seed sample i is sampled with seed + i either way."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from server.engines.base import SamplingParams
+from server.engines.hf import HFEngine
+from server.errors import APIError
+from server.sampling import GenerationPlan, generate_n
+
+PROMPT = [5, 6, 7, 8]
+
+
+def plan(n: int, prompt: list[int] = PROMPT, seed: int | None = 3) -> GenerationPlan:
+    return GenerationPlan(prompt_token_ids=prompt, n=n, metadata={}, route="test",
+                          params=SamplingParams(max_tokens=6, temperature=1.0, seed=seed))
+
+
+async def _checks(path: Path) -> None:
+    engine = HFEngine(str(path), max_batch_size=8)
+    await engine.start()
+    try:
+        one = await generate_n(engine, plan(1))
+        group = await generate_n(engine, plan(3))
+        assert len(one) == 1 and len(group) == 3
+        assert one[0].token_ids == group[0].token_ids  # sample 0: seed 3 both ways
+        later = await generate_n(engine, plan(1, seed=5))
+        assert later[0].token_ids == group[2].token_ids  # sample 2 of the group: seed 5
+        for n in (1, 3):
+            with pytest.raises(APIError) as refused:  # outside the vocabulary
+                await generate_n(engine, plan(n, prompt=[engine.vocab_size]))
+            assert refused.value.status_code == 400
+            assert refused.value.body()["error"]["code"] == "invalid_request"
+    finally:
+        await engine.shutdown()
+    for n in (1, 3):
+        with pytest.raises(APIError) as stopped:
+            await generate_n(engine, plan(n))
+        assert stopped.value.status_code == 503
+        assert stopped.value.body()["error"]["code"] == "engine_unavailable"
+
+
+def test_one_sample_and_a_group_map_refusals_alike(tiny_model_dir: Path) -> None:
+    asyncio.run(asyncio.wait_for(_checks(tiny_model_dir), 120))
