@@ -374,12 +374,13 @@ def test_engine_stopping_mid_stream_is_an_error_event(tiny_model_dir: Path,
     rkeys.close()
 
 
-def test_admission_counts_a_streamed_group_until_its_stream_ends(tiny_model_dir: Path,
-                                                                 redis_mod: RedisServer) -> None:
+def test_admission_counts_a_streamed_group_until_its_stream_ends(
+        tiny_model_dir: Path, redis_server: RedisServer) -> None:
     """With admission control on, a streamed group holds its slot while its text flows (it is
     in flight: sampled, not yet recorded) and gives it back once the stream has ended, as a
-    non-streamed request does when its response is sent."""
-    with running_server(tiny_model_dir, redis_mod.url, max_tokens=MAX_TOKENS,
+    non-streamed request does when its response is sent. (Its own Redis: the groups the other
+    tests left open would count as in flight.)"""
+    with running_server(tiny_model_dir, redis_server.url, max_tokens=MAX_TOKENS,
                         admission=True) as own:
         gate = own.app.state.admission
         body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 200, "ignore_eos": True,
