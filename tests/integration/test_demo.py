@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gspo.runlog import read_metrics
+from gspo.runlog import ENV_WINDOW, read_metrics
 from gspo.up import UpConfig, run_up
 
 
@@ -19,8 +19,12 @@ def test_gspo_up_learns_the_demo_task(tmp_path):
     by_version = {v: mean for v, mean, _ in result.sampled}
     assert by_version[0] < 0.65, f"version 0 above chance: {by_version[0]:.2f}"  # ~0.5
     env = [r["reward"] for r in read_metrics(tmp_path / "run" / "env_rewards.jsonl")]
-    late = sum(env[-32:]) / 32
-    assert late >= 0.8, f"reward rose only to {late:.2f} in {result.seconds:.0f} s"
+    # (``target_reached``, asserted above, is this log's: 32 consecutive groups >= 0.8.)
+    # The groups still in flight when the learner stopped came from the trained policy too
+    # (the last window is ~0.8 +- 0.025 of sampling noise: the check is that it did not fall
+    # back, not that it stayed above the target)
+    late = sum(env[-ENV_WINDOW:]) / ENV_WINDOW
+    assert late >= 0.7, f"the last {ENV_WINDOW} groups fell back to {late:.2f}"
     assert result.plot_path is not None and result.plot_path.stat().st_size > 10_000
     records = [r for r in read_metrics(result.metrics_path) if r.get("event") == "step"]
     assert all("staleness" in r and "clip_fraction" in r for r in records)
