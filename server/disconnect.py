@@ -6,11 +6,10 @@ rewards, so the decoding is wasted and the group it would record only expires. T
 middleware watches the connection once the request body has been read: on
 ``http.disconnect`` before the response has started, or while a streamed response
 (``text/event-stream``, ``server.streaming``) is still being sent, it cancels the request's
-task. The
-cancellation reaches the engine's ``generate`` / ``generate_stream`` (the hf engine drops the
-rows before its next step, vLLM's ``AsyncLLM.generate`` aborts the request on cancellation),
-and since rollouts are written to Redis only after generation (streamed: after every sample
-ended, before the final chunks), nothing is recorded for the request.
+task. The cancellation reaches the engine's ``generate`` / ``generate_stream`` (the hf engine
+drops the rows before its next step, vLLM's ``AsyncLLM.generate`` aborts the request on
+cancellation), and since rollouts are written to Redis only after generation (streamed: after
+every sample ended, before the final chunks), nothing is recorded for the request.
 
 Only the routes in ``paths`` are watched (the sampling routes): a reward post is short and must
 finish once it has started (its write is atomic anyway). Cancelled requests are counted in
