@@ -403,8 +403,7 @@ class HFEngine(Engine):
         self._evict(finished)
         self._window.ended(len(ends))
         deliver(ends)
-        notify_progress(r for r, done in zip(rows, finished[offset:], strict=True)
-                        if r.progress is not None and not done)
+        notify_progress(r for r, done in zip(rows, finished[offset:], strict=True) if not done)
 
     def _evict(self, drop: list[bool]) -> None:
         """Remove rows flagged in ``drop`` and cache columns no remaining row attends to."""
