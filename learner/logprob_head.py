@@ -29,11 +29,18 @@ from collections.abc import Callable
 
 import torch
 
+from learner import head_kernels
+
 ChunkFn = Callable[[torch.Tensor, torch.Tensor, slice], torch.Tensor]
 
 # About 2**26 logits per chunk: 256 MiB in float32, a few hundred rows at V = 152k (a matrix
 # multiply that still fills a GPU).
 CHUNK_ELEMS = 2**26
+# bf16/fp16 on CUDA: 2**28 logits (512 MiB; ~1,770 rows at V = 152k). Fewer chunks, fewer
+# float32 read-modify-writes of the [V, D] weight gradient that every chunk adds to; the
+# softmax kernels (learner.head_kernels) keep no float32 [C, V] copy, so the peak stays one
+# chunk of logits.
+HALF_CHUNK_ELEMS = 2**28
 
 
 class LogSoftmaxPick:
@@ -77,11 +84,18 @@ class _FusedHead(torch.autograd.Function):
         ft = torch.promote_types(hidden_ND.dtype, torch.float32)
         out_N = torch.empty(n, dtype=ft, device=hidden_ND.device)
         step = _rows_per_chunk(v, chunk_elems)
+        # The default log-softmax on CUDA half logits: Triton kernels, the log-sum-exp kept.
+        kernels = isinstance(chunk_fn, LogSoftmaxPick) and head_kernels.available(hidden_ND)
+        lse_N = torch.empty(n, dtype=torch.float32, device=hidden_ND.device) if kernels \
+            else None
         for a in range(0, n, step):
             rows = slice(a, min(a + step, n))
             logits_CV = hidden_ND[rows] @ weight_VD.T
-            out_N[rows] = chunk_fn(logits_CV, targets_N[rows], rows)
-        ctx.save_for_backward(hidden_ND, weight_VD, targets_N)
+            if lse_N is not None:
+                out_N[rows], lse_N[rows] = head_kernels.lse_pick(logits_CV, targets_N[rows])
+            else:
+                out_N[rows] = chunk_fn(logits_CV, targets_N[rows], rows)
+        ctx.save_for_backward(hidden_ND, weight_VD, targets_N, lse_N)
         ctx.chunk_fn, ctx.step = chunk_fn, step  # type: ignore[attr-defined]
         return out_N
 
@@ -89,7 +103,7 @@ class _FusedHead(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx, grad_N: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
-        hidden_ND, weight_VD, targets_N = ctx.saved_tensors  # type: ignore[attr-defined]
+        hidden_ND, weight_VD, targets_N, lse_N = ctx.saved_tensors  # type: ignore[attr-defined]
         need_h, need_w = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
         n, step = hidden_ND.shape[0], ctx.step  # type: ignore[attr-defined]
         grad_h = torch.empty_like(hidden_ND) if need_h else None
@@ -99,8 +113,12 @@ class _FusedHead(torch.autograd.Function):
         for a in range(0, n, step):
             rows = slice(a, min(a + step, n))
             h_CD = hidden_ND[rows]
-            g_CV = _grad_logits(ctx.chunk_fn, h_CD @ weight_VD.T,  # type: ignore[attr-defined]
-                                targets_N[rows], rows, grad_N[rows])
+            if lse_N is not None:
+                g_CV = head_kernels.grad_into(h_CD @ weight_VD.T, targets_N[rows], lse_N[rows],
+                                              grad_N[rows])
+            else:
+                g_CV = _grad_logits(ctx.chunk_fn, h_CD @ weight_VD.T,  # type: ignore[attr-defined]
+                                    targets_N[rows], rows, grad_N[rows])
             if grad_h is not None:
                 grad_h[rows] = g_CV @ weight_VD
             if grad_w is not None:
@@ -130,7 +148,7 @@ def fused_logprobs(
     targets_N: torch.Tensor,
     chunk_fn: ChunkFn | None = None,
     temperature_N: torch.Tensor | None = None,
-    chunk_elems: int = CHUNK_ELEMS,
+    chunk_elems: int | None = None,
 ) -> torch.Tensor:
     """``chunk_fn((hidden / temperature) @ weight.T, targets)`` row by row, chunked (see the
     module doc); ``chunk_fn`` defaults to ``LogSoftmaxPick``.
@@ -148,4 +166,7 @@ def fused_logprobs(
         return (hidden_ND.sum(-1) * 0.0).to(torch.promote_types(hidden_ND.dtype,
                                                                 torch.float32))
     fn = chunk_fn if chunk_fn is not None else LogSoftmaxPick()
+    if chunk_elems is None:
+        half = hidden_ND.dtype in (torch.bfloat16, torch.float16) and hidden_ND.is_cuda
+        chunk_elems = HALF_CHUNK_ELEMS if half else CHUNK_ELEMS
     return _FusedHead.apply(hidden_ND, weight_VD, targets_N, fn, chunk_elems)

@@ -7,7 +7,8 @@ that restart at 0 for each sequence; attention must then stay inside each sequen
 ``attention_mask`` is ``None``: ``flash_attention_2`` turns them into ``cu_seqlens`` (varlen
 kernels, no mask), ``flex_attention`` into a block-sparse mask, ``sdpa``/``eager`` into a
 dense block-diagonal causal mask (exact, used on the CPU; its ``N x N`` cost is why packing is
-not the CPU default).
+not the CPU default). ``learner.varlen`` (the CUDA default without flash-attn) takes the
+sequence offsets (``PackedRows.attention_kwargs``).
 
 Every position's hidden state is the one the padded forward gives (same tokens before it,
 same positions), so the log-probabilities are equal up to float rounding.
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,14 @@ class PackedRows:
     input_ids_1N: torch.Tensor  # int64 [1, N]
     position_ids_1N: torch.Tensor  # int64 [1, N], restarting at 0 per sequence
     real_BT: torch.Tensor  # bool [B, T-1]: input positions that were packed (row-major order)
+    cu_seqlens_S1: torch.Tensor  # int32 [S+1]: where each packed sequence starts (S non-empty)
+    max_len: int  # the longest packed sequence
+
+    def attention_kwargs(self) -> dict[str, torch.Tensor | int]:
+        """transformers' variable-length keywords (flash-attention names), for attentions
+        that take the packing from offsets rather than from the position ids."""
+        return {"cu_seq_lens_q": self.cu_seqlens_S1, "cu_seq_lens_k": self.cu_seqlens_S1,
+                "max_length_q": self.max_len, "max_length_k": self.max_len}
 
 
 def pack_inputs(tokens_BT: torch.Tensor, attention_BT: torch.Tensor) -> PackedRows:
@@ -37,8 +47,13 @@ def pack_inputs(tokens_BT: torch.Tensor, attention_BT: torch.Tensor) -> PackedRo
     hidden states independent of it). Works for left or right padding."""
     att_BT = (attention_BT[:, :-1] > 0) & (attention_BT[:, 1:] > 0)
     pos_BT = att_BT.long().cumsum(1) - 1
+    lengths_B = att_BT.sum(1)
+    lengths_S = lengths_B[lengths_B > 0]
+    cu_S1 = F.pad(lengths_S.cumsum(0), (1, 0)).to(torch.int32)
+    max_len = int(lengths_S.max()) if lengths_S.numel() else 0
     return PackedRows(input_ids_1N=tokens_BT[:, :-1][att_BT][None],
-                      position_ids_1N=pos_BT[att_BT][None], real_BT=att_BT)
+                      position_ids_1N=pos_BT[att_BT][None], real_BT=att_BT,
+                      cu_seqlens_S1=cu_S1, max_len=max_len)
 
 
 def target_positions(attention_BT: torch.Tensor, mask_BT: torch.Tensor | None) -> torch.Tensor:

@@ -41,6 +41,10 @@ from torch import nn
 from contract.sampling_dist import sampled_logprobs, truncating
 from learner.logprob_head import ChunkFn, fused_logprobs
 from learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
+from learner.varlen import NAME as VARLEN
+
+# Attentions that read a packed row's sequence offsets (``PackedRows.attention_kwargs``).
+_OFFSET_ATTENTIONS = (VARLEN, "flash_attention_2")
 
 # Row chunk of the logprob kernel: about 2**24 float32 elements (64 MiB) at a time.
 _CHUNK_ELEMS = 2**24
@@ -262,8 +266,10 @@ class Policy:
         with self._autocast():
             if self.packing:
                 p = pack_inputs(tokens_BT, attention_BT)
+                offsets = p.attention_kwargs() if getattr(
+                    self.model.config, "_attn_implementation", None) in _OFFSET_ATTENTIONS else {}
                 h_ND = base(input_ids=p.input_ids_1N, position_ids=p.position_ids_1N,
-                            attention_mask=None, use_cache=False).last_hidden_state[0]
+                            attention_mask=None, use_cache=False, **offsets).last_hidden_state[0]
                 h_KD = h_ND[packed_selection(p, sel_BT)]
             else:
                 h_KD = base(input_ids=tokens_BT[:, :-1], attention_mask=attention_BT[:, :-1],

@@ -6,10 +6,11 @@ Levers and their "auto" rules (``LearnerConfig``: ``param_dtype``, ``packing``,
 
 - bf16 parameters with float32 master weights (``learner.precision``): on CUDA, unless the
   model is FSDP-sharded (FSDP2 keeps its float32 shards). float32 on the CPU (exact).
-- Packing (``learner.packing``): on CUDA (not under FSDP), with variable-length attention:
-  flash-attention-2 (``cu_seqlens``) when the ``flash_attn`` package is installed, else
-  PyTorch's flex attention (a block-sparse mask). Off on the CPU: its attention there is a
-  dense ``N x N`` mask.
+- Packing (``learner.packing``): on CUDA with bf16 parameters (not under FSDP), with
+  variable-length attention: flash-attention-2 (``cu_seqlens``) when the ``flash_attn``
+  package is installed, else ``learner.varlen`` (PyTorch's bundled FlashAttention-2 varlen
+  kernels; flex attention is not used: its Inductor lowering failed on an H100 with torch
+  2.11). Off on the CPU: its attention there is a dense ``N x N`` mask.
 - Fused AdamW (one kernel for all parameters): on CUDA.
 - Gradient checkpointing by size: on when the estimated activations of one microbatch, with
   the weights, gradients and optimizer state, would exceed 80% of the GPU's memory
@@ -27,6 +28,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from learner import varlen
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +51,14 @@ class SpeedPlan:
 
 def pick_attention(device: torch.device, packing: bool, dtype: torch.dtype) -> str | None:
     """A variable-length attention for packed rows on CUDA; ``None`` keeps the model's.
-    flash-attention-2 only for bf16 weights (its kernels take no float32)."""
+    flash-attention-2 when the flash-attn package is installed and the weights are bf16 (its
+    kernels take no float32), else ``learner.varlen`` (PyTorch's own FlashAttention-2 varlen
+    kernels for bf16; one SDPA per sequence for float32)."""
     if device.type != "cuda" or not packing:
         return None
-    fa2 = dtype == torch.bfloat16 and importlib.util.find_spec("flash_attn") is not None
-    return "flash_attention_2" if fa2 else "flex_attention"
+    if dtype == torch.bfloat16 and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return varlen.register()
 
 
 def activation_bytes_per_token(model_config: Any, dtype_bytes: int) -> int:
@@ -86,7 +92,10 @@ def plan_speed(config: Any, model: nn.Module, device: torch.device, sharded: boo
                          "shards stay float32); use bf16_autocast there")
     dtype = torch.bfloat16 if dtype_name == "bfloat16" else torch.float32
     # FSDP-sharded policies keep the padded logits path (learner.policy), so no packing there.
-    packing = not sharded and (config.packing == "on" or (config.packing == "auto" and cuda))
+    # "auto" packs bf16 on CUDA (flash varlen kernels); float32 there would attend one
+    # sequence at a time.
+    packing = not sharded and (config.packing == "on" or (
+        config.packing == "auto" and cuda and dtype == torch.bfloat16))
     ckpt = config.gradient_checkpointing
     if ckpt is None and cuda and not sharded:
         n_params = sum(p.numel() for p in model.parameters())

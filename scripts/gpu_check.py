@@ -75,6 +75,11 @@ def server_args(devices: dict[str, str], engine: str) -> tuple[list[str], dict[s
     return ["--engine", "vllm", *(["--gpu-memory-utilization", "0.3"] if shared else [])], env
 
 
+def _pythonpath() -> str:
+    """The repository first, then what the caller had (packages carried beside it)."""
+    return os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def require_parts() -> str:
     """redis-server and the server's Python packages, or a clear failure."""
     missing = [m for m in ("fastapi", "uvicorn", "redis", "transformers", "httpx")
@@ -154,7 +159,7 @@ def start_stack(procs: Processes, run_dir: Path, devices: dict[str, str], dtype:
                            "--redis-url", redis_url, "--server-id", "gpu-check",
                            "--log-level", "warning"],
                 env={"GSPO_API_KEY": API_KEY, "GSPO_ADMIN_KEY": ADMIN_KEY,
-                     "PYTHONPATH": str(REPO), **env})
+                     "PYTHONPATH": _pythonpath(), **env})
     url = f"http://127.0.0.1:{port}"
     wait_until("the server's /health", lambda: httpx.get(f"{url}/health").status_code == 200,
                deadline, lambda: procs.alive("server"))

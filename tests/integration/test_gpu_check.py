@@ -69,7 +69,8 @@ def _run_check(tmp_path: Path, *args: str) -> dict:
         [sys.executable, "scripts/gpu_check.py", *args, "--steps", "2", "--timeout-s", "400",
          "--json", str(tmp_path / "s.json"), "--run-dir", str(tmp_path / "run")],
         cwd=REPO, capture_output=True, text=True, timeout=500,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads((tmp_path / "s.json").read_text())
 

@@ -87,20 +87,50 @@ def test_packed_forward_sees_one_row_without_padding(tiny_model_dir):
     assert n_inputs < mb.tokens_BT[:, :-1].numel()  # there was padding to drop
 
 
-def test_flex_attention_keeps_packed_sequences_apart(tiny_model_dir):
-    """flex attention (the CUDA default without flash-attn) reads the packing from the
-    restarting position ids: its packed forward equals the padded sdpa one. Forward only:
-    flex attention has no backward on the CPU."""
-    policy = Policy.load(tiny_model_dir, device="cpu")
+@pytest.mark.parametrize("tied", [True, False])
+def test_varlen_attention_packed_equals_padded(tied, tiny_model_dir, tiny_model_untied_dir):
+    """``learner.varlen`` (the CUDA default without flash-attn) takes the sequence offsets
+    through the model's forward; on the CPU it attends one sequence at a time, exactly: its
+    packed log-probs and gradients equal the padded sdpa ones."""
+    from learner import varlen
+
+    policy = Policy.load(tiny_model_dir if tied else tiny_model_untied_dir, device="cpu")
     mb = _batch(policy)
-    args = (mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
-    with torch.no_grad():
-        padded = policy.token_logprobs(*args)
-        policy.model.set_attn_implementation("flex_attention")
-        policy.packing = True
-        packed = policy.token_logprobs(*args)
+    w = torch.randn(mb.tokens_BT.shape, generator=torch.Generator().manual_seed(3))
+    padded, g_padded = _lp_and_grads(policy, mb, w)
+    policy.model.set_attn_implementation(varlen.register())
+    policy.packing = True
+    calls: list[int] = []
+    real = varlen.reference_varlen
+    try:
+        varlen.reference_varlen = lambda *a: calls.append(len(a[3]) - 1) or real(*a)
+        packed, g_packed = _lp_and_grads(policy, mb, w)
+    finally:
+        varlen.reference_varlen = real
+    assert calls and set(calls) == {mb.tokens_BT.shape[0]}  # every layer saw every sequence
     trained = mb.mask_BT > 0
-    torch.testing.assert_close(packed[trained], padded[trained], rtol=2e-6, atol=1e-5)
+    torch.testing.assert_close(packed[trained], padded[trained], rtol=2e-6, atol=2e-6)
+    for name, g in g_packed.items():
+        scale = float(g_padded[name].abs().max())
+        assert float((g - g_padded[name]).abs().max()) <= 1e-5 * scale, name
+
+
+def test_varlen_attention_refuses_unpacked_input(tiny_model_dir):
+    from learner import varlen
+
+    policy = Policy.load(tiny_model_dir, device="cpu")
+    policy.model.set_attn_implementation(varlen.register())
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        policy.model(input_ids=torch.tensor([[1, 2, 3]]))
+
+
+def test_pack_inputs_sequence_offsets_skip_empty_rows():
+    tokens = torch.tensor([[5, 6, 7, 8], [9, 0, 0, 0], [0, 11, 12, 13]])
+    attention = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [0, 1, 1, 1]])
+    p = pack_inputs(tokens, attention)
+    assert p.cu_seqlens_S1.tolist() == [0, 3, 5] and p.max_len == 3
+    assert p.cu_seqlens_S1.dtype == torch.int32
+    assert p.attention_kwargs()["max_length_q"] == 3
 
 
 def test_top_p_top_k_rows_through_the_fused_head_equal_the_logits_path(tiny_model_dir,
@@ -134,3 +164,30 @@ def test_top_p_top_k_rows_through_the_fused_head_equal_the_logits_path(tiny_mode
         torch.testing.assert_close(got[trained], ref[trained], rtol=2e-6, atol=1e-5)
         for name, g in g_ref.items():
             assert float((grads[name] - g).abs().max()) <= 1e-5 * float(g.abs().max()), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,kv_heads", [(14, 2), (4, 4)])
+def test_cuda_flash_varlen_equals_attention_per_sequence(heads, kv_heads):
+    """PyTorch's FlashAttention-2 varlen kernels (bf16) against one float32 SDPA per sequence:
+    outputs and the gradients of q, k and v (grouped KV heads as they are)."""
+    from learner import varlen
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lengths = [1, 37, 300, 128, 5]
+    n, d = sum(lengths), 64
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda",
+                      dtype=torch.int32)
+    q, k, v = (torch.randn(n, h, d, device="cuda", generator=g).bfloat16().requires_grad_(True)
+               for h in (heads, kv_heads, kv_heads))
+    w = torch.randn(n, heads, d, device="cuda", generator=g)
+    out = varlen.varlen_causal(q, k, v, cu, max(lengths), 0.125)
+    grads = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
+    qf, kf, vf = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    ref = varlen.reference_varlen(qf, kf, vf, cu, 0.125)
+    ref_grads = torch.autograd.grad((ref * w).sum(), (qf, kf, vf))
+    assert out.shape == (n, heads, d) and out.dtype == torch.bfloat16
+    assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert a.shape == b.shape
+        assert float((a.float() - b).norm() / b.norm()) < 2e-2

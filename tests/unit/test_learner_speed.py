@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
+from learner import varlen
 from learner.config import LearnerConfig
 from learner.policy import Policy
 from learner.precision import MasterWeights
@@ -37,14 +38,17 @@ def test_auto_levers_on_cuda_threaded_through_the_device_argument(tiny_model_dir
     cuda = torch.device("cuda")
     plan = plan_speed(_cfg(tiny_model_dir, gradient_checkpointing=False), model, cuda, False)
     assert plan.param_dtype == torch.bfloat16 and plan.packing and plan.fused_adamw
-    assert plan.attn_implementation in ("flash_attention_2", "flex_attention")
+    assert plan.attn_implementation in ("flash_attention_2", varlen.NAME)
     sharded = plan_speed(_cfg(tiny_model_dir, gradient_checkpointing=False), model, cuda, True)
     assert sharded.param_dtype == torch.float32 and not sharded.packing
     with pytest.raises(ValueError, match="FSDP2"):
         plan_speed(_cfg(tiny_model_dir, param_dtype="bfloat16"), model, cuda, True)
     f32 = plan_speed(_cfg(tiny_model_dir, param_dtype="float32", gradient_checkpointing=False),
                      model, cuda, False)
-    assert f32.packing and f32.attn_implementation == "flex_attention"  # no fp32 flash-attn
+    assert not f32.packing and f32.attn_implementation is None  # no fp32 flash kernels
+    f32_on = plan_speed(_cfg(tiny_model_dir, param_dtype="float32", packing="on",
+                             gradient_checkpointing=False), model, cuda, False)
+    assert f32_on.packing and f32_on.attn_implementation == varlen.NAME  # per sequence
     off = plan_speed(_cfg(tiny_model_dir, packing="off", param_dtype="float32",
                           gradient_checkpointing=False), model, cuda, False)
     assert not off.packing and off.attn_implementation is None

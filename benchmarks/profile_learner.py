@@ -1,0 +1,86 @@
+"""Where a learner step's GPU time goes: one ``Trainer.step`` under ``torch.profiler``.
+
+    python benchmarks/profile_learner.py [--shape 0.5b --micro-batch-tokens 16384 --naive]
+
+Builds the trainer exactly as ``bench_learner.py`` does (ours, or ``--naive`` for its
+baseline), runs a warm-up step, profiles the next one and prints the operators with the most
+self device time, plus the share of the step that matrix multiplies, copies, attention and
+elementwise kernels take. ``--trace FILE`` also writes a Chrome trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_learner import SHAPES, make_groups, make_trainer  # noqa: E402
+
+# Kernel-name fragments -> category (first match wins; lower-case).
+CATEGORIES = (("attention", ("flash", "attention", "fmha", "sdpa", "flex")),
+              ("matmul", ("gemm", "sm90_xmma", "cutlass", "nvjet", "cublas", "matmul")),
+              ("copy/cast", ("copy", "cast", "to_copy", "memcpy", "memset")),
+              ("softmax", ("softmax", "logsumexp")),
+              ("optimizer", ("adam", "multi_tensor", "foreach")),
+              ("reduce", ("reduce", "norm")))
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    return next((c for c, keys in CATEGORIES if any(k in low for k in keys)), "elementwise/other")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--naive", action="store_true", help="profile the naive baseline instead")
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--completion", type=int, default=768)
+    ap.add_argument("--minibatches", type=int, default=2)
+    ap.add_argument("--micro-batch-tokens", type=int, default=16384)
+    ap.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--rows", type=int, default=30)
+    ap.add_argument("--trace", default=None, help="write a Chrome trace here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("profile_learner: needs a CUDA GPU")
+    device = torch.device("cuda")
+    groups = make_groups(SHAPES[args.shape][5], args.groups, args.group_size, args.prompt,
+                         args.completion)
+    trainer = make_trainer(args.naive, args, device)
+    trainer.step(groups)  # warm-up (and compilation)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        m = trainer.step(groups)
+        torch.cuda.synchronize()
+    print(f"{'naive' if args.naive else 'ours'} {args.shape}: step {m['compute_s']:.3f} s, "
+          f"{m['tokens_per_s']:.0f} tokens/s, plan {trainer.speed}")
+    events = prof.key_averages()
+    key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") \
+        else "self_cuda_time_total"
+    print(events.table(sort_by=key, row_limit=args.rows, max_name_column_width=60))
+    shares: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            shares[category(ev.name)] += ev.device_time if hasattr(ev, "device_time") \
+                else ev.cuda_time
+    total = sum(shares.values()) or 1.0
+    print(f"kernel time {total / 1e6:.3f} s (step wall {m['compute_s']:.3f} s); by category:")
+    for c, t in sorted(shares.items(), key=lambda kv: -kv[1]):
+        print(f"  {c:18s} {100 * t / total:5.1f}%  {t / 1e3:9.1f} ms")
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Variable-length causal attention for packed rows, without the flash-attn package.
+
+The learner packs a microbatch's sequences end to end in one ``[1, N]`` row
+(``learner.packing``); attention must then stay inside each sequence. flash-attn's
+``flash_attention_2`` does that from ``cu_seqlens`` when the package is installed; PyTorch's
+flex attention needs ``torch.compile`` (Inductor), which fails or recompiles per shape on
+some CUDA installs (seen on an H100 with torch 2.11: ``NoValidChoicesError`` in the
+flex-attention lowering). PyTorch ships the same FlashAttention-2 kernels for its SDPA, with
+their variable-length entry points (``aten::_flash_attention_forward`` with ``cum_seq_q``);
+this module calls those, as ``NAME``, a transformers attention implementation:
+
+- CUDA, bf16/fp16: the flash varlen kernels, forward and backward, grouped KV heads as they
+  are (FlashAttention-2 reads them natively).
+- elsewhere (the CPU, float32): one causal SDPA per sequence, exact; the tests' reference.
+
+The policy passes ``cu_seq_lens_q`` / ``max_length_q`` (transformers' flash-attention
+keyword names) through the model's forward; the attention mask stays ``None`` (no mask
+function is registered, so transformers builds none).
+
+Notation: ``N`` packed tokens, ``H`` query heads, ``Hk`` key/value heads, ``D`` head size,
+``S`` sequences (``cu`` holds ``S + 1`` offsets).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+NAME = "gspo_varlen"
+_FLASH_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class _FlashVarlen(torch.autograd.Function):
+    """Causal FlashAttention-2 over packed sequences: ``[N, H, D]`` in and out."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, q_NHD: torch.Tensor, k_NHD: torch.Tensor,
+        v_NHD: torch.Tensor, cu_S1: torch.Tensor, max_len: int, scale: float | None,
+    ) -> torch.Tensor:
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q_NHD, k_NHD, v_NHD, cu_S1, cu_S1, max_len, max_len, 0.0, True, False,
+            scale=scale)
+        ctx.save_for_backward(q_NHD, k_NHD, v_NHD, out, lse, cu_S1, rng, unused)
+        ctx.max_len, ctx.scale = max_len, scale  # type: ignore[attr-defined]
+        return out
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_NHD: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
+        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors  # type: ignore[attr-defined]
+        m = ctx.max_len  # type: ignore[attr-defined]
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad_NHD.contiguous(), q, k, v, out, lse, cu, cu, m, m, 0.0, True, rng, unused,
+            scale=ctx.scale)  # type: ignore[attr-defined]
+        return dq, dk, dv, None, None, None
+
+
+def reference_varlen(q_NHD: torch.Tensor, k_NHD: torch.Tensor, v_NHD: torch.Tensor,
+                     cu_S1: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """One causal SDPA per sequence (exact, differentiable, any device and dtype)."""
+    bounds = cu_S1.tolist()
+    outs = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if b == a:
+            continue
+        q, k, v = (x[a:b].transpose(0, 1)[None] for x in (q_NHD, k_NHD, v_NHD))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                           enable_gqa=k.shape[1] != q.shape[1])
+        outs.append(o[0].transpose(0, 1))
+    return torch.cat(outs, dim=0)
+
+
+def varlen_causal(q_NHD: torch.Tensor, k_NHD: torch.Tensor, v_NHD: torch.Tensor,
+                  cu_S1: torch.Tensor, max_len: int, scale: float | None) -> torch.Tensor:
+    """Causal attention within each packed sequence: ``[N, H, D]``."""
+    if q_NHD.is_cuda and q_NHD.dtype in _FLASH_DTYPES:
+        return _FlashVarlen.apply(q_NHD.contiguous(), k_NHD.contiguous(), v_NHD.contiguous(),
+                                  cu_S1.to(q_NHD.device, torch.int32), max_len, scale)
+    return reference_varlen(q_NHD, k_NHD, v_NHD, cu_S1, scale)
+
+
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+              value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
+              scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function shapes: query ``(1, H, N, D)``, key and value
+    ``(1, Hk, N, D)``; returns ``(1, N, H, D)``."""
+    cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cu is None or max_len is None or query.shape[0] != 1:
+        raise ValueError(f"the {NAME!r} attention takes one packed row with cu_seq_lens_q "
+                         "and max_length_q (learner.packing); use packing = 'off' otherwise")
+    for unsupported in ("sliding_window", "softcap", "s_aux"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(f"the {NAME!r} attention has no {unsupported}: use packing = "
+                             "'off' (padded sdpa) for this model")
+    if dropout:
+        raise ValueError(f"the {NAME!r} attention has no dropout (the learner disables it)")
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
+    return varlen_causal(q, k, v, cu, int(max_len), scaling)[None], None
+
+
+def register() -> str:
+    """Makes ``NAME`` a valid ``attn_implementation`` (no mask: the packing is in ``cu``)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, attention)
+    return NAME
