@@ -14,8 +14,9 @@ this module calls those, as ``NAME``, a transformers attention implementation:
 - elsewhere (the CPU, float32): one causal SDPA per sequence, exact; the tests' reference.
 
 The policy passes ``cu_seq_lens_q`` / ``max_length_q`` (transformers' flash-attention
-keyword names) through the model's forward; the attention mask stays ``None`` (no mask
-function is registered, so transformers builds none).
+keyword names) through the model's forward, with no attention mask (none is built for a row
+without padding). A call without offsets (a padded batch: the policy with packing off, the
+logits path) goes to transformers' sdpa attention with sdpa's mask.
 
 Notation: ``N`` packed tokens, ``H`` query heads, ``Hk`` key/value heads, ``D`` head size,
 ``S`` sequences (``cu`` holds ``S + 1`` offsets).
@@ -27,6 +28,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "gspo_varlen"
 _FLASH_DTYPES = (torch.bfloat16, torch.float16)
@@ -74,6 +78,7 @@ def reference_varlen(q_NHD: torch.Tensor, k_NHD: torch.Tensor, v_NHD: torch.Tens
     return torch.cat(outs, dim=0)
 
 
+@torch.compiler.disable  # compiled decoder layers (``compile``) call it eagerly
 def varlen_causal(q_NHD: torch.Tensor, k_NHD: torch.Tensor, v_NHD: torch.Tensor,
                   cu_S1: torch.Tensor, max_len: int, scale: float | None) -> torch.Tensor:
     """Causal attention within each packed sequence: ``[N, H, D]``."""
@@ -89,9 +94,12 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     """transformers' attention-function shapes: query ``(1, H, N, D)``, key and value
     ``(1, Hk, N, D)``; returns ``(1, N, H, D)``."""
     cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
-    if cu is None or max_len is None or query.shape[0] != 1:
-        raise ValueError(f"the {NAME!r} attention takes one packed row with cu_seq_lens_q "
-                         "and max_length_q (learner.packing); use packing = 'off' otherwise")
+    if cu is None or max_len is None:  # not packed: a padded batch, transformers' sdpa
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    if query.shape[0] != 1 or attention_mask is not None:
+        raise ValueError(f"the {NAME!r} attention takes one packed row (learner.packing) "
+                         "with sequence offsets and no attention mask")
     for unsupported in ("sliding_window", "softcap", "s_aux"):
         if kwargs.get(unsupported) is not None:
             raise ValueError(f"the {NAME!r} attention has no {unsupported}: use packing = "
@@ -102,9 +110,15 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     return varlen_causal(q, k, v, cu, int(max_len), scaling)[None], None
 
 
-def register() -> str:
-    """Makes ``NAME`` a valid ``attn_implementation`` (no mask: the packing is in ``cu``)."""
-    from transformers import AttentionInterface
+def _mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """No mask for a row without padding (packed: the offsets are the mask), else sdpa's."""
+    if kwargs.get("attention_mask") is None:
+        return None
+    return sdpa_mask(*args, **kwargs)
 
+
+def register() -> str:
+    """Makes ``NAME`` a valid ``attn_implementation``."""
     AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, _mask)
     return NAME

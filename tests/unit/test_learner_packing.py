@@ -115,13 +115,23 @@ def test_varlen_attention_packed_equals_padded(tied, tiny_model_dir, tiny_model_
         assert float((g - g_padded[name]).abs().max()) <= 1e-5 * scale, name
 
 
-def test_varlen_attention_refuses_unpacked_input(tiny_model_dir):
+def test_varlen_attention_serves_padded_batches_as_sdpa(tiny_model_dir):
+    """Without sequence offsets (packing off, the logits path) the attention is sdpa's, with
+    its padding mask: the same log-probs as the model on sdpa."""
     from learner import varlen
 
     policy = Policy.load(tiny_model_dir, device="cpu")
-    policy.model.set_attn_implementation(varlen.register())
-    with pytest.raises(ValueError, match="cu_seq_lens_q"):
-        policy.model(input_ids=torch.tensor([[1, 2, 3]]))
+    mb = _batch(policy)
+    args = (mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
+    with torch.no_grad():
+        sdpa = policy.token_logprobs(*args)
+        policy.model.set_attn_implementation(varlen.register())
+        ours = policy.token_logprobs(*args)
+    assert (mb.attention_BT == 0).any()  # the batch has padding
+    torch.testing.assert_close(ours, sdpa, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="one packed row"):
+        varlen.attention(policy.model, *(torch.zeros(2, 2, 3, 8) for _ in range(3)), None,
+                         cu_seq_lens_q=torch.tensor([0, 3]), max_length_q=3)
 
 
 def test_pack_inputs_sequence_offsets_skip_empty_rows():
