@@ -12,10 +12,10 @@ The batch: ``groups x group-size`` rollouts of ``prompt`` tokens plus a completi
 
 Ours: the trainer as configured by default (``learner.speed``): on CUDA bf16 parameters with
 float32 master weights, packed microbatches with variable-length attention, the fused
-hidden-state -> log-prob head at trained positions only, fused AdamW, checkpointing chosen by
-size. Baseline: full ``[B, T, V]`` logits, ``log_softmax(logits.float() / t).gather(..)``,
-padded microbatches, float32 weights under bf16 autocast (on CUDA), stock AdamW, the same
-checkpointing.
+hidden-state -> log-prob head at trained positions only (Triton softmax passes), fused AdamW,
+checkpointing chosen by size, compiled decoder layers. Baseline: full ``[B, T, V]`` logits,
+``log_softmax(logits.float() / t).gather(..)``, padded microbatches, float32 weights under
+bf16 autocast (on CUDA), stock AdamW, the same checkpointing, no compilation.
 Each runs on its own freshly initialised model; on CUDA one after the other (peak memory is
 one trainer's; one that runs out of GPU memory is reported as such), on the CPU with steps
 alternating between the two (a shared CPU's noise then hits both alike).
@@ -136,7 +136,8 @@ def make_trainer(naive: bool, args, device: torch.device) -> Trainer:
                 args.micro_batch_tokens, True, torch.cuda.get_device_properties(
                     device).total_memory)
         policy: Policy = NaivePolicy(model, device, bf16_autocast=True)
-        levers = {"param_dtype": "float32", "packing": "off", "gradient_checkpointing": ckpt}
+        levers = {"param_dtype": "float32", "packing": "off", "gradient_checkpointing": ckpt,
+                  "compile": "off"}
     else:
         policy = Policy(model, device)
         levers = {"gradient_checkpointing": ckpt, "compile": args.compile}
@@ -359,7 +360,8 @@ def main() -> None:
     ap.add_argument("--minibatches", type=int, default=2)
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default="auto")
-    ap.add_argument("--compile", action="store_true", help="torch.compile decoder layers")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                    help="torch.compile decoder layers (auto: the learner's default)")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--device", default="auto")

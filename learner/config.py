@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from contract.redis_schema import DEFAULT_PREFIX
 from learner.losses import LossConfig
@@ -95,8 +95,17 @@ class LearnerConfig(BaseModel):
     packing: Literal["auto", "on", "off"] = "auto"
     """Run each microbatch as one packed row (no padding, variable-length attention;
     ``learner.packing``); ``micro_batch_tokens`` then counts real tokens. "auto": on CUDA."""
-    compile: bool = False
-    """``torch.compile`` each decoder layer (CUDA; minutes of compilation at start)."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """``torch.compile`` each decoder layer (fuses the norms, rotary embeddings and MLP
+    activations; the attention stays eager). "auto": on CUDA with bf16 parameters, where it
+    measured 1.2-1.3x the tokens/s (BENCHMARKS.md), off on the CPU; a layer that fails to
+    compile runs eagerly (logged). Compilation takes ~20-60 s at the first steps.
+    ``true``/``false`` are read as "on"/"off"."""
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_bool(cls, v: Any) -> Any:
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
     data_parallel: Literal["auto", "allreduce", "fsdp2"] = "auto"
     """Under ``torchrun`` with several ranks: "allreduce" keeps a full replica per rank and
     sums gradients; "fsdp2" shards weights, gradients and optimiser state

@@ -27,6 +27,7 @@ def test_auto_levers_leave_the_cpu_exact(tiny_model_dir):
     plan = plan_speed(_cfg(tiny_model_dir), policy.model, torch.device("cpu"), sharded=False)
     assert plan.param_dtype == torch.float32 and not plan.packing and not plan.fused_adamw
     assert plan.attn_implementation is None and plan.gradient_checkpointing is None
+    assert not plan.compile
     trainer = Trainer(policy, _cfg(tiny_model_dir))
     assert trainer.master is None and not policy.packing
     assert all(p.dtype == torch.float32 for p in policy.model.parameters())
@@ -38,7 +39,7 @@ def test_auto_levers_on_cuda_threaded_through_the_device_argument(tiny_model_dir
     cuda = torch.device("cuda")
     plan = plan_speed(_cfg(tiny_model_dir, gradient_checkpointing=False), model, cuda, False)
     assert plan.param_dtype == torch.bfloat16 and plan.packing and plan.fused_adamw
-    assert plan.attn_implementation in ("flash_attention_2", varlen.NAME)
+    assert plan.attn_implementation in ("flash_attention_2", varlen.NAME) and plan.compile
     sharded = plan_speed(_cfg(tiny_model_dir, gradient_checkpointing=False), model, cuda, True)
     assert sharded.param_dtype == torch.float32 and not sharded.packing
     with pytest.raises(ValueError, match="FSDP2"):
@@ -46,6 +47,9 @@ def test_auto_levers_on_cuda_threaded_through_the_device_argument(tiny_model_dir
     f32 = plan_speed(_cfg(tiny_model_dir, param_dtype="float32", gradient_checkpointing=False),
                      model, cuda, False)
     assert not f32.packing and f32.attn_implementation is None  # no fp32 flash kernels
+    assert not f32.compile  # measured for bf16 only
+    assert _cfg(tiny_model_dir, compile=True).compile == "on"  # booleans of older configs
+    assert _cfg(tiny_model_dir, compile=False).compile == "off"
     f32_on = plan_speed(_cfg(tiny_model_dir, param_dtype="float32", packing="on",
                              gradient_checkpointing=False), model, cuda, False)
     assert f32_on.packing and f32_on.attn_implementation == varlen.NAME  # per sequence
