@@ -29,8 +29,6 @@ from collections.abc import Callable
 
 import torch
 
-from learner import head_kernels
-
 ChunkFn = Callable[[torch.Tensor, torch.Tensor, slice], torch.Tensor]
 
 # About 2**26 logits per chunk: 256 MiB in float32, a few hundred rows at V = 152k (a matrix
@@ -66,6 +64,18 @@ class LogSoftmaxPick:
         return p_CV.to(logits_CV.dtype)
 
 
+def _kernels():  # noqa: ANN202 - the module; imported on first use (it imports Triton)
+    from learner import head_kernels
+
+    return head_kernels
+
+
+def _kernels_for(x: torch.Tensor) -> bool:
+    """Whether the Triton softmax passes apply (half logits on CUDA; Triton is never
+    imported for the float32 / CPU path)."""
+    return x.dtype in (torch.bfloat16, torch.float16) and _kernels().available(x)
+
+
 def _rows_per_chunk(v: int, chunk_elems: int) -> int:
     return max(1, chunk_elems // max(v, 1))
 
@@ -85,14 +95,14 @@ class _FusedHead(torch.autograd.Function):
         out_N = torch.empty(n, dtype=ft, device=hidden_ND.device)
         step = _rows_per_chunk(v, chunk_elems)
         # The default log-softmax on CUDA half logits: Triton kernels, the log-sum-exp kept.
-        kernels = isinstance(chunk_fn, LogSoftmaxPick) and head_kernels.available(hidden_ND)
+        kernels = isinstance(chunk_fn, LogSoftmaxPick) and _kernels_for(hidden_ND)
         lse_N = torch.empty(n, dtype=torch.float32, device=hidden_ND.device) if kernels \
             else None
         for a in range(0, n, step):
             rows = slice(a, min(a + step, n))
             logits_CV = hidden_ND[rows] @ weight_VD.T
             if lse_N is not None:
-                out_N[rows], lse_N[rows] = head_kernels.lse_pick(logits_CV, targets_N[rows])
+                out_N[rows], lse_N[rows] = _kernels().lse_pick(logits_CV, targets_N[rows])
             else:
                 out_N[rows] = chunk_fn(logits_CV, targets_N[rows], rows)
         ctx.save_for_backward(hidden_ND, weight_VD, targets_N, lse_N)
@@ -114,7 +124,7 @@ class _FusedHead(torch.autograd.Function):
             rows = slice(a, min(a + step, n))
             h_CD = hidden_ND[rows]
             if lse_N is not None:
-                g_CV = head_kernels.grad_into(h_CD @ weight_VD.T, targets_N[rows], lse_N[rows],
+                g_CV = _kernels().grad_into(h_CD @ weight_VD.T, targets_N[rows], lse_N[rows],
                                               grad_N[rows])
             else:
                 g_CV = _grad_logits(ctx.chunk_fn, h_CD @ weight_VD.T,  # type: ignore[attr-defined]
