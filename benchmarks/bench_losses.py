@@ -189,8 +189,12 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", action="store_true", help="print one JSON object per row")
+    ap.add_argument("--device", choices=("all", "cpu", "cuda"), default="all",
+                    help="all: the CPU, and CUDA when available")
     args = ap.parse_args()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if args.device != "all":
+        devices = [args.device]
     print(f"B={args.B} T={args.T} torch={torch.__version__} threads={torch.get_num_threads()}")
     hdr = (f"{'device':6} {'kind':10} {'ours ms':>9} {'ref ms':>9} {'time ratio':>10} "
            f"{'ours peak/in':>12} {'ref peak/in':>11}")
