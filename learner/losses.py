@@ -81,31 +81,10 @@ class LossConfig(BaseModel):
 
 @dataclass
 class LossOutput:
-    """A scalar loss to minimise (the negative objective) and its metrics: ``stats`` (float64,
-    on the loss's device, in ``names`` order) read back to the host as ``metrics`` on first
-    access. A caller that wants no host synchronisation per batch keeps ``stats`` and reads
-    many at once (``read_loss_metrics``)."""
+    """A scalar loss to minimise (the negative objective) and float metrics."""
 
     loss: torch.Tensor
-    stats: torch.Tensor
-    names: tuple[str, ...]
-    _metrics: dict[str, float] | None = field(default=None, repr=False)
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        if self._metrics is None:
-            self._metrics = dict(zip(self.names, self.stats.tolist(), strict=True))
-        return self._metrics
-
-
-def read_loss_metrics(outs: list[LossOutput]) -> list[dict[str, float]]:
-    """Every output's ``metrics`` with one device-to-host transfer."""
-    if not outs:
-        return []
-    rows = torch.stack([o.stats for o in outs]).tolist()
-    for o, row in zip(outs, rows, strict=True):
-        o._metrics = dict(zip(o.names, row, strict=True))
-    return [o.metrics for o in outs]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class _AttachGrad(torch.autograd.Function):
@@ -177,12 +156,12 @@ def policy_loss(
     """
     _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights, config.kind)
     with torch.no_grad():
-        value, grad_BT, (names, stats) = _loss_and_grad(
+        value, grad_BT, metrics = _loss_and_grad(
             logprobs.detach(), old_logprobs.detach(), advantages.detach(), mask.detach(),
             config, None if is_weights is None else is_weights.detach(),
         )
     loss = _AttachGrad.apply(logprobs, value, grad_BT)
-    return LossOutput(loss=loss, stats=stats, names=names)
+    return LossOutput(loss=loss, metrics=metrics)
 
 
 def _loss_and_grad(
@@ -192,9 +171,8 @@ def _loss_and_grad(
     mask_BT: torch.Tensor,
     cfg: LossConfig,
     is_weights_B: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, tuple[tuple[str, ...], torch.Tensor]]:
-    """Loss value, d loss / d logprobs ``[B, T]`` in float32 (float64 if given), and the
-    metrics' names and values (``_metrics``)."""
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Loss value, d loss / d logprobs ``[B, T]`` and metrics, in float32 (float64 if given)."""
     ft = torch.promote_types(logprobs_BT.dtype, torch.float32)
     keep_BT = mask_BT > 0
     lengths_B = keep_BT.sum(-1).to(ft)
@@ -306,9 +284,9 @@ def _metrics(
     clip_lo_n: torch.Tensor,
     clip_hi_n: torch.Tensor,
     extra: dict[str, torch.Tensor],
-) -> tuple[tuple[str, ...], torch.Tensor]:
-    """Health signals and the loss value: names, and one float64 tensor (still on the
-    device: no host synchronisation here)."""
+) -> dict[str, float]:
+    """Health signals and the loss value, gathered into one host transfer (the step's only
+    synchronisation in the loss)."""
     n_tok = lengths_B.sum().clamp(min=1)
     n_seq = valid_B.sum().clamp(min=1).float()
     lo = clip_lo_n / n_tok
@@ -320,8 +298,8 @@ def _metrics(
         (s_B * valid_B).sum() / n_seq,
         (log_s_B.abs() * valid_B).sum() / n_seq,
         valid_B.sum(), lengths_B.sum(), *extra.values(),
-    )])
-    return tuple(names), values
+    )]).tolist()
+    return dict(zip(names, values, strict=True))
 
 
 def group_advantages(

@@ -71,16 +71,11 @@ def packed_selection(packed: PackedRows, sel_BT: torch.Tensor) -> torch.Tensor:
     return sel_BT[packed.real_BT]
 
 
-def target_index(sel_BT: torch.Tensor) -> torch.Tensor:
-    """int64 ``[K]``: where the targets of ``sel_BT``'s selected input positions sit in a
-    flattened ``[B, T]`` (input position ``t`` predicts column ``t + 1``), in row-major
-    order (the order of ``sel_BT``'s selected positions)."""
-    rows_K, cols_K = sel_BT.nonzero(as_tuple=True)
-    return rows_K * (sel_BT.shape[1] + 1) + cols_K + 1
-
-
-def scatter_rows(values_K: torch.Tensor, index_K: torch.Tensor, b: int, t: int) -> torch.Tensor:
-    """``[b, t]`` with ``values_K`` at ``index_K`` (``target_index``), 0 elsewhere (column 0
-    always). Differentiable in ``values_K``; no host synchronisation on a GPU."""
-    out = torch.zeros(b * t, dtype=values_K.dtype, device=values_K.device)
-    return out.index_put((index_K,), values_K).view(b, t)
+def scatter_rows(values_K: torch.Tensor, sel_BT: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` float32 with ``values_K`` at the targets of ``sel_BT`` (column ``t+1`` for
+    input position ``t``), 0 elsewhere (column 0 always). Differentiable in ``values_K``."""
+    b, t1 = sel_BT.shape
+    body_BT = torch.zeros(b, t1, dtype=values_K.dtype, device=values_K.device)
+    body_BT = body_BT.masked_scatter(sel_BT, values_K)
+    return torch.cat([torch.zeros(b, 1, dtype=values_K.dtype, device=values_K.device),
+                      body_BT], dim=1)

@@ -40,13 +40,7 @@ from torch import nn
 
 from contract.sampling_dist import sampled_logprobs, truncating
 from learner.logprob_head import ChunkFn, fused_logprobs
-from learner.packing import (
-    pack_inputs,
-    packed_selection,
-    scatter_rows,
-    target_index,
-    target_positions,
-)
+from learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
 from learner.varlen import NAME as VARLEN
 
 # Attentions that read a packed row's sequence offsets (``PackedRows.attention_kwargs``).
@@ -228,12 +222,12 @@ class Policy:
         Differentiable when grad is enabled. Inputs may live on the CPU.
         """
         dev = self.device
-        if fused_head_weight(self.model) is not None:  # plans on the inputs' device
-            return self._hidden_logprobs(tokens_BT, attention_BT, temperature_B, mask_BT,
-                                         top_p_B, top_k_B)
         tokens_BT = tokens_BT.to(dev, non_blocking=True)
         attention_BT = attention_BT.to(dev, non_blocking=True)
         temperature_B = temperature_B.to(dev, torch.float32, non_blocking=True)
+        if fused_head_weight(self.model) is not None:
+            return self._hidden_logprobs(tokens_BT, attention_BT, temperature_B, mask_BT,
+                                         top_p_B, top_k_B)
         B, T = tokens_BT.shape
         first = 1  # first target column that needs a logit
         if mask_BT is not None:
@@ -263,12 +257,7 @@ class Policy:
         top_k_B: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``token_logprobs`` from hidden states at the selected positions only (``K`` of
-        them) through the fused head; padded or packed forward.
-
-        Which positions to pack and to select is worked out where the inputs are (the
-        trainer's microbatches live on the CPU): data-dependent shapes computed on a GPU
-        would stop the host until the GPU caught up, several times per microbatch. The
-        device then gets index tensors (copied without waiting) and never a boolean mask."""
+        them) through the fused head; padded or packed forward."""
         B, T = tokens_BT.shape
         sel_BT = target_positions(attention_BT, mask_BT)
         if not bool(sel_BT.any()):
@@ -277,47 +266,31 @@ class Policy:
         with self._autocast():
             if self.packing:
                 p = pack_inputs(tokens_BT, attention_BT)
-                offsets = {k: self._send(v) if isinstance(v, torch.Tensor) else v
-                           for k, v in p.attention_kwargs().items()} if getattr(
+                offsets = p.attention_kwargs() if getattr(
                     self.model.config, "_attn_implementation", None) in _OFFSET_ATTENTIONS else {}
-                h_ND = base(input_ids=self._send(p.input_ids_1N),
-                            position_ids=self._send(p.position_ids_1N), attention_mask=None,
-                            use_cache=False, **offsets).last_hidden_state[0]
-                pick_K = packed_selection(p, sel_BT).nonzero()[:, 0]
+                h_ND = base(input_ids=p.input_ids_1N, position_ids=p.position_ids_1N,
+                            attention_mask=None, use_cache=False, **offsets).last_hidden_state[0]
+                h_KD = h_ND[packed_selection(p, sel_BT)]
             else:
-                h_ND = base(input_ids=self._send(tokens_BT[:, :-1]),
-                            attention_mask=self._send(attention_BT[:, :-1]),
-                            use_cache=False).last_hidden_state.flatten(0, 1)
-                pick_K = sel_BT.flatten().nonzero()[:, 0]
-            h_KD = h_ND.index_select(0, self._send(pick_K))
+                h_KD = base(input_ids=tokens_BT[:, :-1], attention_mask=attention_BT[:, :-1],
+                            use_cache=False).last_hidden_state[sel_BT]
         weight_VD = fused_head_weight(self.model)
         assert weight_VD is not None
-        v = weight_VD.shape[0]
 
         def per_token(x_B: torch.Tensor) -> torch.Tensor:
-            return self._send(x_B[:, None].expand(B, T - 1)[sel_BT.to(x_B.device)])
+            return x_B.to(self.device)[:, None].expand(B, T - 1)[sel_BT]
 
-        targets_K = self._send(tokens_BT[:, 1:][sel_BT.to(tokens_BT.device)])
-        temp_K = per_token(temperature_B.to(torch.float32))
+        targets_K, temp_K = tokens_BT[:, 1:][sel_BT], per_token(temperature_B)
         h_KD = h_KD.to(weight_VD.dtype)
         cut = top_p_B is not None and top_k_B is not None and bool(
-            truncating(top_p_B, top_k_B, v).any())
+            truncating(top_p_B, top_k_B, weight_VD.shape[0]).any())
         if cut:  # the sampler's truncated distribution, chunk by chunk (it scales by T itself)
             assert top_p_B is not None and top_k_B is not None
             chunk_fn = _sampled_chunk_fn(temp_K, per_token(top_p_B), per_token(top_k_B))
             lp_K = fused_logprobs(h_KD, weight_VD, targets_K, chunk_fn)
         else:
             lp_K = fused_logprobs(h_KD, weight_VD, targets_K, temperature_N=temp_K)
-        return scatter_rows(lp_K.float(), self._send(target_index(sel_BT)), B, T)
-
-    def _send(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` on the policy's device; from the CPU through pinned memory (an asynchronous
-        copy: the host does not wait for the GPU's queue)."""
-        if x.device == self.device:
-            return x
-        if self.device.type == "cuda" and x.device.type == "cpu":
-            return x.pin_memory().to(self.device, non_blocking=True)
-        return x.to(self.device)
+        return scatter_rows(lp_K.float(), sel_BT)
 
 
 def _sampled_chunk_fn(temp_K: torch.Tensor, top_p_K: torch.Tensor,

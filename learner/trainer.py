@@ -44,7 +44,7 @@ from learner.fsdp import (
     grad_norm_value,
     load_optimizer_state,
 )
-from learner.losses import LossOutput, policy_loss, read_loss_metrics
+from learner.losses import policy_loss
 from learner.policy import Policy
 from learner.precision import MasterWeights
 from learner.speed import apply_speed, plan_speed
@@ -192,25 +192,25 @@ class Trainer:
                         strict=True))
 
     def _device_batch(self, m: MicroBatch) -> dict[str, torch.Tensor]:
-        """The loss's inputs on the device (the policy takes the tokens from the host)."""
         dev = self.policy.device
-        return {"mask": m.mask_BT.to(dev), "behavior": m.behavior_BT.to(dev),
-                "advantages": m.advantages.to(dev)}
+        return {"tokens": m.tokens_BT.to(dev), "attention": m.attention_BT.to(dev),
+                "temperature": m.temperature_B.to(dev), "mask": m.mask_BT.to(dev),
+                "behavior": m.behavior_BT.to(dev), "advantages": m.advantages.to(dev)}
 
     def _logprobs(self, m: MicroBatch, d: dict[str, torch.Tensor]) -> torch.Tensor:
         """The policy's log-probs of ``m`` under each row's sampling distribution (the
         top-p / top-k cut only for batches that have one: the plain call stays the same)."""
         cut = {} if m.top_p_B is None else {"top_p_B": m.top_p_B, "top_k_B": m.top_k_B}
-        return self.policy.token_logprobs(m.tokens_BT, m.attention_BT, m.temperature_B,
-                                          m.mask_BT, **cut)
+        return self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
+                                          d["mask"], **cut)
 
     @torch.no_grad()
     def _recompute(self, shares: list[Share]) -> dict[str, float]:
         """pi_prox for every microbatch (before any update) and the truncated IS weights."""
+        acc = {"w": 0.0, "rows": 0.0, "capped": 0.0, "abs_lr": 0.0}
         cap = self.config.is_weight_cap
         for s in shares:
             self._pad_passes(s, backward=False)
-        sums: list[torch.Tensor] = []  # read back once, after every microbatch is queued
         for m in (m for s in shares for m in s.micro):
             d = self._device_batch(m)
             prox = self._logprobs(m, d)
@@ -220,11 +220,11 @@ class Trainer:
             valid = keep.any(-1)
             log_w = torch.where(keep, prox - d["behavior"], 0.0).sum(-1) / keep.sum(-1).clamp(
                 min=1)
-            sums.append(torch.stack([v.to(torch.float64) for v in (
-                torch.where(valid, w, 0.0).sum(), ((w >= cap) & valid).sum(), valid.sum(),
-                torch.where(valid, log_w.abs(), 0.0).sum())]))
-        totals = torch.stack(sums).sum(0).tolist() if sums else [0.0] * 4
-        acc = self._sum(dict(zip(("w", "capped", "rows", "abs_lr"), totals, strict=True)))
+            acc["w"] += float(w[valid].sum())
+            acc["capped"] += float((w[valid] >= cap).sum())
+            acc["rows"] += float(valid.sum())
+            acc["abs_lr"] += float(log_w.abs()[valid].sum())
+        acc = self._sum(acc)
         n = max(acc["rows"], 1.0)
         return {"is_weight_mean": acc["w"] / n, "is_weight_capped_fraction": acc["capped"] / n,
                 "prox_behavior_abs_log_ratio": acc["abs_lr"] / n}
@@ -247,7 +247,6 @@ class Trainer:
         acc = {"loss": 0.0, "num_sequences": 0.0, "num_tokens": 0.0,
                **{k + "@tok": 0.0 for k in self._token_keys},
                **{k + "@seq": 0.0 for k in _SEQ_WEIGHTED}}
-        outs: list[tuple[LossOutput, float]] = []
         for m in micro:
             if m.n_valid == 0:
                 continue
@@ -259,11 +258,7 @@ class Trainer:
             (out.loss * m.loss_scale).backward()
             if self.master is not None:
                 self.master.accumulate_grads()
-            outs.append((out, m.loss_scale))
-        # One read-back for the minibatch: the host never waits for a microbatch's loss.
-        read = read_loss_metrics([o for o, _ in outs])
-        for metrics, (_, scale) in zip(read, outs, strict=True):
-            _accumulate(acc, metrics, scale)
+            _accumulate(acc, out.metrics, m.loss_scale)
         if self.dist is not None and not self.sharded:  # FSDP reduced them in backward
             self.dist.sum_grads(self.params)
         acc = self._sum(acc)

@@ -8,7 +8,7 @@ import torch
 
 import learner.policy as policy_mod
 from learner.batching import collate, samples_from_groups
-from learner.packing import pack_inputs, scatter_rows, target_index, target_positions
+from learner.packing import pack_inputs, scatter_rows, target_positions
 from learner.policy import Policy
 from tests.learner_data import sample_group
 
@@ -24,7 +24,7 @@ def test_pack_inputs_lays_real_tokens_end_to_end_with_restarting_positions():
     sel = target_positions(attention, mask)
     assert sel.tolist() == [[False, True, True], [True, False, False],
                             [False, False, True]]
-    out = scatter_rows(torch.tensor([1.0, 2.0, 3.0, 4.0]), target_index(sel), 3, 4)
+    out = scatter_rows(torch.tensor([1.0, 2.0, 3.0, 4.0]), sel)
     assert out.tolist() == [[0, 0, 1, 2], [0, 3, 0, 0], [0, 0, 0, 4]]
 
 

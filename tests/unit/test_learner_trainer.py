@@ -49,7 +49,7 @@ def test_on_policy_gspo_gradient_is_the_policy_gradient(policy, tiny_model_dir):
     trainer.optimizer.zero_grad()
     for m in plan.minibatches[0].micro:
         d = trainer._device_batch(m)
-        lp = policy.token_logprobs(m.tokens_BT, m.attention_BT, m.temperature_B, m.mask_BT)
+        lp = policy.token_logprobs(d["tokens"], d["attention"], d["temperature"], d["mask"])
         from learner.losses import policy_loss
 
         out = policy_loss(lp, d["behavior"], d["advantages"], d["mask"], trainer.config.loss)
