@@ -3,11 +3,11 @@
 The learner packs a microbatch's sequences end to end in one ``[1, N]`` row
 (``learner.packing``); attention must then stay inside each sequence. flash-attn's
 ``flash_attention_2`` does that from ``cu_seqlens`` when the package is installed; PyTorch's
-flex attention needs ``torch.compile`` (Inductor), which fails or recompiles per shape on
-some CUDA installs (seen on an H100 with torch 2.11: ``NoValidChoicesError`` in the
-flex-attention lowering). PyTorch ships the same FlashAttention-2 kernels for its SDPA, with
-their variable-length entry points (``aten::_flash_attention_forward`` with ``cum_seq_q``);
-this module calls those, as ``NAME``, a transformers attention implementation:
+flex attention needs ``torch.compile`` (Inductor), which failed to lower it on an H100 with
+torch 2.11 (``NoValidChoicesError``). PyTorch ships the same FlashAttention-2 kernels for
+its SDPA, with their variable-length entry points (``aten::_flash_attention_forward`` with
+``cum_seq_q``); this module calls those, as ``NAME``, a transformers attention
+implementation:
 
 - CUDA, bf16/fp16: the flash varlen kernels, forward and backward, grouped KV heads as they
   are (FlashAttention-2 reads them natively).

@@ -150,8 +150,8 @@ def test_bf16_trainer_loads_a_name_keyed_optimizer_state(tiny_model_dir):
 
 @pytest.mark.gpu
 def test_cuda_packed_forward_matches_padded_in_bf16(tiny_model_dir):
-    """The variable-length attention picked for CUDA (flash-attention-2 or flex) keeps each
-    sequence to itself: packed log-probs equal the padded ones up to bf16 noise."""
+    """The variable-length attention picked for CUDA (flash-attention-2 or learner.varlen)
+    keeps each sequence to itself: packed log-probs equal the padded ones up to bf16 noise."""
     from learner.speed import apply_speed
 
     cpu = Policy.load(tiny_model_dir, device="cpu")
