@@ -99,7 +99,7 @@ class LearnerConfig(BaseModel):
     """``torch.compile`` each decoder layer (fuses the norms, rotary embeddings and MLP
     activations; the attention stays eager). "auto": on CUDA with bf16 parameters, where it
     measured 1.2-1.3x the tokens/s (BENCHMARKS.md), off on the CPU; a layer that fails to
-    compile runs eagerly (logged). Compilation takes ~20-60 s at the first steps.
+    compile runs eagerly (logged). The first steps pay for the compilation (tens of seconds).
     ``true``/``false`` are read as "on"/"off"."""
 
     @field_validator("compile", mode="before")
