@@ -7,8 +7,10 @@ the event loop only queues requests and awaits futures, so it is never blocked b
 Each scheduler iteration, under the step lock: admit waiting requests up to
 ``max_batch_size`` (prefill them as one left-padded batch, sample their first token and merge
 their KV cache into the running batch), then run one decode step for every running row.
-Finished or cancelled rows are evicted at once and fully padded cache columns are dropped, so
-requests join and leave the running batch between steps (continuous batching). When a step
+The running batch's tensors (KV cache, mask, positions, pending tokens) are
+``hf_running.RunningKV``'s. Finished or cancelled rows are evicted at once and fully padded
+cache columns are dropped, so requests join and leave the running batch between steps
+(continuous batching). When a step
 empties the batch, the scheduler waits a bounded moment (a few steps' time at most) for the
 requests that replace it, so that a refill trickling in over HTTP is prefilled as one batch;
 results reach the event loop with one wake-up per step (``server.engines.hf_requests``).
@@ -57,6 +59,7 @@ from server.engines.hf_requests import (
     finish_reason,
     notify_progress,
 )
+from server.engines.hf_running import RunningKV
 
 log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 120.0  # longest wait for a running step before pause / load_weights give up
@@ -118,11 +121,8 @@ class HFEngine(Engine):
         self._error: BaseException | None = None
         self._counters = {"max_batch_size_observed": 0.0, "decode_steps": 0.0,
                           "prefills": 0.0, "tokens_generated": 0.0, "cache_recomputes": 0.0}
-        # running-batch tensors, owned by the scheduler thread
-        self._cache = None
-        self._mask_BT: torch.Tensor | None = None
-        self._pending_B: torch.Tensor | None = None  # last sampled token, not yet in the cache
-        self._pos_B: torch.Tensor | None = None  # position id of the pending token
+        # the running batch's tensors (made at start), owned by the scheduler thread
+        self._kv: RunningKV | None = None
         self._stale_cache = False  # the running batch's cache predates the current weights
         # coalesces arrivals into one prefill (hf_requests); tests pass bounds of their own
         self._window = arrival_window or ArrivalWindow()
@@ -137,6 +137,7 @@ class HFEngine(Engine):
         if self._thread is not None:
             return
         self.model = await asyncio.to_thread(self._load_model)
+        self._kv = RunningKV(self.model, self._pad_id, self.device)
         self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
         self._thread.start()
 
@@ -324,67 +325,36 @@ class HFEngine(Engine):
             self._decode()
 
     def _prefill(self, reqs: list[Request]) -> None:
-        from transformers import DynamicCache
-
-        assert self.model is not None
-        ids_BT, mask_BT, pos_BT = hf_batch.left_pad([r.prompt for r in reqs], self._pad_id,
-                                                    self.device)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        assert self._kv is not None
+        merge = bool(self._rows)
+        logits_BV = self._kv.prefill([r.prompt for r in reqs], merge)
         self._counters["prefills"] += 1
-        pos_B = pos_BT[:, -1] + 1
-        if self._cache is None or not self._rows:
-            self._cache, self._mask_BT, self._pos_B = out.past_key_values, mask_BT, pos_B
-            self._pending_B = torch.zeros_like(pos_B)
-            self._rows = []
-        else:
-            assert self._mask_BT is not None and self._pos_B is not None
-            assert self._pending_B is not None
-            self._mask_BT = hf_batch.merge(self._cache, self._mask_BT, out.past_key_values,
-                                           mask_BT)
-            self._pos_B = torch.cat([self._pos_B, pos_B])
-            self._pending_B = torch.cat([self._pending_B, torch.zeros_like(pos_B)])
-        start = len(self._rows)
-        self._rows = self._rows + reqs
+        start = len(self._rows) if merge else 0
+        self._rows = (self._rows if merge else []) + reqs
         self._counters["max_batch_size_observed"] = max(
             self._counters["max_batch_size_observed"], float(len(self._rows)))
-        self._sample(out.logits[:, -1], offset=start)
+        self._sample(logits_BV, offset=start)
 
     def _recompute_cache(self) -> None:
         """Rebuild the running rows' KV cache with the current weights (after an update), so
         later tokens are sampled from exactly the new policy given the whole prefix."""
-        from transformers import DynamicCache
-
-        assert self.model is not None
-        seqs = [r.prompt + r.token_ids[:-1] for r in self._rows]  # the pending token is last
-        ids_BT, mask_BT, pos_BT = hf_batch.left_pad(seqs, self._pad_id, self.device)
-        cache = DynamicCache(config=self.model.config)
-        self.model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self._cache, self._mask_BT, self._pos_B = cache, mask_BT, pos_BT[:, -1] + 1
+        assert self._kv is not None
+        self._kv.recompute([r.prompt + r.token_ids[:-1] for r in self._rows])  # pending: last
         self._counters["cache_recomputes"] += 1
 
     def _decode(self) -> None:
-        assert self.model is not None and self._mask_BT is not None
-        assert self._pending_B is not None and self._pos_B is not None
+        assert self._kv is not None
         self._counters["decode_steps"] += 1
-        self._mask_BT = torch.nn.functional.pad(self._mask_BT, (0, 1), value=1)
-        out = self.model(input_ids=self._pending_B[:, None], attention_mask=self._mask_BT,
-                         position_ids=self._pos_B[:, None], past_key_values=self._cache,
-                         use_cache=True)
-        self._cache = out.past_key_values
-        self._pos_B = self._pos_B + 1
-        self._sample(out.logits[:, -1], offset=0)
+        self._sample(self._kv.decode(), offset=0)
 
     def _sample(self, logits_BV: torch.Tensor, offset: int) -> None:
         """Sample for rows ``offset..``, record the tokens, evict finished rows, and only then
         resolve them (so a caller that sees its result also sees it gone from ``stats``)."""
-        assert self._pending_B is not None
+        assert self._kv is not None
         rows = self._rows[offset:]
         got = hf_batch.sample_rows(logits_BV, [r.params for r in rows],
                                    [r.generator for r in rows])
-        self._pending_B[offset:] = got.token_ids_B
+        self._kv.set_pending(offset, got.token_ids_B)
         self._counters["tokens_generated"] += len(rows)
         ends: list[Outcome] = []
         finished = [False] * offset
@@ -409,18 +379,7 @@ class HFEngine(Engine):
         """Remove rows flagged in ``drop`` and cache columns no remaining row attends to."""
         if not any(drop):
             return
+        assert self._kv is not None
         keep = [i for i, d in enumerate(drop) if not d]
         self._rows = [self._rows[i] for i in keep]
-        if not keep:
-            self._cache = self._mask_BT = self._pending_B = self._pos_B = None
-            return
-        assert self._mask_BT is not None and self._pending_B is not None
-        assert self._pos_B is not None
-        keep_B = torch.tensor(keep, device=self.device)
-        hf_batch.select_rows(self._cache, keep_B)
-        self._mask_BT, self._pending_B = self._mask_BT[keep_B], self._pending_B[keep_B]
-        self._pos_B = self._pos_B[keep_B]
-        used_T = self._mask_BT.any(dim=0)
-        first = int(torch.nonzero(used_T)[0]) if bool(used_T.any()) else 0
-        hf_batch.drop_left_columns(self._cache, first)
-        self._mask_BT = self._mask_BT[:, first:]
+        self._kv.keep(keep)
