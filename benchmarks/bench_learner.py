@@ -346,22 +346,27 @@ def bench_head(args, device: str) -> None:
           f"peak ratio: {peaks['fused'] / peaks['plain']:.2f} (goals <= 1.0)")
 
 
+def add_step_args(ap: argparse.ArgumentParser) -> None:
+    """The batch and the trainer's levers (shared with ``profile_learner.py``)."""
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--completion", type=int, default=768)
+    ap.add_argument("--minibatches", type=int, default=2)
+    ap.add_argument("--micro-batch-tokens", type=int, default=16384)
+    ap.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                    help="torch.compile decoder layers (auto: the learner's default)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
                     help="random-init model shape (default: 0.5b on CUDA, tiny on the CPU)")
     ap.add_argument("--model", default=None, help="a Hugging Face model directory instead")
     ap.add_argument("--suite", action="store_true", help="issue 16's three CUDA cases")
-    ap.add_argument("--groups", type=int, default=16)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--completion", type=int, default=768)
+    add_step_args(ap)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--minibatches", type=int, default=2)
-    ap.add_argument("--micro-batch-tokens", type=int, default=16384)
-    ap.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default="auto")
-    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                    help="torch.compile decoder layers (auto: the learner's default)")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--device", default="auto")

@@ -54,6 +54,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.lib.serving_args import model_dir, serving_parser  # noqa: E402
 from contract.net import free_port  # noqa: E402
 from server.engines.base import SamplingParams  # noqa: E402
 
@@ -396,26 +397,13 @@ def report(res: Results, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, help="model dir (default: a fresh tiny model)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=32)
+    p = serving_parser(__doc__, max_tokens=128, concurrency=32)
     p.add_argument("--pairs-1", type=int, default=12, help="request pairs at c=1")
     p.add_argument("--waves", type=int, default=2, help="requests per c=N phase / N")
     p.add_argument("--rounds", type=int, default=6, help="phase pairs per c=N workload")
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--layers", type=int, default=2, help="tiny model's layers")
-    p.add_argument("--hidden", type=int, default=128, help="tiny model's hidden size")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model
-        if model is None:
-            from server.tiny_model import make_tiny_model
-
-            model = make_tiny_model(Path(tmp) / "tiny", num_layers=args.layers,
-                                    hidden_size=args.hidden)
+        model = model_dir(args, Path(tmp))
         with redis_server(Path(tmp)) as (redis_url, redis_pid), \
                 http_server(model, redis_url, args) as (url, pid):
             out = asyncio.run(bench(model, url, pid, redis_pid, args))

@@ -41,6 +41,7 @@ from benchmarks.bench_server import (  # noqa: E402
     make_prompts,
     redis_server,
 )
+from benchmarks.lib.serving_args import model_dir, serving_parser  # noqa: E402
 
 Times = tuple[float, float]  # (first text, end) in seconds
 
@@ -156,25 +157,12 @@ def report(res: dict[str, list[float]], args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, help="model dir (default: a fresh tiny model)")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=8)
+    p = serving_parser(__doc__, max_tokens=256, concurrency=8)
     p.add_argument("--pairs", type=int, default=6)
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--device", default="cpu")
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf")
-    p.add_argument("--layers", type=int, default=2, help="tiny model's layers")
-    p.add_argument("--hidden", type=int, default=128, help="tiny model's hidden size")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model
-        if model is None:
-            from server.tiny_model import make_tiny_model
-
-            model = make_tiny_model(Path(tmp) / "tiny", num_layers=args.layers,
-                                    hidden_size=args.hidden)
+        model = model_dir(args, Path(tmp))
         with redis_server(Path(tmp)) as (redis_url, _):
             if args.engine == "hf":
                 with http_server(model, redis_url, args) as (url, pid):

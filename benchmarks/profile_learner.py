@@ -21,7 +21,12 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_learner import SHAPES, make_groups, make_trainer  # noqa: E402
+from benchmarks.bench_learner import (  # noqa: E402
+    SHAPES,
+    add_step_args,
+    make_groups,
+    make_trainer,
+)
 
 # Kernel-name fragments -> category (first match wins; lower-case).
 CATEGORIES = (("attention", ("flash", "attention", "fmha", "sdpa", "flex")),
@@ -58,14 +63,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
     ap.add_argument("--model", default=None)
     ap.add_argument("--naive", action="store_true", help="profile the naive baseline instead")
-    ap.add_argument("--groups", type=int, default=16)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--completion", type=int, default=768)
-    ap.add_argument("--minibatches", type=int, default=2)
-    ap.add_argument("--micro-batch-tokens", type=int, default=16384)
-    ap.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default="auto")
-    ap.add_argument("--compile", action="store_true")
+    add_step_args(ap)
     ap.add_argument("--rows", type=int, default=30)
     ap.add_argument("--trace", default=None, help="write a Chrome trace here")
     ap.add_argument("--device", default="auto", help="auto: CUDA when available, else cpu")

@@ -18,31 +18,42 @@ REPO = Path(__file__).resolve().parents[2]
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="triton is not installed")
 
+def check_kernels(device: str, sizes: tuple[tuple[int, int], ...]) -> None:
+    """Both kernels against PyTorch on random logits of each ``(rows, vocabulary)`` size."""
+    from learner import head_kernels as hk
+
+    g = torch.Generator(device=device).manual_seed(0)
+    for dt in (torch.bfloat16, torch.float16):
+        for c, v in sizes:
+            x = (torch.randn(c, v, device=device, generator=g) * 3).to(dt)
+            t = torch.randint(0, v, (c,), device=device, generator=g)
+            gr = torch.randn(c, device=device, generator=g)
+            assert hk.available(x)
+            lp, lse = hk.lse_pick(x, t)
+            ref = torch.log_softmax(x, -1, dtype=torch.float32)
+            torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1), rtol=1e-6,
+                                       atol=1e-4)
+            torch.testing.assert_close(lp, ref.gather(1, t[:, None])[:, 0], rtol=1e-6,
+                                       atol=1e-4)
+            p = torch.softmax(x, -1, dtype=torch.float32)
+            p.mul_(-gr[:, None]).scatter_add_(1, t[:, None], gr[:, None])
+            y = x.clone()
+            out = hk.grad_into(y, t, lse, gr)
+            assert out.data_ptr() == y.data_ptr()  # in place over the logits
+            tol = float(p.abs().max()) * 2 ** -7  # one bf16 rounding
+            torch.testing.assert_close(out.float(), p.to(dt).float(), rtol=0, atol=tol)
+
+
 _CHECKS = '''
 import torch
-from learner import head_kernels as hk
+from learner.head_kernels import BLOCK
 from learner.logprob_head import fused_logprobs
+from tests.unit.test_head_kernels import check_kernels
 
-torch.manual_seed(0)
-for dt in (torch.bfloat16, torch.float16):
-    for c, v in ((5, 37), (3, 5000), (4, 2 * hk.BLOCK + 3)):
-        x = (torch.randn(c, v) * 3).to(dt)
-        t = torch.randint(0, v, (c,))
-        g = torch.randn(c)
-        assert hk.available(x)
-        lp, lse = hk.lse_pick(x, t)
-        ref = torch.log_softmax(x, -1, dtype=torch.float32)
-        torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1), rtol=1e-6, atol=1e-5)
-        torch.testing.assert_close(lp, ref.gather(1, t[:, None])[:, 0], rtol=1e-6, atol=1e-5)
-        p = torch.softmax(x, -1, dtype=torch.float32)
-        p.mul_(-g[:, None]).scatter_add_(1, t[:, None], g[:, None])
-        y = x.clone()
-        out = hk.grad_into(y, t, lse, g)
-        assert out.data_ptr() == y.data_ptr()  # in place over the logits
-        tol = float(p.abs().max()) * 2 ** -7  # one bf16 rounding
-        torch.testing.assert_close(out.float(), p.to(dt).float(), rtol=0, atol=tol)
+check_kernels("cpu", ((5, 37), (3, 5000), (4, 2 * BLOCK + 3)))
 
 # The whole head through the kernels (several chunks) against plain autograd in float32.
+torch.manual_seed(0)
 n, d, v = 40, 16, 300
 h = torch.randn(n, d).bfloat16().requires_grad_(True)
 w = (torch.randn(v, d) * 0.3).bfloat16().requires_grad_(True)
@@ -85,20 +96,4 @@ def test_kernels_are_not_used_for_float32_or_cpu_tensors():
 @pytest.mark.gpu
 @needs_triton
 def test_cuda_kernels_equal_pytorch():
-    from learner import head_kernels as hk
-
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for v in (151936, 1000):
-        x = (torch.randn(64, v, device="cuda", generator=g) * 4).bfloat16()
-        t = torch.randint(0, v, (64,), device="cuda", generator=g)
-        gr = torch.randn(64, device="cuda", generator=g)
-        assert hk.available(x)
-        lp, lse = hk.lse_pick(x, t)
-        ref = torch.log_softmax(x, -1, dtype=torch.float32)
-        torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1), rtol=1e-6, atol=1e-4)
-        torch.testing.assert_close(lp, ref.gather(1, t[:, None])[:, 0], rtol=1e-6, atol=1e-4)
-        p = torch.softmax(x, -1, dtype=torch.float32)
-        p.mul_(-gr[:, None]).scatter_add_(1, t[:, None], gr[:, None])
-        out = hk.grad_into(x.clone(), t, lse, gr)
-        tol = float(p.abs().max()) * 2 ** -7
-        torch.testing.assert_close(out.float(), p.bfloat16().float(), rtol=0, atol=tol)
+    check_kernels("cuda", ((64, 151936), (64, 1000)))
