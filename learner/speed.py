@@ -4,8 +4,9 @@ built (``plan_speed``) and applied to the policy (``apply_speed``).
 Levers and their "auto" rules (``LearnerConfig``: ``param_dtype``, ``packing``,
 ``gradient_checkpointing``, ``compile``):
 
-- bf16 parameters with float32 master weights (``learner.precision``): on CUDA, unless the
-  model is FSDP-sharded (FSDP2 keeps its float32 shards). float32 on the CPU (exact).
+- bf16 parameters with float32 master weights (``learner.precision``): on CUDA (compute
+  capability 8.0 or newer: ``ampere_or_newer``), unless the model is FSDP-sharded (FSDP2
+  keeps its float32 shards). float32 on the CPU (exact) and on older GPUs.
 - Packing (``learner.packing``): on CUDA with bf16 parameters (not under FSDP), with
   variable-length attention: flash-attention-2 (``cu_seqlens``) when the ``flash_attn``
   package is installed, else ``learner.varlen`` (PyTorch's bundled FlashAttention-2 varlen
@@ -82,12 +83,22 @@ def needs_checkpointing(model_config: Any, n_params: int, micro_batch_tokens: in
     return fixed + acts > _MEMORY_FRACTION * device_bytes
 
 
+def ampere_or_newer(device: torch.device) -> bool:
+    """Compute capability 8.0 or newer (A100, H100, RTX 30xx on): native bf16 matrix units
+    and FlashAttention-2 (``learner.varlen``). Older GPUs keep float32 weights, padded
+    batches and eager layers under "auto". Without a visible GPU (planning only): assumed."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def plan_speed(config: Any, model: nn.Module, device: torch.device, sharded: bool) -> SpeedPlan:
     """Resolve ``config``'s "auto" levers for ``model`` on ``device``."""
     cuda = device.type == "cuda"
     dtype_name = config.param_dtype
     if dtype_name == "auto":
-        dtype_name = "bfloat16" if cuda and not sharded else "float32"
+        dtype_name = "bfloat16" if cuda and not sharded and ampere_or_newer(device) \
+            else "float32"
     if dtype_name == "bfloat16" and sharded:
         raise ValueError("param_dtype bfloat16 is not supported with FSDP2 sharding (its "
                          "shards stay float32); use bf16_autocast there")

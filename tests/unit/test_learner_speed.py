@@ -59,6 +59,19 @@ def test_auto_levers_on_cuda_threaded_through_the_device_argument(tiny_model_dir
     assert off.param_dtype == torch.float32
 
 
+def test_auto_levers_on_a_gpu_older_than_ampere(tiny_model_dir, monkeypatch):
+    """No bf16 matrix units or FlashAttention-2 there: "auto" keeps float32 weights, padded
+    batches and eager layers (what ran before these levers existed)."""
+    from learner import speed
+
+    monkeypatch.setattr(speed, "ampere_or_newer", lambda device: False)
+    model = Policy.load(tiny_model_dir, device="cpu").model
+    plan = plan_speed(_cfg(tiny_model_dir, gradient_checkpointing=False), model,
+                      torch.device("cuda"), False)
+    assert plan.param_dtype == torch.float32 and not plan.packing and not plan.compile
+    assert plan.attn_implementation is None and plan.fused_adamw
+
+
 def _qwen(hidden: int, layers: int, inter: int) -> Qwen2Config:
     return Qwen2Config(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter)
 
