@@ -34,10 +34,10 @@ ChunkFn = Callable[[torch.Tensor, torch.Tensor, slice], torch.Tensor]
 # About 2**26 logits per chunk: 256 MiB in float32, a few hundred rows at V = 152k (a matrix
 # multiply that still fills a GPU).
 CHUNK_ELEMS = 2**26
-# bf16/fp16 on CUDA: 2**28 logits (512 MiB; ~1,770 rows at V = 152k). Fewer chunks, fewer
-# float32 read-modify-writes of the [V, D] weight gradient that every chunk adds to; the
-# softmax kernels (learner.head_kernels) keep no float32 [C, V] copy, so the peak stays one
-# chunk of logits.
+# bf16/fp16 on CUDA with the default log-softmax (the Triton kernels; a caller's
+# ``chunk_fn`` keeps CHUNK_ELEMS): 2**28 logits (512 MiB; ~1,770 rows at V = 152k). Fewer
+# chunks, fewer float32 read-modify-writes of the [V, D] weight gradient that every chunk
+# adds to; the kernels keep no float32 [C, V] copy, so the peak stays one chunk of logits.
 HALF_CHUNK_ELEMS = 2**28
 
 
@@ -176,7 +176,7 @@ def fused_logprobs(
         return (hidden_ND.sum(-1) * 0.0).to(torch.promote_types(hidden_ND.dtype,
                                                                 torch.float32))
     fn = chunk_fn if chunk_fn is not None else LogSoftmaxPick()
-    if chunk_elems is None:
-        half = hidden_ND.dtype in (torch.bfloat16, torch.float16) and hidden_ND.is_cuda
-        chunk_elems = HALF_CHUNK_ELEMS if half else CHUNK_ELEMS
+    if chunk_elems is None:  # the larger chunks only where the kernels keep no float32 copy
+        kernels = chunk_fn is None and hidden_ND.is_cuda and _kernels_for(hidden_ND)
+        chunk_elems = HALF_CHUNK_ELEMS if kernels else CHUNK_ELEMS
     return _FusedHead.apply(hidden_ND, weight_VD, targets_N, fn, chunk_elems)
