@@ -137,6 +137,8 @@ def apply_speed(policy: Any, plan: SpeedPlan) -> None:
         # A graph that fails to compile (a backend missing on this install, say) runs
         # eagerly with a logged warning instead of stopping the learner.
         torch._dynamo.config.suppress_errors = True
+        log.info("compiling the decoder layers at their first calls: the first training "
+                 "steps take tens of seconds longer (compile = \"off\" skips this)")
         base = getattr(model, model.base_model_prefix)
         for layer in base.layers:  # in place: parameter names unchanged
             layer.compile(dynamic=True)
