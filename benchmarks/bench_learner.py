@@ -30,7 +30,8 @@ tied to the output head), ``N_head = V * d`` the output projection, counted only
 that get a log-prob (the useful work: prompt tokens need no vocabulary projection), and the
 causal attention term per sequence of ``L`` tokens over ``l`` layers of width ``d``
 (``QK^T`` and ``PV``: ``2 * 2 * d * L^2 / 2`` forward, three times that with backward). The
-recomputation of gradient checkpointing is not counted (MFU, not hardware FLOPs).
+recomputation of gradient checkpointing is not counted (MFU, not hardware FLOPs), nor is the
+extra forward pass of ``--old-logprobs recompute``.
 
     .venv/bin/python benchmarks/bench_learner.py --head [--tokens 8192 --vocab 151936]
 
@@ -143,7 +144,7 @@ def make_trainer(naive: bool, args, device: torch.device) -> Trainer:
         levers = {"gradient_checkpointing": ckpt, "compile": args.compile}
     cfg = LearnerConfig(model=args.model or args.shape, minibatches=args.minibatches, lr=1e-6,
                         micro_batch_tokens=args.micro_batch_tokens, loss={"kind": "gspo"},
-                        **levers)
+                        old_logprobs=args.old_logprobs, **levers)
     trainer = Trainer(policy, cfg)
     if naive:  # the stock optimizer (foreach AdamW), not the fused one
         trainer.optimizer = torch.optim.AdamW(trainer.params, lr=cfg.lr)
@@ -357,6 +358,9 @@ def add_step_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                     help="torch.compile decoder layers (auto: the learner's default)")
+    ap.add_argument("--old-logprobs", choices=("behavior", "recompute"), default="behavior",
+                    help="recompute: one more forward pass per step for pi_old, as the GPU "
+                         "compose profiles configure it (the baseline does the same)")
 
 
 def main() -> None:

@@ -64,6 +64,15 @@ def test_gpu_check_fails_clearly_without_a_gpu(tmp_path: Path) -> None:
     assert "no CUDA device" in out.stdout
 
 
+def test_gpu_learner_bench_fails_clearly_without_a_gpu(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = subprocess.run(["bash", "scripts/gpu_learner_bench.sh", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHON": sys.executable})
+    assert out.returncode == 1 and "no CUDA device" in out.stderr
+
+
 def _run_check(tmp_path: Path, *args: str) -> dict:
     out = subprocess.run(
         [sys.executable, "scripts/gpu_check.py", *args, "--steps", "2", "--timeout-s", "400",
