@@ -155,11 +155,9 @@ def policy_loss(
             into each sequence's loss (decoupled off-policy correction).
     """
     _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights, config.kind)
-    with torch.no_grad():
-        value, grad_BT, metrics = _loss_and_grad(
-            logprobs.detach(), old_logprobs.detach(), advantages.detach(), mask.detach(),
-            config, None if is_weights is None else is_weights.detach(),
-        )
+    with torch.no_grad():  # nothing computed here joins the graph: no detach needed
+        value, grad_BT, metrics = _loss_and_grad(logprobs, old_logprobs, advantages, mask,
+                                                 config, is_weights)
     loss = _AttachGrad.apply(logprobs, value, grad_BT)
     return LossOutput(loss=loss, metrics=metrics)
 
@@ -175,19 +173,21 @@ def _loss_and_grad(
     """Loss value, d loss / d logprobs ``[B, T]`` and metrics, in float32 (float64 if given)."""
     ft = torch.promote_types(logprobs_BT.dtype, torch.float32)
     keep_BT = mask_BT > 0
-    lengths_B = keep_BT.sum(-1).to(ft)
-    valid_B = lengths_B > 0
-    n_seq = valid_B.sum().clamp(min=1).to(ft)
+    lengths_B = keep_BT.sum(-1, dtype=ft)
+    valid_B = lengths_B.clamp(max=1.0)  # 1.0 for sequences with a trained token, else 0.0
+    len1_B = lengths_B.clamp(min=1.0)
+    n_valid = valid_B.sum()
+    n_seq = n_valid.clamp(min=1)
     # Masked positions become exactly 0 before any arithmetic: -inf/NaN padding stays inert.
     log_ratio_BT = torch.where(keep_BT, logprobs_BT.to(ft) - old_BT.to(ft), 0.0)
     # d clamp / d x is 0 outside the band. Always built: asking the device whether any token
     # left the band would cost a host synchronisation (two cheap passes do not).
     grad_ok_BT = keep_BT & (log_ratio_BT.abs() <= cfg.max_log_ratio)
     log_ratio_BT = log_ratio_BT.clamp_(-cfg.max_log_ratio, cfg.max_log_ratio)
-    log_s_B = log_ratio_BT.sum(-1) / lengths_B.clamp(min=1)
+    log_s_B = log_ratio_BT.sum(-1) / len1_B
     s_B = log_s_B.exp()
     # Per-sequence factor w_i / (N |y_i|) (negated: we minimise the negative objective).
-    seq_scale_B = -valid_B.to(ft) / (lengths_B.clamp(min=1) * n_seq)
+    seq_scale_B = -valid_B / (len1_B * n_seq)
     if is_weights_B is not None:
         seq_scale_B = seq_scale_B * is_weights_B.to(ft)
 
@@ -195,7 +195,7 @@ def _loss_and_grad(
         value, grad_BT, clip_lo_B, clip_hi_B = _gspo_terms(s_B, adv.to(ft), cfg, seq_scale_B,
                                                            lengths_B, grad_ok_BT)
         # Token counts of clipped sequences, without materialising [B, T] masks.
-        clip_lo_n, clip_hi_n = (lengths_B * clip_lo_B).sum(), (lengths_B * clip_hi_B).sum()
+        clip_n = torch.stack([clip_lo_B, clip_hi_B]).to(ft) @ lengths_B
         extra: dict[str, torch.Tensor] = {}
     else:
         if adv.dim() == 1:
@@ -206,9 +206,8 @@ def _loss_and_grad(
             else log_ratio_BT.exp()
         value, grad_BT, clip_lo_BT, clip_hi_BT, extra = _token_terms(
             ratio_BT, adv_BT, cfg, seq_scale_B, keep_BT, grad_ok_BT)
-        clip_lo_n, clip_hi_n = clip_lo_BT.sum(), clip_hi_BT.sum()
-    metrics = _metrics(s_B, log_s_B, valid_B, lengths_B, clip_lo_n, clip_hi_n,
-                       {**extra, "loss": value})
+        clip_n = torch.stack([clip_lo_BT.sum(), clip_hi_BT.sum()]).to(ft)
+    metrics = _metrics(s_B, log_s_B, valid_B, n_valid, lengths_B, clip_n, value, extra)
     return value, grad_BT, metrics
 
 
@@ -229,8 +228,8 @@ def _gspo_terms(
     # sum_i scale_i * |y_i| * obj_i  ==  -(1/N) sum_i w_i obj_i
     value = (seq_scale_B * lengths_B * obj_B).sum()
     # d obj_i / d logprob_t = A_i s_i / |y_i|  (the 1/|y_i| is inside seq_scale_B)
-    coef_B = seq_scale_B * active_B.to(s_B.dtype) * adv_B * s_B
-    grad_BT = torch.where(grad_ok_BT, coef_B[:, None], 0.0)
+    coef_B = seq_scale_B * active_B * adv_B * s_B  # (a bool factor promotes)
+    grad_BT = torch.where(grad_ok_BT, coef_B[:, None], 0.0)  # no float copy of the mask
     return value, grad_BT, clip_lo_B, clip_hi_B
 
 
@@ -256,7 +255,7 @@ def _token_terms(
         sig_BT = (ratio_BT - 1.0).mul_(tau).sigmoid_()
         obj_BT = (sig_BT * adv_BT).mul_(4.0).div_(tau)
         slope_BT = sig_BT.sub_(sig_BT.square()).mul_(4.0)  # f'(r) = 4 sig (1 - sig); 1 at r = 1
-        extra["gate_mean"] = _masked_mean(slope_BT, keep_BT)
+        extra["gate_mean"] = (slope_BT * keep_BT).sum()  # a token sum: _metrics divides
         dobj_BT = slope_BT.mul_(adv_BT).mul_(ratio_BT)
         no_clip = torch.zeros((), dtype=torch.long, device=ratio_BT.device)
         clip_lo_BT, clip_hi_BT = no_clip, no_clip
@@ -265,41 +264,41 @@ def _token_terms(
         obj_BT = torch.minimum(ratio_BT * adv_BT, ratio_BT.clamp(lo, hi) * adv_BT)
         clip_lo_BT = (adv_BT < 0) & (ratio_BT < lo) & keep_BT
         clip_hi_BT = (adv_BT > 0) & (ratio_BT > hi) & keep_BT
-        dobj_BT = torch.where(clip_lo_BT | clip_hi_BT, 0.0, adv_BT * ratio_BT)
-    value = (seq_scale_B * obj_BT.masked_fill_(~keep_BT, 0.0).sum(-1)).sum()
+        dobj_BT = (adv_BT * ratio_BT).masked_fill_(clip_lo_BT | clip_hi_BT, 0.0)
+    # Every factor is finite (masked positions hold ratio 1 and a finite advantage), so the
+    # masks can multiply.
+    value = (seq_scale_B * obj_BT.mul_(keep_BT).sum(-1)).sum()
     del obj_BT
-    grad_BT = dobj_BT.mul_(seq_scale_B[:, None]).masked_fill_(~grad_ok_BT, 0.0)
+    grad_BT = dobj_BT.mul_(seq_scale_B[:, None]).mul_(grad_ok_BT)
     return value, grad_BT, clip_lo_BT, clip_hi_BT, extra
-
-
-def _masked_mean(x_BT: torch.Tensor, keep_BT: torch.Tensor) -> torch.Tensor:
-    return torch.where(keep_BT, x_BT, 0.0).sum() / keep_BT.sum().clamp(min=1).to(x_BT.dtype)
 
 
 def _metrics(
     s_B: torch.Tensor,
     log_s_B: torch.Tensor,
     valid_B: torch.Tensor,
+    n_valid: torch.Tensor,
     lengths_B: torch.Tensor,
-    clip_lo_n: torch.Tensor,
-    clip_hi_n: torch.Tensor,
+    clip_n: torch.Tensor,
+    value: torch.Tensor,
     extra: dict[str, torch.Tensor],
 ) -> dict[str, float]:
-    """Health signals and the loss value, gathered into one host transfer (the step's only
-    synchronisation in the loss)."""
-    n_tok = lengths_B.sum().clamp(min=1)
-    n_seq = valid_B.sum().clamp(min=1).float()
-    lo = clip_lo_n / n_tok
-    hi = clip_hi_n / n_tok
-    names = ["clip_fraction", "clip_low_fraction", "clip_high_fraction", "ratio_mean",
-             "abs_log_ratio_mean", "num_sequences", "num_tokens", *extra]
-    values = torch.stack([v.to(torch.float64) for v in (  # float64: the loss keeps its bits
-        lo + hi, lo, hi,
-        (s_B * valid_B).sum() / n_seq,
-        (log_s_B.abs() * valid_B).sum() / n_seq,
-        valid_B.sum(), lengths_B.sum(), *extra.values(),
-    )]).tolist()
-    return dict(zip(names, values, strict=True))
+    """Health signals and the loss value. The device computes only sums (a few kernels: when
+    the batch is small, a loss on a GPU costs what its kernel launches cost), read back in one
+    transfer, the loss's only host synchronisation; the ratios are taken on the host.
+
+    ``valid_B``: 1.0 for sequences with a trained token; ``clip_n``: clipped tokens, low and
+    high; ``extra``: sums over the trained tokens, reported as means over them."""
+    per_seq = torch.stack([s_B, log_s_B.abs()]) @ valid_B
+    sums = torch.cat([per_seq, clip_n,
+                      torch.stack([n_valid, lengths_B.sum(), value, *extra.values()])])
+    (s_sum, abs_lr_sum, lo_n, hi_n, n_seqs, n_tok, loss, *rest) = sums.tolist()
+    n_seq, tokens = max(n_seqs, 1.0), max(n_tok, 1.0)
+    return {"clip_fraction": (lo_n + hi_n) / tokens, "clip_low_fraction": lo_n / tokens,
+            "clip_high_fraction": hi_n / tokens, "ratio_mean": s_sum / n_seq,
+            "abs_log_ratio_mean": abs_lr_sum / n_seq, "num_sequences": n_seqs,
+            "num_tokens": n_tok, "loss": loss,
+            **{k: v / tokens for k, v in zip(extra, rest, strict=True)}}
 
 
 def group_advantages(
