@@ -177,6 +177,6 @@ def fused_logprobs(
                                                                 torch.float32))
     fn = chunk_fn if chunk_fn is not None else LogSoftmaxPick()
     if chunk_elems is None:  # the larger chunks only where the kernels keep no float32 copy
-        kernels = chunk_fn is None and hidden_ND.is_cuda and _kernels_for(hidden_ND)
+        kernels = chunk_fn is None and _kernels_for(hidden_ND)
         chunk_elems = HALF_CHUNK_ELEMS if kernels else CHUNK_ELEMS
     return _FusedHead.apply(hidden_ND, weight_VD, targets_N, fn, chunk_elems)
