@@ -224,7 +224,9 @@ def _consume(url: str, n_groups: int, raw: bool, batch: int, out: Any) -> None:
         reader = GroupReader(client)
         out.put("ready")
         while got < n_groups:
-            b = reader.read_batch(batch, current_version=0, timeout_s=1.0)
+            # no more than are still to come: a full batch's wait (timeout_s) for groups that
+            # will never be produced would count as queue time
+            b = reader.read_batch(min(batch, n_groups - got), current_version=0, timeout_s=1.0)
             reader.ack(b.entry_ids)
             got += len(b.groups)
     out.put((time.perf_counter(), time.process_time() - cpu0))
