@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 import redis
 import torch
 
+from contract.admission import FIELD_TRAINING
 from contract.redis_schema import Keys
 from learner.batching import AdvantageFn, split_invalid
 from learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
@@ -276,7 +277,7 @@ class Learner:
         t0 = time.perf_counter()
         batch = self.reader.read_batch(
             self.config.groups_per_step, self.version, self.config.read_timeout_s,
-            on_delivered=lambda n: publish_training(self.client, self.keys, n))
+            count_to=(self.keys.learner_state, FIELD_TRAINING))
         wait_s = time.perf_counter() - t0
         invalid = self._screen(batch)
         # A batch already read is the current step: a stop request arriving during the read

@@ -67,62 +67,12 @@ from contract.redis_schema import (
     unpack_ready_group,
     unpack_ready_parts,
 )
+from learner.reader_scripts import ACK_AND_TRIM, DELIVER
 
 logger = logging.getLogger(__name__)
 
 _CLAIM_PAGE = 100
 KEEP_TRAINED_S = 600  # default: how long a trimmed group's rollout records stay readable
-
-# KEYS: stream, counters. ARGV: consumer group, r_head, r_tail (rollout key around its id),
-# rollout ids field, seconds the records of a trimmed entry stay readable (0: deleted at
-# once), then the stream ids to acknowledge.
-# XACK (counting the newly acked as groups_acked), then trims the stream below the oldest id
-# any consumer group still needs (its oldest pending entry, else the one after its last
-# delivered), giving each trimmed entry's rollout records their expiry (or deleting them).
-# Returns {newly acked, entries trimmed}. Ids are compared as (ms, seq) numbers: ms < 2^53
-# is exact in Lua.
-ACK_AND_TRIM = """
-local newly = 0
-for i = 6, #ARGV, 1000 do
-  newly = newly + redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, math.min(#ARGV, i + 999)))
-end
-if newly > 0 then redis.call('HINCRBY', KEYS[2], 'groups_acked', newly) end
-if redis.call('EXISTS', KEYS[1]) == 0 then return {newly, 0} end
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local min_ms, min_seq = nil, nil
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  local info = {}
-  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-  local ms, seq
-  if tonumber(info['pending']) > 0 then
-    ms, seq = parse(redis.call('XPENDING', KEYS[1], info['name'], '-', '+', 1)[1][1])
-  else
-    ms, seq = parse(info['last-delivered-id'])
-    seq = seq + 1
-  end
-  if not min_ms or ms < min_ms or (ms == min_ms and seq < min_seq) then
-    min_ms, min_seq = ms, seq
-  end
-end
-if not min_ms then return {newly, 0} end
-local minid = string.format('%d-%d', min_ms, min_seq)
-for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '(' .. minid)) do
-  local f = e[2]
-  for i = 1, #f, 2 do
-    if f[i] == ARGV[4] then
-      for _, rid in ipairs(cmsgpack.unpack(f[i + 1])) do
-        local key = ARGV[2] .. rid .. ARGV[3]
-        if tonumber(ARGV[5]) > 0 then redis.call('EXPIRE', key, ARGV[5])
-        else redis.call('DEL', key) end
-      end
-    end
-  end
-end
-return {newly, redis.call('XTRIM', KEYS[1], 'MINID', minid)}
-"""
 
 
 @dataclass
@@ -171,6 +121,7 @@ class GroupReader:
         self._held: set[str] = set()  # see ``rearm``
         self._committed: set[str] = set()
         self._ack_trim = client.register_script(ACK_AND_TRIM)
+        self._deliver_script = client.register_script(DELIVER)
         self.keep_trained_s = keep_trained_s
         self._r_tpl = key_template(keys.rollout)
 
@@ -200,47 +151,63 @@ class GroupReader:
         self._held, self._committed = set(held), set(committed)
 
     def read_batch(self, n_groups: int, current_version: int, timeout_s: float,
-                   on_delivered: Callable[[int], None] | None = None) -> Batch:
+                   on_delivered: Callable[[int], None] | None = None,
+                   count_to: tuple[str, str] | None = None) -> Batch:
         """Up to ``n_groups`` groups: reclaimed pending entries first, then new ones, blocking
         at most ``timeout_s`` in all (fewer groups, possibly none, when it runs out).
-        ``on_delivered(n)``: called as soon as ``n`` entries (so far) left the stream for this
-        batch, before they are decoded or more are waited for; the learner publishes it as
-        its ``training`` count (``contract.admission``), so that the servers' in-flight count
-        never loses them between the stream and the step (a gap in which they admitted extra
-        groups that then arrived too stale)."""
+        ``count_to`` (a hash and its field): the number of entries delivered to this batch so
+        far is written there in the same atomic step that takes them from the stream (the
+        ``DELIVER`` script); the learner counts them as ``training`` (``contract.admission``),
+        so that the servers' in-flight count never loses them between the stream and the
+        step (a gap in which they admitted extra groups that then arrived too stale).
+        ``on_delivered(n)``: called with that number after each delivery, before the entries
+        are decoded or more are waited for."""
         if n_groups < 1:
             raise ValueError("n_groups must be >= 1")
         deadline = time.monotonic() + max(0.0, timeout_s)
         batch = Batch(groups=[], entry_ids=[], dropped_stale=0, staleness=[])
         reclaimed = self._claim(n_groups)
-        if reclaimed and on_delivered is not None:
-            on_delivered(len(reclaimed))
+        if reclaimed:  # pending entries: not in the stream's lag, so no gap to close here
+            if count_to is not None:
+                self.client.hset(count_to[0], count_to[1], len(reclaimed))
+            if on_delivered is not None:
+                on_delivered(len(reclaimed))
         self._take(batch, reclaimed, current_version)
         batch.reclaimed = len(batch.groups)
         # Entries are decoded once the batch is full (or the time is up): one MGET of the
-        # records for the whole batch, not one per XREADGROUP; drops (stale, unreadable) are
+        # records for the whole batch, not one per delivery; drops (stale, unreadable) are
         # then made up for while time remains.
         read: list = []
         while len(batch.groups) < n_groups:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            res = self.client.xreadgroup(
-                self.group, self.consumer, {self._stream: ">"},
-                count=n_groups - len(batch.groups) - len(read),
-                # 0 would block forever; 1 s slices stay under any sane socket timeout
-                block=min(remaining_ms, 1000) if remaining_ms > 0 else None,
-            )
-            entries = res[0][1] if res else []
-            timed_out = not entries and (remaining_ms <= 0 or time.monotonic() >= deadline)
+            have = len(batch.groups) + len(read)
+            entries, since = self._deliver(n_groups - have, have, count_to)
             if entries:
                 read += entries
                 if on_delivered is not None:
-                    on_delivered(len(batch.groups) + len(read))
-            if read and (timed_out or len(batch.groups) + len(read) >= n_groups):
-                self._take(batch, read, current_version)
-                read = []
-            if timed_out:
+                    on_delivered(have + len(entries))
+                if have + len(entries) >= n_groups:
+                    self._take(batch, read, current_version)
+                    read = []
+                continue
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
                 break
+            # 1 s slices: under any sane socket timeout (XREAD delivers nothing: it only
+            # returns once an entry newer than the group's last-delivered id exists)
+            self.client.xread({self._stream: since}, count=1, block=min(remaining_ms, 1000))
+        if read:
+            self._take(batch, read, current_version)
         return batch
+
+    def _deliver(self, count: int, have: int,
+                 count_to: tuple[str, str] | None) -> tuple[list, str]:
+        """New entries (``DELIVER``), as redis-py's XREADGROUP gives them, and where a wait for
+        more starts (the group's last-delivered id) when there were none."""
+        keys = [self._stream, *(count_to[:1] if count_to else ())]
+        args = [self.group, self.consumer, count, *((count_to[1], have) if count_to else ())]
+        raw, since = self._deliver_script(keys=keys, args=args)
+        entries = [(eid, dict(zip(flat[::2], flat[1::2], strict=True))) for eid, flat in raw]
+        return entries, as_str(since) if since is not None else "0-0"
 
     def _resolve(self, entries: list) -> list[tuple[str, ReadyGroup | None]]:
         """Each entry's group (None: unreadable): inline ones decoded as they are,

@@ -13,7 +13,9 @@ read in one pipelined round trip (plus one ``MGET`` for the other servers):
 - complete, being published: ``Keys.complete``;
 - published, not yet delivered to the learner: the learner consumer group's ``lag`` on the
   ready stream (its length when no learner has created the group yet);
-- delivered, being trained: the learner's ``training`` field (``Keys.learner_state``).
+- delivered, being trained: the learner's ``training`` field (``Keys.learner_state``), set in
+  the same Lua script that takes the groups from the stream (``learner.reader_scripts``), so
+  a group leaves the lag and joins ``training`` in one step.
 
 Trained groups waiting for their checkpoint (pending in the stream) are not in flight, nor
 are dropped (equal rewards, stale, invalid) or expired ones: they are in none of these.

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from contract.admission import FIELD_TRAINING
 from contract.redis_schema import Keys
 from learner.reader import KEEP_TRAINED_S, GroupReader
 from tests.conftest import RedisServer
@@ -66,6 +67,47 @@ def test_delivered_entries_are_reported_before_the_read_waits_for_more(
     batch = reader.read_batch(2, current_version=0, timeout_s=60, on_delivered=on_delivered)
     assert [g.group_id for g in batch.groups] == ["g0", "g1"]
     assert reported == [(1, 0), (2, 0)]
+
+
+def test_the_training_count_moves_with_the_delivery_in_one_step(
+        redis_url: str, r: redis.Redis) -> None:
+    """``count_to`` (what the learner passes): at no moment does a group that left the stream
+    count nowhere. A poller reads what the admission gate reads (the consumer group's
+    delivered count, and the learner's ``training`` field) in one MULTI, over and over, while
+    groups trickle in and one read takes them one delivery at a time. (With the count written
+    by a second round trip after each XREADGROUP, as before, the poller sees the gap.)"""
+    reader = GroupReader(r)
+    names = [f"t{i}" for i in range(12)]
+    done = threading.Event()
+    samples: list[tuple[int, int]] = []
+
+    def poll() -> None:
+        client = redis.Redis.from_url(redis_url)
+        while not done.is_set():
+            with client.pipeline(transaction=True) as p:
+                info, training = p.xinfo_groups(KEYS.ready_stream).hget(
+                    KEYS.learner_state, FIELD_TRAINING).execute()
+            samples.append((int(info[0]["entries-read"] or 0), int(training or 0)))
+        client.close()
+
+    def produce() -> None:
+        for name in names:
+            publish(redis_url, [name])
+
+    threads = [threading.Thread(target=poll), threading.Thread(target=produce)]
+    for t in threads:
+        t.start()
+    try:
+        batch = reader.read_batch(len(names), current_version=0, timeout_s=60,
+                                  count_to=(KEYS.learner_state, FIELD_TRAINING))
+    finally:
+        done.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert [g.group_id for g in batch.groups] == names
+    gaps = [s for s in samples if s[0] != s[1]]
+    assert not gaps, f"{len(gaps)} of {len(samples)} reads saw delivered != training: {gaps[:5]}"
+    assert len(samples) > 20 and samples[-1] == (len(names), len(names))
 
 
 def test_blocking_read_gets_groups_published_meanwhile(redis_url: str, r: redis.Redis) -> None:

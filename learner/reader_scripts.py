@@ -1,0 +1,81 @@
+"""The learner reader's Lua scripts (``learner.reader``): delivery with its count, and the
+ack with the trim. Each is one atomic step in Redis."""
+
+from __future__ import annotations
+
+# KEYS: stream, counters. ARGV: consumer group, r_head, r_tail (rollout key around its id),
+# rollout ids field, seconds the records of a trimmed entry stay readable (0: deleted at
+# once), then the stream ids to acknowledge.
+# XACK (counting the newly acked as groups_acked), then trims the stream below the oldest id
+# any consumer group still needs (its oldest pending entry, else the one after its last
+# delivered), giving each trimmed entry's rollout records their expiry (or deleting them).
+# Returns {newly acked, entries trimmed}. Ids are compared as (ms, seq) numbers: ms < 2^53
+# is exact in Lua.
+ACK_AND_TRIM = """
+local newly = 0
+for i = 6, #ARGV, 1000 do
+  newly = newly + redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, math.min(#ARGV, i + 999)))
+end
+if newly > 0 then redis.call('HINCRBY', KEYS[2], 'groups_acked', newly) end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {newly, 0} end
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local min_ms, min_seq = nil, nil
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  local ms, seq
+  if tonumber(info['pending']) > 0 then
+    ms, seq = parse(redis.call('XPENDING', KEYS[1], info['name'], '-', '+', 1)[1][1])
+  else
+    ms, seq = parse(info['last-delivered-id'])
+    seq = seq + 1
+  end
+  if not min_ms or ms < min_ms or (ms == min_ms and seq < min_seq) then
+    min_ms, min_seq = ms, seq
+  end
+end
+if not min_ms then return {newly, 0} end
+local minid = string.format('%d-%d', min_ms, min_seq)
+for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '(' .. minid)) do
+  local f = e[2]
+  for i = 1, #f, 2 do
+    if f[i] == ARGV[4] then
+      for _, rid in ipairs(cmsgpack.unpack(f[i + 1])) do
+        local key = ARGV[2] .. rid .. ARGV[3]
+        if tonumber(ARGV[5]) > 0 then redis.call('EXPIRE', key, ARGV[5])
+        else redis.call('DEL', key) end
+      end
+    end
+  end
+end
+return {newly, redis.call('XTRIM', KEYS[1], 'MINID', minid)}
+"""
+
+
+# KEYS: stream[, hash the count goes to]. ARGV: consumer group, consumer, count[, field,
+# groups delivered to the batch before this call].
+# XREADGROUP of up to ``count`` new entries, never blocking. With a second key, the field is
+# set to the groups delivered to the batch so far *in the same atomic step*: the learner's
+# ``training`` count (``contract.admission``), which the servers' admission gate reads with
+# the stream's lag, so a group that leaves the stream is never counted nowhere (as it was for
+# a round trip when the count followed the XREADGROUP). Returns {entries, false} when some
+# were delivered, else {{}, the group's last-delivered id}: where the caller's blocking wait
+# for newer entries (XREAD, which delivers nothing) starts.
+DELIVER = """
+local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
+  'STREAMS', KEYS[1], '>')
+local entries = res and res[1][2] or {}
+if #entries > 0 then
+  if KEYS[2] then redis.call('HSET', KEYS[2], ARGV[4], tonumber(ARGV[5]) + #entries) end
+  return {entries, false}
+end
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  if info['name'] == ARGV[1] then return {entries, info['last-delivered-id']} end
+end
+return {entries, '0-0'}
+"""
