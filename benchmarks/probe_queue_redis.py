@@ -15,7 +15,10 @@ the median printed (the machine is shared: single runs move by +-30%).
    the rollout -> group key), and with a script that does nothing; 32 groups in flight.
 3. The queue stage by stage, one after the other: ``record_group`` of every group, then their
    rewards (one list call per group, which publishes it), then the learner's reader (batches
-   of 32, read and acked).
+   of 32, read and acked). For each stage, Redis's own ``INFO commandstats`` of the last round:
+   calls and microseconds per group by command. A script's (EVALSHA's) time includes the
+   commands it calls, which are listed too; what the commands do not account for is the I/O
+   (reading the requests, writing the replies) and the AOF.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -107,6 +111,14 @@ def read_all(client: redis.Redis, n: int) -> None:
         got += len(b.groups)
 
 
+def print_commandstats(stats: dict[str, Any], n: int, rows: int = 8) -> None:
+    """The commands that took most of Redis's time, per group (``INFO commandstats``)."""
+    top = sorted(((k.removeprefix("cmdstat_"), v) for k, v in stats.items()
+                  if k != "cmdstat_config|resetstat"), key=lambda kv: -kv[1]["usec"])
+    for name, v in top[:rows]:
+        print(f"    {name:16s} {v['calls'] / n:6.2f} calls {v['usec'] / n:7.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--groups", type=int, default=1000)
@@ -117,6 +129,7 @@ def main() -> None:
     templates = [make_rollout(f"t{i}", "t", args.tokens, seed=i) for i in range(GROUP)]
     blobs = [pack_rollout(t) for t in templates]
     res: dict[str, list[float]] = {}
+    stats: dict[str, dict[str, Any]] = {}  # stage -> INFO commandstats (the last round's)
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_redis(Path(tmp))
         try:
@@ -138,12 +151,14 @@ def main() -> None:
                                                group_id=f"s{k}-{g}")
                            for i, t in enumerate(templates)] for g in range(n)]
                 for what in ("record", "reward + publish", "read + ack"):
+                    client.config_resetstat()
                     c0 = cpu_s(proc.pid)
                     if what == "read + ack":
                         read_all(client, n)
                     else:
                         asyncio.run(stage(url, groups, what.split()[0]))
                     res.setdefault(f"stage: {what}", []).append(cpu_s(proc.pid) - c0)
+                    stats[what] = client.info("commandstats")
                 client.flushall()
             client.close()
         finally:
@@ -159,6 +174,9 @@ def main() -> None:
     def ratio(a: str, b: str) -> str:
         return f"{med[a] / med[b]:.2f}" if med[b] > 0 else "n/a"
 
+    for what, st in stats.items():
+        print(f"  commands in stage '{what}' (last round), per group: calls, us of Redis time")
+        print_commandstats(st, n)
     print(f"ratio 1 SET / 8 SETs: {ratio('bytes in: 1 SET', 'bytes in: 8 SETs')}, "
           f"XADD / 8 SETs: {ratio('bytes in: XADD', 'bytes in: 8 SETs')}")
     print("ratio to the record script: less per-rollout writes "
