@@ -202,12 +202,16 @@ def _consume(url: str, n_groups: int, raw: bool, batch: int, out: Any) -> None:
     """Reader process: reads and acks ``n_groups`` groups, then reports the time it finished."""
     import redis
 
+    from contract.gc_freeze import freeze_startup_objects
     from contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys
     from learner.reader import GroupReader
 
     client = redis.Redis.from_url(url)
     stream = Keys().ready_stream
     got = 0
+    # as a learner does once started (``Learner.run``), both ways: a full collection walking
+    # the start-up objects is not the queue's cost
+    freeze_startup_objects()
     cpu0 = time.process_time()  # not counting this process's start-up (imports)
     if raw:
         with contextlib.suppress(redis.ResponseError):

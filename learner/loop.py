@@ -46,6 +46,7 @@ stops once the environment's recent groups reach it, after training the groups i
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 import uuid
@@ -58,6 +59,7 @@ import redis
 import torch
 
 from contract.admission import FIELD_TRAINING
+from contract.gc_freeze import freeze_startup_objects
 from contract.redis_schema import Keys
 from learner.batching import AdvantageFn, split_invalid
 from learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
@@ -211,6 +213,8 @@ class Learner:
 
     def run(self) -> LearnerState:
         """Train until ``max_steps`` or a stop request; returns the final state."""
+        log.info("start-up objects frozen out of the garbage collector: %d",
+                 freeze_startup_objects())
         try:
             while not self.done():
                 self._iterate()
@@ -224,6 +228,7 @@ class Learner:
             if self.dist is not None:
                 send(self.dist, Stop())
         finally:
+            gc.unfreeze()  # collectable again (tests run several learners in one process)
             self.sync.close()
             self.metrics.event({"event": "stop", "run_id": self.run_id, "step": self.step,
                                 "version": self.version, "time": time.time()})

@@ -29,6 +29,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
+from contract.gc_freeze import freeze_startup_objects
 from contract.redis_schema import Keys
 from contract.registry import ServerInfo, heartbeat_loop
 from server.admission import AdmissionGate
@@ -97,16 +98,6 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await asyncio.wait_for(task, SHUTDOWN_TIMEOUT_S)
-
-
-def freeze_startup_objects() -> None:
-    """Moves every object alive once the server has started (torch, transformers, the
-    model: ~400k objects for a tiny model) out of the garbage collector's generations.
-    A full collection walked them all, 190 ms with the GIL held, so the engine's thread
-    stalled for ~24 decode steps each time a burst of requests triggered one; after the
-    freeze it walks only what requests allocated. Start-up garbage is collected first."""
-    gc.collect()
-    gc.freeze()
 
 
 @contextlib.asynccontextmanager

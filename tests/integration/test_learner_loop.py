@@ -3,7 +3,9 @@ ready stream, training, checkpoints, acks, weight pushes, crash and resume."""
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -80,13 +82,17 @@ def _cfg(tiny_model_dir, redis_url, tmp_path, **kw) -> LearnerConfig:
 
 
 def test_loop_trains_checkpoints_acks_and_pushes(tiny_model_dir, redis_url, tmp_path,
-                                                 sampler):
+                                                 sampler, caplog):
     client = redis.Redis.from_url(redis_url)
     published = publish(client, sampler, 6)
     sync = RecordingSync()
     learner = Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=3, sync_every=2),
                       client=client, sync=sync)
-    state = learner.run()
+    with caplog.at_level(logging.INFO, logger="learner.loop"):
+        state = learner.run()
+    # start-up objects out of the collector while it ran (contract.gc_freeze), back after
+    assert "start-up objects frozen out of the garbage collector" in caplog.text
+    assert gc.get_freeze_count() == 0
     assert (state.step, state.version, state.groups_trained) == (3, 3, 6)
     assert sync.pushes == [0, 2] and sync.closed  # at start, then every 2 steps
     assert pending(client) == 0  # everything trained was checkpointed, then acked
