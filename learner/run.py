@@ -8,6 +8,7 @@ once with ``KeyboardInterrupt`` (unacked groups are redelivered on the next star
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from types import FrameType
 
 from learner.checkpoint import LearnerState
 from learner.config import LearnerConfig
-from learner.distributed import init_from_env
+from learner.distributed import DistContext, init_from_env
 from learner.follower import follow
 from learner.loop import Learner
 from learner.sync_base import WeightSync
@@ -48,14 +49,24 @@ def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> Learne
     return ``None``."""
     dist = init_from_env(config.device, config.data_parallel)
     try:
-        if dist is not None and not dist.is_main:
-            follow(config, dist)
-            return None
-        learner = Learner(config, sync=sync, dist=dist)
-        with graceful_signals(learner):
-            return learner.run()
+        return _run(config, sync, dist)
     finally:
         if dist is not None:
             import torch.distributed
 
             torch.distributed.destroy_process_group()
+            # The trainer is gone with _run's frame, but reference cycles (FSDP2's hooks) can
+            # keep its device mesh, and so a gloo process group, alive until the interpreter
+            # exits; destroyed that late, its threads sometimes aborted the process
+            # ("terminate called without an active exception", exit -6) after a finished run.
+            gc.collect()
+
+
+def _run(config: LearnerConfig, sync: WeightSync | None,
+         dist: DistContext | None) -> LearnerState | None:
+    if dist is not None and not dist.is_main:
+        follow(config, dist)
+        return None
+    learner = Learner(config, sync=sync, dist=dist)
+    with graceful_signals(learner):
+        return learner.run()
