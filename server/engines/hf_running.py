@@ -32,31 +32,32 @@ class RunningKV:
     def prefill(self, prompts: Sequence[Sequence[int]], merge: bool) -> torch.Tensor:
         """Run ``prompts`` as one left-padded batch and add them after the running rows
         (``merge``) or in their place; returns their last logits ``[B_new, V]``."""
-        ids_BT, mask_BT, pos_BT = hf_batch.left_pad(prompts, self.pad_id, self.device)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        pos_B = pos_BT[:, -1] + 1
+        cache, mask_BT, pos_B, logits_BV = self._forward(prompts)
         if not merge or self.cache is None:
-            self.cache, self.mask_BT, self.pos_B = out.past_key_values, mask_BT, pos_B
+            self.cache, self.mask_BT, self.pos_B = cache, mask_BT, pos_B
             self.pending_B = torch.zeros_like(pos_B)
         else:
             assert self.mask_BT is not None and self.pos_B is not None
             assert self.pending_B is not None
-            self.mask_BT = hf_batch.merge(self.cache, self.mask_BT, out.past_key_values,
-                                          mask_BT)
+            self.mask_BT = hf_batch.merge(self.cache, self.mask_BT, cache, mask_BT)
             self.pos_B = torch.cat([self.pos_B, pos_B])
             self.pending_B = torch.cat([self.pending_B, torch.zeros_like(pos_B)])
-        return out.logits[:, -1]
+        return logits_BV
 
     def recompute(self, seqs: Sequence[Sequence[int]]) -> None:
         """Rebuild the cache of the running rows from their tokens (``seqs``: prompt and
         completion but the pending token, in row order) with the current weights."""
+        self.cache, self.mask_BT, self.pos_B, _ = self._forward(seqs)
+
+    def _forward(self, seqs: Sequence[Sequence[int]]
+                 ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``seqs`` as one left-padded batch into a fresh cache: the cache, its mask, each
+        row's next position id and its last logits ``[B, V]``."""
         ids_BT, mask_BT, pos_BT = hf_batch.left_pad(seqs, self.pad_id, self.device)
         cache = DynamicCache(config=self.model.config)
-        self.model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self.cache, self.mask_BT, self.pos_B = cache, mask_BT, pos_BT[:, -1] + 1
+        out = self.model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.past_key_values, mask_BT, pos_BT[:, -1] + 1, out.logits[:, -1]
 
     def decode(self) -> torch.Tensor:
         """One step for every row (its pending token into the cache); logits ``[B, V]``."""
