@@ -10,9 +10,11 @@ the median printed (the machine is shared: single runs move by +-30%).
 1. The rollout bytes in: the 8 packed records as 8 ``SET ... EX`` (what recording does, less
    the script), as one ``SET`` of their concatenation, and as one ``XADD`` (what the raw
    baseline of ``bench_queue.py`` writes); 32 groups per round trip.
-2. The record script: ``record_group`` (MULTI, the 8 staged SETs, the record script, EXEC) with
-   the real script, with the real script less its per-rollout writes (RENAME from staging and
-   the rollout -> group key), and with a script that does nothing; 32 groups in flight.
+2. Recording a new group: ``record_group`` as it is (MULTI, the 8 records SET straight to their
+   keys, ``RECORD_NEW_GROUP``, EXEC), against the staged way it recorded them before (MULTI,
+   ``CREATE_GROUP``, the 8 records SET to staging keys, the record script, EXEC) with the real
+   record script, with that script less its per-rollout writes (RENAME from staging and the
+   rollout -> group key), and with a script that does nothing; 32 groups in flight.
 3. The queue stage by stage, one after the other: ``record_group`` of every group, then their
    rewards (one list call per group, which publishes it), then the learner's reader (batches
    of 32, read and acked). For each stage, Redis's own ``INFO commandstats`` of the last round:
@@ -40,16 +42,21 @@ import redis  # noqa: E402
 from benchmarks.bench_queue import GROUP, cpu_s, start_redis, stop  # noqa: E402
 from contract.redis_schema import RolloutRecord, pack_rollout  # noqa: E402
 from learner.reader import GroupReader  # noqa: E402
+from server.redis_pipe import run_script  # noqa: E402
 from server.store import RewardItem, RolloutStore, make_redis  # noqa: E402
-from server.store_scripts import RECORD_ROLLOUTS  # noqa: E402
+from server.store_scripts import CREATE_GROUP, RECORD_ROLLOUTS  # noqa: E402
 from tests.queue_helpers import make_rollout  # noqa: E402
 
 _PER_ROLLOUT_WRITES = ("    redis.call('RENAME', sk, ARGV[3] .. rid .. ARGV[4])\n"
                        "    redis.call('SET', mk, ARGV[1], 'EX', ARGV[2])\n")
-SCRIPTS = {"record script": RECORD_ROLLOUTS,
-           "less per-rollout writes": RECORD_ROLLOUTS.replace(_PER_ROLLOUT_WRITES, ""),
-           "no-op script": "return {}"}
-assert SCRIPTS["less per-rollout writes"] != RECORD_ROLLOUTS
+# record_group's variants: None is the store's own (records straight to their keys and
+# RECORD_NEW_GROUP); the others open the group with CREATE_GROUP and stage the records for a
+# record script, all in one MULTI/EXEC (the sampling path before the direct writes)
+SCRIPTS = {"direct writes (ours)": None,
+           "staged, record script": RECORD_ROLLOUTS,
+           "staged, less per-rollout writes": RECORD_ROLLOUTS.replace(_PER_ROLLOUT_WRITES, ""),
+           "staged, no-op script": "return {}"}
+assert SCRIPTS["staged, less per-rollout writes"] != RECORD_ROLLOUTS
 
 
 def bytes_in(client: redis.Redis, blobs: list[bytes], mode: str, tag: str, n: int) -> None:
@@ -68,15 +75,30 @@ def bytes_in(client: redis.Redis, blobs: list[bytes], mode: str, tag: str, n: in
         p.execute()
 
 
-async def record(url: str, script: str, groups: list[list[RolloutRecord]]) -> None:
+async def record(url: str, script: str | None, groups: list[list[RolloutRecord]]) -> None:
     client = make_redis(url)
     store = RolloutStore(client)
-    store._record = client.register_script(script)  # the variant under test
+    variant = client.register_script(script) if script is not None else None
+    create = client.register_script(CREATE_GROUP)
     sem = asyncio.Semaphore(32)
+
+    async def staged(gid: str, recs: list[RolloutRecord]) -> None:
+        k = store.keys
+        opening = ("EVALSHA", create.sha, 3, k.group(gid), k.deadlines, k.counters, gid, GROUP,
+                   b"\x80", store.config.group_ttl_s, store._finished_ttl)
+        writes = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX",
+                   store._record_ttl) for r in recs]
+        await run_script(store._pipe, client, variant, [k.group(gid), k.group_rollouts(gid),
+                                                       k.group_rewards(gid)],
+                         [gid, store._record_args, *[r.rollout_id for r in recs]],
+                         before=[opening, *writes])
 
     async def one(recs: list[RolloutRecord]) -> None:
         async with sem:
-            await store._record_group(recs[0].group_id, recs, (GROUP, b"\x80"))
+            if variant is None:
+                await store.record_group(recs[0].group_id, GROUP, None, recs)
+            else:
+                await staged(recs[0].group_id, recs)
 
     await asyncio.gather(*[one(r) for r in groups])
     await store.aclose()
@@ -179,9 +201,11 @@ def main() -> None:
         print_commandstats(st, n)
     print(f"ratio 1 SET / 8 SETs: {ratio('bytes in: 1 SET', 'bytes in: 8 SETs')}, "
           f"XADD / 8 SETs: {ratio('bytes in: XADD', 'bytes in: 8 SETs')}")
-    print("ratio to the record script: less per-rollout writes "
-          f"{ratio('record_group: less per-rollout writes', 'record_group: record script')}, "
-          f"no-op script {ratio('record_group: no-op script', 'record_group: record script')}")
+    base = "record_group: staged, record script"
+    print(f"ratio to the staged record script: direct writes (ours) "
+          f"{ratio('record_group: direct writes (ours)', base)}, less per-rollout writes "
+          f"{ratio('record_group: staged, less per-rollout writes', base)}, no-op script "
+          f"{ratio('record_group: staged, no-op script', base)}")
 
 
 if __name__ == "__main__":

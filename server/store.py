@@ -12,7 +12,9 @@ The design, for few round trips and one write of the rollout bytes (BENCHMARKS.m
 and Redis queue", has the numbers):
 
 - **Bytes written once, never through Lua.** A rollout record (~13 kB for 1,024 tokens) is
-  SET to a staging key and *renamed* into place by the record script; publishing leaves it
+  SET straight to its key when the sampling path records a new group (ids minted for it:
+  nothing to protect), or, when its id may already be in use (a multi-turn episode recorded
+  again), SET to a staging key and *renamed* into place by the record script; publishing leaves it
   there and only references it: the stream entry is the group's head (rewards, advantages: a
   few hundred bytes) and the rollout ids, and the record loses its TTL (it is the entry's
   now); the learner MGETs a batch's records after XREADGROUP, and its trim of the entry gives
@@ -84,7 +86,12 @@ from server.store_finish import (
     publish_result,
     read_snapshot,
 )
-from server.store_scripts import CREATE_GROUP, EXPIRE_DUE, RECORD_ROLLOUTS
+from server.store_scripts import (
+    CREATE_GROUP,
+    EXPIRE_DUE,
+    RECORD_NEW_GROUP,
+    RECORD_ROLLOUTS,
+)
 from server.store_types import (
     GroupView,
     QueueConfig,
@@ -126,6 +133,7 @@ class RolloutStore:
         self.config = config
         self._create = redis.register_script(CREATE_GROUP)
         self._record = redis.register_script(RECORD_ROLLOUTS)
+        self._record_new = redis.register_script(RECORD_NEW_GROUP)
         self._rewards = redis.register_script(POST_REWARDS)
         self._expire = redis.register_script(EXPIRE_DUE)
         self._publish = redis.register_script(PUBLISH_GROUP)
@@ -150,6 +158,7 @@ class RolloutStore:
                                math.ceil(config.group_ttl_s + self._finished_ttl) + 1)
         self._record_args = encode_args(self._record_ttl, *self._t_rollout, *self._t_map,
                                         *self._t_staging)
+        self._new_group_args = encode_args(self._record_ttl, *self._t_map, *self._t_rollout)
 
     async def aclose(self) -> None:
         """Closes the store's own connection (the hot path's ``RedisPipe``); the redis-py
@@ -182,18 +191,32 @@ class RolloutStore:
 
     async def record_group(self, group_id: str, size: int, metadata: dict[str, Any] | None,
                            records: Sequence[RolloutRecord]) -> None:
-        """``create_group`` and ``record_rollouts`` in one round trip (one MULTI/EXEC): how
-        the sampling path stores a group it has just sampled. Same refusals as the two."""
+        """Opens group ``group_id`` with ``size`` rollouts and records ``records`` in it, in one
+        round trip (one MULTI/EXEC): how the sampling path stores a group it has just sampled.
+        The group id and the rollout ids must be new, minted for this call (the sampling
+        path's uuid4s): the records are written straight to their keys (``RECORD_NEW_GROUP``),
+        without the staging and the checks that ids already in use need (``record_rollouts``).
+        Idempotent when retried with the same records; ``StoreError`` ``group_exists`` (and
+        nothing recorded) if the group id is already in use."""
         self._check_size(size)
         if any(r.group_id != group_id for r in records):
             raise ValueError("every record must belong to the group")
-        create = (size, msgpack.packb(metadata or {}))
-        results = await self._record_group(group_id, list(records), create)
-        first_error = None
-        for rec, res in zip(records, results, strict=True):
-            first_error = first_error or record_error(as_str(res), rec)
-        if first_error is not None:
-            raise first_error
+        ids = [r.rollout_id for r in records]
+        if len(set(ids)) != len(ids):
+            raise ValueError("rollout ids must be distinct")
+        if len(ids) > size:
+            raise StoreError(StoreReason.CONFLICT, "group_full",
+                             f"{len(ids)} rollouts for a group of {size}")
+        k, c = self.keys, self.config
+        args = [group_id, size, msgpack.packb(metadata or {}), c.group_ttl_s,
+                self._finished_ttl, self._new_group_args, *ids]
+        writes = [("SET", k.rollout(r.rollout_id), pack_rollout(r), "EX", self._record_ttl)
+                  for r in records]
+        res = await self._run(self._record_new,
+                              [k.group(group_id), k.group_rollouts(group_id), k.deadlines,
+                               k.counters], args, before=writes)
+        if records and (err := record_error(as_str(res), records[0])) is not None:
+            raise err
 
     async def record_rollout(self, record: RolloutRecord) -> None:
         """Stores the rollout and appends its id to its group's list (once: recording the same
@@ -216,13 +239,10 @@ class RolloutStore:
         if first_error is not None:
             raise first_error
 
-    async def _record_group(self, gid: str, recs: list[RolloutRecord],
-                            create: tuple[int, bytes] | None = None) -> list[Any]:
-        k, c = self.keys, self.config
-        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid), k.deadlines,
-                k.counters]
-        opening = [1, *create, c.group_ttl_s, self._finished_ttl] if create else [0, 0, b"", 0, 0]
-        args: list[Any] = [gid, self._record_args, *opening, *[r.rollout_id for r in recs]]
+    async def _record_group(self, gid: str, recs: list[RolloutRecord]) -> list[Any]:
+        k = self.keys
+        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid)]
+        args: list[Any] = [gid, self._record_args, *[r.rollout_id for r in recs]]
         # with the record's TTL, which RENAME keeps (a staging key the script never saw, when
         # the transaction failed, expires on its own)
         staged = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX",

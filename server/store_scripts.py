@@ -70,36 +70,25 @@ local created = create_group(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3
 return created
 """
 
-# KEYS: group, group rollouts, group rewards, deadlines, counters.
+# KEYS: group, group rollouts, group rewards.
 # ARGV: group_id, record_ttl, r_head, r_tail (rollout), m_head, m_tail (rollout->group),
-#       s_head, s_tail (staging), create (0/1), size, metadata, group_ttl, finished_ttl,
-#       then the rollout ids.
-# Runs in one MULTI/EXEC after the plain SETs of each rollout's record to its staging key,
-# each with EX record_ttl: an accepted rollout's staging key is renamed into place (its TTL
-# goes with it: record_ttl = max(rollout_ttl, group_ttl + finished_ttl + 1), never less than
-# the group's keys), a refused one's deleted. (Passing a 13 kB record through a script's ARGV
-# costs Redis ~20x a plain SET of it.) With create=1 the group is first opened as
-# CREATE_GROUP does (the sampling path: a new group and all its rollouts in one round trip);
-# if it exists with another size every rollout is refused with group_exists.
+#       s_head, s_tail (staging), then the rollout ids.
+# Rollouts of an existing group (the multi-turn episodes' path; a new group's go through
+# RECORD_NEW_GROUP). Runs in one MULTI/EXEC after the plain SETs of each rollout's record to
+# its staging key, each with EX record_ttl: an accepted rollout's staging key is renamed into
+# place (its TTL goes with it: record_ttl = max(rollout_ttl, group_ttl + finished_ttl + 1),
+# never less than the group's keys), a refused one's deleted. (Passing a 13 kB record through
+# a script's ARGV costs Redis ~20x a plain SET of it.) Staging protects what a rollout id may
+# already name: a record being recorded again, or a published one waiting for the learner.
 # Returns one status per rollout: created | updated | unknown_group | group_closed |
-# rollout_rewarded | rollout_in_other_group | group_full | group_exists | no_data. A rollout
-# may be recorded again (a multi-turn episode grows) until it has a reward.
+# rollout_rewarded | rollout_in_other_group | group_full | no_data. A rollout may be recorded
+# again (a multi-turn episode grows) until it has a reward.
 RECORD_ROLLOUTS = COMMON + """
-local conflict, state, size, any_reward, count, group_exp = false, nil, nil, false, nil, nil
-local created = 0
-if ARGV[9] == '1' then
-  created, group_exp = create_group(KEYS[1], KEYS[4], KEYS[5], ARGV[1], ARGV[10], ARGV[11],
-    ARGV[12], ARGV[13])
-  conflict = created < 0
-end
-if created == 1 then  -- what the group just opened holds: no read needed
-  state, size, count = 'open', tonumber(ARGV[10]), 0
-else
-  local g = redis.call('HMGET', KEYS[1], 'state', 'size', 'n_rewarded')
-  state, size, any_reward = g[1], tonumber(g[2]), tonumber(g[3] or 0) > 0
-end
+local g = redis.call('HMGET', KEYS[1], 'state', 'size', 'n_rewarded')
+local state, size, any_reward = g[1], tonumber(g[2]), tonumber(g[3] or 0) > 0
+local count = nil
 local ids, mks, sks = {}, {}, {}
-for i = 14, #ARGV do
+for i = 9, #ARGV do
   ids[#ids + 1] = ARGV[i]
   mks[#mks + 1] = ARGV[5] .. ARGV[i] .. ARGV[6]
   sks[#sks + 1] = ARGV[7] .. ARGV[i] .. ARGV[8]
@@ -120,7 +109,6 @@ for i, rid in ipairs(ids) do
   local result
   if seen[rid] or (not all_staged and redis.call('EXISTS', sk) == 0) then
     result = 'no_data'  -- (a repeated id: its staged record went with the first)
-  elseif conflict then result = 'group_exists'
   elseif not state then result = 'unknown_group'
   elseif state ~= 'open' then result = 'group_closed'
   elseif any_reward and redis.call('HEXISTS', KEYS[3], rid) == 1 then
@@ -152,9 +140,49 @@ for i, rid in ipairs(ids) do
 end
 if #pushed > 0 then
   redis.call('RPUSH', KEYS[2], unpack(pushed))
-  redis.call('EXPIREAT', KEYS[2], group_exp or redis.call('EXPIRETIME', KEYS[1]))
+  redis.call('EXPIREAT', KEYS[2], redis.call('EXPIRETIME', KEYS[1]))
 end
 return out
+"""
+
+# KEYS: group, group rollouts, deadlines, counters.
+# ARGV: group_id, size, metadata, group_ttl, finished_ttl, record_ttl, m_head, m_tail
+#       (rollout->group), r_head, r_tail (rollout), then the rollout ids.
+# A new group and its rollouts, as the sampling path records them: the group id and the
+# rollout ids were minted for this call (uuid4), so no key can hold them yet and the records
+# go straight to their keys: the plain SETs (EX record_ttl) run before this script in the
+# same MULTI/EXEC, and there is no staging key to rename, no owner or orphan to look up (the
+# checks RECORD_ROLLOUTS needs for ids that may be in use). Opens the group as CREATE_GROUP
+# does, then maps each rollout to it and lists them. If the group already existed: the same
+# ids listed in the same order is this call retried after its first attempt ran ('updated':
+# the records were written again with the same bytes); anything else is refused
+# ('group_exists') and the records just written that no rollout -> group mapping claims are
+# deleted again. Returns created | updated | group_exists, for every rollout.
+RECORD_NEW_GROUP = COMMON + """
+local created, group_exp = create_group(KEYS[1], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3],
+  ARGV[4], ARGV[5])
+local ids = {}
+for i = 11, #ARGV do ids[#ids + 1] = ARGV[i] end
+if created == 1 then
+  for _, rid in ipairs(ids) do
+    redis.call('SET', ARGV[7] .. rid .. ARGV[8], ARGV[1], 'EX', ARGV[6])
+  end
+  if #ids > 0 then
+    redis.call('RPUSH', KEYS[2], unpack(ids))
+    redis.call('EXPIREAT', KEYS[2], group_exp)
+  end
+  return 'created'
+end
+local listed = redis.call('LRANGE', KEYS[2], 0, -1)
+local same = created == 0 and #listed == #ids
+for i = 1, #ids do same = same and listed[i] == ids[i] end
+if same then return 'updated' end
+for _, rid in ipairs(ids) do
+  if not redis.call('GET', ARGV[7] .. rid .. ARGV[8]) then
+    redis.call('DEL', ARGV[9] .. rid .. ARGV[10])
+  end
+end
+return 'group_exists'
 """
 
 # KEYS: deadlines, complete set, counters.

@@ -67,6 +67,34 @@ def test_record_group_opens_and_records_in_one_call(redis_url: str, r: redis.Red
     assert r.get(KEYS.rollout("g-r1")) == pack_rollout(recs[1])
 
 
+def test_record_group_writes_straight_to_the_keys_and_refuses_a_group_in_use(
+        redis_url: str, r: redis.Redis) -> None:
+    recs = [make_rollout(f"g-r{i}", "g", 20, seed=i) for i in range(2)]
+    other = [make_rollout(f"o-r{i}", "g", 20, seed=10 + i) for i in range(2)]
+
+    async def body(store: RolloutStore) -> None:
+        await store.record_group("g", 2, None, recs)
+        # the same group id, the same size, other rollouts: not a retry of that call
+        with pytest.raises(StoreError) as e:
+            await store.record_group("g", 2, None, other)
+        assert e.value.code == "group_exists"
+        with pytest.raises(StoreError) as e:  # more rollouts than the group holds
+            await store.record_group("h", 1, None, [make_rollout(f"h-r{i}", "h")
+                                                    for i in range(2)])
+        assert e.value.code == "group_full"
+        view = await store.get_group("g")
+        assert view is not None and view.rollout_ids == ["g-r0", "g-r1"]
+        assert await store.get_group("h") is None
+
+    with_store(redis_url, body)
+    # no staging key was used, and the refused records were removed again
+    assert not r.keys(KEYS.rollout_staging("*"))
+    assert r.mget([KEYS.rollout(x.rollout_id) for x in recs]) == [pack_rollout(x) for x in recs]
+    assert r.exists(*[KEYS.rollout(x.rollout_id) for x in other], KEYS.rollout("h-r0")) == 0
+    assert [r.get(KEYS.rollout_group(x.rollout_id)) for x in recs] == [b"g", b"g"]
+    assert r.ttl(KEYS.rollout("g-r0")) > 0 and r.ttl(KEYS.rollout_group("g-r0")) > 0
+
+
 def test_published_by_reference_and_expired_with_the_entry(redis_url: str,
                                                             r: redis.Redis) -> None:
     recs = [make_rollout(f"g-r{i}", "g", 1024, seed=i) for i in range(4)]
