@@ -86,13 +86,14 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_redis(tmp: Path) -> tuple[subprocess.Popen, str]:
+def start_redis(tmp: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """redis-server with the shipped ``docker/redis.conf``; ``extra``: more options."""
     exe = shutil.which("redis-server")
     assert exe, "redis-server not found"
     port = free_port()
     proc = subprocess.Popen(
         [exe, str(REPO / "docker" / "redis.conf"), "--port", str(port), "--bind", "127.0.0.1",
-         "--dir", str(tmp), "--loglevel", "warning"],
+         "--dir", str(tmp), "--loglevel", "warning", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, proc)
     return proc, f"redis://127.0.0.1:{port}/0"
