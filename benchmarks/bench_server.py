@@ -109,6 +109,7 @@ def http_server(model: Path, redis_url: str, args: argparse.Namespace
     cmd = [sys.executable, "-m", "gspo.cli", "serve", "--model", str(model), "--port",
            str(port), "--redis-url", redis_url, "--max-tokens", str(2 * args.max_tokens),
            "--max-batch-size", str(args.max_batch_size), "--device", args.device,
+           "--dtype", args.dtype,
            "--log-level", "warning", "--no-admission"]  # no learner: nothing is trained
     env = {**os.environ, "GSPO_API_KEY": API_KEY}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
@@ -142,10 +143,19 @@ class LeanClient:
         data = json.dumps(body).encode()
         head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: "
                 f"application/json\r\nContent-Length: {len(data)}\r\n{self.extra}\r\n")
-        reader, writer = (self.idle.pop() if self.idle
-                          else await asyncio.open_connection(self.host, self.port))
-        writer.write(head.encode() + data)
-        status = await reader.readline()
+        request = head.encode() + data
+        status = b""
+        # a kept-alive connection that sat idle past uvicorn's keep-alive timeout (5 s: a long
+        # engine phase in between) is closed by the server: retried on another one
+        while self.idle and not status:
+            reader, writer = self.idle.pop()
+            status = await self._send(reader, writer, request)
+            if not status:
+                writer.close()
+        if not status:  # a new connection (closed without an answer here: an error below)
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+            writer.write(request)
+            status = await reader.readline()
         length = 0
         while (line := await reader.readline()) not in (b"\r\n", b""):
             if line.lower().startswith(b"content-length:"):
@@ -155,6 +165,16 @@ class LeanClient:
         if b" 200 " not in status:
             raise RuntimeError(f"{status!r}: {payload[:300]!r}")
         return payload
+
+    @staticmethod
+    async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    request: bytes) -> bytes:
+        """The status line of ``request`` on a reused connection; b"" if it was closed."""
+        try:
+            writer.write(request)
+            return await reader.readline()
+        except ConnectionError:
+            return b""
 
     async def close(self) -> None:
         for _, writer in self.idle:
@@ -260,9 +280,12 @@ def request_lengths(n: int, mean: int, kind: str) -> list[int]:
 async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
                 args: argparse.Namespace) -> Results:
     """Pairs (engine, server) at c=1 and at c=N, plus the server's in-server overhead."""
+    import torch
+
     from server.engines.hf import HFEngine
 
-    engine = HFEngine(str(model), max_batch_size=args.max_batch_size, device=args.device)
+    engine = HFEngine(str(model), max_batch_size=args.max_batch_size, device=args.device,
+                      dtype=getattr(torch, args.dtype))
     await engine.start()
     n_req = args.concurrency * args.waves
     n_all = max(args.pairs_1, n_req, 4)  # the warm-up sends 4, the c=1 pairs pairs_1
@@ -299,7 +322,11 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
                           lambda: run_load(served, ids, c, server_clocks, server_counters),
                           swap)
 
-        await both(list(range(4)), 4, False)  # warm-up
+        # warm-up: a few requests, then a whole c=N phase each way (on a GPU the first
+        # batches at a new size pay one-time costs: kernel loading, allocator growth)
+        await both(list(range(4)), 4, False)
+        if args.device != "cpu":
+            await both(list(range(n_req)), args.concurrency, False)
         res = Results(c1=[], fixed=[], mixed=[], overhead_s=0.0)
         for i in range(args.pairs_1):  # c=1: one request each way, back to back
             res.c1.append(await both([i], 1, swap=i % 2 == 1))

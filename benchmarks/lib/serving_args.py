@@ -16,6 +16,9 @@ def serving_parser(doc: str, *, max_tokens: int, concurrency: int) -> argparse.A
     p.add_argument("--concurrency", type=int, default=concurrency)
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the model's dtype, the same both ways (the server's own default on a "
+                        "GPU is bfloat16)")
     p.add_argument("--layers", type=int, default=2, help="tiny model's layers")
     p.add_argument("--hidden", type=int, default=128, help="tiny model's hidden size")
     return p
