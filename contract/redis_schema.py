@@ -10,9 +10,11 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
 - ``{p}:rollout:{rollout_id}:group``: string, the rollout's group id, same TTL as the rollout
   (lets the reward script find the group without unpacking the record: Redis's Lua msgpack
   cannot decode the binary arrays).
-- ``{p}:rollout:{rollout_id}:staging``: string, a rollout record on its way in: written with
-  plain ``SET`` and renamed into place by the record script in the same MULTI/EXEC (large
-  values are slow to pass through Lua), so it never outlives the transaction.
+- ``{p}:rollout:{rollout_id}:staging``: string, a rollout record on its way in when its id may
+  already be in use (a multi-turn episode recorded again): written with plain ``SET`` and
+  renamed into place by the record script in the same MULTI/EXEC (large values are slow to pass
+  through Lua), so it never outlives the transaction. A new group's records (ids minted for
+  it) are SET straight to their ``rollout`` keys.
 - ``{p}:group:{group_id}``: hash, the group's state: ``size`` (rollouts expected), ``state``
   (open | complete | published | dropped | expired), ``metadata`` (msgpack), ``created_at``,
   ``deadline`` (unix seconds after which it expires), ``n_rewarded``; once closed also

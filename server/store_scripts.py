@@ -157,7 +157,7 @@ return out
 # ids listed in the same order is this call retried after its first attempt ran ('updated':
 # the records were written again with the same bytes); anything else is refused
 # ('group_exists') and the records just written that no rollout -> group mapping claims are
-# deleted again. Returns created | updated | group_exists, for every rollout.
+# deleted again. Returns one status for them all: created | updated | group_exists.
 RECORD_NEW_GROUP = COMMON + """
 local created, group_exp = create_group(KEYS[1], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3],
   ARGV[4], ARGV[5])
