@@ -35,7 +35,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                         "--concurrency", "2", "--tokens", "32", "--codec-groups", "4"],
                        ["ratio ours / noop", "ratio ours / raw", "msgpack"]),
     "probe_queue_redis.py": (["--groups", "8", "--rounds", "1", "--tokens", "32"],
-                             ["ratio 1 SET / 8 SETs", "ratio to the record script"]),
+                             ["ratio 1 SET / 8 SETs", "ratio to the staged record script"]),
     "bench_server.py": (["--max-tokens", "4", "--prompt-len", "4", "--concurrency", "2",
                          "--pairs-1", "1", "--waves", "1", "--rounds", "1",
                          "--max-batch-size", "4", "--layers", "1", "--hidden", "64"],
