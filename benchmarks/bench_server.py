@@ -322,8 +322,8 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
                           lambda: run_load(served, ids, c, server_clocks, server_counters),
                           swap)
 
-        # warm-up: a few requests, then a whole c=N phase each way (on a GPU the first
-        # batches at a new size pay one-time costs: kernel loading, allocator growth)
+        # warm-up: a few requests, then on a GPU a whole c=N phase each way (there the first
+        # batches of a new size ran several times slower: BENCHMARKS.md, "On an H100")
         await both(list(range(4)), 4, False)
         if args.device != "cpu":
             await both(list(range(n_req)), args.concurrency, False)
