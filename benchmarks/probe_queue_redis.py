@@ -79,12 +79,13 @@ async def record(url: str, script: str | None, groups: list[list[RolloutRecord]]
     client = make_redis(url)
     store = RolloutStore(client)
     variant = client.register_script(script) if script is not None else None
-    create = client.register_script(CREATE_GROUP)
+    # loaded here: run_script loads only a transaction's last script if Redis lacks it
+    create_sha = await client.script_load(CREATE_GROUP)
     sem = asyncio.Semaphore(32)
 
     async def staged(gid: str, recs: list[RolloutRecord]) -> None:
         k = store.keys
-        opening = ("EVALSHA", create.sha, 3, k.group(gid), k.deadlines, k.counters, gid, GROUP,
+        opening = ("EVALSHA", create_sha, 3, k.group(gid), k.deadlines, k.counters, gid, GROUP,
                    b"\x80", store.config.group_ttl_s, store._finished_ttl)
         writes = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX",
                    store._record_ttl) for r in recs]
@@ -93,8 +94,6 @@ async def record(url: str, script: str | None, groups: list[list[RolloutRecord]]
                                [gid, store._record_args, *[r.rollout_id for r in recs]],
                                before=[opening, *writes])
         assert script == "return {}" or out == [b"created"] * len(recs), out  # recorded
-
-    await client.script_load(CREATE_GROUP)  # (run_script loads only the last script)
 
     async def one(recs: list[RolloutRecord]) -> None:
         async with sem:
