@@ -282,7 +282,8 @@ class HFEngine(Engine):
                         break
                     self._window.wait(self._cond, self._waiting, len(self._rows),
                                       self.max_batch_size, self._interrupted)
-                with self._step_lock, torch.inference_mode():
+                with self._step_lock, torch.inference_mode(), \
+                        hf_attention.step_backends(self.device):
                     if not self._paused:  # pause() may have won the race for the lock
                         start = time.perf_counter()
                         self._step()
