@@ -16,7 +16,9 @@
    process: XREADGROUP, one MGET of the records, decode), ack (the ack/trim script, which
    gives the records of trimmed entries their expiry). Baseline: raw redis-py ``XADD`` of
    the same ready-group bytes (packed before the clock starts) and ``XREADGROUP`` + ``XACK``
-   of them (not decoded), same concurrency, same reader process layout.
+   of them (not decoded), same concurrency, same reader process layout. ``--pairs`` runs
+   each way, back to back, the order alternating (on 2 cores, whichever runs second meets
+   the first's AOF growth and its rewrites); the ratios printed are medians of the pairs'.
 3. msgpack (``pack_ready_group``) against JSON for the same ready-group records: bytes, and
    encode + decode time (JSON carries arrays as lists of numbers: it has no bytes type).
 """
@@ -31,6 +33,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -327,12 +330,26 @@ def _run_e2e(url: str, redis_pid: int, n_groups: int, raw: bool, concurrency: in
             "reader_ms": 1e3 * reader_cpu / n_groups, "redis_ms": 1e3 * redis_cpu / n_groups}
 
 
-def bench_e2e(url: str, redis_pid: int, n_groups: int, concurrency: int,
-              tokens: int) -> dict[str, dict[str, float]]:
+E2E_KEYS = ("producer_ms", "reader_ms", "redis_ms")
+
+
+def bench_e2e(url: str, redis_pid: int, n_groups: int, concurrency: int, tokens: int,
+              pairs: int) -> dict[str, Any]:
+    """``pairs`` runs each way, back to back, the order alternating (what runs second meets
+    the first's AOF growth and rewrites); per-way medians, and the medians (and ranges) of the
+    pairs' ratios ours / raw."""
     _run_e2e(url, redis_pid, min(200, n_groups), False, concurrency, tokens)  # warm up
-    raw = _run_e2e(url, redis_pid, n_groups, True, concurrency, tokens)
-    ours = _run_e2e(url, redis_pid, n_groups, False, concurrency, tokens)
-    return {"ours": ours, "raw": raw}
+    runs: dict[str, list[dict[str, float]]] = {"ours": [], "raw": []}
+    for i in range(pairs):
+        for raw in ((True, False) if i % 2 == 0 else (False, True)):
+            runs["raw" if raw else "ours"].append(
+                _run_e2e(url, redis_pid, n_groups, raw, concurrency, tokens))
+    rate = [o["per_s"] / r["per_s"] for o, r in zip(runs["ours"], runs["raw"], strict=True)]
+    cpu = [sum(r[k] for k in E2E_KEYS) / sum(o[k] for k in E2E_KEYS)
+           for o, r in zip(runs["ours"], runs["raw"], strict=True)]
+    med = {way: {k: statistics.median(d[k] for d in ds) for k in ("per_s", *E2E_KEYS)}
+           for way, ds in runs.items()}
+    return {**med, "rate": rate, "cpu": cpu}
 
 
 # ---------------------------------------------------------------- part 3: msgpack vs JSON
@@ -387,6 +404,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--groups", type=int, default=2_000, help="groups end to end (part 2)")
     ap.add_argument("--concurrency", type=int, default=32, help="groups in flight (part 2)")
+    ap.add_argument("--pairs", type=int, default=3, help="runs each way, alternating (part 2)")
     ap.add_argument("--tokens", type=int, default=TOKENS)
     ap.add_argument("--codec-groups", type=int, default=200)
     args = ap.parse_args()
@@ -400,7 +418,8 @@ def main() -> None:
         proc, url = start_redis(Path(tmp))
         try:
             http = bench_http(url, proc.pid, args.rewards, args.clients, args.tokens)
-            e2e = bench_e2e(url, proc.pid, args.groups, args.concurrency, args.tokens)
+            e2e = bench_e2e(url, proc.pid, args.groups, args.concurrency, args.tokens,
+                            args.pairs)
         finally:
             stop(proc)
     codec = bench_codec(args.codec_groups, args.tokens)
@@ -417,17 +436,18 @@ def main() -> None:
           f"{http['noop_server_us'] / http['ours_server_us']:.2f} (server CPU)")
     ours, raw = e2e["ours"], e2e["raw"]
     print(f"\n2. end to end, groups of {GROUP} x {args.tokens} tokens, {args.groups} groups, "
-          f"{args.concurrency} in flight")
+          f"{args.concurrency} in flight; {args.pairs} pairs of runs, order alternating; "
+          "medians")
     for name, d in (("ours (record, reward, publish, read, ack)", ours),
                     ("raw XADD + XREADGROUP + XACK, same bytes ", raw)):
-        total = d["producer_ms"] + d["reader_ms"] + d["redis_ms"]
+        total = sum(d[k] for k in E2E_KEYS)
         print(f"   {name}: {d['per_s']:6.0f} groups/s; CPU ms/group: producer "
               f"{d['producer_ms']:.2f}, reader {d['reader_ms']:.2f}, redis {d['redis_ms']:.2f},"
               f" total {total:.2f}")
-    cpu_ratio = sum(raw[k] for k in ("producer_ms", "reader_ms", "redis_ms")) / sum(
-        ours[k] for k in ("producer_ms", "reader_ms", "redis_ms"))
-    print(f"   ratio ours / raw: {ours['per_s'] / raw['per_s']:.2f} (rate), {cpu_ratio:.2f} "
-          "(total CPU per group) (goal >= 0.5)")
+    rate, cpu = e2e["rate"], e2e["cpu"]
+    print(f"   ratio ours / raw: {statistics.median(rate):.2f} (rate) "
+          f"[pairs {min(rate):.2f}..{max(rate):.2f}], {statistics.median(cpu):.2f} (total CPU "
+          f"per group) [{min(cpu):.2f}..{max(cpu):.2f}] (goal >= 0.5)")
     print(f"\n3. one ready group ({GROUP} x {args.tokens} tokens): msgpack vs JSON")
     print(f"   bytes   msgpack {codec['msgpack_bytes']:>9,d}  json {codec['json_bytes']:>9,d}  "
           f"ratio json/msgpack {codec['json_bytes'] / codec['msgpack_bytes']:.2f}")
