@@ -37,11 +37,14 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from contract.sampling_dist import sampled_logprobs, truncating
 from learner.logprob_head import ChunkFn, fused_logprobs
 from learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
 from learner.varlen import NAME as VARLEN
+
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 # Attentions that read a packed row's sequence offsets (``PackedRows.attention_kwargs``).
 _OFFSET_ATTENTIONS = (VARLEN, "flash_attention_2")
@@ -206,6 +209,16 @@ class Policy:
             return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
         return nullcontext()
 
+    def _attention(self):  # noqa: ANN202 - a context manager
+        """A padded forward on CUDA runs SDPA without cuDNN attention. Its attention has a
+        mask, and PyTorch picks cuDNN attention for masked bf16 attention on Hopper, which
+        builds an execution graph for every shape it has not seen, on the CPU: ~0.15 s each
+        on an H100 (BENCHMARKS.md, "On an H100"). Padded microbatches change shape nearly
+        every time. Packed forwards have no mask (``learner.varlen``)."""
+        if self.device.type == "cuda" and not self.packing:
+            return sdpa_kernel(_NO_CUDNN)
+        return nullcontext()
+
     def token_logprobs(
         self,
         tokens_BT: torch.Tensor,
@@ -239,7 +252,7 @@ class Policy:
         kwargs: dict = {"use_cache": False}
         if self._has_logits_to_keep:
             kwargs["logits_to_keep"] = keep
-        with self._autocast():
+        with self._autocast(), self._attention():
             out = self.model(input_ids=tokens_BT[:, :-1], attention_mask=attention_BT[:, :-1],
                              **kwargs)
         logits = out.logits[:, -keep:]
@@ -263,7 +276,7 @@ class Policy:
         if not bool(sel_BT.any()):
             return torch.zeros(B, T, dtype=torch.float32, device=self.device)
         base = getattr(self.model, self.model.base_model_prefix)
-        with self._autocast():
+        with self._autocast(), self._attention():
             if self.packing:
                 p = pack_inputs(tokens_BT, attention_BT)
                 offsets = p.attention_kwargs() if getattr(

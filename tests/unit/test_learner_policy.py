@@ -114,3 +114,39 @@ def test_bf16_autocast_on_cuda_stays_close_to_float32(tiny_model_dir):
     assert float(diff) < 0.1
     (lp16 * mb.mask_BT.cuda()).sum().backward()
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in fast.model.parameters())
+
+
+def _cudnn_flag_during_forward(policy: Policy, mb) -> list[bool]:
+    """``cudnn_sdp_enabled`` as seen inside the model's first attention layer."""
+    seen: list[bool] = []
+    attn = policy.model.model.layers[0].self_attn
+    hook = attn.register_forward_pre_hook(
+        lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    try:
+        with torch.no_grad():
+            policy.token_logprobs(mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_padded_forward_leaves_the_sdpa_backends_alone_off_cuda(tiny_model_dir):
+    """On the CPU the policy's forward runs with PyTorch's own SDPA choice (the cuDNN
+    exclusion is for CUDA: ``Policy._attention``)."""
+    policy = Policy.load(tiny_model_dir, device="cpu")
+    mb = collate(samples_from_groups([sample_group(policy.model, seed=4)]))
+    assert _cudnn_flag_during_forward(policy, mb) == [True]
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.gpu
+def test_padded_forward_on_cuda_runs_without_cudnn_attention(tiny_model_dir):
+    """A padded (masked) forward on CUDA excludes cuDNN attention, which builds a graph per
+    new shape; the flag is restored after; a packed forward (no mask) is left alone."""
+    policy = Policy.load(tiny_model_dir, device="cuda", bf16_autocast=True)
+    mb = collate(samples_from_groups([sample_group(
+        Policy.load(tiny_model_dir, device="cpu").model, seed=4)]))
+    assert _cudnn_flag_during_forward(policy, mb) == [False]
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    policy.packing = True
+    assert _cudnn_flag_during_forward(policy, mb) == [True]
