@@ -14,7 +14,10 @@ the same run:
 
 1. One masked decode-shaped attention call (32 rows, 4 heads, 1 query, head dim 64), at
    ``--shapes`` cache lengths never seen before: first call (a new shape) and a repeat call.
-2. The engine's own path (``RunningKV``: prefill then ``--steps`` decode steps of the tiny
+2. A training shape (bf16 only): a masked forward + backward at new lengths, as the
+   learner's padded microbatches (``learner.policy``) meet them (lengths from 1,000; 64 on
+   the CPU).
+3. The engine's own path (``RunningKV``: prefill then ``--steps`` decode steps of the tiny
    model, a batch size not seen before): ms per step; then the same run again, every shape
    seen (what is left of a new shape's cost with the engine's backends is the difference).
 
@@ -105,6 +108,31 @@ def engine_steps(model: torch.nn.Module, dev: torch.device, steps: int,
     return 1e3 * timed(run, dev) / (steps + 1)
 
 
+def training_calls(dev: torch.device, lengths: int, base: int) -> dict[str, float]:
+    """Mean ms of a masked bf16 attention forward + backward at a training shape (a padded
+    microbatch: 4 rows, 14 heads, head dim 64, causal with left padding), at new lengths
+    (the learner's padded forward, ``learner.policy.Policy._attention``), each way."""
+    out: dict[str, float] = {}
+    for i, way in enumerate(WAYS):
+        times = []
+        for length in range(base + 37 * i * lengths, base + 37 * (i + 1) * lengths, 37):
+            gen = torch.Generator(device=dev).manual_seed(length)
+            q, k, v = (torch.randn(4, 14, length, 64, device=dev, dtype=torch.bfloat16,
+                                   generator=gen, requires_grad=True) for _ in range(3))
+            mask = torch.ones(length, length, device=dev, dtype=torch.bool).tril()
+            mask = mask.expand(4, 1, length, length).clone()
+            mask[1:, :, :, :50] = False  # left padding in three rows
+            mask[1:, :, :50, :50] |= torch.eye(50, device=dev, dtype=torch.bool)  # no empty row
+
+            def step(q=q, k=k, v=v, mask=mask) -> None:
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+
+            with backends(way, dev):
+                times.append(timed(step, dev))
+        out[way] = 1e3 * statistics.mean(times)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -130,6 +158,12 @@ def main() -> None:
                 with backends(way, dev):
                     choice = SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, False))
                 print(f"{dtype}: masked attention, {way}: {choice.name}")
+            if dtype == torch.bfloat16:
+                train = training_calls(dev, max(2, args.shapes // 4),
+                                       1000 if dev.type == "cuda" else 64)
+                print(f"{dtype}: training shape, forward + backward at a new length: "
+                      + ", ".join(f"{way} {ms:.2f} ms" for way, ms in train.items())
+                      + f"; ratio {train['pytorch_choice'] / train['engine_steps']:.2f}")
             calls = attention_calls(dtype, dev, args.shapes)
             for way in WAYS:
                 print(f"{dtype}: one call, {way}: new shape {calls[f'{way} new']:.3f} ms, "
