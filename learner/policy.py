@@ -212,9 +212,10 @@ class Policy:
     def _attention(self):  # noqa: ANN202 - a context manager
         """A padded forward on CUDA runs SDPA without cuDNN attention. Its attention has a
         mask, and PyTorch picks cuDNN attention for masked bf16 attention on Hopper, which
-        builds an execution graph for every shape it has not seen, on the CPU: ~0.15 s each
-        on an H100 (BENCHMARKS.md, "On an H100"). Padded microbatches change shape nearly
-        every time. Packed forwards have no mask (``learner.varlen``)."""
+        builds an execution graph for every shape it has not seen, on the CPU: ~1.1 s per
+        new training length (forward + backward) on an H100, against ~1.5 ms without it
+        (BENCHMARKS.md, "On an H100"). Padded microbatches change length nearly every time.
+        Packed forwards have no mask (``learner.varlen``)."""
         if self.device.type == "cuda" and not self.packing:
             return sdpa_kernel(_NO_CUDNN)
         return nullcontext()

@@ -53,11 +53,9 @@ def test_engine_steps_keep_cuda_sdpa_off_cudnn_and_restore_the_flags() -> None:
     with hf_attention.step_backends(torch.device("cuda", 0)):
         assert _flags() == {**before, "cudnn": False}
     assert _flags() == before
-    try:
-        with hf_attention.step_backends(torch.device("cuda", 0)):
-            raise RuntimeError("a failed step")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError, match="a failed step"), \
+            hf_attention.step_backends(torch.device("cuda", 0)):
+        raise RuntimeError("a failed step")
     assert _flags() == before
 
 
