@@ -57,7 +57,10 @@ fi
 
 field() { "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get(sys.argv[2], '-'))" "$1" "$2" 2>/dev/null || echo "-"; }
 echo
-echo "---- gspo-rl gpu_check ($(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)) ----"
+# the commit, and whether the tree differs from it (a copied tree may carry a stale .git)
+COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && COMMIT="$COMMIT + local changes"
+echo "---- gspo-rl gpu_check ($(date -u +%FT%TZ), commit $COMMIT) ----"
 echo "gpus: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | paste -sd';')"
 echo "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
 echo "gpu tests: $TESTS_LINE (rc $TESTS_RC)"
