@@ -9,7 +9,7 @@ masked bfloat16 attention on an H100, and the server then ran several times slow
 engine until the shapes repeated (BENCHMARKS.md, "On an H100"). The engine's steps now run
 without it (``server.engines.hf_attention.step_backends``).
 
-Two measurements, each "PyTorch's choice" (baseline) against the engine's step backends, in
+Three measurements, each "PyTorch's choice" (baseline) against the engine's step backends, in
 the same run:
 
 1. One masked decode-shaped attention call (32 rows, 4 heads, 1 query, head dim 64), at
