@@ -37,14 +37,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from contract.attention import masked_sdpa_backends
 from contract.sampling_dist import sampled_logprobs, truncating
 from learner.logprob_head import ChunkFn, fused_logprobs
 from learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
 from learner.varlen import NAME as VARLEN
-
-_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 # Attentions that read a packed row's sequence offsets (``PackedRows.attention_kwargs``).
 _OFFSET_ATTENTIONS = (VARLEN, "flash_attention_2")
@@ -210,15 +208,10 @@ class Policy:
         return nullcontext()
 
     def _attention(self):  # noqa: ANN202 - a context manager
-        """A padded forward on CUDA runs SDPA without cuDNN attention. Its attention has a
-        mask, and PyTorch picks cuDNN attention for masked bf16 attention on Hopper, which
-        builds an execution graph for every shape it has not seen, on the CPU: ~1.1 s per
-        new training length (forward + backward) on an H100, against ~1.5 ms without it
-        (BENCHMARKS.md, "On an H100"). Padded microbatches change length nearly every time.
-        Packed forwards have no mask (``learner.varlen``)."""
-        if self.device.type == "cuda" and not self.packing:
-            return sdpa_kernel(_NO_CUDNN)
-        return nullcontext()
+        """A padded forward runs masked attention at a new length nearly every time: on CUDA
+        without cuDNN attention (``contract.attention``: ~1.1 s per new training length on
+        an H100). Packed forwards have no mask (``learner.varlen``)."""
+        return nullcontext() if self.packing else masked_sdpa_backends(self.device)
 
     def token_logprobs(
         self,

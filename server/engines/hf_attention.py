@@ -10,23 +10,20 @@ This attention ("gspo_sdpa") does that on CPU, where it gives the same outputs, 
 every other case (no mask, no grouping, another device) to transformers' own function;
 masks are built as for "sdpa". Measured: see BENCHMARKS.md ("Rollout server").
 
-On CUDA, ``step_backends`` keeps SDPA off cuDNN attention during the engine's steps. The
-engine's masked attention changes shape at every step (the cache grows by a column, rows join
-and leave), and cuDNN builds an execution graph for every new shape it meets, on the CPU,
-before it runs: measured on an H100 in bfloat16 (BENCHMARKS.md, "On an H100"). The other
-backends (FlashAttention where there is no mask, memory-efficient, math) need no such build.
+On CUDA, ``step_backends`` keeps SDPA off cuDNN attention during the engine's steps, whose
+masked attention changes shape at every step (``contract.attention`` says why).
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from contract.attention import masked_sdpa_backends
 
 NAME = "gspo_sdpa"
 
@@ -50,13 +47,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     return out.transpose(1, 2).contiguous(), None
 
 
-_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def step_backends(device: torch.device) -> AbstractContextManager[Any]:
-    """The SDPA backends an engine step may use on ``device``: all but cuDNN attention on
-    CUDA (see the module docstring); on other devices, whatever PyTorch picks."""
-    return sdpa_kernel(_NO_CUDNN) if device.type == "cuda" else nullcontext()
+step_backends = masked_sdpa_backends  # the SDPA backends an engine step may use
 
 
 def register() -> str:
