@@ -199,7 +199,7 @@ def up(
     """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
     from pathlib import Path
 
-    from gspo.up import UpConfig, run_up
+    from gspo.up import RunDirError, UpConfig, run_up
 
     cfg = UpConfig(run_dir=Path(run_dir), model=model, redis_url=redis_url, loss=loss,
                    max_steps=max_steps, groups_per_step=groups_per_step,
@@ -209,6 +209,9 @@ def up(
                    seed=seed, device=device, engine=engine, admission=admission)
     try:
         result = run_up(cfg)
+    except RunDirError as exc:
+        typer.echo(f"gspo up: {exc}", err=True)
+        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         typer.echo("interrupted: every process stopped", err=True)
         raise typer.Exit(130) from None
