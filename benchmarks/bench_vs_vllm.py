@@ -137,16 +137,23 @@ async def run_phase(url: str, bodies: list[dict], concurrency: int, pgid: int) -
 
 
 def missing_in_redis(redis_url: str, rollout_ids: list[str]) -> int:
+    """How many of ``rollout_ids`` have no stored record: a sampled group's records are one key
+    (found through each rollout's group mapping), a rollout recorded on its own has its own."""
     import redis
 
-    from contract.redis_schema import Keys
+    from contract.ready_entry import unpack_group_records
+    from contract.redis_schema import Keys, as_str
 
     client = redis.Redis.from_url(redis_url, socket_timeout=30)
     keys = Keys()
-    pipe = client.pipeline(transaction=False)
-    for rid in rollout_ids:
-        pipe.exists(keys.rollout(rid))
-    missing = sum(1 for found in pipe.execute() if not found)
+    gids = {as_str(g) for g in client.mget([keys.rollout_group(r) for r in rollout_ids]) if g}
+    found: set[str] = set()
+    for gid in gids:
+        whole = client.get(keys.group_records(gid))
+        found |= {r.rollout_id for r in unpack_group_records(whole)} if whole else set()
+    rest = [r for r in rollout_ids if r not in found]
+    missing = sum(1 for r, n in zip(rest, client.mget([keys.rollout(r) for r in rest]) if rest
+                                    else [], strict=True) if n is None)
     client.close()
     return missing
 

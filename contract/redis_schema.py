@@ -3,8 +3,10 @@
 Keys (``{p}`` is the configurable prefix, default ``gspo``; every key carries a TTL or is
 trimmed after acknowledgement, so memory stays bounded in a long run):
 
-- ``{p}:rollout:{rollout_id}``: string, one msgpack ``RolloutRecord`` (see ``pack_rollout``);
-  without a TTL once its group is published (see the ready stream). A rollout id whose record
+- ``{p}:rollout:{rollout_id}``: string, one msgpack ``RolloutRecord`` (see ``pack_rollout``)
+  of a rollout recorded on its own (a multi-turn episode's; a sampled group's records share
+  one key, ``{p}:group:{group_id}:records``); without a TTL once its group is published (see
+  the ready stream). A rollout id whose record
   exists without its ``:group`` mapping (a published record waiting for the learner) is never
   recorded again.
 - ``{p}:rollout:{rollout_id}:group``: string, the rollout's group id, same TTL as the rollout
@@ -23,6 +25,12 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
 - ``{p}:group:{group_id}:rollouts``: list of rollout ids in the group, in creation order.
 - ``{p}:group:{group_id}:rewards``: hash rollout_id -> msgpack {"reward", "turn_rewards",
   "n_turns"}.
+- ``{p}:group:{group_id}:records``: string, a msgpack array of the group's rollout records in
+  the order of its ``rollouts`` list (``pack_group_records``): how the sampling path records a
+  group it has sampled whole (``record_group``: one write of its bytes, one key to publish,
+  read and expire instead of one per rollout). The group's hash then has ``records`` (how
+  many), and its rollouts are never recorded one by one. Same TTL as a rollout's record, and
+  the same life once published (below).
 - ``{p}:episode:{rollout_id}``: hash, a multi-turn episode's state besides its trajectory
   (which is the ``{p}:rollout:{rollout_id}`` record, grown by one model turn per chat call):
   ``group_id``, ``n_turns`` (model turns recorded; the compare-and-set guard of the next one),
@@ -46,7 +54,10 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   entry now, and the learner's trim script gives them back a TTL of 600 s when it trims the
   entry, in the same atomic step, so a trained group's trajectories stay readable a while), and
   ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``;
-  the learner decodes the pieces without joining them: ``unpack_ready_parts``).
+  the learner decodes the pieces without joining them: ``contract.ready_entry.unpack_entry``).
+  An entry of a group recorded whole has a third field, ``records``: the group id, whose
+  ``{p}:group:{group_id}:records`` key holds the records instead (publishing, the trim and
+  the reader then touch that one key; ``contract.ready_entry``).
   A rollout's bytes are written once, when sampled, and never copied. An entry with a
   ``group`` field instead carries the whole record inline (how groups were published before;
   still read, e.g. by tests and tools that XADD a packed group).
@@ -69,7 +80,7 @@ log-probabilities, uint8 masks): packing and unpacking them costs a memcpy, not 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +93,7 @@ DEFAULT_PREFIX = "gspo"
 READY_STREAM_FIELD = "group"  # an inline entry: the whole msgpack ReadyGroup
 READY_HEAD_FIELD = "head"  # a by-reference entry: pack_ready_group's bytes before the rollouts
 READY_COUNT_FIELD = "rollouts"  # ... and the msgpack list of the rollout ids whose records follow
+READY_RECORDS_FIELD = "records"  # ... with the group id whose one records key holds them
 LEARNER_CONSUMER_GROUP = "learners"
 
 
@@ -111,6 +123,9 @@ class Keys:
 
     def group_rewards(self, group_id: str) -> str:
         return f"{self.prefix}:group:{group_id}:rewards"
+
+    def group_records(self, group_id: str) -> str:
+        return f"{self.prefix}:group:{group_id}:records"
 
     @property
     def deadlines(self) -> str:
@@ -274,7 +289,7 @@ def pack_ready_group(g: ReadyGroup) -> bytes:
     })
 
 
-def _ready_group(d: dict[str, Any], rollouts: list[RolloutRecord]) -> ReadyGroup:
+def ready_group_from_dict(d: dict[str, Any], rollouts: list[RolloutRecord]) -> ReadyGroup:
     return ReadyGroup(
         group_id=d["group_id"],
         rollouts=rollouts,
@@ -291,36 +306,13 @@ def _ready_group(d: dict[str, Any], rollouts: list[RolloutRecord]) -> ReadyGroup
 
 def unpack_ready_group(data: bytes) -> ReadyGroup:
     d = msgpack.unpackb(data)
-    return _ready_group(d, [rollout_from_dict(r) for r in d["rollouts"]])
+    return ready_group_from_dict(d, [rollout_from_dict(r) for r in d["rollouts"]])
 
 
 def join_ready_group(head: bytes, records: list[bytes]) -> bytes:
     """A by-reference entry's head and its rollout records (in order) -> the bytes
     ``pack_ready_group`` would produce for the group (``unpack_ready_group`` reads them)."""
     return b"".join([head, *records])
-
-
-def unpack_ready_parts(head: bytes, records: Sequence[bytes]) -> ReadyGroup:
-    """``unpack_ready_group(join_ready_group(head, records))`` without joining: the head and
-    each record are decoded on their own (what the learner's reader does; no copy of the
-    group's bytes). The head ends with the rollouts' array header, so it is completed with one
-    msgpack nil per record; a header that does not count ``len(records)`` raises, as the
-    joined bytes would."""
-    d = msgpack.unpackb(head + _NIL * len(records))
-    return _ready_group(d, [rollout_from_dict(msgpack.unpackb(r)) for r in records])
-
-
-_NIL = b"\xc0"
-
-
-def ready_entry_refs(keys: Keys,
-                     fields: dict[bytes, bytes]) -> tuple[bytes, list[str]] | None:
-    """A stream entry's head and the keys of its rollout records; None for an entry that is
-    not by reference (inline, or malformed)."""
-    head, ids = fields.get(READY_HEAD_FIELD.encode()), fields.get(READY_COUNT_FIELD.encode())
-    if head is None or ids is None:
-        return None
-    return head, [keys.rollout(rid) for rid in msgpack.unpackb(ids)]
 
 
 def key_template(fn: Callable[[str], str]) -> list[str]:

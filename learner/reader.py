@@ -29,13 +29,14 @@ consumer group still needs (its oldest pending entry, or the first not yet deliv
 stream holds only unread and in-flight groups. With no consumer group yet, nothing is trimmed:
 groups published before the first learner starts wait for it.
 
-Groups are published by reference (``contract.redis_schema``): an entry carries the group's
-head (ids, rewards, advantages) and its rollout ids, whose records stay in their rollout keys
-(without a TTL once published). ``read_batch`` fetches the records of every entry of a batch
-(the entries its XREADGROUP calls, or a claim, returned) with one MGET, and decodes the head
-and each record on their own (``unpack_ready_parts``: the same ``ReadyGroup`` as
-``unpack_ready_group`` of the joined ``pack_ready_group`` bytes, without copying them into
-one buffer: half the decode's CPU). The records leave with their entry, never before: the
+Groups are published by reference (``contract.redis_schema``, ``contract.ready_entry``): an
+entry carries the group's head (ids, rewards, advantages) and its rollout ids, whose records
+stay where they were written (without a TTL once published): one key for a group the sampling
+path recorded whole, one key per rollout for multi-turn episodes. ``read_batch`` fetches the
+records of every entry of a batch (the entries its XREADGROUP calls, or a claim, returned)
+with one MGET, and decodes the head and the records on their own (``unpack_entry``: the same
+``ReadyGroup`` as ``unpack_ready_group`` of the joined ``pack_ready_group`` bytes, without
+copying them into one buffer). The records leave with their entry, never before: the
 ack, the trim and the records' expiry are one script (``ACK_AND_TRIM``), atomic in Redis, so
 a crash at any point leaves either the entry with its records (read again, or trimmed later)
 or a trimmed entry whose records expire. A trimmed
@@ -55,17 +56,17 @@ from dataclasses import dataclass, field
 
 import redis
 
+from contract.ready_entry import EntryRefs, ready_entry_refs, unpack_entry
 from contract.redis_schema import (
     LEARNER_CONSUMER_GROUP,
     READY_COUNT_FIELD,
+    READY_RECORDS_FIELD,
     READY_STREAM_FIELD,
     Keys,
     ReadyGroup,
     as_str,
     key_template,
-    ready_entry_refs,
     unpack_ready_group,
-    unpack_ready_parts,
 )
 from learner.reader_scripts import ACK_AND_TRIM, DELIVER
 
@@ -124,6 +125,7 @@ class GroupReader:
         self._deliver_script = client.register_script(DELIVER)
         self.keep_trained_s = keep_trained_s
         self._r_tpl = key_template(keys.rollout)
+        self._b_tpl = key_template(keys.group_records)
 
     def _last_delivered(self) -> str:
         for g in self.client.xinfo_groups(self._stream):
@@ -211,26 +213,25 @@ class GroupReader:
 
     def _resolve(self, entries: list) -> list[tuple[str, ReadyGroup | None]]:
         """Each entry's group (None: unreadable): inline ones decoded as they are,
-        by-reference ones from their head and rollout records, fetched with one MGET."""
-        refs: list[tuple[str, tuple[bytes, list[str]] | None, bytes | None]] = []
+        by-reference ones from their head and records (one key per group recorded whole, one
+        per rollout otherwise), fetched for the whole batch with one MGET."""
+        refs: list[tuple[str, EntryRefs | None, bytes | None]] = []
         wanted: list[str] = []
         for raw_id, fields in entries:
             entry_id, fields = as_str(raw_id), fields or {}
             ref = ready_entry_refs(self.keys, fields)
             refs.append((entry_id, ref, fields.get(READY_STREAM_FIELD.encode())))
             if ref is not None:
-                wanted += ref[1]
+                wanted += ref.keys
         blobs = iter(self.client.mget(wanted) if wanted else [])
         out: list[tuple[str, ReadyGroup | None]] = []
         for entry_id, ref, inline in refs:
-            records = [next(blobs) for _ in ref[1]] if ref is not None else []
-            if ref is not None and any(r is None for r in records):
-                logger.error("ready-group entry %s: rollout records missing", entry_id)
-                out.append((entry_id, None))
-                continue
+            values = [next(blobs) for _ in ref.keys] if ref is not None else []
             try:  # a corrupt record must not stop the learner: ack, count, log
                 if ref is not None:
-                    group = unpack_ready_parts(ref[0], records)
+                    group = unpack_entry(ref, values)
+                    if group is None:
+                        logger.error("ready-group entry %s: rollout records missing", entry_id)
                 else:
                     group = unpack_ready_group(inline) if inline is not None else None
             except Exception:
@@ -305,7 +306,8 @@ class GroupReader:
     def _ack_and_trim(self, entry_ids: Sequence[str]) -> int:
         newly, trimmed = self._ack_trim(
             keys=[self._stream, self.keys.counters],
-            args=[self.group, *self._r_tpl, READY_COUNT_FIELD, self.keep_trained_s, *entry_ids])
+            args=[self.group, *self._r_tpl, READY_COUNT_FIELD, self.keep_trained_s,
+                  *self._b_tpl, READY_RECORDS_FIELD, *entry_ids])
         return int(trimmed)
 
     def drop_invalid(self, entry_ids: Sequence[str]) -> None:

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 # KEYS: stream, counters. ARGV: consumer group, r_head, r_tail (rollout key around its id),
 # rollout ids field, seconds the records of a trimmed entry stay readable (0: deleted at
-# once), then the stream ids to acknowledge.
+# once), b_head, b_tail (a group's records key around its id), records field, then the
+# stream ids to acknowledge.
 # XACK (counting the newly acked as groups_acked), then trims the stream below the oldest id
 # any consumer group still needs (its oldest pending entry, else the one after its last
-# delivered), giving each trimmed entry's rollout records their expiry (or deleting them).
+# delivered), giving each trimmed entry's records their expiry (or deleting them): the
+# group's one records key when the entry names it, else each rollout's.
 # Returns {newly acked, entries trimmed}. Ids are compared as (ms, seq) numbers: ms < 2^53
 # is exact in Lua.
 ACK_AND_TRIM = """
 local newly = 0
-for i = 6, #ARGV, 1000 do
+for i = 9, #ARGV, 1000 do
   newly = newly + redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, math.min(#ARGV, i + 999)))
 end
 if newly > 0 then redis.call('HINCRBY', KEYS[2], 'groups_acked', newly) end
@@ -39,16 +41,18 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
 end
 if not min_ms then return {newly, 0} end
 local minid = string.format('%d-%d', min_ms, min_seq)
+local keep = tonumber(ARGV[5])
+local function release(key)
+  if keep > 0 then redis.call('EXPIRE', key, keep) else redis.call('DEL', key) end
+end
 for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '(' .. minid)) do
-  local f = e[2]
+  local f, ids, group = e[2], nil, nil
   for i = 1, #f, 2 do
-    if f[i] == ARGV[4] then
-      for _, rid in ipairs(cmsgpack.unpack(f[i + 1])) do
-        local key = ARGV[2] .. rid .. ARGV[3]
-        if tonumber(ARGV[5]) > 0 then redis.call('EXPIRE', key, ARGV[5])
-        else redis.call('DEL', key) end
-      end
-    end
+    if f[i] == ARGV[4] then ids = f[i + 1] elseif f[i] == ARGV[8] then group = f[i + 1] end
+  end
+  if group then release(ARGV[6] .. group .. ARGV[7])
+  elseif ids then
+    for _, rid in ipairs(cmsgpack.unpack(ids)) do release(ARGV[2] .. rid .. ARGV[3]) end
   end
 end
 return {newly, redis.call('XTRIM', KEYS[1], 'MINID', minid)}

@@ -20,7 +20,8 @@ from server.store_scripts import COMMON
 
 # end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now, in_set,
 #           n_rewards, reward_sum):
-# publishes (XADD head + packed ids, the records' TTL removed) or drops the group, then the
+# publishes (XADD head + packed ids, and the group id when its records are one key, P.bk;
+# the records' TTL removed) or drops the group, then the
 # bookkeeping: state, stream_id or drop_reason (and completed_at when now is given),
 # counters, the finished-rewards totals (n_rewards > 0: what the group scored, published or
 # dropped; ``learner.target`` reads them), SREM from the complete set (in_set), the group's
@@ -28,22 +29,29 @@ from server.store_scripts import COMMON
 # A missing record (expired) turns a publish into a drop (missing_rollouts). Returns
 # {'published', sid} or {'dropped', reason}. P: gk, lk, wk (the group's keys), counters,
 # complete, stream, finished (the totals' hash), r_head, r_tail, m_head, m_tail, ttl,
-# head_field, ids_field.
+# head_field, ids_field, records_field, and bk: the group's records key when the group was
+# recorded whole (its hash has ``records``), else nil.
 _END_GROUP = COMMON + """
 local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now,
                          in_set, n_rewards, reward_sum)
   local rks, moved, sid = {}, {}, nil
-  for i, rid in ipairs(ids) do rks[i] = P.r_head .. rid .. P.r_tail end
-  if mode == 'publish' and (#rks == 0 or redis.call('EXISTS', unpack(rks)) < #rks) then
+  if P.bk then rks[1] = P.bk  -- the group's records are one key
+  else
+    for i, rid in ipairs(ids) do rks[i] = P.r_head .. rid .. P.r_tail end
+  end
+  if mode == 'publish' and (#ids == 0 or redis.call('EXISTS', unpack(rks)) < #rks) then
     mode, reason = 'drop', 'missing_rollouts'
   end
   local fields
   if mode == 'publish' then
-    sid = redis.call('XADD', P.stream, '*', P.head_field, head, P.ids_field, packed_ids)
-    for i, rk in ipairs(rks) do
-      redis.call('PERSIST', rk)
-      moved[ids[i]] = true
+    if P.bk then
+      sid = redis.call('XADD', P.stream, '*', P.head_field, head, P.ids_field, packed_ids,
+        P.records_field, gid)
+    else
+      sid = redis.call('XADD', P.stream, '*', P.head_field, head, P.ids_field, packed_ids)
+      for _, rid in ipairs(ids) do moved[rid] = true end
     end
+    for _, rk in ipairs(rks) do redis.call('PERSIST', rk) end
     fields = {'state', 'published', 'stream_id', sid}
     redis.call('HINCRBY', P.counters, 'groups_published', 1)
     if partial then redis.call('HINCRBY', P.counters, 'groups_published_partial', 1) end
@@ -64,9 +72,10 @@ local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, 
   end
   if in_set then redis.call('SREM', P.complete, gid) end
   for _, rid in ipairs(all_rids) do
-    if not moved[rid] then shorten(P.r_head .. rid .. P.r_tail, P.ttl) end
+    if not P.bk and not moved[rid] then shorten(P.r_head .. rid .. P.r_tail, P.ttl) end
     shorten(P.m_head .. rid .. P.m_tail, P.ttl)
   end
+  if P.bk and not sid then shorten(P.bk, P.ttl) end
   shorten(P.gk, P.ttl)
   shorten(P.lk, P.ttl)
   shorten(P.wk, P.ttl)
@@ -80,17 +89,19 @@ end
 # ARGV: group_id, mode (publish | drop), drop reason, finished_ttl, r_head, r_tail (rollout),
 #       m_head, m_tail (rollout->group), head (the record's bytes before the rollouts), ids
 #       (msgpack list of the rollout ids to publish), head field, ids field, the number of
-#       final rewards and their sum (both 0 for a group without rewards), then those ids.
+#       final rewards and their sum (both 0 for a group without rewards), b_head, b_tail
+#       (the group's records key), records field, then those ids.
 # Ends a complete group exactly once (end_group): anything but 'complete' returns {} (another
 # finisher won, or the group moved on). Returns {'published', stream id} | {'dropped', reason}.
 PUBLISH_GROUP = _END_GROUP + """
-local st = redis.call('HMGET', KEYS[1], 'state', 'partial')
+local st = redis.call('HMGET', KEYS[1], 'state', 'partial', 'records')
 if st[1] ~= 'complete' then return {} end
 local P = {gk = KEYS[1], lk = KEYS[2], wk = KEYS[3], complete = KEYS[4], counters = KEYS[5],
   stream = KEYS[6], finished = KEYS[7], ttl = tonumber(ARGV[4]), r_head = ARGV[5],
-  r_tail = ARGV[6], m_head = ARGV[7], m_tail = ARGV[8], head_field = ARGV[11], ids_field = ARGV[12]}
+  r_tail = ARGV[6], m_head = ARGV[7], m_tail = ARGV[8], head_field = ARGV[11], ids_field = ARGV[12],
+  records_field = ARGV[17], bk = st[3] and (ARGV[15] .. ARGV[1] .. ARGV[16]) or nil}
 local ids = {}
-for i = 15, #ARGV do ids[#ids + 1] = ARGV[i] end
+for i = 18, #ARGV do ids[#ids + 1] = ARGV[i] end
 return end_group(P, ARGV[1], ARGV[2], ARGV[3], ARGV[9], ids, ARGV[10],
   redis.call('LRANGE', KEYS[2], 0, -1), st[2] == '1', nil, true, tonumber(ARGV[13]), ARGV[14])
 """
@@ -99,19 +110,19 @@ return end_group(P, ARGV[1], ARGV[2], ARGV[3], ARGV[9], ids, ARGV[10],
 # ARGV: m_head, m_tail (rollout->group), g_head, g_tail (group), w_head, w_tail (rewards),
 #       l_head, l_tail (group rollouts), r_head, r_tail (rollout), inline (1: publish the
 #       groups the Lua credit rule covers here), eps, scale (1/0), drop_zero_variance (1/0),
-#       advantage config (msgpack), finished_ttl, head field, ids field,
-#       n, then n pairs (rollout_id, packed reward).
+#       advantage config (msgpack), finished_ttl, head field, ids field, b_head, b_tail
+#       (a group's records key), records field, n, then n pairs (rollout_id, packed reward).
 # All items are checked first; if any fails nothing is written. Returns {statuses, group ids,
 # completed}: status ok | duplicate | unknown_rollout | conflict | closed:<state>; completed
 # has, per group this call completed, {group id, 'published', stream id} or {group id,
 # 'dropped', reason} when it was ended here, else {group id, 'complete', metadata, rollout
 # ids, rewards (flat hash)}: what the Python rule needs, so the caller does not read it back.
 POST_REWARDS = _END_GROUP + CREDIT_LUA + """
-local n = tonumber(ARGV[19])
+local n = tonumber(ARGV[22])
 local statuses, gids = {}, {}
 local all_ok = true
 local mks = {}
-for i = 1, n do mks[i] = ARGV[1] .. ARGV[18 + 2 * i] .. ARGV[2] end
+for i = 1, n do mks[i] = ARGV[1] .. ARGV[21 + 2 * i] .. ARGV[2] end
 local owners = redis.call('MGET', unpack(mks))
 -- gid -> {state, size, had (rewards stored before), at (positions of its items), prev
 -- (their stored rewards), items (rollout id, packed reward, ...) to store};
@@ -132,14 +143,15 @@ for i = 1, n do
 end
 for _, gid in ipairs(order) do
   local g = groups[gid]
-  local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size', 'n_rewarded')
-  g.state, g.size, g.had = h[1], tonumber(h[2]), tonumber(h[3] or 0)
+  local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size', 'n_rewarded',
+    'records')
+  g.state, g.size, g.had, g.whole = h[1], tonumber(h[2]), tonumber(h[3] or 0), h[4] ~= false
   local rids = {}
-  for k, i in ipairs(g.at) do rids[k] = ARGV[18 + 2 * i] end
+  for k, i in ipairs(g.at) do rids[k] = ARGV[21 + 2 * i] end
   g.prev = redis.call('HMGET', ARGV[5] .. gid .. ARGV[6], unpack(rids))
 end
 for i = 1, n do
-  local rid, packed = ARGV[18 + 2 * i], ARGV[19 + 2 * i]
+  local rid, packed = ARGV[21 + 2 * i], ARGV[22 + 2 * i]
   local gid = owners[i]
   local status
   if not gid then
@@ -165,7 +177,7 @@ local completed = {}
 if not all_ok then return {statuses, gids, completed} end
 
 -- The group's end in this script, when the Lua credit rule covers it; nil otherwise.
-local function end_here(gid, gk, lk, wk, rids, now, items)
+local function end_here(gid, gk, lk, wk, rids, now, items, whole)
   local vals, mine, all_mine = {}, {}, true
   for k = 1, #items, 2 do mine[items[k]] = items[k + 1] end
   for i, rid in ipairs(rids) do
@@ -178,7 +190,8 @@ local function end_here(gid, gk, lk, wk, rids, now, items)
   local P = {gk = gk, lk = lk, wk = wk, complete = KEYS[2], counters = KEYS[1],
     stream = KEYS[4], finished = KEYS[5], ttl = tonumber(ARGV[16]), r_head = ARGV[9],
     r_tail = ARGV[10], m_head = ARGV[1], m_tail = ARGV[2], head_field = ARGV[17],
-    ids_field = ARGV[18]}
+    ids_field = ARGV[18], records_field = ARGV[21],
+    bk = whole and (ARGV[19] .. gid .. ARGV[20]) or nil}
   local mode, reason, head = 'publish', '', ''
   if #ids == 0 then
     mode, reason = 'drop', 'no_rewards'
@@ -213,7 +226,7 @@ for _, gid in ipairs(order) do
       redis.call('ZREM', KEYS[3], gid)
       local lk = ARGV[7] .. gid .. ARGV[8]
       local rids = redis.call('LRANGE', lk, 0, -1)
-      local ended = ARGV[11] == '1' and end_here(gid, gk, lk, wk, rids, now, g.items)
+      local ended = ARGV[11] == '1' and end_here(gid, gk, lk, wk, rids, now, g.items, g.whole)
       if ended then
         completed[#completed + 1] = {gid, ended[1], ended[2]}
       else

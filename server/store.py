@@ -11,15 +11,17 @@ open --deadline, >= min rewarded--> complete (partial)      open --deadline--> e
 The design, for few round trips and one write of the rollout bytes (BENCHMARKS.md, "Reward API
 and Redis queue", has the numbers):
 
-- **Bytes written once, never through Lua.** A rollout record (~13 kB for 1,024 tokens) is
-  SET straight to its key when the sampling path records a new group (ids minted for it:
-  nothing to protect), or, when its id may already be in use (a multi-turn episode recorded
-  again), SET to a staging key and *renamed* into place by the record script; publishing leaves it
-  there and only references it: the stream entry is the group's head (rewards, advantages: a
-  few hundred bytes) and the rollout ids, and the record loses its TTL (it is the entry's
-  now); the learner MGETs a batch's records after XREADGROUP, and its trim of the entry gives
-  them back a TTL (``learner.reader``). Scripts see key names and small values only (a 13 kB
-  script argument costs Redis ~20x a plain SET of it).
+- **Bytes written once, never through Lua.** A new group the sampling path records (ids
+  minted for it: nothing to protect) is one value, its records as a msgpack array (~108 kB
+  for 8 x 1,024 tokens), SET straight to the group's records key: one key to write, publish,
+  read and expire instead of one per rollout. A rollout whose id may already be in use (a
+  multi-turn episode recorded again) has its own key: SET to a staging key and *renamed*
+  into place by the record script. Publishing leaves the records there and only references
+  them: the stream entry is the group's head (rewards, advantages: a few hundred bytes) and
+  the rollout ids, and the records lose their TTL (they are the entry's now); the learner
+  MGETs a batch's records after XREADGROUP, and its trim of the entry gives them back a TTL
+  (``learner.reader``). Scripts see key names and small values only (a 13 kB script argument
+  costs Redis ~20x a plain SET of it).
 - **Round trips.** The sampling path opens the group and records its rollouts in one
   MULTI/EXEC (``record_group``). A reward is one script call (``POST_REWARDS``), and the
   reward that completes a group also ends it in that call: when no episode has turn rewards
@@ -67,9 +69,11 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
+from contract.ready_entry import pack_group_records
 from contract.redis_schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
+    READY_RECORDS_FIELD,
     Keys,
     RolloutRecord,
     as_str,
@@ -143,6 +147,7 @@ class RolloutStore:
         self._t_group, self._t_list = key_template(k.group), key_template(k.group_rollouts)
         self._t_rewards = key_template(k.group_rewards)
         self._t_staging = key_template(k.rollout_staging)
+        self._t_blob = key_template(k.group_records)
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
         adv = config.advantage
         # the reward script's constant arguments (see POST_REWARDS)
@@ -152,13 +157,13 @@ class RolloutStore:
             *self._t_map, *self._t_group, *self._t_rewards, *self._t_list, *self._t_rollout,
             1, repr(float(adv.eps)), int(adv.scale), int(config.drop_zero_variance),
             msgpack.packb(adv.to_dict()), self._finished_ttl, READY_HEAD_FIELD,
-            READY_COUNT_FIELD)
+            READY_COUNT_FIELD, *self._t_blob, READY_RECORDS_FIELD)
         # a record's TTL from its last write, never less than its group's keys
         self._record_ttl = max(math.ceil(config.rollout_ttl_s),
                                math.ceil(config.group_ttl_s + self._finished_ttl) + 1)
         self._record_args = encode_args(self._record_ttl, *self._t_rollout, *self._t_map,
                                         *self._t_staging)
-        self._new_group_args = encode_args(self._record_ttl, *self._t_map, *self._t_rollout)
+        self._new_group_args = encode_args(self._record_ttl, *self._t_map)
 
     async def aclose(self) -> None:
         """Closes the store's own connection (the hot path's ``RedisPipe``); the redis-py
@@ -194,10 +199,11 @@ class RolloutStore:
         """Opens group ``group_id`` with ``size`` rollouts and records ``records`` in it, in one
         round trip (one MULTI/EXEC): how the sampling path stores a group it has just sampled.
         The group id and the rollout ids must be new, minted for this call (the sampling
-        path's uuid4s): the records are written straight to their keys (``RECORD_NEW_GROUP``),
-        without the staging and the checks that ids already in use need (``record_rollouts``).
-        Idempotent when retried with the same records; ``StoreError`` ``group_exists`` (and
-        nothing recorded) if the group id is already in use."""
+        path's uuid4s): the records are written as one value, the group's records key
+        (``pack_group_records``; ``RECORD_NEW_GROUP``), without the staging and the checks
+        that ids already in use need (``record_rollouts``); the group takes no rollouts one
+        by one afterwards. Idempotent when retried with the same records; ``StoreError``
+        ``group_exists`` (and nothing recorded) if the group id is already in use."""
         self._check_size(size)
         if any(r.group_id != group_id for r in records):
             raise ValueError("every record must belong to the group")
@@ -210,11 +216,12 @@ class RolloutStore:
         k, c = self.keys, self.config
         args = [group_id, size, msgpack.packb(metadata or {}), c.group_ttl_s,
                 self._finished_ttl, self._new_group_args, *ids]
-        writes = [("SET", k.rollout(r.rollout_id), pack_rollout(r), "EX", self._record_ttl)
-                  for r in records]
+        # NX: a group id in use keeps its records (the script then deletes nothing of theirs)
+        writes = [("SET", k.group_records(group_id), pack_group_records(records), "EX",
+                   self._record_ttl, "NX")] if records else []
         res = await self._run(self._record_new,
                               [k.group(group_id), k.group_rollouts(group_id), k.deadlines,
-                               k.counters], args, before=writes)
+                               k.counters, k.group_records(group_id)], args, before=writes)
         if records and (err := record_error(as_str(res), records[0])) is not None:
             raise err
 
@@ -314,7 +321,8 @@ class RolloutStore:
         due = await self._expire(
             keys=[k.deadlines, k.complete, k.counters],
             args=[*self._t_group, *self._t_list, *self._t_rewards, *self._t_rollout,
-                  *self._t_map, c.min_rewarded_to_finalise, self._finished_ttl, c.sweep_limit],
+                  *self._t_map, c.min_rewarded_to_finalise, self._finished_ttl, c.sweep_limit,
+                  *self._t_blob],
         )
         done = {"expired_finalised": len(due), "stuck_published": 0}
         for gid in due:

@@ -54,6 +54,9 @@ def record_error(res: str | None, record: RolloutRecord) -> StoreError | None:
         "rollout_in_other_group": (StoreReason.CONFLICT,
                                    f"rollout {rid!r} belongs to another group"),
         "group_full": (StoreReason.CONFLICT, f"group {gid!r} already has all its rollouts"),
+        "group_sealed": (StoreReason.CONFLICT,
+                         f"group {gid!r} was recorded whole when sampled: it takes no "
+                         "rollout on its own"),
         "group_exists": (StoreReason.CONFLICT, f"group {gid!r} already exists"),
         "no_data": (StoreReason.UNAVAILABLE,
                     f"rollout {rid!r} was not staged (Redis lost it): retry"),

@@ -3,9 +3,10 @@
 The record is the ``pack_ready_group`` layout in two pieces: here the head (the group's fields
 and advantages, up to the rollouts' array header, a few hundred bytes), and the rollouts'
 stored msgpack records, which never leave Redis on the way: the publish script
-(``PUBLISH_GROUP``) XADDs the head with the rollout ids and keeps the records where they are
-(without a TTL from then on); the learner reads them after XREADGROUP and joins them
-(``join_ready_group``), byte for byte what ``pack_ready_group`` produces (a test checks it).
+(``PUBLISH_GROUP``) XADDs the head with the rollout ids (and the group id when its records
+are one key) and keeps the records where they are (without a TTL from then on); the learner
+reads them after XREADGROUP; head + the published records is byte for byte what
+``pack_ready_group`` produces (``contract.ready_entry``; a test checks it).
 
 This is the Python path, for groups the reward script does not end itself: groups with turn
 rewards (the general rule, per-turn baselines), groups finalised at their deadline and groups
@@ -28,6 +29,7 @@ from contract.credit import AdvantageConfig, group_credit
 from contract.redis_schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
+    READY_RECORDS_FIELD,
     Keys,
     as_str,
     key_template,
@@ -148,7 +150,7 @@ def publish_call(keys: Keys, group_id: str, decision: Decision,
              *key_template(keys.rollout), *key_template(keys.rollout_group), decision.head,
              msgpack.packb(decision.rollout_ids), READY_HEAD_FIELD, READY_COUNT_FIELD,
              len(decision.rewards), repr(float(sum(decision.rewards))),
-             *decision.rollout_ids])
+             *key_template(keys.group_records), READY_RECORDS_FIELD, *decision.rollout_ids])
 
 
 def publish_result(reply: list[Any]) -> str | None:

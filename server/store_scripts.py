@@ -33,12 +33,14 @@ end
 local function shorten(key, ttl)
   redis.call('EXPIRE', key, ttl, 'LT')
 end
--- Shortens the TTL of a finished group's keys and of its rollouts to ttl seconds.
-local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl)
+-- Shortens the TTL of a finished group's keys and of its rollouts to ttl seconds (bk: the
+-- group's records key, when it was recorded whole).
+local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl, bk)
   for _, rid in ipairs(redis.call('LRANGE', rolk, 0, -1)) do
-    shorten(r_head .. rid .. r_tail, ttl)
+    if not bk then shorten(r_head .. rid .. r_tail, ttl) end
     shorten(m_head .. rid .. m_tail, ttl)
   end
+  if bk then shorten(bk, ttl) end
   shorten(gk, ttl)
   shorten(rolk, ttl)
   shorten(rewk, ttl)
@@ -81,11 +83,13 @@ return created
 # a script's ARGV costs Redis ~20x a plain SET of it.) Staging protects what a rollout id may
 # already name: a record being recorded again, or a published one waiting for the learner.
 # Returns one status per rollout: created | updated | unknown_group | group_closed |
-# rollout_rewarded | rollout_in_other_group | group_full | no_data. A rollout may be recorded
-# again (a multi-turn episode grows) until it has a reward.
+# group_sealed (a group recorded whole by RECORD_NEW_GROUP) | rollout_rewarded |
+# rollout_in_other_group | group_full | no_data. A rollout may be recorded again (a multi-turn
+# episode grows) until it has a reward.
 RECORD_ROLLOUTS = COMMON + """
-local g = redis.call('HMGET', KEYS[1], 'state', 'size', 'n_rewarded')
+local g = redis.call('HMGET', KEYS[1], 'state', 'size', 'n_rewarded', 'records')
 local state, size, any_reward = g[1], tonumber(g[2]), tonumber(g[3] or 0) > 0
+if g[4] then state = 'sealed' end  -- recorded whole: no rollout is recorded on its own
 local count = nil
 local ids, mks, sks = {}, {}, {}
 for i = 9, #ARGV do
@@ -110,6 +114,7 @@ for i, rid in ipairs(ids) do
   if seen[rid] or (not all_staged and redis.call('EXISTS', sk) == 0) then
     result = 'no_data'  -- (a repeated id: its staged record went with the first)
   elseif not state then result = 'unknown_group'
+  elseif state == 'sealed' then result = 'group_sealed'
   elseif state ~= 'open' then result = 'group_closed'
   elseif any_reward and redis.call('HEXISTS', KEYS[3], rid) == 1 then
     result = 'rollout_rewarded'
@@ -145,24 +150,26 @@ end
 return out
 """
 
-# KEYS: group, group rollouts, deadlines, counters.
+# KEYS: group, group rollouts, deadlines, counters, group records.
 # ARGV: group_id, size, metadata, group_ttl, finished_ttl, record_ttl, m_head, m_tail
-#       (rollout->group), r_head, r_tail (rollout), then the rollout ids.
+#       (rollout->group), then the rollout ids.
 # A new group and its rollouts, as the sampling path records them: the group id and the
-# rollout ids were minted for this call (uuid4), so no key can hold them yet and the records
-# go straight to their keys: the plain SETs (EX record_ttl) run before this script in the
-# same MULTI/EXEC, and there is no staging key to rename, no owner or orphan to look up (the
-# checks RECORD_ROLLOUTS needs for ids that may be in use). Opens the group as CREATE_GROUP
-# does, then maps each rollout to it and lists them. If the group already existed: the same
-# ids listed in the same order is this call retried after its first attempt ran ('updated':
-# the records were written again with the same bytes); anything else is refused
-# ('group_exists') and the records just written that no rollout -> group mapping claims are
-# deleted again. Returns one status for them all: created | updated | group_exists.
+# rollout ids were minted for this call (uuid4), and the records are one value, the group's
+# records key (a msgpack array in the order of the ids), SET with NX and EX record_ttl before
+# this script in the same MULTI/EXEC: no staging key, no per-rollout record, no owner or
+# orphan to look up (the checks RECORD_ROLLOUTS needs for ids that may be in use). Opens the
+# group as CREATE_GROUP does, with ``records`` (how many: the group is recorded whole, it
+# takes no rollout one by one), then maps each rollout to it and lists them. If the group
+# already existed: the same ids listed in the same order is this call retried after its first
+# attempt ran ('updated': NX kept the records it wrote); anything else is refused
+# ('group_exists'). Either way a records key the group does not own (no ``records`` in its
+# hash) was written by this call and is deleted again. Returns one status for them all:
+# created | updated | group_exists.
 RECORD_NEW_GROUP = COMMON + """
 local created, group_exp = create_group(KEYS[1], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3],
   ARGV[4], ARGV[5])
 local ids = {}
-for i = 11, #ARGV do ids[#ids + 1] = ARGV[i] end
+for i = 9, #ARGV do ids[#ids + 1] = ARGV[i] end
 if created == 1 then
   for _, rid in ipairs(ids) do
     redis.call('SET', ARGV[7] .. rid .. ARGV[8], ARGV[1], 'EX', ARGV[6])
@@ -170,24 +177,22 @@ if created == 1 then
   if #ids > 0 then
     redis.call('RPUSH', KEYS[2], unpack(ids))
     redis.call('EXPIREAT', KEYS[2], group_exp)
+    redis.call('HSET', KEYS[1], 'records', #ids)
   end
   return 'created'
 end
+if not redis.call('HGET', KEYS[1], 'records') then redis.call('DEL', KEYS[5]) end
 local listed = redis.call('LRANGE', KEYS[2], 0, -1)
 local same = created == 0 and #listed == #ids
 for i = 1, #ids do same = same and listed[i] == ids[i] end
 if same then return 'updated' end
-for _, rid in ipairs(ids) do
-  if not redis.call('GET', ARGV[7] .. rid .. ARGV[8]) then
-    redis.call('DEL', ARGV[9] .. rid .. ARGV[10])
-  end
-end
 return 'group_exists'
 """
 
 # KEYS: deadlines, complete set, counters.
 # ARGV: g_head, g_tail, l_head, l_tail (rollouts list), w_head, w_tail (rewards),
-#       r_head, r_tail, m_head, m_tail, min_rewarded, finished_ttl, limit.
+#       r_head, r_tail, m_head, m_tail, min_rewarded, finished_ttl, limit, b_head, b_tail
+#       (a group's records key).
 # Open groups past their deadline: with >= min_rewarded rewards -> 'complete' (partial=1),
 # returned for the caller to publish; otherwise -> 'expired'. Returns the ids to publish.
 EXPIRE_DUE = COMMON + """
@@ -197,7 +202,7 @@ local finalise = {}
 for _, gid in ipairs(due) do
   redis.call('ZREM', KEYS[1], gid)
   local gk = ARGV[1] .. gid .. ARGV[2]
-  local st = redis.call('HMGET', gk, 'state', 'n_rewarded')
+  local st = redis.call('HMGET', gk, 'state', 'n_rewarded', 'records')
   if st[1] == 'open' then
     if tonumber(st[2]) >= tonumber(ARGV[11]) then
       redis.call('HSET', gk, 'state', 'complete', 'partial', 1, 'completed_at', tostring(now))
@@ -208,7 +213,8 @@ for _, gid in ipairs(due) do
       redis.call('HSET', gk, 'state', 'expired', 'drop_reason', 'expired')
       redis.call('HINCRBY', KEYS[3], 'groups_expired_dropped', 1)
       expire_group(gk, ARGV[3] .. gid .. ARGV[4], ARGV[5] .. gid .. ARGV[6],
-        ARGV[7], ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[12]))
+        ARGV[7], ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[12]),
+        st[3] and (ARGV[14] .. gid .. ARGV[15]) or nil)
     end
   elseif not st[1] then
     redis.call('HINCRBY', KEYS[3], 'groups_expired_lost', 1)

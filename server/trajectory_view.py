@@ -18,11 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from contract.ready_entry import ready_entry_refs, unpack_entry, unpack_group_records
 from contract.redis_schema import (
     READY_STREAM_FIELD,
     RolloutRecord,
-    join_ready_group,
-    ready_entry_refs,
     unpack_ready_group,
     unpack_rollout,
 )
@@ -83,32 +82,34 @@ async def _published(store: RolloutStore, stream_id: str) -> dict[str, tuple[Rol
         return {}
     fields = entries[0][1]
     ref = ready_entry_refs(store.keys, fields)
-    if ref is not None:  # published by reference: the records are the entry's ready keys
-        records = await store.redis.mget(ref[1])
-        if any(r is None for r in records):
-            return {}
-        data = join_ready_group(ref[0], records)
+    if ref is not None:  # published by reference: the records are the keys it names
+        group = unpack_entry(ref, await store.redis.mget(ref.keys))
     else:
         data = fields.get(READY_STREAM_FIELD.encode())
-    if data is None:
+        group = None if data is None else unpack_ready_group(data)
+    if group is None:
         return {}
-    group = unpack_ready_group(data)
     return {r.rollout_id: (r, a) for r, a in zip(group.rollouts, group.advantages,
                                                  strict=True)}
 
 
-async def load_trajectories(store: RolloutStore, tokenizer: Any, rollout_ids: list[str],
+async def load_trajectories(store: RolloutStore, tokenizer: Any, group_id: str,
+                            rollout_ids: list[str],
                             stream_id: str | None) -> dict[str, TrajectoryOut | None]:
     """Each rollout's trajectory (None: its record has expired)."""
     published = await _published(store, stream_id) if stream_id else {}
     missing = [r for r in rollout_ids if r not in published]
-    blobs = await store.redis.mget([store.keys.rollout(r) for r in missing]) if missing else []
+    # the group's one records key (a group recorded whole), else one key per rollout
+    whole, *blobs = await store.redis.mget(
+        [store.keys.group_records(group_id), *[store.keys.rollout(r) for r in missing]]
+    ) if missing else [None]
 
     def build() -> dict[str, TrajectoryOut | None]:  # decoding: off the event loop
         out: dict[str, TrajectoryOut | None] = {}
+        recs = {r.rollout_id: r for r in unpack_group_records(whole)} if whole else {}
         for rid, blob in zip(missing, blobs, strict=True):
-            out[rid] = None if blob is None else trajectory_out(
-                unpack_rollout(blob), tokenizer, None, "rollout")
+            rec = recs.get(rid) or (None if blob is None else unpack_rollout(blob))
+            out[rid] = None if rec is None else trajectory_out(rec, tokenizer, None, "rollout")
         for rid, (rec, adv) in published.items():
             out[rid] = trajectory_out(rec, tokenizer, adv, "ready_stream")
         return out

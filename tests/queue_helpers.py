@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI
 
+from contract.ready_entry import entry_record_bytes, ready_entry_refs, unpack_group_records
 from contract.redis_schema import (
     READY_STREAM_FIELD,
     Keys,
@@ -27,8 +28,8 @@ from contract.redis_schema import (
     RolloutRecord,
     as_str,
     join_ready_group,
-    ready_entry_refs,
     unpack_ready_group,
+    unpack_rollout,
 )
 from server.errors import install_error_handlers
 from server.routes import groups, rewards
@@ -175,10 +176,10 @@ def ready_records(client: redis.Redis, keys: Keys | None = None) -> list[tuple[s
         if ref is None:
             out.append((entry_id, fields[READY_STREAM_FIELD.encode()]))
             continue
-        records = client.mget(ref[1])
-        if any(r is None for r in records):
+        records = entry_record_bytes(ref, client.mget(ref.keys))
+        if records is None:
             raise KeyError(f"entry {entry_id}: rollout records missing")
-        out.append((entry_id, join_ready_group(ref[0], records)))
+        out.append((entry_id, join_ready_group(ref.head, records)))
     return out
 
 
@@ -193,13 +194,28 @@ async def aready_records(client: aioredis.Redis,
         if ref is None:
             out.append((entry_id, fields[READY_STREAM_FIELD.encode()]))
             continue
-        records = await client.mget(ref[1])
-        if any(r is None for r in records):
+        records = entry_record_bytes(ref, await client.mget(ref.keys))
+        if records is None:
             raise KeyError(f"entry {entry_id}: rollout records missing")
-        out.append((entry_id, join_ready_group(ref[0], records)))
+        out.append((entry_id, join_ready_group(ref.head, records)))
     return out
 
 
 def ready_groups(client: redis.Redis, keys: Keys | None = None) -> list[ReadyGroup]:
     """Every group on the ready stream, decoded, in stream order."""
     return [unpack_ready_group(data) for _, data in ready_records(client, keys)]
+
+
+def stored_rollout(client: redis.Redis, rollout_id: str,
+                   keys: Keys | None = None) -> RolloutRecord | None:
+    """A rollout's stored record (None: none, or expired): its own key (a multi-turn
+    episode's), else its group's one records key (a sampled group's), found through the
+    rollout -> group mapping."""
+    keys = keys or Keys()
+    raw = client.get(keys.rollout(rollout_id))
+    if raw is not None:
+        return unpack_rollout(raw)
+    gid = client.get(keys.rollout_group(rollout_id))
+    whole = client.get(keys.group_records(as_str(gid))) if gid is not None else None
+    recs = unpack_group_records(whole) if whole is not None else []
+    return next((r for r in recs if r.rollout_id == rollout_id), None)

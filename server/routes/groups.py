@@ -107,7 +107,8 @@ async def get_group(
         if tokenizer is None:
             raise APIError(501, "this server has no tokenizer to decode trajectories",
                            code="tokens_unsupported")
-        trajectories = await load_trajectories(store, tokenizer, g.rollout_ids, g.stream_id)
+        trajectories = await load_trajectories(store, tokenizer, group_id, g.rollout_ids,
+                                                 g.stream_id)
     rollouts = []
     for rid in g.rollout_ids:
         rw = g.rewards.get(rid)

@@ -1,8 +1,8 @@
-"""The queue's round-trip design against a real Redis: a group opened and recorded in one call,
-published by reference (a small stream entry; the rollout records stay where they were written,
-never copied), read and expired (or deleted) with their entry by the learner's reader, never
-overwritten while they wait for it, and the auto-pipelined connection surviving a killed
-connection."""
+"""The queue's round-trip design against a real Redis: a group opened and recorded in one call
+(its records one value, one key), published by reference (a small stream entry; the records stay
+where they were written, never copied), read and expired (or deleted) with their entry by the
+learner's reader, never overwritten while they wait for it, a partial group's subset picked
+from its records, and the auto-pipelined connection surviving a killed connection."""
 
 from __future__ import annotations
 
@@ -12,18 +12,19 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from contract.ready_entry import pack_group_records
 from contract.redis_schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
+    READY_RECORDS_FIELD,
     Keys,
     pack_ready_group,
-    pack_rollout,
     unpack_ready_group,
 )
 from learner.reader import KEEP_TRAINED_S, GroupReader
-from server.store import RewardItem, RolloutStore, StoreError, make_redis
+from server.store import QueueConfig, RewardItem, RolloutStore, StoreError, make_redis
 from tests.conftest import RedisServer
-from tests.queue_helpers import make_rollout, publish_groups
+from tests.queue_helpers import make_rollout, publish_groups, ready_records
 
 KEYS = Keys()
 
@@ -35,10 +36,10 @@ def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-def with_store(url: str, fn) -> object:  # type: ignore[no-untyped-def]
+def with_store(url: str, fn, config: QueueConfig | None = None) -> object:  # type: ignore[no-untyped-def]
     async def main() -> object:
         client = make_redis(url)
-        store = RolloutStore(client, KEYS)
+        store = RolloutStore(client, KEYS, config or QueueConfig())
         try:
             return await asyncio.wait_for(fn(store), 60)
         finally:
@@ -64,10 +65,12 @@ def test_record_group_opens_and_records_in_one_call(redis_url: str, r: redis.Red
 
     with_store(redis_url, body)
     assert r.get(KEYS.rollout("x")) is None and r.get(KEYS.rollout_staging("x")) is None
-    assert r.get(KEYS.rollout("g-r1")) == pack_rollout(recs[1])
+    assert r.get(KEYS.group_records("g")) == pack_group_records(recs)  # one value, in order
+    assert r.hget(KEYS.group("g"), "records") == b"3"
+    assert r.exists(*[KEYS.rollout(x.rollout_id) for x in recs]) == 0  # none of its own
 
 
-def test_record_group_writes_straight_to_the_keys_and_refuses_a_group_in_use(
+def test_record_group_writes_one_value_and_refuses_a_group_in_use(
         redis_url: str, r: redis.Redis) -> None:
     recs = [make_rollout(f"g-r{i}", "g", 20, seed=i) for i in range(2)]
     other = [make_rollout(f"o-r{i}", "g", 20, seed=10 + i) for i in range(2)]
@@ -87,12 +90,32 @@ def test_record_group_writes_straight_to_the_keys_and_refuses_a_group_in_use(
         assert await store.get_group("h") is None
 
     with_store(redis_url, body)
-    # no staging key was used, and the refused records were removed again
-    assert not r.keys(KEYS.rollout_staging("*"))
-    assert r.mget([KEYS.rollout(x.rollout_id) for x in recs]) == [pack_rollout(x) for x in recs]
-    assert r.exists(*[KEYS.rollout(x.rollout_id) for x in other], KEYS.rollout("h-r0")) == 0
+    # no staging key was used; the group's records are its first call's (NX), nothing of the
+    # refused calls was left behind
+    assert not r.keys(KEYS.rollout_staging("*")) and not r.keys(KEYS.rollout("*-r?"))
+    assert r.get(KEYS.group_records("g")) == pack_group_records(recs)
+    assert r.exists(KEYS.group_records("h")) == 0
     assert [r.get(KEYS.rollout_group(x.rollout_id)) for x in recs] == [b"g", b"g"]
-    assert r.ttl(KEYS.rollout("g-r0")) > 0 and r.ttl(KEYS.rollout_group("g-r0")) > 0
+    assert r.ttl(KEYS.group_records("g")) > 0 and r.ttl(KEYS.rollout_group("g-r0")) > 0
+
+
+def test_a_group_in_use_without_records_keeps_nothing_of_a_refused_call(
+        redis_url: str, r: redis.Redis) -> None:
+    async def body(store: RolloutStore) -> None:
+        await store.create_group("e", 2)  # opened by POST /v1/groups: rollouts one by one
+        with pytest.raises(StoreError) as e:
+            await store.record_group("e", 2, None, [make_rollout(f"e-r{i}", "e")
+                                                    for i in range(2)])
+        assert e.value.code == "group_exists"
+        await store.record_rollout(make_rollout("e-x", "e"))  # its own way still works
+        await store.record_group("s", 2, None, [make_rollout(f"s-r{i}", "s") for i in range(2)])
+        with pytest.raises(StoreError) as e:  # a group recorded whole takes none on its own
+            await store.record_rollout(make_rollout("s-r0", "s"))
+        assert e.value.code == "group_sealed"
+
+    with_store(redis_url, body)
+    assert r.exists(KEYS.group_records("e")) == 0 and r.exists(KEYS.rollout("e-x")) == 1
+    assert r.exists(KEYS.rollout("s-r0"), KEYS.rollout_staging("s-r0")) == 0
 
 
 def test_published_by_reference_and_expired_with_the_entry(redis_url: str,
@@ -107,21 +130,21 @@ def test_published_by_reference_and_expired_with_the_entry(redis_url: str,
 
     with_store(redis_url, body)
     ((entry_id, fields),) = [(i.decode(), f) for i, f in r.xrange(KEYS.ready_stream)]
-    assert set(fields) == {READY_HEAD_FIELD.encode(), READY_COUNT_FIELD.encode()}
+    assert set(fields) == {READY_HEAD_FIELD.encode(), READY_COUNT_FIELD.encode(),
+                           READY_RECORDS_FIELD.encode()}
+    assert fields[READY_RECORDS_FIELD.encode()] == b"g"
     assert len(fields[READY_HEAD_FIELD.encode()]) < 1024  # the group's head, not its bytes
-    ready = [KEYS.rollout(x.rollout_id) for x in recs]
-    assert r.mget(ready) == [pack_rollout(x) for x in recs]  # the records, as written
-    assert [r.ttl(k) for k in ready] == [-1] * 4  # the entry's now: no TTL
+    ready = [KEYS.group_records("g")]
+    assert r.get(ready[0]) == pack_group_records(recs)  # the records, as written
+    assert r.ttl(ready[0]) == -1  # the entry's now: no TTL
     r.delete(*[KEYS.rollout_group(x.rollout_id) for x in recs])  # as when the mappings expire
 
     async def reuse(store: RolloutStore) -> None:  # a waiting record is never replaced
         await store.create_group("h", 1)
-        with pytest.raises(StoreError) as e:
-            await store.record_rollout(make_rollout(recs[0].rollout_id, "h", 8))
-        assert e.value.code == "rollout_in_other_group"
+        await store.record_rollout(make_rollout(recs[0].rollout_id, "h", 8))
 
     with_store(redis_url, reuse)
-    assert r.get(ready[0]) == pack_rollout(recs[0])
+    assert r.get(ready[0]) == pack_group_records(recs)
 
     other = GroupReader(r, group="eval")  # a second consumer group, still to read it
     reader = GroupReader(r)
@@ -130,12 +153,12 @@ def test_published_by_reference_and_expired_with_the_entry(redis_url: str,
     assert [x.rollout_id for x in group.rollouts] == [x.rollout_id for x in recs]
     assert unpack_ready_group(pack_ready_group(group)).rewards == [0.0, 1.0, 2.0, 3.0]
     reader.ack(batch.entry_ids)
-    assert r.exists(*ready) == 4  # "eval" still needs the entry: its records stay
+    assert r.exists(*ready) == 1  # "eval" still needs the entry: its records stay
     assert [g.group_id for g in other.read_batch(1, 0, 5).groups] == ["g"]
     other.ack([entry_id])
     assert r.xlen(KEYS.ready_stream) == 0  # trimmed; its records stay readable a while
-    assert r.mget(ready) == [pack_rollout(x) for x in recs]
-    assert all(0 < r.ttl(k) <= KEEP_TRAINED_S for k in ready)
+    assert r.get(ready[0]) == pack_group_records(recs)
+    assert 0 < r.ttl(ready[0]) <= KEEP_TRAINED_S
 
     recs2 = [make_rollout(f"h-r{i}", "h2", 64, seed=i) for i in range(2)]
 
@@ -149,7 +172,7 @@ def test_published_by_reference_and_expired_with_the_entry(redis_url: str,
     reader.ack(reader.read_batch(1, 0, 5).entry_ids)
     other.ack(other.read_batch(1, 0, 5).entry_ids)
     assert r.xlen(KEYS.ready_stream) == 0
-    assert r.exists(*[KEYS.rollout(x.rollout_id) for x in recs2]) == 0
+    assert r.exists(KEYS.group_records("h2")) == 0
 
 
 def test_an_entry_whose_records_are_gone_is_acked_as_unreadable(redis_url: str,
@@ -160,6 +183,42 @@ def test_an_entry_whose_records_are_gone_is_acked_as_unreadable(redis_url: str,
     batch = reader.read_batch(2, 0, 5)
     assert batch.entry_ids == [fine] and batch.dropped_malformed == [lost]
     assert reader.pending_ids() == [fine]
+
+    async def whole(store: RolloutStore) -> None:  # the same with a group's one records key
+        for gid in ("lost2", "fine2"):
+            recs = [make_rollout(f"{gid}-r{i}", gid) for i in range(2)]
+            await store.record_group(gid, 2, None, recs)
+            await store.post_rewards([RewardItem(x.rollout_id, float(i))
+                                      for i, x in enumerate(recs)])
+
+    with_store(redis_url, whole)
+    r.delete(KEYS.group_records("lost2"))
+    batch = reader.read_batch(2, 0, 5)
+    assert [g.group_id for g in batch.groups] == ["fine2"]
+    assert len(batch.dropped_malformed) == 1
+
+
+def test_a_partial_group_publishes_its_rewarded_records_from_the_group_key(
+        redis_url: str, r: redis.Redis) -> None:
+    """A group finalised at its deadline with some of its rollouts rewarded publishes those,
+    picked from the group's records in its order; the reader and the trajectory bytes agree."""
+    recs = [make_rollout(f"p-r{i}", "p", 24, seed=i) for i in range(4)]
+
+    async def body(store: RolloutStore) -> None:
+        await store.record_group("p", 4, None, recs)
+        out = await store.post_rewards([RewardItem("p-r3", 1.0), RewardItem("p-r1", 0.0)])
+        assert out.applied
+        await asyncio.sleep(0.6)
+        assert (await store.sweep_once())["expired_finalised"] == 1
+
+    with_store(redis_url, body, QueueConfig(group_ttl_s=0.5, min_rewarded_to_finalise=2))
+    (group,) = GroupReader(r).read_batch(1, 0, 5).groups
+    assert [x.rollout_id for x in group.rollouts] == ["p-r1", "p-r3"]
+    assert group.rewards == [0.0, 1.0]
+    assert [x.token_ids.tolist() for x in group.rollouts] == [
+        recs[1].token_ids.tolist(), recs[3].token_ids.tolist()]
+    (data,) = [d for _, d in ready_records(r)]
+    assert unpack_ready_group(data).rollouts[1].logprobs.tolist() == recs[3].logprobs.tolist()
 
 
 def test_the_pipelined_connection_recovers_from_a_killed_connection(redis_url: str,

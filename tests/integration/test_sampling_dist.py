@@ -13,7 +13,7 @@ import pytest
 import redis
 import torch
 
-from contract.redis_schema import Keys, unpack_rollout
+from contract.redis_schema import Keys
 from contract.sampling_dist import keep_mask, sampled_logprobs, truncating
 from learner.batching import plan_step
 from learner.config import LearnerConfig
@@ -22,7 +22,7 @@ from learner.policy import Policy, cut_logprobs
 from learner.trainer import Trainer
 from server.engines.base import SamplingParams
 from server.engines.hf import HFEngine
-from tests.queue_helpers import ready_groups
+from tests.queue_helpers import ready_groups, stored_rollout
 from tests.serving import API_KEY, running_server
 
 KEYS = Keys()
@@ -156,7 +156,8 @@ def test_cut_rollouts_through_server_redis_and_learner(tiny_model_dir: Path,
         client = redis.Redis.from_url(redis_url)
         try:
             for _, cut, rids in groups:
-                rec = unpack_rollout(client.get(KEYS.rollout(rids[0])))
+                rec = stored_rollout(client, rids[0], KEYS)
+                assert rec is not None
                 assert (rec.temperature, rec.top_p, rec.top_k) == (
                     0.8, cut.get("top_p", 1.0), cut.get("top_k", 0))
             ready = ready_groups(client, KEYS)

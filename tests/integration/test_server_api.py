@@ -19,8 +19,8 @@ import openai
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from contract.redis_schema import unpack_rollout
 from server.engines.reference import sequence_logprobs
+from tests.queue_helpers import stored_rollout
 from tests.serving import (
     API_KEY,
     MODEL_NAME,
@@ -44,9 +44,9 @@ def tokenizer(tiny_model_dir: Path):  # -> PreTrainedTokenizerFast
 
 
 def stored(rkeys: RedisKeys, rollout_id: str):  # -> RolloutRecord
-    raw = rkeys.get(rkeys.keys.rollout(rollout_id))
-    assert raw is not None, f"rollout {rollout_id} not in Redis"
-    return unpack_rollout(raw)
+    rec = stored_rollout(rkeys.client, rollout_id, rkeys.keys)
+    assert rec is not None, f"rollout {rollout_id} not in Redis"
+    return rec
 
 
 def test_health(served: Served) -> None:

@@ -26,8 +26,9 @@ import numpy as np
 import openai
 import pytest
 
-from contract.redis_schema import Keys, RolloutRecord, unpack_rollout
+from contract.redis_schema import Keys, RolloutRecord
 from tests.conftest import RedisServer
+from tests.queue_helpers import stored_rollout
 from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -43,9 +44,9 @@ def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
 
 
 def stored(rkeys: RedisKeys, rollout_id: str) -> RolloutRecord:
-    raw = rkeys.get(rkeys.keys.rollout(rollout_id))
-    assert raw is not None, f"rollout {rollout_id} not in Redis"
-    return unpack_rollout(raw)
+    rec = stored_rollout(rkeys.client, rollout_id, rkeys.keys)
+    assert rec is not None, f"rollout {rollout_id} not in Redis"
+    return rec
 
 
 def assert_same_record(a: RolloutRecord, b: RolloutRecord) -> None:

