@@ -27,8 +27,8 @@ from contract.redis_schema import (
     Keys,
     ReadyGroup,
     RolloutRecord,
-    pack_rollout,
     ready_group_from_dict,
+    rollout_fields,
     rollout_from_dict,
 )
 
@@ -62,8 +62,7 @@ def ready_entry_refs(keys: Keys, fields: dict[bytes, bytes]) -> EntryRefs | None
 
 def pack_group_records(records: Sequence[RolloutRecord]) -> bytes:
     """A group's records as one msgpack array (each element ``pack_rollout``'s bytes)."""
-    packer = msgpack.Packer()
-    return b"".join([packer.pack_array_header(len(records)), *map(pack_rollout, records)])
+    return msgpack.packb([rollout_fields(r) for r in records])
 
 
 def split_group_records(blob: bytes) -> list[bytes]:

@@ -201,14 +201,20 @@ class RolloutRecord:
         return int(sampled.min()) if sampled.size else -1
 
 
-def pack_rollout(r: RolloutRecord) -> bytes:
-    return msgpack.packb({
+def _bin(a: np.ndarray, dtype: str) -> memoryview:
+    """An array's bytes in ``dtype`` without copying them (msgpack packs a buffer as bin)."""
+    return memoryview(np.ascontiguousarray(a, dtype=dtype).view(np.uint8))
+
+
+def rollout_fields(r: RolloutRecord) -> dict[str, Any]:
+    """The record as ``pack_rollout`` packs it (arrays as little-endian bytes)."""
+    return {
         "rollout_id": r.rollout_id,
         "group_id": r.group_id,
-        "token_ids": np.ascontiguousarray(r.token_ids, dtype="<i4").tobytes(),
-        "loss_mask": np.ascontiguousarray(r.loss_mask, dtype="u1").tobytes(),
-        "logprobs": np.ascontiguousarray(r.logprobs, dtype="<f4").tobytes(),
-        "versions": np.ascontiguousarray(r.versions, dtype="<i4").tobytes(),
+        "token_ids": _bin(r.token_ids, "<i4"),
+        "loss_mask": _bin(r.loss_mask, "u1"),
+        "logprobs": _bin(r.logprobs, "<f4"),
+        "versions": _bin(r.versions, "<i4"),
         "prompt_len": r.prompt_len,
         "temperature": r.temperature,
         "top_p": r.top_p,
@@ -217,7 +223,11 @@ def pack_rollout(r: RolloutRecord) -> bytes:
         "finish_reason": r.finish_reason,
         "created_at": r.created_at,
         "metadata": r.metadata,
-    })
+    }
+
+
+def pack_rollout(r: RolloutRecord) -> bytes:
+    return msgpack.packb(rollout_fields(r))
 
 
 _I4, _U1, _F4 = np.dtype("<i4"), np.dtype("u1"), np.dtype("<f4")  # (parsing "<i4": ~1 us)
@@ -285,7 +295,7 @@ def pack_ready_group(g: ReadyGroup) -> bytes:
         "turn_rewards": g.turn_rewards,
         "turn_advantages": g.turn_advantages,
         "advantage_config": g.advantage_config.to_dict() if g.advantage_config else None,
-        "rollouts": [msgpack.unpackb(pack_rollout(r)) for r in g.rollouts],
+        "rollouts": [rollout_fields(r) for r in g.rollouts],
     })
 
 
