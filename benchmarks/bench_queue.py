@@ -283,10 +283,12 @@ def _group_records(n: int, tokens: int) -> list[list[Any]]:
     """The rollout records of ``n`` groups (made before the clock starts, as the raw
     baseline's payloads are: building them is the sampler's work, not the queue's; packing
     them is the store's, and is timed)."""
+    from contract.redis_schema import member_rollout_id
     from tests.queue_helpers import make_rollout
 
     templates = [make_rollout(f"t{i}", "t", tokens, seed=i) for i in range(GROUP)]
-    return [[dataclasses.replace(t, rollout_id=f"e{g}-r{i}", group_id=f"e{g}")
+    # the ids the sampling path mints (they name their group: no rollout -> group keys)
+    return [[dataclasses.replace(t, rollout_id=member_rollout_id(f"e{g}", i), group_id=f"e{g}")
              for i, t in enumerate(templates)] for g in range(n)]
 
 

@@ -138,15 +138,15 @@ async def run_phase(url: str, bodies: list[dict], concurrency: int, pgid: int) -
 
 def missing_in_redis(redis_url: str, rollout_ids: list[str]) -> int:
     """How many of ``rollout_ids`` have no stored record: a sampled group's records are one key
-    (found through each rollout's group mapping), a rollout recorded on its own has its own."""
+    (its id is in each rollout's id), a rollout recorded on its own has its own."""
     import redis
 
     from contract.ready_entry import unpack_group_records
-    from contract.redis_schema import Keys, as_str
+    from contract.redis_schema import Keys, member_of
 
     client = redis.Redis.from_url(redis_url, socket_timeout=30)
     keys = Keys()
-    gids = {as_str(g) for g in client.mget([keys.rollout_group(r) for r in rollout_ids]) if g}
+    gids = {m[0] for m in map(member_of, rollout_ids) if m is not None}
     found: set[str] = set()
     for gid in gids:
         whole = client.get(keys.group_records(gid))

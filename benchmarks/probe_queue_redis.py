@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 import redis  # noqa: E402
 
 from benchmarks.bench_queue import GROUP, cpu_s, start_redis, stop  # noqa: E402
-from contract.redis_schema import RolloutRecord, pack_rollout  # noqa: E402
+from contract.redis_schema import RolloutRecord, member_rollout_id, pack_rollout  # noqa: E402
 from learner.reader import GroupReader  # noqa: E402
 from server.redis_pipe import run_script  # noqa: E402
 from server.store import RewardItem, RolloutStore, make_redis  # noqa: E402
@@ -179,7 +179,7 @@ def main() -> None:
                     asyncio.run(record(url, script, groups))
                     res.setdefault(f"record_group: {name}", []).append(cpu_s(proc.pid) - c0)
                 client.flushall()
-                groups = [[dataclasses.replace(t, rollout_id=f"s{k}-{g}-r{i}",
+                groups = [[dataclasses.replace(t, rollout_id=member_rollout_id(f"s{k}-{g}", i),
                                                group_id=f"s{k}-{g}")
                            for i, t in enumerate(templates)] for g in range(n)]
                 for what in ("record", "reward + publish", "read + ack"):

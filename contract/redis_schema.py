@@ -11,7 +11,9 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   recorded again.
 - ``{p}:rollout:{rollout_id}:group``: string, the rollout's group id, same TTL as the rollout
   (lets the reward script find the group without unpacking the record: Redis's Lua msgpack
-  cannot decode the binary arrays).
+  cannot decode the binary arrays). A group recorded whole with ids of the form
+  ``{group_id}:{index}`` (``member_rollout_id``; the sampling path's) has none: the id names
+  its group, and the group's hash says its ids are of that form (``members``).
 - ``{p}:rollout:{rollout_id}:staging``: string, a rollout record on its way in when its id may
   already be in use (a multi-turn episode recorded again): written with plain ``SET`` and
   renamed into place by the record script in the same MULTI/EXEC (large values are slow to pass
@@ -29,7 +31,8 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   the order of its ``rollouts`` list (``pack_group_records``): how the sampling path records a
   group it has sampled whole (``record_group``: one write of its bytes, one key to publish,
   read and expire instead of one per rollout). The group's hash then has ``records`` (how
-  many), and its rollouts are never recorded one by one. Same TTL as a rollout's record, and
+  many), and ``members`` (1) when its rollout ids are ``member_rollout_id``'s; its rollouts
+  are never recorded one by one. Same TTL as a rollout's record, and
   the same life once published (below).
 - ``{p}:episode:{rollout_id}``: hash, a multi-turn episode's state besides its trajectory
   (which is the ``{p}:rollout:{rollout_id}`` record, grown by one model turn per chat call):
@@ -330,6 +333,22 @@ def key_template(fn: Callable[[str], str]) -> list[str]:
     up as ``head .. id .. tail`` (``Keys`` stays the only place that spells a key)."""
     head, tail = fn("\x00").split("\x00")
     return [head, tail]
+
+
+def member_rollout_id(group_id: str, index: int) -> str:
+    """The id of rollout ``index`` (0-based, in the group's order) of a group recorded whole
+    with ids of this form (what the sampling path mints): the id names its group, so it needs
+    no ``{p}:rollout:{id}:group`` key; ``member_of`` reads it back."""
+    return f"{group_id}:{index}"
+
+
+def member_of(rollout_id: str) -> tuple[str, int] | None:
+    """``member_rollout_id``'s (group id, index), or None for an id not of that form (it is
+    the group's only if its group was recorded with such ids)."""
+    gid, sep, k = rollout_id.rpartition(":")
+    if not sep or not gid or not k.isdigit() or not k.isascii() or str(int(k)) != k:
+        return None
+    return gid, int(k)
 
 
 def as_str(v: bytes | str | None) -> str:

@@ -4,6 +4,8 @@ Redis ``TIME``, no large value through a script's arguments)."""
 
 from __future__ import annotations
 
+from server.store_scripts import MEMBER_OF
+
 _NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -38,10 +40,16 @@ return 'ok'
 # KEYS: episode, rollout, rollout->group. ARGV: rollout_id, g_head, g_tail, w_head, w_tail.
 # Returns {status, group_id, n_turns, state}; status ok | unknown | not_episode | finished |
 # group_closed:<state> | group_gone. The record is read by a GET in the same MULTI/EXEC.
-LOAD_EPISODE = """
+LOAD_EPISODE = MEMBER_OF + """
 local ep = redis.call('HMGET', KEYS[1], 'group_id', 'n_turns', 'closed', 'state')
 if not ep[1] then
   if redis.call('EXISTS', KEYS[3]) == 1 then return {'not_episode'} end
+  -- a sampled rollout whose id names its group (no rollout -> group key)
+  local gid, k = member_of(ARGV[1])
+  if gid then
+    local g = redis.call('HMGET', ARGV[2] .. gid .. ARGV[3], 'members', 'records')
+    if g[1] == '1' and k < tonumber(g[2]) then return {'not_episode'} end
+  end
   return {'unknown'}
 end
 local gid = ep[1]

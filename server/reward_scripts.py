@@ -30,7 +30,8 @@ from server.store_scripts import COMMON
 # {'published', sid} or {'dropped', reason}. P: gk, lk, wk (the group's keys), counters,
 # complete, stream, finished (the totals' hash), r_head, r_tail, m_head, m_tail, ttl,
 # head_field, ids_field, records_field, and bk: the group's records key when the group was
-# recorded whole (its hash has ``records``), else nil.
+# recorded whole (its hash has ``records``), else nil; members: its rollout ids name it (no
+# rollout -> group keys).
 _END_GROUP = COMMON + """
 local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now,
                          in_set, n_rewards, reward_sum)
@@ -71,9 +72,11 @@ local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, 
     redis.call('HINCRBY', P.finished, 'rewards', n_rewards)
   end
   if in_set then redis.call('SREM', P.complete, gid) end
-  for _, rid in ipairs(all_rids) do
-    if not P.bk and not moved[rid] then shorten(P.r_head .. rid .. P.r_tail, P.ttl) end
-    shorten(P.m_head .. rid .. P.m_tail, P.ttl)
+  if not (P.bk and P.members) then
+    for _, rid in ipairs(all_rids) do
+      if not P.bk and not moved[rid] then shorten(P.r_head .. rid .. P.r_tail, P.ttl) end
+      if not P.members then shorten(P.m_head .. rid .. P.m_tail, P.ttl) end
+    end
   end
   if P.bk and not sid then shorten(P.bk, P.ttl) end
   shorten(P.gk, P.ttl)
@@ -94,12 +97,13 @@ end
 # Ends a complete group exactly once (end_group): anything but 'complete' returns {} (another
 # finisher won, or the group moved on). Returns {'published', stream id} | {'dropped', reason}.
 PUBLISH_GROUP = _END_GROUP + """
-local st = redis.call('HMGET', KEYS[1], 'state', 'partial', 'records')
+local st = redis.call('HMGET', KEYS[1], 'state', 'partial', 'records', 'members')
 if st[1] ~= 'complete' then return {} end
 local P = {gk = KEYS[1], lk = KEYS[2], wk = KEYS[3], complete = KEYS[4], counters = KEYS[5],
   stream = KEYS[6], finished = KEYS[7], ttl = tonumber(ARGV[4]), r_head = ARGV[5],
   r_tail = ARGV[6], m_head = ARGV[7], m_tail = ARGV[8], head_field = ARGV[11], ids_field = ARGV[12],
-  records_field = ARGV[17], bk = st[3] and (ARGV[15] .. ARGV[1] .. ARGV[16]) or nil}
+  records_field = ARGV[17], bk = st[3] and (ARGV[15] .. ARGV[1] .. ARGV[16]) or nil,
+  members = st[4] == '1'}
 local ids = {}
 for i = 18, #ARGV do ids[#ids + 1] = ARGV[i] end
 return end_group(P, ARGV[1], ARGV[2], ARGV[3], ARGV[9], ids, ARGV[10],
@@ -124,6 +128,14 @@ local all_ok = true
 local mks = {}
 for i = 1, n do mks[i] = ARGV[1] .. ARGV[21 + 2 * i] .. ARGV[2] end
 local owners = redis.call('MGET', unpack(mks))
+-- An id without a mapping may name its group ('<group id>:<index>', a group recorded whole
+-- with such ids: its hash has ``members``); checked below, once the group is read.
+local member = {}
+for i = 1, n do
+  if not owners[i] then
+    owners[i], member[i] = member_of(ARGV[21 + 2 * i])
+  end
+end
 -- gid -> {state, size, had (rewards stored before), at (positions of its items), prev
 -- (their stored rewards), items (rollout id, packed reward, ...) to store};
 -- one HMGET of the group's state and one of its stored rewards per group, not per item
@@ -144,8 +156,9 @@ end
 for _, gid in ipairs(order) do
   local g = groups[gid]
   local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size', 'n_rewarded',
-    'records')
+    'records', 'members')
   g.state, g.size, g.had, g.whole = h[1], tonumber(h[2]), tonumber(h[3] or 0), h[4] ~= false
+  g.n_records, g.members = tonumber(h[4] or 0), h[5] == '1'
   local rids = {}
   for k, i in ipairs(g.at) do rids[k] = ARGV[21 + 2 * i] end
   g.prev = redis.call('HMGET', ARGV[5] .. gid .. ARGV[6], unpack(rids))
@@ -154,6 +167,9 @@ for i = 1, n do
   local rid, packed = ARGV[21 + 2 * i], ARGV[22 + 2 * i]
   local gid = owners[i]
   local status
+  if gid and member[i] and not (groups[gid].members and member[i] < groups[gid].n_records) then
+    gid = nil  -- of that form, but not one of its group's ids
+  end
   if not gid then
     status = 'unknown_rollout'
     gid = ''
@@ -177,7 +193,7 @@ local completed = {}
 if not all_ok then return {statuses, gids, completed} end
 
 -- The group's end in this script, when the Lua credit rule covers it; nil otherwise.
-local function end_here(gid, gk, lk, wk, rids, now, items, whole)
+local function end_here(gid, gk, lk, wk, rids, now, items, whole, members)
   local vals, mine, all_mine = {}, {}, true
   for k = 1, #items, 2 do mine[items[k]] = items[k + 1] end
   for i, rid in ipairs(rids) do
@@ -191,7 +207,7 @@ local function end_here(gid, gk, lk, wk, rids, now, items, whole)
     stream = KEYS[4], finished = KEYS[5], ttl = tonumber(ARGV[16]), r_head = ARGV[9],
     r_tail = ARGV[10], m_head = ARGV[1], m_tail = ARGV[2], head_field = ARGV[17],
     ids_field = ARGV[18], records_field = ARGV[21],
-    bk = whole and (ARGV[19] .. gid .. ARGV[20]) or nil}
+    bk = whole and (ARGV[19] .. gid .. ARGV[20]) or nil, members = members}
   local mode, reason, head = 'publish', '', ''
   if #ids == 0 then
     mode, reason = 'drop', 'no_rewards'
@@ -226,7 +242,8 @@ for _, gid in ipairs(order) do
       redis.call('ZREM', KEYS[3], gid)
       local lk = ARGV[7] .. gid .. ARGV[8]
       local rids = redis.call('LRANGE', lk, 0, -1)
-      local ended = ARGV[11] == '1' and end_here(gid, gk, lk, wk, rids, now, g.items, g.whole)
+      local ended = ARGV[11] == '1' and end_here(gid, gk, lk, wk, rids,
+        now, g.items, g.whole, g.members)
       if ended then
         completed[#completed + 1] = {gid, ended[1], ended[2]}
       else

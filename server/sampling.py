@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from contract.redis_schema import RolloutRecord
+from contract.redis_schema import RolloutRecord, member_rollout_id
 from server.api_models import SamplingFields
 from server.engines.base import Completion, Engine, SamplingParams
 from server.errors import APIError
@@ -236,7 +236,9 @@ async def record_samples(store: RolloutStore, plan: GenerationPlan,
                          server_id: str, *, group_id: str, started: float) -> GroupResult:
     """Records finished samples as group ``group_id`` (streamed or not: the same record)."""
     metrics.generation_latency.labels(plan.route).observe(time.perf_counter() - started)
-    samples = [Sample(rollout_id=uuid.uuid4().hex, completion=c) for c in completions]
+    # ids that name their group: its records key and its hash are all Redis keeps of them
+    samples = [Sample(rollout_id=member_rollout_id(group_id, i), completion=c)
+               for i, c in enumerate(completions)]
     record_meta = {"server_id": server_id, "route": plan.route}
     await store.record_group(group_id, plan.n, plan.metadata,
                              [rollout_record(group_id, s, plan.prompt_token_ids, plan.params,

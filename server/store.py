@@ -48,7 +48,9 @@ and do nothing.
 
 Memory stays bounded: an open group's keys expire ``finished_ttl_s`` after its deadline (the
 sweeper acts at the deadline); once a group is published, dropped or expired, its keys, its
-rollout -> group mappings and its unpublished rollouts are shortened to ``finished_ttl_s``
+rollout -> group mappings (a sampled group has none: its rollout ids are
+``{group_id}:{index}``, ``member_rollout_id``) and its unpublished rollouts are shortened to
+``finished_ttl_s``
 (long enough for duplicate rewards to get a 200 and late ones a 410); a published group's
 records live, without a TTL, exactly as long as its stream entry: the reader deletes both
 when it trims acknowledged entries.
@@ -78,6 +80,7 @@ from contract.redis_schema import (
     RolloutRecord,
     as_str,
     key_template,
+    member_rollout_id,
     pack_rollout,
 )
 from server.redis_pipe import encode_args, pipe_for, run_script
@@ -202,8 +205,10 @@ class RolloutStore:
         path's uuid4s): the records are written as one value, the group's records key
         (``pack_group_records``; ``RECORD_NEW_GROUP``), without the staging and the checks
         that ids already in use need (``record_rollouts``); the group takes no rollouts one
-        by one afterwards. Idempotent when retried with the same records; ``StoreError``
-        ``group_exists`` (and nothing recorded) if the group id is already in use."""
+        by one afterwards. Ids of the form ``member_rollout_id(group_id, i)`` (what the
+        sampling path mints) name their group: no rollout -> group key is written for them.
+        Idempotent when retried with the same records; ``StoreError`` ``group_exists`` (and
+        nothing recorded) if the group id is already in use."""
         self._check_size(size)
         if any(r.group_id != group_id for r in records):
             raise ValueError("every record must belong to the group")
@@ -214,8 +219,10 @@ class RolloutStore:
             raise StoreError(StoreReason.CONFLICT, "group_full",
                              f"{len(ids)} rollouts for a group of {size}")
         k, c = self.keys, self.config
+        # ids that name their group (the sampling path's) need no rollout -> group keys
+        members = all(rid == member_rollout_id(group_id, i) for i, rid in enumerate(ids))
         args = [group_id, size, msgpack.packb(metadata or {}), c.group_ttl_s,
-                self._finished_ttl, self._new_group_args, *ids]
+                self._finished_ttl, self._new_group_args, int(members), *ids]
         # NX: a group id in use keeps its records (the script then deletes nothing of theirs)
         writes = [("SET", k.group_records(group_id), pack_group_records(records), "EX",
                    self._record_ttl, "NX")] if records else []

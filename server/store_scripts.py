@@ -24,8 +24,19 @@ finished group are shortened with ``EXPIRE ... LT`` (never extended) to ``finish
 
 from __future__ import annotations
 
+# '<group id>:<index>' -> the group id and the index (a rollout id of a group recorded whole
+# with ids that name it, ``contract.redis_schema.member_rollout_id``), else nil. The caller
+# checks the group (its hash's ``members`` and ``records``).
+MEMBER_OF = """
+local function member_of(rid)
+  local gid, k = string.match(rid, '^(.+):(%d+)$')
+  if gid and tostring(tonumber(k)) == k then return gid, tonumber(k) end
+  return nil
+end
+"""
+
 # Shared helpers, prepended to the scripts that need them.
-COMMON = """
+COMMON = MEMBER_OF + """
 local function now_s()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -34,11 +45,13 @@ local function shorten(key, ttl)
   redis.call('EXPIRE', key, ttl, 'LT')
 end
 -- Shortens the TTL of a finished group's keys and of its rollouts to ttl seconds (bk: the
--- group's records key, when it was recorded whole).
-local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl, bk)
-  for _, rid in ipairs(redis.call('LRANGE', rolk, 0, -1)) do
-    if not bk then shorten(r_head .. rid .. r_tail, ttl) end
-    shorten(m_head .. rid .. m_tail, ttl)
+-- group's records key, when it was recorded whole; members: its ids name it, no mappings).
+local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl, bk, members)
+  if not (bk and members) then
+    for _, rid in ipairs(redis.call('LRANGE', rolk, 0, -1)) do
+      if not bk then shorten(r_head .. rid .. r_tail, ttl) end
+      if not members then shorten(m_head .. rid .. m_tail, ttl) end
+    end
   end
   if bk then shorten(bk, ttl) end
   shorten(gk, ttl)
@@ -152,14 +165,16 @@ return out
 
 # KEYS: group, group rollouts, deadlines, counters, group records.
 # ARGV: group_id, size, metadata, group_ttl, finished_ttl, record_ttl, m_head, m_tail
-#       (rollout->group), then the rollout ids.
+#       (rollout->group), members (1: the ids are '<group_id>:<index>', in order), then the
+#       rollout ids.
 # A new group and its rollouts, as the sampling path records them: the group id and the
 # rollout ids were minted for this call (uuid4), and the records are one value, the group's
 # records key (a msgpack array in the order of the ids), SET with NX and EX record_ttl before
 # this script in the same MULTI/EXEC: no staging key, no per-rollout record, no owner or
 # orphan to look up (the checks RECORD_ROLLOUTS needs for ids that may be in use). Opens the
 # group as CREATE_GROUP does, with ``records`` (how many: the group is recorded whole, it
-# takes no rollout one by one), then maps each rollout to it and lists them. If the group
+# takes no rollout one by one), then maps each rollout to it (unless the ids name their group:
+# ``members``, no rollout -> group key at all) and lists them. If the group
 # already existed: the same ids listed in the same order is this call retried after its first
 # attempt ran ('updated': NX kept the records it wrote); anything else is refused
 # ('group_exists'). Either way a records key the group does not own (no ``records`` in its
@@ -169,15 +184,18 @@ RECORD_NEW_GROUP = COMMON + """
 local created, group_exp = create_group(KEYS[1], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3],
   ARGV[4], ARGV[5])
 local ids = {}
-for i = 9, #ARGV do ids[#ids + 1] = ARGV[i] end
+for i = 10, #ARGV do ids[#ids + 1] = ARGV[i] end
 if created == 1 then
-  for _, rid in ipairs(ids) do
-    redis.call('SET', ARGV[7] .. rid .. ARGV[8], ARGV[1], 'EX', ARGV[6])
+  if ARGV[9] ~= '1' then
+    for _, rid in ipairs(ids) do
+      redis.call('SET', ARGV[7] .. rid .. ARGV[8], ARGV[1], 'EX', ARGV[6])
+    end
   end
   if #ids > 0 then
     redis.call('RPUSH', KEYS[2], unpack(ids))
     redis.call('EXPIREAT', KEYS[2], group_exp)
-    redis.call('HSET', KEYS[1], 'records', #ids)
+    if ARGV[9] == '1' then redis.call('HSET', KEYS[1], 'records', #ids, 'members', 1)
+    else redis.call('HSET', KEYS[1], 'records', #ids) end
   end
   return 'created'
 end
@@ -202,7 +220,7 @@ local finalise = {}
 for _, gid in ipairs(due) do
   redis.call('ZREM', KEYS[1], gid)
   local gk = ARGV[1] .. gid .. ARGV[2]
-  local st = redis.call('HMGET', gk, 'state', 'n_rewarded', 'records')
+  local st = redis.call('HMGET', gk, 'state', 'n_rewarded', 'records', 'members')
   if st[1] == 'open' then
     if tonumber(st[2]) >= tonumber(ARGV[11]) then
       redis.call('HSET', gk, 'state', 'complete', 'partial', 1, 'completed_at', tostring(now))
@@ -214,7 +232,7 @@ for _, gid in ipairs(due) do
       redis.call('HINCRBY', KEYS[3], 'groups_expired_dropped', 1)
       expire_group(gk, ARGV[3] .. gid .. ARGV[4], ARGV[5] .. gid .. ARGV[6],
         ARGV[7], ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[12]),
-        st[3] and (ARGV[14] .. gid .. ARGV[15]) or nil)
+        st[3] and (ARGV[14] .. gid .. ARGV[15]) or nil, st[4] == '1')
     end
   elseif not st[1] then
     redis.call('HINCRBY', KEYS[3], 'groups_expired_lost', 1)

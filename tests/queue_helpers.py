@@ -28,6 +28,7 @@ from contract.redis_schema import (
     RolloutRecord,
     as_str,
     join_ready_group,
+    member_of,
     unpack_ready_group,
     unpack_rollout,
 )
@@ -210,12 +211,14 @@ def stored_rollout(client: redis.Redis, rollout_id: str,
                    keys: Keys | None = None) -> RolloutRecord | None:
     """A rollout's stored record (None: none, or expired): its own key (a multi-turn
     episode's), else its group's one records key (a sampled group's), found through the
-    rollout -> group mapping."""
+    rollout -> group mapping or the id itself (``member_rollout_id``)."""
     keys = keys or Keys()
     raw = client.get(keys.rollout(rollout_id))
     if raw is not None:
         return unpack_rollout(raw)
-    gid = client.get(keys.rollout_group(rollout_id))
-    whole = client.get(keys.group_records(as_str(gid))) if gid is not None else None
+    mapped = client.get(keys.rollout_group(rollout_id))
+    member = member_of(rollout_id)
+    gid = as_str(mapped) if mapped is not None else member[0] if member else None
+    whole = client.get(keys.group_records(gid)) if gid is not None else None
     recs = unpack_group_records(whole) if whole is not None else []
     return next((r for r in recs if r.rollout_id == rollout_id), None)

@@ -18,13 +18,14 @@ from contract.redis_schema import (
     READY_HEAD_FIELD,
     READY_RECORDS_FIELD,
     Keys,
+    member_rollout_id,
     pack_ready_group,
     unpack_ready_group,
 )
 from learner.reader import KEEP_TRAINED_S, GroupReader
 from server.store import QueueConfig, RewardItem, RolloutStore, StoreError, make_redis
 from tests.conftest import RedisServer
-from tests.queue_helpers import make_rollout, publish_groups, ready_records
+from tests.queue_helpers import make_rollout, publish_groups, ready_records, stored_rollout
 
 KEYS = Keys()
 
@@ -233,3 +234,59 @@ def test_the_pipelined_connection_recovers_from_a_killed_connection(redis_url: s
 
     with_store(redis_url, body)
     assert int(r.hget(KEYS.counters, "groups_published")) == 2
+
+
+def test_ids_that_name_their_group_need_no_mapping_keys(redis_url: str, r: redis.Redis) -> None:
+    """The sampling path's ids (``member_rollout_id``): no rollout -> group key is written;
+    rewards find the group from the id; ids of that form that are not the group's are unknown
+    and change nothing."""
+    recs = [make_rollout(member_rollout_id("m", i), "m", 24, seed=i) for i in range(3)]
+    flat = [make_rollout(member_rollout_id("f", i), "f", 24, seed=i) for i in range(2)]
+
+    async def body(store: RolloutStore) -> None:
+        await store.record_group("m", 3, None, recs)
+        await store.create_group("f", 2)  # ids of that form, recorded one by one: mapped
+        await store.record_rollouts(flat)
+        assert r.hget(KEYS.group("m"), "members") == b"1"
+        assert r.exists(*[KEYS.rollout_group(x.rollout_id) for x in recs]) == 0
+        for bogus in ("m:3", "m:01", "m:-1", "nope:0", "m:"):
+            out = await store.post_rewards([RewardItem("m:0", 1.0), RewardItem(bogus, 1.0)])
+            assert not out.applied
+            assert [x.status for x in out.results] == ["not_applied", "unknown_rollout"]
+        assert r.exists(KEYS.group_rewards("m")) == 0  # nothing was stored
+        out = await store.post_rewards([RewardItem("f:0", 1.0)])  # through its mapping
+        assert out.applied and out.results[0].group_id == "f"
+        out = await store.post_rewards([RewardItem(x.rollout_id, float(i))
+                                        for i, x in enumerate(recs)])
+        assert out.applied and out.results[-1].group_complete
+        assert {x.group_id for x in out.results} == {"m"}
+        again = await store.post_rewards([RewardItem("m:1", 1.0)])  # a retried post
+        assert again.applied and again.results[0].status == "duplicate"
+        late = await store.post_rewards([RewardItem("m:1", 5.0)])
+        assert late.results[0].status == "conflict"
+
+    with_store(redis_url, body)
+    assert not r.keys(KEYS.rollout_group("m:*"))
+    assert 0 < r.ttl(KEYS.group("m")) <= QueueConfig().finished_ttl_s  # shortened when it ended
+    (group,) = GroupReader(r).read_batch(1, 0, 5).groups
+    assert [x.rollout_id for x in group.rollouts] == ["m:0", "m:1", "m:2"]
+    assert stored_rollout(r, "f:1") is not None and stored_rollout(r, "m:2") is not None
+
+
+def test_an_expired_group_of_members_is_finalised_from_its_records(
+        redis_url: str, r: redis.Redis) -> None:
+    recs = [make_rollout(member_rollout_id("x", i), "x", 24, seed=i) for i in range(3)]
+    lone = [make_rollout(member_rollout_id("y", i), "y", 24, seed=i) for i in range(2)]
+
+    async def body(store: RolloutStore) -> None:
+        await store.record_group("x", 3, None, recs)
+        await store.record_group("y", 2, None, lone)
+        await store.post_rewards([RewardItem("x:0", 0.0), RewardItem("x:2", 1.0)])
+        await asyncio.sleep(0.6)
+        assert (await store.sweep_once())["expired_finalised"] == 1
+
+    with_store(redis_url, body, QueueConfig(group_ttl_s=0.5, min_rewarded_to_finalise=2))
+    (group,) = GroupReader(r).read_batch(1, 0, 5).groups
+    assert [x.rollout_id for x in group.rollouts] == ["x:0", "x:2"]
+    assert r.hget(KEYS.group("y"), "state") == b"expired"
+    assert 0 < r.ttl(KEYS.group_records("y")) <= QueueConfig().finished_ttl_s

@@ -29,6 +29,8 @@ from contract.redis_schema import (
     ReadyGroup,
     RolloutRecord,
     join_ready_group,
+    member_of,
+    member_rollout_id,
     pack_rollout,
     unpack_ready_group,
 )
@@ -134,3 +136,11 @@ def test_what_the_joined_bytes_refuse_is_refused() -> None:
             unpack_entry(grouped, [bad_blob])
     with pytest.raises(_BAD):
         split_group_records(blob + b"\x01")
+
+
+def test_member_ids_name_their_group_and_nothing_else_does() -> None:
+    for gid in ("g", "0f" * 16, "a:b", "é"):
+        for i in (0, 7, 123):
+            assert member_of(member_rollout_id(gid, i)) == (gid, i)
+    for rid in ("g", "g:", ":3", "g:01", "g:-1", "g:1.0", "g:٣", "g:3 ", "0f0f"):
+        assert member_of(rid) is None, rid
