@@ -202,11 +202,12 @@ class RolloutStore:
         """Opens group ``group_id`` with ``size`` rollouts and records ``records`` in it, in one
         round trip (one MULTI/EXEC): how the sampling path stores a group it has just sampled.
         The group id and the rollout ids must be new, minted for this call (the sampling
-        path's uuid4s): the records are written as one value, the group's records key
-        (``pack_group_records``; ``RECORD_NEW_GROUP``), without the staging and the checks
-        that ids already in use need (``record_rollouts``); the group takes no rollouts one
-        by one afterwards. Ids of the form ``member_rollout_id(group_id, i)`` (what the
-        sampling path mints) name their group: no rollout -> group key is written for them.
+        path's: a uuid4 group id, rollout ids that name it): the records are written as one
+        value, the group's records key (``pack_group_records``; ``RECORD_NEW_GROUP``),
+        without the staging and the checks that ids already in use need
+        (``record_rollouts``); the group takes no rollouts one by one afterwards. Ids of the
+        form ``member_rollout_id(group_id, i)`` (what the sampling path mints) name their
+        group: no rollout -> group key is written for them.
         Idempotent when retried with the same records; ``StoreError`` ``group_exists`` (and
         nothing recorded) if the group id is already in use."""
         self._check_size(size)

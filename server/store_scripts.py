@@ -167,14 +167,14 @@ return out
 # ARGV: group_id, size, metadata, group_ttl, finished_ttl, record_ttl, m_head, m_tail
 #       (rollout->group), members (1: the ids are '<group_id>:<index>', in order), then the
 #       rollout ids.
-# A new group and its rollouts, as the sampling path records them: the group id and the
-# rollout ids were minted for this call (uuid4), and the records are one value, the group's
-# records key (a msgpack array in the order of the ids), SET with NX and EX record_ttl before
-# this script in the same MULTI/EXEC: no staging key, no per-rollout record, no owner or
-# orphan to look up (the checks RECORD_ROLLOUTS needs for ids that may be in use). Opens the
-# group as CREATE_GROUP does, with ``records`` (how many: the group is recorded whole, it
-# takes no rollout one by one), then maps each rollout to it (unless the ids name their group:
-# ``members``, no rollout -> group key at all) and lists them. If the group
+# A new group and its rollouts, as the sampling path records them: the group id and the rollout
+# ids were minted for this call (a uuid4 and ids naming it), and the records are one value, the
+# group's records key (a msgpack array in the order of the ids), SET with NX and EX record_ttl
+# before this script in the same MULTI/EXEC: no staging key, no per-rollout record, no owner or
+# orphan to look up (the checks RECORD_ROLLOUTS needs for ids that may be in use). Opens the group
+# as CREATE_GROUP does, with ``records`` (how many: the group is recorded whole, it takes no
+# rollout one by one), then maps each rollout to it (unless the ids name their group: ``members``,
+# no rollout -> group key at all) and lists them. If the group
 # already existed: the same ids listed in the same order is this call retried after its first
 # attempt ran ('updated': NX kept the records it wrote); anything else is refused
 # ('group_exists'). Either way a records key the group does not own (no ``records`` in its
