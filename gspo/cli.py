@@ -199,7 +199,8 @@ def up(
     """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
     from pathlib import Path
 
-    from gspo.up import RunDirError, UpConfig, run_up
+    from gspo.run_dir import RunDirError
+    from gspo.up import UpConfig, run_up
 
     cfg = UpConfig(run_dir=Path(run_dir), model=model, redis_url=redis_url, loss=loss,
                    max_steps=max_steps, groups_per_step=groups_per_step,

@@ -157,7 +157,7 @@ for _, gid in ipairs(order) do
   local g = groups[gid]
   local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size', 'n_rewarded',
     'records', 'members')
-  g.state, g.size, g.had, g.whole = h[1], tonumber(h[2]), tonumber(h[3] or 0), h[4] ~= false
+  g.state, g.size, g.had = h[1], tonumber(h[2]), tonumber(h[3] or 0)
   g.n_records, g.members = tonumber(h[4] or 0), h[5] == '1'
   local rids = {}
   for k, i in ipairs(g.at) do rids[k] = ARGV[21 + 2 * i] end
@@ -193,7 +193,7 @@ local completed = {}
 if not all_ok then return {statuses, gids, completed} end
 
 -- The group's end in this script, when the Lua credit rule covers it; nil otherwise.
-local function end_here(gid, gk, lk, wk, rids, now, items, whole, members)
+local function end_here(gid, gk, lk, wk, rids, now, items, n_records, members)
   local vals, mine, all_mine = {}, {}, true
   for k = 1, #items, 2 do mine[items[k]] = items[k + 1] end
   for i, rid in ipairs(rids) do
@@ -207,7 +207,7 @@ local function end_here(gid, gk, lk, wk, rids, now, items, whole, members)
     stream = KEYS[4], finished = KEYS[5], ttl = tonumber(ARGV[16]), r_head = ARGV[9],
     r_tail = ARGV[10], m_head = ARGV[1], m_tail = ARGV[2], head_field = ARGV[17],
     ids_field = ARGV[18], records_field = ARGV[21],
-    bk = whole and (ARGV[19] .. gid .. ARGV[20]) or nil, members = members}
+    bk = n_records > 0 and (ARGV[19] .. gid .. ARGV[20]) or nil, members = members}
   local mode, reason, head = 'publish', '', ''
   if #ids == 0 then
     mode, reason = 'drop', 'no_rewards'
@@ -243,7 +243,7 @@ for _, gid in ipairs(order) do
       local lk = ARGV[7] .. gid .. ARGV[8]
       local rids = redis.call('LRANGE', lk, 0, -1)
       local ended = ARGV[11] == '1' and end_here(gid, gk, lk, wk, rids,
-        now, g.items, g.whole, g.members)
+        now, g.items, g.n_records, g.members)
       if ended then
         completed[#completed + 1] = {gid, ended[1], ended[2]}
       else
