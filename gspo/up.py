@@ -297,7 +297,7 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
         env_rewards.append(reward)
         env_log.write(json.dumps({"time": time.time(), "group_id": g.group_id,
                                   "version": min(g.versions) if g.versions else -1,
-                                  "reward": reward}) + "\n")
+                                  "reward": reward, "task": repr(g.task)}) + "\n")
         env_log.flush()
 
     tail, steps = JsonlTail(metrics), deque[dict[str, Any]](maxlen=5)
