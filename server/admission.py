@@ -26,7 +26,9 @@ never held. Several servers read the same facts; two admitting at the same insta
 overshoot the bound by one group each (the count is re-read every ``POLL_S``). Concurrent
 requests share one read of the facts (``AdmissionGate.snapshot``): a burst of 32 costs one
 round of Redis calls, not 32; a read begun before one of this server's groups left is not
-reused.
+reused, and a request that decides on a read which began before such a release counts the
+released groups again (they left ``local`` and may not be in the read yet: without that, one
+group over the bound, and a stale drop, for every release that fell inside a read).
 
 A learner that has met its goal (``finished`` in its state: e.g. its target reward,
 ``learner.target``) trains no new group: every route that starts one answers 503
@@ -138,11 +140,13 @@ class AdmissionGate:
         held, fresh = False, False
         try:
             while True:
-                changed = self._changed
+                changed, gen = self._changed, self._gen
                 snap = await self.snapshot(max_age_s=0.0 if fresh else POLL_S)
                 self._check_finished(snap, route)
-                # _try is synchronous: count and decision cannot interleave with another's
-                if not self._ready_full(snap) and self._try(snap):
+                # _try is synchronous: count and decision cannot interleave with another's.
+                # Groups released while the read was on its way left ``local`` and may be
+                # missing from the read: they are counted again (never admit past the bound).
+                if not self._ready_full(snap) and self._try(snap, self._gen - gen):
                     return True
                 if not fresh:
                     fresh = True
@@ -161,8 +165,10 @@ class AdmissionGate:
             if held:
                 self.metrics.admission_held.dec()
 
-    def _try(self, snap: Snapshot) -> bool:
-        in_flight = snap.others + self.local
+    def _try(self, snap: Snapshot, released_since: int = 0) -> bool:
+        """Counts the request in if one more group fits. ``released_since``: this server's
+        groups released after ``snap``'s read began (in Redis by now, perhaps not in it)."""
+        in_flight = snap.others + self.local + released_since
         bound = self.bound(snap)
         self.metrics.groups_in_flight.set(in_flight)
         self.metrics.admission_bound.set(-1 if bound is None else bound)
