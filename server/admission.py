@@ -165,7 +165,7 @@ class AdmissionGate:
             if held:
                 self.metrics.admission_held.dec()
 
-    def _try(self, snap: Snapshot, released_since: int = 0) -> bool:
+    def _try(self, snap: Snapshot, released_since: int) -> bool:
         """Counts the request in if one more group fits. ``released_since``: this server's
         groups released after ``snap``'s read began (in Redis by now, perhaps not in it)."""
         in_flight = snap.others + self.local + released_since

@@ -33,11 +33,12 @@ class CountingCounter(InFlightCounter):
         return await super().read()
 
 
-def _gate(url: str, model: Path, admission_wait_s: float = 30.0
+def _gate(url: str, model: Path, admission_wait_s: float = 30.0,
+          counter_cls: type[CountingCounter] = CountingCounter
           ) -> tuple[AdmissionGate, CountingCounter, ServerMetrics]:
     settings = ServerSettings(model=str(model), redis_url=url, admission=True,
                               admission_wait_s=admission_wait_s)
-    counter = CountingCounter(aioredis.Redis.from_url(url), KEYS, "gate-test")
+    counter = counter_cls(aioredis.Redis.from_url(url), KEYS, "gate-test")
     metrics = ServerMetrics()
     return AdmissionGate(counter, settings, metrics, lambda: 0), counter, metrics
 
@@ -119,11 +120,8 @@ def test_a_group_released_while_a_read_is_on_its_way_is_still_counted(
     url = redis_server.url
 
     async def go() -> None:
-        settings = ServerSettings(model=str(tiny_model_dir), redis_url=url, admission=True,
-                                  admission_wait_s=30.0)
-        counter = LateCounter(aioredis.Redis.from_url(url), KEYS, "gate-test")
-        metrics = ServerMetrics()
-        gate = AdmissionGate(counter, settings, metrics, lambda: 0)
+        gate, counter, metrics = _gate(url, tiny_model_dir, counter_cls=LateCounter)
+        assert isinstance(counter, LateCounter)
         assert await gate.admit("/v1/rollouts") is True  # B: the one place
         counter.hold = True
         c = asyncio.ensure_future(gate.admit("/v1/rollouts"))
