@@ -25,6 +25,8 @@ CUDA IPC path of ``contract.cuda_ipc`` instead, chosen by ``choose_transport``.
 from __future__ import annotations
 
 import datetime
+import logging
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
@@ -32,9 +34,12 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, Field
 
+from contract.net import interface_of, route_source_address
+
 Backend = Literal["gloo", "nccl"]
 Transport = Literal["gloo", "nccl", "ipc"]
 DEFAULT_BUCKET_BYTES = 64 * 2**20
+log = logging.getLogger(__name__)
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -177,10 +182,47 @@ def make_process_group(
                               timeout=timeout, wait_for_workers=False)
     prefixed = dist.PrefixStore(f"gspo-weights/{epoch}", store)
     if backend == "nccl":
+        pin_nccl_interface(master_addr, master_port)
         pg: dist.ProcessGroup = dist.ProcessGroupNCCL(prefixed, rank, world_size)
-    else:
+    elif os.environ.get("GLOO_SOCKET_IFNAME"):  # the user's choice: torch reads it here
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    else:
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size,
+                                   gloo_options(master_addr, master_port, timeout))
     return pg
+
+
+def gloo_options(master_addr: str, master_port: int,
+                 timeout: datetime.timedelta) -> dist.ProcessGroupGloo._Options:
+    """Gloo's options with its device on this machine's address towards the rendezvous.
+
+    By default gloo listens on the address its hostname resolves to and every rank connects to
+    the others' listening addresses. A server on two networks (compose: ``backend`` with Redis
+    and the learner, ``frontend`` with the environments) may resolve its hostname to the
+    network the learner is not on; the learner's connects then time out and no weight ever
+    arrives. The address on the route to ``master_addr`` is the one the learner (who hosts the
+    store there) and the other ranks, reaching the same store, can reach back."""
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    address = route_source_address(master_addr, master_port)
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address) if address
+                     else dist.ProcessGroupGloo.create_default_device()]
+    return opts
+
+
+def pin_nccl_interface(master_addr: str, master_port: int) -> None:
+    """NCCL picks its socket interface (bootstrap, socket transport) by its own order, with the
+    same risk as gloo's hostname on a machine with several networks: pin it, once per process
+    and only where the user has not (``NCCL_SOCKET_IFNAME``), to the interface on the route to
+    ``master_addr``. A loopback route (everything on one host) keeps NCCL's own choice."""
+    if os.environ.get("NCCL_SOCKET_IFNAME"):
+        return
+    address = route_source_address(master_addr, master_port)
+    name = interface_of(address) if address and not address.startswith("127.") else None
+    if name is not None:
+        os.environ["NCCL_SOCKET_IFNAME"] = f"={name}"  # "=": this exact interface
+        log.info("NCCL_SOCKET_IFNAME=%s (the interface on the route to %s)", f"={name}",
+                 master_addr)
 
 
 def host_store(master_addr: str, master_port: int, timeout_s: float) -> dist.TCPStore:

@@ -49,7 +49,9 @@ async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
         await asyncio.wait_for(engine.join_weight_group(req), timeout=req.timeout_s + 5)
     except (TimeoutError, RuntimeError) as exc:
         engine.leave_weight_group()
-        raise APIError(504, f"could not join weight group epoch {req.epoch}: {exc}",
+        why = str(exc) or (f"the group did not form within {req.timeout_s:g} s: every rank "
+                           f"must reach {req.master_addr}:{req.master_port} and each other")
+        raise APIError(504, f"could not join weight group epoch {req.epoch}: {why}",
                        "weight_sync_error") from exc
     return VersionResponse(policy_version=engine.policy_version)
 

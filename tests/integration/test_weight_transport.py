@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
+import socket
+import struct
+from pathlib import Path
 
 import pytest
 import torch
 
+from contract.net import interface_addresses
 from contract.weight_transport import (
     TensorMeta,
     host_store,
@@ -99,3 +105,59 @@ def test_dead_rank_raises_within_timeout_instead_of_hanging():
 def test_meta_nbytes():
     m = TensorMeta(name="x", dtype="bfloat16", shape=[3, 4])
     assert m.numel == 12 and m.nbytes == 24
+
+
+def _tcp_listeners(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of the IPv4 TCP sockets process ``pid`` listens on (Linux /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+            hex_ip, hex_port = fields[1].split(":")
+            found.add((socket.inet_ntoa(struct.pack("<I", int(hex_ip, 16))), int(hex_port, 16)))
+    return found
+
+
+def _joins_and_reports(addr: str, port: int, q: mp.Queue, done: mp.Queue) -> None:
+    pg = make_process_group("gloo", addr, port, 1, 2, epoch=0, timeout_s=30)
+    q.put(sorted(_tcp_listeners(os.getpid())))
+    done.get(timeout=60)  # stay in the group until the test has looked
+    del pg
+
+
+@pytest.mark.skipif(not Path("/proc/self/net/tcp").exists(), reason="needs Linux /proc")
+def test_gloo_listens_on_the_address_towards_the_master_not_the_hostnames():
+    """Compose put a server on two networks; its hostname resolved to the one the learner is
+    not on, gloo listened there and every weight push timed out. Each rank now listens on its
+    address on the route to the rendezvous: the test picks a master address other than the
+    one the hostname resolves to, so the old behaviour fails it."""
+    try:
+        hostname_addr = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        hostname_addr = None
+    local = sorted(set(interface_addresses().values()) - {hostname_addr})
+    if not local:
+        pytest.skip("this machine has no second local IPv4 address")
+    addr = "127.0.0.1" if "127.0.0.1" in local else local[0]
+    port = free_port(addr)
+    store = host_store(addr, port, timeout_s=30)
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()
+    done: mp.Queue = ctx.Queue()
+    p = ctx.Process(target=_joins_and_reports, args=(addr, port, q, done))
+    p.start()
+    pg = make_process_group("gloo", addr, port, 0, 2, epoch=0, timeout_s=30, store=store)
+    theirs = q.get(timeout=60)
+    ours = _tcp_listeners(os.getpid()) - {("0.0.0.0", port)}
+    done.put("done")
+    p.join(timeout=30)
+    assert p.exitcode == 0
+    assert theirs and {a for a, _ in theirs} == {addr}, theirs
+    assert {a for a, p_ in ours if p_ != port} == {addr}, ours
+    del pg
