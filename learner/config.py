@@ -155,7 +155,8 @@ class LearnerConfig(BaseModel):
     """torch.distributed backend of the weight broadcast (nccl when servers are on GPUs). A
     server on the learner's own GPU gets CUDA IPC handles instead, whatever this says."""
     sync_master_addr: str = "127.0.0.1"
-    """Address the servers reach the learner's rendezvous store at."""
+    """Address the servers reach the learner's rendezvous store at. Every rank's broadcast
+    traffic uses its own address on the route to it (``contract.weight_transport``)."""
     sync_timeout_s: float = Field(default=60.0, gt=0.0)
     """Bound of every wait of one push (HTTP calls and collectives)."""
 
