@@ -24,7 +24,10 @@ at N in flight (goal: server >= 0.95x engine tokens/s), and the engine's own bat
 with other jobs swing with their load, it also prints the CPU time per generated token of the
 serving process (server: the whole ``gspo serve`` process; engine: this process during its
 phases), whose ratio is the throughput ratio whenever generation is CPU-bound, and the
-server's own measure of its time outside the engine (from its Prometheus histograms). On a
+server's own measure of its time outside the engine (from its Prometheus histograms), and
+where the engine thread's wall time went, both ways: on a core, waiting for a core (the
+machine's other load), or asleep (in the server, under load: waiting for the GIL the event
+loop holds). On a
 small machine the client and redis-server share the cores with the server (in a deployment
 they do not): their CPU per request is printed too.
 """
@@ -33,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import re
@@ -54,6 +56,13 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.lib.lean_http import LeanClient  # noqa: E402
+from benchmarks.lib.proc_clocks import (  # noqa: E402
+    busiest_since,
+    cpu_clock,
+    sched_clocks,
+    thread_cpu_ticks,
+)
 from benchmarks.lib.serving_args import model_dir, serving_parser  # noqa: E402
 from contract.net import free_port  # noqa: E402
 from server.engines.base import SamplingParams  # noqa: E402
@@ -126,81 +135,9 @@ def http_server(model: Path, redis_url: str, args: argparse.Namespace
             proc.wait(timeout=10)
 
 
-class LeanClient:
-    """A minimal HTTP/1.1 keep-alive client, one connection per in-flight request: the load
-    generator shares the cores with the server, so it must cost little (httpx: ~5 ms of CPU
-    per request here, a few % of the engine's own CPU per request)."""
-
-    USAGE = re.compile(rb'"completion_tokens":(\d+)')
-
-    def __init__(self, url: str, headers: dict[str, str]) -> None:
-        u = httpx.URL(url)
-        self.host, self.port = u.host, u.port or 80
-        self.extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-
-    async def post_json(self, path: str, body: dict) -> bytes:
-        data = json.dumps(body).encode()
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: "
-                f"application/json\r\nContent-Length: {len(data)}\r\n{self.extra}\r\n")
-        request = head.encode() + data
-        status = b""
-        # a kept-alive connection that sat idle past uvicorn's keep-alive timeout (5 s: a long
-        # engine phase in between) is closed by the server: retried on another one
-        while self.idle and not status:
-            reader, writer = self.idle.pop()
-            status = await self._send(reader, writer, request)
-            if not status:
-                writer.close()
-        if not status:  # a new connection (closed without an answer here: an error below)
-            reader, writer = await asyncio.open_connection(self.host, self.port)
-            writer.write(request)
-            status = await reader.readline()
-        length = 0
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":", 1)[1])
-        payload = await reader.readexactly(length)
-        self.idle.append((reader, writer))
-        if b" 200 " not in status:
-            raise RuntimeError(f"{status!r}: {payload[:300]!r}")
-        return payload
-
-    @staticmethod
-    async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    request: bytes) -> bytes:
-        """The status line of ``request`` on a reused connection; b"" if it was closed."""
-        try:
-            writer.write(request)
-            return await reader.readline()
-        except ConnectionError:
-            return b""
-
-    async def close(self) -> None:
-        for _, writer in self.idle:
-            writer.close()
-
-
 def make_prompts(n: int, prompt_len: int, vocab: int) -> list[list[int]]:
     rng = random.Random(0)
     return [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(n)]
-
-
-def cpu_clock(pid: int | None, thread: int | None = None) -> Callable[[], float]:
-    """CPU seconds (user + system, every thread) used so far by process ``pid`` (None: this
-    one), or by its thread ``thread`` alone (its id; the main thread's is ``pid``). CPU per
-    token is what the server costs on top of the engine whatever else runs on the machine;
-    wall-clock ratios move with other processes' load."""
-    if pid is None:
-        return time.process_time
-    tick = os.sysconf("SC_CLK_TCK")
-    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
-
-    def read() -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-
-    return read
 
 
 @dataclass
@@ -324,7 +261,14 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
 
         # warm-up: a few requests, then on a GPU a whole c=N phase each way (there the first
         # batches of a new size ran several times slower: BENCHMARKS.md, "On an H100")
+        ticks = thread_cpu_ticks(server_pid)
         await both(list(range(4)), 4, False)
+        engine_thread = engine._thread.native_id if engine._thread else None
+        assert engine_thread is not None
+        engine_clocks.update({f"eng_{k}": c for k, c in
+                              sched_clocks(os.getpid(), engine_thread).items()})
+        server_clocks.update({f"eng_{k}": c for k, c in
+                              sched_clocks(server_pid, busiest_since(server_pid, ticks)).items()})
         if args.device != "cpu":
             await both(list(range(n_req)), args.concurrency, False)
         res = Results(c1=[], fixed=[], mixed=[], overhead_s=0.0)
@@ -381,6 +325,14 @@ def _cpu_split(pairs: list[tuple[Phase, Phase]]) -> tuple[float, float, float]:
             med((s.cpu_s["serving"] - s.cpu_s["loop"]) / s.requests * 1e3 for _, s in pairs))
 
 
+def _thread_shares(phases: list[Phase]) -> tuple[float, float]:
+    """Medians of the engine thread's share of each phase's wall time on a core and waiting
+    for one (the rest it slept: for the GIL, or for work)."""
+    med = statistics.median
+    return (med(ph.cpu_s["eng_on_cpu"] / ph.wall_s for ph in phases),
+            med(ph.cpu_s["eng_run_queue"] / ph.wall_s for ph in phases))
+
+
 def report(res: Results, args: argparse.Namespace) -> None:
     n, med = args.concurrency, statistics.median
     lat = [s.latency_s / e.latency_s for e, s in res.c1]
@@ -402,6 +354,11 @@ def report(res: Results, args: argparse.Namespace) -> None:
         print(f"    CPU per request (medians): engine alone {per_req[0]:.2f} ms; server: event "
               f"loop thread {per_req[1]:.2f} ms + its other threads (the engine's) "
               f"{per_req[2]:.2f} ms")
+        shares = [_thread_shares([ph[i] for ph in pairs]) for i in (0, 1)]
+        print(f"    engine thread, share of the phase's wall time (medians): direct on a core "
+              f"{shares[0][0]:.3f}, waiting for a core {shares[0][1]:.3f}; server on a core "
+              f"{shares[1][0]:.3f}, waiting for a core {shares[1][1]:.3f}, asleep "
+              f"{1 - sum(shares[1]):.3f} (under load: waiting for the GIL)")
         sides = ([e for e, _ in pairs], [s for _, s in pairs])
         per = {k: [med(ph.engine.get(k, 0.0) for ph in side) for side in sides]
                for k in COUNTERS}

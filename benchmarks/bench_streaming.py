@@ -36,11 +36,11 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_server import (  # noqa: E402
     API_KEY,
-    cpu_clock,
     http_server,
     make_prompts,
     redis_server,
 )
+from benchmarks.lib.proc_clocks import cpu_clock  # noqa: E402
 from benchmarks.lib.serving_args import model_dir, serving_parser  # noqa: E402
 
 Times = tuple[float, float]  # (first text, end) in seconds
