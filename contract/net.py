@@ -19,11 +19,13 @@ def route_source_address(host: str, port: int) -> str | None:
     for packets to it (a UDP ``connect`` sends nothing). On a machine with several networks it
     is the address ``host`` can reach back, which the hostname's address need not be (a
     container on two Docker networks resolves its hostname to the first one's). None when
-    ``host`` does not resolve or no route leads to it."""
+    ``host`` does not resolve or no route leads to it. IPv4 where ``host`` has both."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     except (OSError, UnicodeError):
         return None
+    # IPv4 first: gloo's ranks must agree on a family, and hostnames resolve to IPv4 there
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
     for family, kind, proto, _, addr in infos:
         try:
             with socket.socket(family, kind, proto) as s:

@@ -23,6 +23,10 @@ def test_the_route_to_a_local_address_starts_from_it():
         assert route_source_address(found[1], 9) == found[1]
 
 
+def test_a_name_with_both_families_routes_over_ipv4():
+    assert route_source_address("localhost", 9) == "127.0.0.1"
+
+
 def test_no_route_or_no_name_gives_none():
     assert route_source_address("no-such-host.invalid", 9) is None
 
