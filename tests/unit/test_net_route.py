@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
-import socket
+import sys
 
 import pytest
 
 from contract import weight_transport
 from contract.net import interface_addresses, interface_of, route_source_address
+
+LINUX = pytest.mark.skipif(sys.platform != "linux", reason="interface addresses: Linux ioctl")
+
+
+def _no_nccl_ifname(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset for the test, and whatever the test sets is undone after it (``delenv`` of an
+    unset variable records nothing to undo)."""
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth-before-the-test")
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
 
 
 def _non_loopback() -> tuple[str, str] | None:
@@ -31,6 +40,7 @@ def test_no_route_or_no_name_gives_none():
     assert route_source_address("no-such-host.invalid", 9) is None
 
 
+@LINUX
 def test_interface_of_names_the_holder():
     held = interface_addresses()
     assert held.get("lo") == "127.0.0.1"
@@ -40,18 +50,18 @@ def test_interface_of_names_the_holder():
     assert interface_of("203.0.113.77") is None  # TEST-NET-3: no interface holds it
 
 
+@LINUX
 def test_nccl_is_pinned_to_the_interface_towards_the_master(monkeypatch: pytest.MonkeyPatch):
     found = _non_loopback()
     if found is None:
         pytest.skip("no non-loopback IPv4 interface on this machine")
-    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    _no_nccl_ifname(monkeypatch)
     weight_transport.pin_nccl_interface(found[1], 29500)
-    assert socket.if_nametoindex(found[0])
     assert os.environ["NCCL_SOCKET_IFNAME"] == f"={found[0]}"
 
 
 def test_nccl_keeps_its_own_choice_on_loopback_and_the_users(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    _no_nccl_ifname(monkeypatch)
     weight_transport.pin_nccl_interface("127.0.0.1", 29500)  # everything on one host
     assert "NCCL_SOCKET_IFNAME" not in os.environ
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
