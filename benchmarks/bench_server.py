@@ -68,7 +68,8 @@ from contract.net import free_port  # noqa: E402
 from server.engines.base import SamplingParams  # noqa: E402
 
 API_KEY = "bench-key"
-COUNTERS = ("decode_steps", "prefills", "coalesce_waits")  # engine counters per phase
+COUNTERS = ("decode_steps", "prefills", "coalesce_waits",  # engine counters per phase
+            "coalesce_wait_seconds")
 
 
 def wait_until(check: Callable[[], bool], proc: subprocess.Popen, what: str,
@@ -325,12 +326,14 @@ def _cpu_split(pairs: list[tuple[Phase, Phase]]) -> tuple[float, float, float]:
             med((s.cpu_s["serving"] - s.cpu_s["loop"]) / s.requests * 1e3 for _, s in pairs))
 
 
-def _thread_shares(phases: list[Phase]) -> tuple[float, float]:
-    """Medians of the engine thread's share of each phase's wall time on a core and waiting
-    for one (the rest it slept: for the GIL, or for work)."""
+def _thread_shares(phases: list[Phase]) -> tuple[float, float, float]:
+    """Medians of the engine thread's share of each phase's wall time on a core, waiting for
+    one, and waiting in the engine's coalescing window (it sleeps there by design: the rest of
+    its sleep, under load, is waiting for the GIL)."""
     med = statistics.median
     return (med(ph.cpu_s["eng_on_cpu"] / ph.wall_s for ph in phases),
-            med(ph.cpu_s["eng_run_queue"] / ph.wall_s for ph in phases))
+            med(ph.cpu_s["eng_run_queue"] / ph.wall_s for ph in phases),
+            med(ph.engine.get("coalesce_wait_seconds", 0.0) / ph.wall_s for ph in phases))
 
 
 def report(res: Results, args: argparse.Namespace) -> None:
@@ -354,11 +357,13 @@ def report(res: Results, args: argparse.Namespace) -> None:
         print(f"    CPU per request (medians): engine alone {per_req[0]:.2f} ms; server: event "
               f"loop thread {per_req[1]:.2f} ms + its other threads (the engine's) "
               f"{per_req[2]:.2f} ms")
-        shares = [_thread_shares([ph[i] for ph in pairs]) for i in (0, 1)]
+        (d_cpu, d_queue, d_win), (s_cpu, s_queue, s_win) = (
+            _thread_shares([ph[i] for ph in pairs]) for i in (0, 1))
         print(f"    engine thread, share of the phase's wall time (medians): direct on a core "
-              f"{shares[0][0]:.3f}, waiting for a core {shares[0][1]:.3f}; server on a core "
-              f"{shares[1][0]:.3f}, waiting for a core {shares[1][1]:.3f}, asleep "
-              f"{1 - sum(shares[1]):.3f} (under load: waiting for the GIL)")
+              f"{d_cpu:.3f}, waiting for a core {d_queue:.3f}, in coalescing windows "
+              f"{d_win:.3f}; server on a core {s_cpu:.3f}, waiting for a core {s_queue:.3f}, "
+              f"asleep {1 - s_cpu - s_queue:.3f} (in coalescing windows {s_win:.3f}, the rest "
+              f"waiting for the GIL)")
         sides = ([e for e, _ in pairs], [s for _, s in pairs])
         per = {k: [med(ph.engine.get(k, 0.0) for ph in side) for side in sides]
                for k in COUNTERS}
