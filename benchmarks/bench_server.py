@@ -262,14 +262,12 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
 
         # warm-up: a few requests, then on a GPU a whole c=N phase each way (there the first
         # batches of a new size ran several times slower: BENCHMARKS.md, "On an H100")
-        ticks = thread_cpu_ticks(server_pid)
+        # the engine threads, both ways: the busiest thread of each process in the warm-up
+        ticks = {pid: thread_cpu_ticks(pid) for pid in (os.getpid(), server_pid)}
         await both(list(range(4)), 4, False)
-        engine_thread = engine._thread.native_id if engine._thread else None
-        assert engine_thread is not None
-        engine_clocks.update({f"eng_{k}": c for k, c in
-                              sched_clocks(os.getpid(), engine_thread).items()})
-        server_clocks.update({f"eng_{k}": c for k, c in
-                              sched_clocks(server_pid, busiest_since(server_pid, ticks)).items()})
+        for pid, clocks in ((os.getpid(), engine_clocks), (server_pid, server_clocks)):
+            thread = busiest_since(pid, ticks[pid])
+            clocks.update({f"eng_{k}": c for k, c in sched_clocks(pid, thread).items()})
         if args.device != "cpu":
             await both(list(range(n_req)), args.concurrency, False)
         res = Results(c1=[], fixed=[], mixed=[], overhead_s=0.0)
