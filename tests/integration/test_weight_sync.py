@@ -8,6 +8,7 @@ within 1e-4 (float32, CPU), for tied and untied input/output embeddings.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -137,3 +138,43 @@ def test_admin_routes_refuse_the_api_key(tiny_model_dir, redis_url):
                        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
                        json={"epoch": 0, "version": 1, "tensors": []})
         assert r.status_code == 422  # at least one tensor
+
+
+def _join(url: str, port: int, epoch: int, timeout_s: float) -> httpx.Response:
+    return httpx.post(f"{url}/admin/weights/join",
+                      headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                      json={"master_addr": "127.0.0.1", "master_port": port, "rank": 1,
+                            "world_size": 2, "epoch": epoch, "timeout_s": timeout_s},
+                      timeout=60)
+
+
+def _assert_reasoned_504(r: httpx.Response, epoch: int) -> None:
+    assert r.status_code == 504, r.text
+    error = r.json()["error"]
+    assert error["type"] == "weight_sync_error"
+    head = f"could not join weight group epoch {epoch}: "
+    assert error["message"].startswith(head) and len(error["message"]) > len(head) + 10, error
+
+
+def test_a_join_whose_group_never_forms_says_why(tiny_model_dir, redis_url):
+    """The learner hosts the store and never joins: 504 with gloo's reason. And where the
+    group's set-up outlasts the route's own wait (compose: the learner's connects to an
+    address it could not reach were retried past it; that cannot be set up on one machine,
+    so the engine's join is made to take that long) the 504 says what did not form instead
+    of ending in an empty reason, as it did."""
+    from contract.weight_transport import JoinRequest, host_store
+
+    port = free_port()
+    store = host_store("127.0.0.1", port, timeout_s=10)
+    with running_server(tiny_model_dir, redis_url) as served:
+        _assert_reasoned_504(_join(served.url, port, epoch=7, timeout_s=2), epoch=7)
+        engine = served.app.state.engine
+
+        async def outlasts(req: JoinRequest) -> None:
+            await asyncio.sleep(req.timeout_s + 30)
+
+        engine.join_weight_group = outlasts
+        r = _join(served.url, port, epoch=8, timeout_s=0.5)
+    del store
+    _assert_reasoned_504(r, epoch=8)
+    assert "did not form within 0.5 s" in r.json()["error"]["message"]
