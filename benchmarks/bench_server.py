@@ -146,7 +146,9 @@ class Phase:
     tokens: int
     requests: int
     wall_s: float
-    cpu_s: dict[str, float]  # "serving": the serving process; others: client, redis
+    # CPU seconds: "serving" (the serving process), "client", "redis", "loop"; and the engine
+    # thread's "eng_on_cpu" / "eng_run_queue" seconds (on a core / waiting for one)
+    cpu_s: dict[str, float]
     latency_s: float  # mean per request
     engine: dict[str, float] = field(default_factory=dict)  # engine counters' increase
 

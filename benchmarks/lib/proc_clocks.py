@@ -9,22 +9,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _ticks(stat: Path) -> int:
+    """utime + stime of a ``/proc/.../stat`` file, in clock ticks."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def cpu_clock(pid: int | None, thread: int | None = None) -> Callable[[], float]:
     """CPU seconds (user + system, every thread) used so far by process ``pid`` (None: this
     one), or by its thread ``thread`` alone (its id; the main thread's is ``pid``). CPU per
     token is what the server costs on top of the engine whatever else runs on the machine;
     wall-clock ratios move with other processes' load."""
-    if pid is None and thread is None:
+    if pid is None:
         return time.process_time
     tick = os.sysconf("SC_CLK_TCK")
-    base = f"/proc/{pid or os.getpid()}"
-    stat = Path(base + "/stat" if thread is None else f"{base}/task/{thread}/stat")
-
-    def read() -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-
-    return read
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    return lambda: _ticks(stat) / tick
 
 
 def thread_cpu_ticks(pid: int) -> dict[int, int]:
@@ -32,10 +32,9 @@ def thread_cpu_ticks(pid: int) -> dict[int, int]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[int(tid)] = _ticks(Path(f"/proc/{pid}/task/{tid}/stat"))
         except OSError:  # the thread ended
             continue
-        out[int(tid)] = int(fields[11]) + int(fields[12])
     return out
 
 
