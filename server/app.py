@@ -114,7 +114,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         app.state.engine, app.state.redis, app.state.keys, app.state.store = (
             engine, redis, keys, store)
-        counter = InFlightCounter(redis, keys, settings.server_id)
+        counter = InFlightCounter(redis, keys, settings.server_id, store.pipe)
         gate = AdmissionGate(counter, settings, app.state.metrics,
                              lambda: engine.policy_version)
         app.state.admission = gate

@@ -83,7 +83,7 @@ from contract.redis_schema import (
     member_rollout_id,
     pack_rollout,
 )
-from server.redis_pipe import encode_args, pipe_for, run_script
+from server.redis_pipe import RedisPipe, encode_args, pipe_for, run_script
 from server.reward_scripts import POST_REWARDS, PUBLISH_GROUP
 from server.store_errors import StoreError, StoreReason, item_status, record_error
 from server.store_finish import (
@@ -167,6 +167,12 @@ class RolloutStore:
         self._record_args = encode_args(self._record_ttl, *self._t_rollout, *self._t_map,
                                         *self._t_staging)
         self._new_group_args = encode_args(self._record_ttl, *self._t_map)
+
+    @property
+    def pipe(self) -> RedisPipe | None:
+        """The store's own connection (None: redis-py's, for a TLS or socket client); other
+        readers of the hot path may share it (``server.inflight``)."""
+        return self._pipe
 
     async def aclose(self) -> None:
         """Closes the store's own connection (the hot path's ``RedisPipe``); the redis-py
