@@ -66,3 +66,27 @@ def test_one_read_counts_every_stage(redis_server: RedisServer, tiny_model_dir,
     assert snap.others == 2 + 1 + 3 + 2 + 4
     assert r.smembers(KEYS.admission_servers) == {b"me", b"other"}
     r.close()
+
+
+@pytest.mark.parametrize("through_pipe", [True, False], ids=["pipe", "redis-py"])
+def test_a_read_after_redis_forgot_its_scripts(redis_server: RedisServer,
+                                               through_pipe: bool) -> None:
+    """A restarted Redis has no scripts: the read loads its own again and answers."""
+    url = redis_server.url
+
+    async def go() -> tuple[Snapshot, Snapshot]:
+        client = aioredis.Redis.from_url(url)
+        pipe = pipe_for(client) if through_pipe else None
+        counter = InFlightCounter(client, KEYS, "me", pipe)
+        try:
+            first = await counter.read()
+            await client.script_flush()
+            await client.zadd(KEYS.deadlines, {"g1": 1.0})
+            return first, await counter.read()
+        finally:
+            if pipe is not None:
+                await pipe.aclose()
+            await client.aclose()
+
+    first, second = asyncio.run(go())
+    assert (first.open, second.open) == (0, 1)
