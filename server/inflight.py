@@ -2,7 +2,7 @@
 
 A group is in flight (``contract.admission``) from its admission until it is trained or
 leaves. Each stage of its life is something Redis already holds, so the count is their sum,
-read in one pipelined round trip (plus one ``MGET`` for the other servers):
+read in one round trip (one Lua script, below):
 
 - admitted by a server whose request is still being served (sampling; the group may not be
   in Redis yet): every server publishes its count to ``Keys.admission_pending(id)`` every
