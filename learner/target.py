@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import redis
 
-from contract.admission import undelivered
+from contract.admission import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
 from contract.redis_schema import Keys, as_str
 
 
@@ -78,18 +78,9 @@ def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
     """Groups started and not yet trained or dropped (``server.inflight``'s count, read
     synchronously; the learner's own ``training`` is 0 between its steps): sampling at a
     server, open, complete, or published and not yet read by the learner."""
-    pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.deadlines).scard(keys.complete).xlen(keys.ready_stream)
-    pipe.xinfo_groups(keys.ready_stream).smembers(keys.admission_servers)
-    n_open, n_complete, depth, groups, servers = pipe.execute(raise_on_error=False)
-    for v in (n_open, n_complete, depth, servers):
-        if isinstance(v, Exception):
-            raise v
-    pending = 0
-    if servers:
-        values = client.mget([keys.admission_pending(as_str(s)) for s in servers])
-        pending = sum(int(v) for v in values if v is not None)
-    return int(n_open) + int(n_complete) + undelivered(groups, int(depth)) + pending
+    keys_, args = in_flight_call(keys)
+    f = InFlightFacts.from_reply(client.register_script(IN_FLIGHT_FACTS)(keys_, args))
+    return f.open + f.complete + f.undelivered + f.remote_pending
 
 
 SETTLE_S = 1.5  # > server.inflight.PUBLISH_EVERY_S: a request being sampled shows by then

@@ -24,10 +24,11 @@ publishes ``training`` 0, a dead server's pending key expires, and groups redeli
 restarted learner (pending, trained before its last checkpoint died) are not counted: for
 one batch the count is low by at most the groups it retrains.
 
-A read is one Lua script (``ADMISSION_FACTS``) in one round trip, through the store's
-connection (``server.redis_pipe``) when the server has one: the gate reads up to 20 times a
-second, and the same facts read as six pipelined commands through redis-py (``XINFO GROUPS``
-parsed into dicts) cost ~0.3 ms of the event loop's CPU each (``bench_server_cpu.py``).
+A read is one Lua script (``contract.admission.IN_FLIGHT_FACTS``, the learner drains with it
+too) in one round trip, through the store's connection (``server.redis_pipe``) when the server
+has one: the gate reads up to 20 times a second, and the same facts read as six pipelined
+commands through redis-py (``XINFO GROUPS`` parsed into dicts) cost ~0.3 ms of the event loop's
+CPU each (``bench_server_cpu.py``).
 """
 
 from __future__ import annotations
@@ -40,58 +41,20 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from contract.admission import LearnerParams
-from contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys
+from contract.admission import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
+from contract.redis_schema import Keys
 from server.redis_pipe import RedisPipe, run_script
 
 log = logging.getLogger(__name__)
 PUBLISH_EVERY_S = 1.0
 PENDING_TTL_S = 5
 
-ADMISSION_FACTS = """
--- KEYS: deadlines, complete, ready stream, learner state, admission servers
--- ARGV: the pending keys' prefix, this server's id, the learner's consumer group
--- -> {open, complete, stream length, the group's lag (-1: unknown), other servers' pending,
---     the learner state's HGETALL}; servers whose pending key expired leave the set
-local n_open = redis.call('ZCARD', KEYS[1])
-local n_complete = redis.call('SCARD', KEYS[2])
-local depth = redis.call('XLEN', KEYS[3])
-local lag = -1
-local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[3])  -- no stream yet: an error
-if ok then
-  for _, g in ipairs(groups) do
-    local name, glag = nil, false
-    for i = 1, #g, 2 do
-      if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'lag' then glag = g[i + 1] end
-    end
-    if name == ARGV[3] then
-      if glag then lag = glag end  -- a nil lag: Redis cannot say, the stream's length counts
-      break
-    end
-  end
-end
-local remote = 0
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[5])) do
-  if id ~= ARGV[2] then
-    local v = redis.call('GET', ARGV[1] .. id)
-    if v then remote = remote + tonumber(v) else redis.call('SREM', KEYS[5], id) end
-  end
-end
-return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', KEYS[4])}
-"""
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Snapshot(InFlightFacts):
     """One read of the in-flight facts. ``others``: everything but this server's own
     pending requests (which the gate knows exactly)."""
-
-    open: int
-    complete: int
-    undelivered: int
-    remote_pending: int
-    ready_depth: int
-    learner: LearnerParams
 
     @property
     def others(self) -> int:
@@ -109,21 +72,13 @@ class InFlightCounter:
         self.keys = keys
         self.server_id = server_id
         self.pipe = pipe
-        self._facts = client.register_script(ADMISSION_FACTS)
-        self._keys = [keys.deadlines, keys.complete, keys.ready_stream, keys.learner_state,
-                      keys.admission_servers]
-        self._args = [keys.admission_pending(""), server_id, LEARNER_CONSUMER_GROUP]
+        self._facts = client.register_script(IN_FLIGHT_FACTS)
+        self._keys, self._args = in_flight_call(keys, server_id)
 
     async def read(self) -> Snapshot:
-        """The facts now, in one round trip (``ADMISSION_FACTS``)."""
-        n_open, n_complete, depth, lag, remote, state = await run_script(
-            self.pipe, self.client, self._facts, self._keys, self._args)
-        depth, lag = int(depth), int(lag)
-        return Snapshot(open=int(n_open), complete=int(n_complete),
-                        undelivered=depth if lag < 0 else lag, remote_pending=int(remote),
-                        ready_depth=depth,
-                        learner=LearnerParams.from_hash(dict(zip(state[::2], state[1::2],
-                                                                 strict=True))))
+        """The facts now, in one round trip (``contract.admission.IN_FLIGHT_FACTS``)."""
+        return Snapshot.from_reply(await run_script(self.pipe, self.client, self._facts,
+                                                    self._keys, self._args))
 
     async def publish(self, pending: int) -> None:
         async with self.client.pipeline(transaction=False) as pipe:
