@@ -1,4 +1,4 @@
-"""Cost of the request body checks (``server.limits``) against parsing the same body, in the
+"""Cost of the request body checks (``gspo_rl.server.limits``) against parsing the same body, in the
 same run: the checks run on the event loop, so they must stay a fraction of the JSON parse
 FastAPI does anyway.
 
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from server.limits import check_metadata, check_request_json
+from gspo_rl.server.limits import check_metadata, check_request_json
 
 
 class _Request:

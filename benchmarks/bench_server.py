@@ -64,8 +64,8 @@ from benchmarks.lib.proc_clocks import (  # noqa: E402
     thread_cpu_ticks,
 )
 from benchmarks.lib.serving_args import model_dir, serving_parser  # noqa: E402
-from contract.net import free_port  # noqa: E402
-from server.engines.base import SamplingParams  # noqa: E402
+from gspo_rl.contract.net import free_port  # noqa: E402
+from gspo_rl.server.engines.base import SamplingParams  # noqa: E402
 
 API_KEY = "bench-key"
 COUNTERS = ("decode_steps", "prefills", "coalesce_waits",  # engine counters per phase
@@ -116,7 +116,7 @@ def redis_server(workdir: Path) -> Iterator[tuple[str, int]]:
 def http_server(model: Path, redis_url: str, args: argparse.Namespace
                 ) -> Iterator[tuple[str, int]]:
     port = free_port()
-    cmd = [sys.executable, "-m", "gspo.cli", "serve", "--model", str(model), "--port",
+    cmd = [sys.executable, "-m", "gspo_rl.cli", "serve", "--model", str(model), "--port",
            str(port), "--redis-url", redis_url, "--max-tokens", str(2 * args.max_tokens),
            "--max-batch-size", str(args.max_batch_size), "--device", args.device,
            "--dtype", args.dtype,
@@ -222,7 +222,7 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
     """Pairs (engine, server) at c=1 and at c=N, plus the server's in-server overhead."""
     import torch
 
-    from server.engines.hf import HFEngine
+    from gspo_rl.server.engines.hf import HFEngine
 
     engine = HFEngine(str(model), max_batch_size=args.max_batch_size, device=args.device,
                       dtype=getattr(torch, args.dtype))

@@ -8,7 +8,8 @@ waits for the GIL (``bench_server.py`` measures that loss). This benchmark measu
 loop's side alone, with no engine CPU beside it, so the number is steadier than a throughput
 ratio:
 
-- ours: ``gspo serve``'s app (``server.app.create_app``: FastAPI, the key check, body checks,
+- ours: ``gspo serve``'s app (``gspo_rl.server.app.create_app``: FastAPI, the key check, body
+checks,
   admission, the completion, recording every group in a real Redis, the response) with an
   engine that samples nothing (``benchmarks.lib.instant_engine``: each request ends after a
   random delay, so they end one by one as mixed-length rollouts do);
@@ -44,7 +45,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench_server import _healthy, make_prompts, redis_server, wait_until  # noqa: E402
 from benchmarks.lib.lean_http import LeanClient  # noqa: E402
 from benchmarks.lib.proc_clocks import cpu_clock  # noqa: E402
-from contract.net import free_port  # noqa: E402
+from gspo_rl.contract.net import free_port  # noqa: E402
 
 API_KEY = "bench-key"
 SIDES = ("ours", "floor")
@@ -52,9 +53,9 @@ SIDES = ("ours", "floor")
 
 def serve_ours(model: str, redis_url: str, port: int, delay_s: float) -> None:
     from benchmarks.lib.instant_engine import InstantEngine
-    from server.app import create_app
-    from server.engine_watch import run_server
-    from server.settings import ServerSettings
+    from gspo_rl.server.app import create_app
+    from gspo_rl.server.engine_watch import run_server
+    from gspo_rl.server.settings import ServerSettings
 
     settings = ServerSettings(model=model, redis_url=redis_url, port=port, api_key=API_KEY,
                               admission=False)  # no learner runs here
@@ -194,7 +195,7 @@ def main() -> None:
     if args.serve == "floor":
         serve_floor(args.port, args.delay_ms / 1e3, args.body_bytes)
         return
-    from server.tiny_model import make_tiny_model
+    from gspo_rl.server.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = str(make_tiny_model(Path(tmp) / "tiny", num_layers=1, hidden_size=64))

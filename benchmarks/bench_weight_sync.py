@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/bench_weight_sync.py [--models tiny,0.5b] [--servers 1,2]
 
-Ours: ``learner.weight_sync.BroadcastSync.push`` to real ``gspo serve`` processes (hf engine):
-the HTTP control messages, the bucketed gloo broadcast, each server receiving every bucket,
+Ours: ``gspo_rl.learner.weight_sync.BroadcastSync.push`` to real ``gspo serve`` processes (hf
+engine): the HTTP control messages, the bucketed gloo broadcast, each server receiving every bucket,
 pausing, loading into its model and bumping its version. The first push also builds the
 process group; the table reports it separately and the steady-state median of later pushes.
 Baseline, same run: ``torch.distributed`` broadcast of the same bytes with the same bucket
@@ -36,9 +36,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from contract.redis_schema import Keys  # noqa: E402
-from contract.registry import live_servers  # noqa: E402
-from contract.weight_transport import (  # noqa: E402
+from gspo_rl.contract.redis_schema import Keys  # noqa: E402
+from gspo_rl.contract.registry import live_servers  # noqa: E402
+from gspo_rl.contract.weight_transport import (  # noqa: E402
     DEFAULT_BUCKET_BYTES,
     host_store,
     make_process_group,
@@ -46,14 +46,14 @@ from contract.weight_transport import (  # noqa: E402
     send_tensors,
     tensor_metas,
 )
-from learner.weight_sync import BroadcastSync, named_weights  # noqa: E402
+from gspo_rl.learner.weight_sync import BroadcastSync, named_weights  # noqa: E402
 from tests.conftest import RedisServer, free_port  # noqa: E402
 
 ADMIN = "bench-admin-key"
 
 
 def make_model(kind: str, root: Path) -> Path:
-    from server.tiny_model import make_tiny_model
+    from gspo_rl.server.tiny_model import make_tiny_model
 
     tiny = make_tiny_model(root / "tiny")
     if kind == "tiny":
@@ -81,7 +81,7 @@ def start_servers(model: Path, n: int, redis_url: str, logs: Path) -> list[subpr
         port = free_port()
         log = open(logs / f"server{i}.log", "wb")  # noqa: SIM115
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "gspo.cli", "serve", "--model", str(model), "--port",
+            [sys.executable, "-m", "gspo_rl.cli", "serve", "--model", str(model), "--port",
              str(port), "--redis-url", redis_url, "--server-id", f"bench-{i}",
              "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env))
     client = redis.Redis.from_url(redis_url)

@@ -7,7 +7,7 @@ nearly every step (the cache grows by a column; rows join and leave). cuDNN atte
 an execution graph, on the CPU, for every shape it has not seen. PyTorch 2.11 picks it for
 masked bfloat16 attention on an H100, and the server then ran several times slower than its
 engine until the shapes repeated (BENCHMARKS.md, "On an H100"). The engine's steps now run
-without it (``server.engines.hf_attention.step_backends``).
+without it (``gspo_rl.server.engines.hf_attention.step_backends``).
 
 Three measurements, each "PyTorch's choice" (baseline) against the engine's step backends, in
 the same run:
@@ -15,7 +15,7 @@ the same run:
 1. One masked decode-shaped attention call (32 rows, 4 heads, 1 query, head dim 64), at
    ``--shapes`` cache lengths never seen before: first call (a new shape) and a repeat call.
 2. A training shape (bf16 only): a masked forward + backward at new lengths, as the
-   learner's padded microbatches (``learner.policy``) meet them (lengths from 1,000; 64 on
+   learner's padded microbatches (``gspo_rl.learner.policy``) meet them (lengths from 1,000; 64 on
    the CPU).
 3. The engine's own path (``RunningKV``: prefill then ``--steps`` decode steps of the tiny
    model, a batch size not seen before): ms per step; then the same run again, every shape
@@ -44,8 +44,8 @@ from torch.nn.attention import SDPBackend
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from server.engines import hf_attention  # noqa: E402
-from server.engines.hf_running import RunningKV  # noqa: E402
+from gspo_rl.server.engines import hf_attention  # noqa: E402
+from gspo_rl.server.engines.hf_running import RunningKV  # noqa: E402
 
 WAYS = ("pytorch_choice", "engine_steps")
 
@@ -111,7 +111,7 @@ def engine_steps(model: torch.nn.Module, dev: torch.device, steps: int,
 def training_calls(dev: torch.device, lengths: int, base: int) -> dict[str, float]:
     """Mean ms of a masked bf16 attention forward + backward at a training shape (a padded
     microbatch: 4 rows, 14 heads, head dim 64, causal with left padding), at new lengths
-    (the learner's padded forward, ``learner.policy.Policy._attention``), each way."""
+    (the learner's padded forward, ``gspo_rl.learner.policy.Policy._attention``), each way."""
     out: dict[str, float] = {}
     for i, way in enumerate(WAYS):
         times = []
@@ -148,7 +148,7 @@ def main() -> None:
              if dev.type == "cuda" else ""))
     from transformers import AutoModelForCausalLM
 
-    from server.tiny_model import make_tiny_model
+    from gspo_rl.server.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_model(Path(tmp) / "tiny", num_layers=args.layers,

@@ -1,10 +1,10 @@
 """The environment SDK: what an environment author imports. httpx only, no torch.
 
-    from clients import GSPOClient, SingleTurnEnvironment, run_groups
+    from gspo_rl.client import GSPOClient, SingleTurnEnvironment, run_groups
 """
 
-from clients.client import AsyncGSPOClient, GSPOClient, Rollout, RolloutGroup
-from clients.environment import (
+from gspo_rl.client.client import AsyncGSPOClient, GSPOClient, Rollout, RolloutGroup
+from gspo_rl.client.environment import (
     EpisodeResult,
     EpisodeSession,
     MultiTurnEnvironment,
@@ -12,7 +12,7 @@ from clients.environment import (
     arun_groups,
     run_groups,
 )
-from clients.errors import (
+from gspo_rl.client.errors import (
     APIStatusError,
     AuthenticationError,
     BadRequestError,

@@ -3,7 +3,7 @@
 Chat completions go through the official ``openai`` client (see clients/examples); these
 clients cover what the OpenAI API has no word for. Retries: connection errors, timeouts and
 502/503/504 are retried with exponential backoff; 4xx never are. A 503 that holds a new group
-back (``too_many_groups_in_flight``: the learner is behind, ``server.admission``; or
+back (``too_many_groups_in_flight``: the learner is behind, ``gspo_rl.server.admission``; or
 ``ready_queue_full``; ``training_finished``: the learner met its goal, a warning says so once a
 minute) is backpressure, not a failure: it is retried after the server's
 ``Retry-After`` for as long as ``RetryPolicy.admission_patience_s`` allows (default: as long
@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from clients.errors import ServerUnavailable, error_for_status
+from gspo_rl.client.errors import ServerUnavailable, error_for_status
 
 _RETRY_STATUS = {502, 503, 504}
 ADMISSION_CODES = frozenset({"too_many_groups_in_flight", "ready_queue_full",
@@ -33,7 +33,7 @@ ADMISSION_CODES = frozenset({"too_many_groups_in_flight", "ready_queue_full",
 FINISHED_CODE = "training_finished"
 FINISHED_WARN_EVERY_S = 60.0
 _MAX_RETRY_AFTER_S = 30.0
-log = logging.getLogger("clients.client")
+log = logging.getLogger("gspo_rl.client.client")
 
 
 @dataclass

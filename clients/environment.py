@@ -19,7 +19,7 @@ its task is played again as a new group, up to ``k`` times (``RunStats.resampled
 the task can yield different rewards on another try.
 
 Errors are never turned into a reward: a group whose episode, sampling or scoring
-raises is retried or abandoned (``clients.failures.FailurePolicy``), counted in ``RunStats``,
+raises is retried or abandoned (``gspo_rl.client.failures.FailurePolicy``), counted in ``RunStats``,
 and the run goes on.
 """
 
@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from clients.client import AsyncGSPOClient, RetryPolicy
-from clients.failures import FailurePolicy, RunStats, record_failure
+from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
+from gspo_rl.client.failures import FailurePolicy, RunStats, record_failure
 
 
 @dataclass

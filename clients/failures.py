@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
-log = logging.getLogger("clients.environment")
+log = logging.getLogger("gspo_rl.client.environment")
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clients.environment import Environment, MultiTurnEnvironment, SingleTurnEnvironment
+from gspo_rl.client.environment import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 
-BUILTIN = {"alphabet": ("clients.examples.alphabet", "AlphabetEnvironment"),
-           "calculator": ("clients.examples.calculator", "CalculatorEnvironment")}
+BUILTIN = {"alphabet": ("gspo_rl.client.examples.alphabet", "AlphabetEnvironment"),
+           "calculator": ("gspo_rl.client.examples.calculator", "CalculatorEnvironment")}
 
 
 def _module(where: str) -> Any:

@@ -21,7 +21,7 @@ learner's parameters would give at lag 0 if known, else their own fallback.
 The learner publishes, in ``Keys.learner_state`` (a hash, next to ``version`` and ``step``):
 ``max_staleness`` (-1: none), ``groups_per_step``, ``training`` (groups of the batch it is
 training now, 0 between steps) and ``finished`` (empty while it trains; once it has met its
-goal, e.g. a target reward (``learner.target``), why it stops: servers then start no new
+goal, e.g. a target reward (``gspo_rl.learner.target``), why it stops: servers then start no new
 group, 503 ``training_finished``, until a learner publishes an empty ``finished`` again).
 """
 
@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys
+from gspo_rl.contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys
 
 FIELD_VERSION = "version"
 FIELD_MAX_STALENESS = "max_staleness"
@@ -130,8 +130,8 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[5])) do
 end
 return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', KEYS[4])}
 """
-"""The facts the in-flight count is made of, in one round trip (``server.inflight`` reads it
-for the gate, ``learner.target`` to drain); ``in_flight_call`` gives its keys and arguments,
+"""The facts the in-flight count is made of, in one round trip (``gspo_rl.server.inflight`` reads it
+for the gate, ``gspo_rl.learner.target`` to drain); ``in_flight_call`` gives its keys and arguments,
 ``InFlightFacts.from_reply`` reads its reply."""
 
 

@@ -19,7 +19,7 @@ only, so both ends use their own GPU (the learner its model's device, a server i
 worker's device) and buckets are received straight into GPU memory; gloo moves host tensors,
 so both ends use the CPU (the engine then copies to its device on load). A learner and a server
 on the same GPU cannot form an NCCL group (NCCL refuses two ranks on one device): they use the
-CUDA IPC path of ``contract.cuda_ipc`` instead, chosen by ``choose_transport``.
+CUDA IPC path of ``gspo_rl.contract.cuda_ipc`` instead, chosen by ``choose_transport``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, Field
 
-from contract.net import interface_of, route_source_address
+from gspo_rl.contract.net import interface_of, route_source_address
 
 Backend = Literal["gloo", "nccl"]
 Transport = Literal["gloo", "nccl", "ipc"]

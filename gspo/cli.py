@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from gspo.cli_options import parameters, with_parameters
+from gspo_rl.cli_options import parameters, with_parameters
 
 app = typer.Typer(
     name="gspo",
@@ -20,7 +20,7 @@ app = typer.Typer(
 @app.command()
 def version() -> None:
     """Print the installed version."""
-    from gspo import __version__
+    from gspo_rl import __version__
 
     typer.echo(__version__)
 
@@ -35,7 +35,7 @@ def tiny_model(
     vocab_size: int = typer.Option(1024, help="Vocabulary size of model and tokenizer."),
 ) -> None:
     """Write a tiny random Qwen2 model (config, tokenizer, weights) made locally."""
-    from server.tiny_model import make_tiny_model
+    from gspo_rl.server.tiny_model import make_tiny_model
 
     out = make_tiny_model(
         path, seed=seed, tie_embeddings=tied, num_layers=layers, hidden_size=hidden,
@@ -46,7 +46,7 @@ def tiny_model(
 
 def serve(**params: Any) -> None:
     """Run the rollout server (HTTP API + engine). Unset flags fall back to GSPO_* env vars."""
-    from gspo.engine_args import serve_flags
+    from gspo_rl.engine_args import serve_flags
 
     try:
         flags = serve_flags(params)
@@ -55,7 +55,7 @@ def serve(**params: Any) -> None:
         raise typer.Exit(2) from exc
     from pydantic import ValidationError
 
-    from server.settings import ServerSettings
+    from gspo_rl.server.settings import ServerSettings
 
     try:
         settings = ServerSettings(**flags)
@@ -65,13 +65,13 @@ def serve(**params: Any) -> None:
                  for e in exc.errors()]
         typer.echo("invalid server settings:\n" + "\n".join(lines), err=True)
         raise typer.Exit(2) from exc
-    from server.app import create_app
-    from server.engine_watch import run_server
+    from gspo_rl.server.app import create_app
+    from gspo_rl.server.engine_watch import run_server
 
     code = run_server(create_app(settings), host=settings.host, port=settings.port,
                       log_level=params["log_level"], timeout_graceful_shutdown=30,
                       timeout_keep_alive=settings.keep_alive_s)
-    if code:  # the engine died (server.engine_watch) or the app failed to start
+    if code:  # the engine died (gspo_rl.server.engine_watch) or the app failed to start
         raise typer.Exit(code)
 
 
@@ -102,7 +102,7 @@ def learn(**params: Any) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pydantic import ValidationError
 
-    from learner.config import LearnerConfig
+    from gspo_rl.learner.config import LearnerConfig
 
     try:
         cfg = LearnerConfig.from_toml(config, **flags)
@@ -114,8 +114,8 @@ def learn(**params: Any) -> None:
             msg = f"  {exc}"
         typer.echo("invalid learner settings:\n" + msg, err=True)
         raise typer.Exit(2) from exc
-    from learner.progress import RedisUnavailable
-    from learner.run import run_learner
+    from gspo_rl.learner.progress import RedisUnavailable
+    from gspo_rl.learner.run import run_learner
 
     try:
         state = run_learner(cfg)
@@ -152,9 +152,9 @@ def env(
     """Run an environment against a rollout server (reads env GSPO_API_KEY)."""
     import os
 
-    from clients.environment import run_and_print
-    from clients.failures import FailurePolicy
-    from clients.loading import BUILTIN, load_environment
+    from gspo_rl.client.environment import run_and_print
+    from gspo_rl.client.failures import FailurePolicy
+    from gspo_rl.client.loading import BUILTIN, load_environment
 
     try:
         size = group_size if group_size is not None else (8 if name in BUILTIN else None)
@@ -199,8 +199,8 @@ def up(
     """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
     from pathlib import Path
 
-    from gspo.run_dir import RunDirError
-    from gspo.up import UpConfig, run_up
+    from gspo_rl.run_dir import RunDirError
+    from gspo_rl.up import UpConfig, run_up
 
     cfg = UpConfig(run_dir=Path(run_dir), model=model, redis_url=redis_url, loss=loss,
                    max_steps=max_steps, groups_per_step=groups_per_step,

@@ -7,7 +7,7 @@ costs seconds (torch, redis), too much for every ``gspo`` call, so ``generate()`
 the CLI needs to ``gspo/cli_options.json``; the CLI reads only that file, and
 tests/unit/test_cli_options.py fails when it is not what the models generate now:
 
-    .venv/bin/python -m gspo.cli_options      # regenerate after changing a field
+    .venv/bin/python -m gspo_rl.cli_options      # regenerate after changing a field
 
 Every generated option defaults to None ("not passed"): an unset flag leaves the value to the
 TOML file, the GSPO_* environment and the field's default, in that model's precedence.
@@ -109,8 +109,8 @@ def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
 
 def generate() -> dict[str, Any]:
     """What the CLI's options are, from the models (imports them: slow)."""
-    from learner.config import LearnerConfig
-    from server.settings import ServerSettings
+    from gspo_rl.learner.config import LearnerConfig
+    from gspo_rl.server.settings import ServerSettings
 
     return {
         "serve": _options(ServerSettings, SERVE, "GSPO_"),

@@ -28,9 +28,9 @@ from typing import IO, Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from contract.net import free_port
-from gspo.run_dir import set_aside_previous_run
-from gspo.runlog import (
+from gspo_rl.contract.net import free_port
+from gspo_rl.run_dir import set_aside_previous_run
+from gspo_rl.runlog import (
     ENV_WINDOW,
     JsonlTail,
     moving,
@@ -74,7 +74,7 @@ class UpConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """vLLM's share of the GPU when it shares it with the learner."""
     admission: bool = True
-    """The server's admission control (``server.admission``): new groups wait while as
+    """The server's admission control (``gspo_rl.server.admission``): new groups wait while as
     many are in flight as the learner can train within ``max_staleness``. False: the
     environment runs ahead unbounded (for comparison: stale groups are dropped)."""
     extra_learn_args: list[str] = Field(default_factory=list)
@@ -109,7 +109,7 @@ class UpResult:
             lines.append("learner reward (trained groups, equal-reward groups excluded): last "
                          f"steps {sum(tail) / len(tail):.2f}")
         if self.groups is not None:
-            from learner.metrics import fates_line
+            from gspo_rl.learner.metrics import fates_line
 
             lines.append(fates_line(self.groups))
         lines.append(f"metrics: {self.metrics_path}")
@@ -187,13 +187,13 @@ def _start_redis(procs: Processes, run_dir: Path) -> str:
 
 
 def _gspo(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gspo.cli", *args]
+    return [sys.executable, "-m", "gspo_rl.cli", *args]
 
 
 def _server_device_args(cfg: UpConfig) -> list[str]:
     """Server flags for ``cfg.device``. Server and learner on one GPU: the learner passes
-    its weights as CUDA IPC handles (chosen automatically, ``contract.weight_transport``), and
-    vLLM takes only ``gpu_memory_utilization`` of the GPU so that the learner fits. float32
+    its weights as CUDA IPC handles (chosen automatically, ``gspo_rl.contract.weight_transport``),
+    and vLLM takes only ``gpu_memory_utilization`` of the GPU so that the learner fits. float32
     on every device: the learner uses the servers' log-probabilities as pi_old ("behavior"),
     exact only when both sides compute in the same dtype (README, "On GPUs")."""
     args = ["--engine", cfg.engine, "--dtype", "float32"]
@@ -212,7 +212,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     redis_url = cfg.redis_url or _start_redis(procs, cfg.run_dir)
     model = cfg.model
     if model is None:
-        from server.tiny_model import make_tiny_model
+        from gspo_rl.server.tiny_model import make_tiny_model
 
         model = str(make_tiny_model(cfg.run_dir / "model", seed=cfg.seed))
     api_key, admin_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
@@ -226,7 +226,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     url = f"http://127.0.0.1:{port}"
     # The learner starts while the server does (their imports and model loads overlap): it
     # pushes its weights to the servers registered when it is ready, and to any that
-    # registers later (``learner.healing``), so the order does not matter. Not with vLLM: it
+    # registers later (``gspo_rl.learner.healing``), so the order does not matter. Not with vLLM: it
     # sizes its KV cache from the GPU memory free when it starts, which the learner would take.
     if cfg.engine == "vllm":
         _wait_http(f"{url}/health", procs, "server", timeout_s=120)
@@ -266,11 +266,11 @@ def _status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str
 
 
 def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
-    """The fate of every group of the run, from Redis (``learner.metrics.group_fates``)."""
+    """The fate of every group of the run, from Redis (``gspo_rl.learner.metrics.group_fates``)."""
     import redis
 
-    from contract.redis_schema import Keys
-    from learner.metrics import group_fates
+    from gspo_rl.contract.redis_schema import Keys
+    from gspo_rl.learner.metrics import group_fates
 
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     try:
@@ -282,10 +282,10 @@ def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
 async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics: Path,
                  procs: Processes, on_status: Any) -> None:
     """Run the example environment until the learner finishes (its step cap, or the target
-    reward: ``learner.target``) or the clock runs out; surface any child's crash at once."""
-    from clients.client import AsyncGSPOClient
-    from clients.environment import arun_groups
-    from clients.examples.alphabet import AlphabetEnvironment
+    reward: ``gspo_rl.learner.target``) or the clock runs out; surface any child's crash at once."""
+    from gspo_rl.client.client import AsyncGSPOClient
+    from gspo_rl.client.environment import arun_groups
+    from gspo_rl.client.examples.alphabet import AlphabetEnvironment
 
     env = AlphabetEnvironment(group_size=cfg.group_size)
     stop = asyncio.Event()

@@ -1,4 +1,4 @@
-"""The learner's side of the credit rule (``contract.credit``): per-token advantages of a
+"""The learner's side of the credit rule (``gspo_rl.contract.credit``): per-token advantages of a
 ready group for the per-token loss kinds, and the advantage function each loss kind uses."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from contract.credit import AdvantageConfig, group_turn_advantages, token_advantages
-from contract.redis_schema import ReadyGroup
+from gspo_rl.contract.credit import AdvantageConfig, group_turn_advantages, token_advantages
+from gspo_rl.contract.redis_schema import ReadyGroup
 
 
 class TurnAdvantages:
-    """``learner.batching.AdvantageFn`` of the per-token kinds (gspo_token, grpo, sapo): the
-    credit rule (``contract.credit``), spread over each rollout's model turns.
+    """``gspo_rl.learner.batching.AdvantageFn`` of the per-token kinds (gspo_token, grpo, sapo): the
+    credit rule (``gspo_rl.contract.credit``), spread over each rollout's model turns.
 
     A group published with per-turn advantages (``ReadyGroup.turn_advantages``, computed by
     the server with its ``AdvantageConfig``) uses them as they are. One without (records
@@ -60,7 +60,7 @@ def advantage_fn_for(kind: str) -> Callable[[ReadyGroup, int], float | np.ndarra
     """The advantage function a loss kind trains with: "gspo" takes one advantage per
     sequence (per-token advantages are refused by design); the others take per-token ones."""
     if kind == "gspo":
-        from learner.batching import sequence_advantage
+        from gspo_rl.learner.batching import sequence_advantage
 
         return sequence_advantage
     return TurnAdvantages()

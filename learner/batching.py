@@ -18,7 +18,7 @@ Two levels, because they answer different questions:
   (longest first) and cut greedily so that ``rows x longest row <= micro_batch_tokens``. Rows
   are right-padded to the longest row of their own microbatch only. Sorting makes neighbours
   similar in length, so the padding left is small (``padding_fraction`` in the plan measures
-  it); it is not zero. With ``packed`` (the GPU default, ``learner.packing``) the policy
+  it); it is not zero. With ``packed`` (the GPU default, ``gspo_rl.learner.packing``) the policy
   feeds each microbatch as one packed row, the budget counts real tokens (sum of lengths)
   and no padding goes through the model; the microbatch is still collated padded here.
 
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from contract.redis_schema import ReadyGroup, RolloutRecord
-from learner.reader import Batch
+from gspo_rl.contract.redis_schema import ReadyGroup, RolloutRecord
+from gspo_rl.learner.reader import Batch
 
-logger = logging.getLogger("learner.loop")
+logger = logging.getLogger("gspo_rl.learner.loop")
 
 AdvantageFn = Callable[[ReadyGroup, int], float | np.ndarray]
 
@@ -65,7 +65,7 @@ class Sample:
     advantage: float | np.ndarray  # scalar, or float32 [L] per-token advantages
     rollout_id: str
     group_index: int  # index of the group in the step's list
-    top_p: float = 1.0  # the sampler's cut (contract.sampling_dist): 1 and 0 are "off"
+    top_p: float = 1.0  # the sampler's cut (gspo_rl.contract.sampling_dist): 1 and 0 are "off"
     top_k: int = 0
 
     @property

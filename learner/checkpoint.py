@@ -16,7 +16,7 @@ checkpoint directory without ``learner_state.json`` is never listed.
 
 The reader position is the list of ready-stream entry ids trained since the previous
 checkpoint. They are acknowledged only after this checkpoint is durable, and acknowledged
-again (idempotent) on resume: see ``learner.loop`` for the exactly-once argument.
+again (idempotent) on resume: see ``gspo_rl.learner.loop`` for the exactly-once argument.
 """
 
 from __future__ import annotations

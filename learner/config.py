@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from contract.redis_schema import DEFAULT_PREFIX
-from learner.losses import LossConfig
+from gspo_rl.contract.redis_schema import DEFAULT_PREFIX
+from gspo_rl.learner.losses import LossConfig
 
 OldLogprobsMode = Literal["behavior", "recompute"]
 
@@ -34,7 +34,8 @@ class LearnerConfig(BaseModel):
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis holding the ready-group stream, the counters and the learner state."""
     key_prefix: str = DEFAULT_PREFIX
-    """Prefix of every Redis key (``contract.redis_schema.Keys``); must match the servers'."""
+    """Prefix of every Redis key (``gspo_rl.contract.redis_schema.Keys``); must match the
+    servers'."""
     consumer: str = "learner-0"
     """Consumer name in the Redis consumer group; keep it stable across restarts."""
 
@@ -87,14 +88,15 @@ class LearnerConfig(BaseModel):
     """On CUDA, run forward passes under bf16 autocast (weights and optimiser stay float32)."""
     gradient_checkpointing: bool | None = None
     """Recompute activations in backward (less memory, ~30% more compute). ``None``: chosen
-    by size on CUDA (``learner.speed.needs_checkpointing``), off on the CPU."""
+    by size on CUDA (``gspo_rl.learner.speed.needs_checkpointing``), off on the CPU."""
     param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Parameter dtype. "bfloat16": bf16 weights and activations, float32 master weights and
-    AdamW state held by the optimizer (``learner.precision``). "auto": bfloat16 on CUDA
+    AdamW state held by the optimizer (``gspo_rl.learner.precision``). "auto": bfloat16 on CUDA
     (unless FSDP2-sharded), float32 on the CPU (exact)."""
     packing: Literal["auto", "on", "off"] = "auto"
     """Run each microbatch as one packed row (no padding, variable-length attention;
-    ``learner.packing``); ``micro_batch_tokens`` then counts real tokens. "auto": on CUDA."""
+    ``gspo_rl.learner.packing``); ``micro_batch_tokens`` then counts real tokens.
+    "auto": on CUDA."""
     compile: Literal["auto", "on", "off"] = "auto"
     """``torch.compile`` each decoder layer (fuses the norms, rotary embeddings and MLP
     activations; the attention stays eager). "auto": on CUDA with bf16 parameters, where it
@@ -109,7 +111,8 @@ class LearnerConfig(BaseModel):
     data_parallel: Literal["auto", "allreduce", "fsdp2"] = "auto"
     """Under ``torchrun`` with several ranks: "allreduce" keeps a full replica per rank and
     sums gradients; "fsdp2" shards weights, gradients and optimiser state
-    (``learner.fsdp``); "auto" is fsdp2 on CUDA, allreduce on CPU. Ignored by one process."""
+    (``gspo_rl.learner.fsdp``); "auto" is fsdp2 on CUDA, allreduce on CPU. Ignored by one
+    process."""
     seed: int = 0
     """Seeds torch, numpy and random at start (restored from the checkpoint on resume)."""
     max_steps: int | None = Field(default=None, ge=1)
@@ -118,7 +121,8 @@ class LearnerConfig(BaseModel):
     """Stop once the environment's mean reward over its last ``target_window`` finished groups
     (every group it scored, trained or dropped for equal rewards) reaches this: the task is
     learned. The servers then start no new group, the groups in flight are trained, a
-    checkpoint is saved and the learner returns (``gspo learn`` exits 0; ``learner.target``).
+    checkpoint is saved and the learner returns (``gspo learn`` exits 0;
+    ``gspo_rl.learner.target``).
     ``None`` or 0: no target (train until ``max_steps`` or a signal)."""
     target_window: int = Field(default=32, ge=1)
     """Groups the ``target_reward`` mean is taken over (finished since this learner started)."""
@@ -146,7 +150,7 @@ class LearnerConfig(BaseModel):
     sync_every: int = Field(default=1, ge=1)
     """Push weights to the rollout servers every k steps."""
     weight_sync: Literal["none", "broadcast"] = "broadcast"
-    """"broadcast": push to every live registered server (``learner.weight_sync``; none
+    """"broadcast": push to every live registered server (``gspo_rl.learner.weight_sync``; none
     registered: nothing to send); "none": servers keep their weights (offline training,
     tests): a loud warning at start and on every step line while servers are registered."""
     admin_key: SecretStr | None = None
@@ -156,7 +160,7 @@ class LearnerConfig(BaseModel):
     server on the learner's own GPU gets CUDA IPC handles instead, whatever this says."""
     sync_master_addr: str = "127.0.0.1"
     """Address the servers reach the learner's rendezvous store at. Every rank's broadcast
-    traffic uses its own address on the route to it (``contract.weight_transport``)."""
+    traffic uses its own address on the route to it (``gspo_rl.contract.weight_transport``)."""
     sync_timeout_s: float = Field(default=60.0, gt=0.0)
     """Bound of every wait of one push (HTTP calls and collectives)."""
 

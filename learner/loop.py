@@ -2,17 +2,18 @@
 
 Components (each behind a small interface, wired here):
 
-- ``GroupReader`` (``learner.reader``): batches of ready groups from the Redis stream, stale
+- ``GroupReader`` (``gspo_rl.learner.reader``): batches of ready groups from the Redis stream, stale
   ones dropped and counted; delivered groups stay pending until acknowledged.
-- ``Trainer`` (``learner.trainer``) on a ``Policy`` (``learner.policy``): one step per batch.
-- ``save_checkpoint`` / ``load_latest`` (``learner.checkpoint``): durable HF-format state.
-- ``WeightSync`` (``learner.sync_base``): pushes weights to the rollout servers.
-- ``MetricsLogger`` (``learner.metrics``): terminal, JSONL, TensorBoard.
+- ``Trainer`` (``gspo_rl.learner.trainer``) on a ``Policy`` (``gspo_rl.learner.policy``): one step
+per batch.
+- ``save_checkpoint`` / ``load_latest`` (``gspo_rl.learner.checkpoint``): durable HF-format state.
+- ``WeightSync`` (``gspo_rl.learner.sync_base``): pushes weights to the rollout servers.
+- ``MetricsLogger`` (``gspo_rl.learner.metrics``): terminal, JSONL, TensorBoard.
 
 One iteration: ``read_batch`` -> ``trainer.step`` -> version += 1 -> every ``sync_every``
 steps push the weights -> every ``save_every`` steps checkpoint, *then* ack the groups trained
 since the previous checkpoint -> publish version, step and the admission parameters to
-``Keys.learner_state`` (``learner.published``) -> log.
+``Keys.learner_state`` (``gspo_rl.learner.published``) -> log.
 
 Exactly-once, relative to the model that survives: a group is acknowledged only after a
 checkpoint that contains its update is durable, and the checkpoint records the ids it covers.
@@ -32,16 +33,16 @@ Healing (any component may restart): the learner pushes its weights at start, an
 seconds, to the registered servers again when one's heartbeat reports a version older than
 the last push (a restarted server is back at 0: without the push every group it samples would
 be too stale to train, and nothing would ever be pushed), also while it has nothing to train.
-Redis errors are retried with back-off (``learner.progress.RedisRetry``) for
+Redis errors are retried with back-off (``gspo_rl.learner.progress.RedisRetry``) for
 ``redis_retry_s``, then ``RedisUnavailable`` ends the run (``gspo learn`` exits 75). Every
-state without progress is logged and recorded (``learner.progress.ProgressMonitor``).
+state without progress is logged and recorded (``gspo_rl.learner.progress.ProgressMonitor``).
 
-Stopping (signals: ``learner.run``): SIGINT / SIGTERM finish the current step, checkpoint, ack
-and return; a second signal aborts at once (unacked groups are redelivered on the next start).
-A batch that was being read when the stop request arrived is still trained (it is the current
-step), then checkpointed and acknowledged on exit. With ``target_reward`` the learner also
+Stopping (signals: ``gspo_rl.learner.run``): SIGINT / SIGTERM finish the current step,
+checkpoint, ack and return; a second signal aborts at once (unacked groups are redelivered on the
+next start). A batch that was being read when the stop request arrived is still trained (it is the
+current step), then checkpointed and acknowledged on exit. With ``target_reward`` the learner also
 stops once the environment's recent groups reach it, after training the groups in flight
-(``learner.target``).
+(``gspo_rl.learner.target``).
 """
 
 from __future__ import annotations
@@ -58,30 +59,30 @@ from typing import Any, TypeVar
 import redis
 import torch
 
-from contract.admission import FIELD_TRAINING
-from contract.gc_freeze import freeze_startup_objects
-from contract.redis_schema import Keys
-from learner.batching import AdvantageFn, split_invalid
-from learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
-from learner.config import LearnerConfig
-from learner.distributed import DistContext
-from learner.follower import export_full, load_policy
-from learner.healing import ServerHealer
-from learner.metrics import (
+from gspo_rl.contract.admission import FIELD_TRAINING
+from gspo_rl.contract.gc_freeze import freeze_startup_objects
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.learner.batching import AdvantageFn, split_invalid
+from gspo_rl.learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.distributed import DistContext
+from gspo_rl.learner.follower import export_full, load_policy
+from gspo_rl.learner.healing import ServerHealer
+from gspo_rl.learner.metrics import (
     MetricsLogger,
     fates_line,
     group_fates,
     read_drop_counters,
     step_fields,
 )
-from learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
-from learner.protocol import Gather, Idle, Resume, Stop, Train, send
-from learner.published import publish_state, publish_training, state_fields
-from learner.reader import Batch, GroupReader
-from learner.startup import build_weight_sync, checkpoint_to_resume, seed_everything
-from learner.sync_base import NoSync, WeightSync
-from learner.target import TargetStop, continue_hint, drain, groups_in_flight
-from learner.trainer import Trainer
+from gspo_rl.learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
+from gspo_rl.learner.protocol import Gather, Idle, Resume, Stop, Train, send
+from gspo_rl.learner.published import publish_state, publish_training, state_fields
+from gspo_rl.learner.reader import Batch, GroupReader
+from gspo_rl.learner.startup import build_weight_sync, checkpoint_to_resume, seed_everything
+from gspo_rl.learner.sync_base import NoSync, WeightSync
+from gspo_rl.learner.target import TargetStop, continue_hint, drain, groups_in_flight
+from gspo_rl.learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,7 +106,7 @@ class Learner:
         self.dist = dist
         self.run_id = uuid.uuid4().hex[:12]
         # Bounded socket waits: a paused Redis is an error to retry, not a hang (reads block
-        # in slices of at most 1 s, see learner.reader).
+        # in slices of at most 1 s, see gspo_rl.learner.reader).
         self.client = client or redis.Redis.from_url(
             config.redis_url, socket_timeout=_REDIS_SOCKET_TIMEOUT_S,
             socket_connect_timeout=_REDIS_SOCKET_TIMEOUT_S)
@@ -153,7 +154,7 @@ class Learner:
         self.sharded = self.dist is not None and self.dist.fsdp
         self.host: torch.nn.Module | None = None
         if self.sharded:
-            from learner.fsdp import load_host_copy
+            from gspo_rl.learner.fsdp import load_host_copy
 
             self.host = load_host_copy(source)
         self.trainer = Trainer(self.policy, self.config, advantage_fn, dist=self.dist)
@@ -196,7 +197,7 @@ class Learner:
     # ---------------------------------------------------------------- the loop
 
     def request_stop(self) -> None:
-        """Stop after the current step (``learner.run.graceful_signals`` calls it)."""
+        """Stop after the current step (``gspo_rl.learner.run.graceful_signals`` calls it)."""
         self._stop = True
 
     @property
@@ -257,7 +258,7 @@ class Learner:
 
     def _finish_at_target(self) -> None:
         """The target is met: publish ``finished`` (servers start no new group), then train
-        the groups still in flight (``learner.target.drain``)."""
+        the groups still in flight (``gspo_rl.learner.target.drain``)."""
         log.warning("%s", self.target.finish(self.step))
         self._publish_state()
         if not drain(lambda: self._retrying(lambda: groups_in_flight(self.client, self.keys)),
@@ -273,7 +274,7 @@ class Learner:
         self.reader.rearm(held=self.pending_ack, committed=self.recent_acked)
 
     def _heal(self) -> None:
-        """Push to restarted servers (``learner.healing``); raises on Redis errors."""
+        """Push to restarted servers (``gspo_rl.learner.healing``); raises on Redis errors."""
         if self.healer is not None:
             self.healer.check(self._pushed_version, self.version, self._push_ok)
 

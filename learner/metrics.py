@@ -7,7 +7,7 @@ A step record is a flat dict of floats plus a few structured fields:
 - ``dropped``: totals by reason from the Redis counters hash (``dropped_stale``,
   ``expired_dropped``, ...); ``dropped_stale_step``: groups the reader dropped this step.
 - ``env_reward``: the environment's mean reward over its last ``target_window`` finished
-  groups, trained or not (``learner.target``; None until that many finished).
+  groups, trained or not (``gspo_rl.learner.target``; None until that many finished).
 - ``groups_trained_total``, ``trained_fraction``: groups trained so far (this learner's,
   checkpoints included) and their share of the finished groups (trained + dropped);
   ``trained_fraction_with_signal`` leaves equal-reward groups out (``trained_fractions``).
@@ -16,7 +16,7 @@ A step record is a flat dict of floats plus a few structured fields:
   checkpoint that covers it, which writes its own ``{"event": "checkpoint", ...,
   "time_checkpoint_s"}`` record.
 - ``stalls``: loop iterations since the previous step that made no progress, by reason
-  (``learner.progress``; each such state also writes ``{"event": "stall", ...}`` records);
+  (``gspo_rl.learner.progress``; each such state also writes ``{"event": "stall", ...}`` records);
   ``registry_rejected``: server registrations that did not parse or verify.
 - ``group_ids`` / ``entry_ids``: what was trained (the JSONL is also the audit log of
   exactly-once training; see ``trained_history``).
@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from contract.redis_schema import Keys, ReadyGroup, as_str
+from gspo_rl.contract.redis_schema import Keys, ReadyGroup, as_str
 
 if TYPE_CHECKING:
-    from learner.reader import Batch
+    from gspo_rl.learner.reader import Batch
 
 log = logging.getLogger(__name__)
 

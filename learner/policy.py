@@ -3,8 +3,8 @@
 ``token_logprobs`` returns ``logprobs_BT`` aligned with ``tokens_BT``: entry ``t`` (t >= 1) is
 ``log_softmax(logits[t-1] / temperature)[tokens[t]]``, exactly what the rollout servers record
 as behavior log-probabilities; entry 0 is 0. Rows sampled with a top-p / top-k cut get the
-log-probability under the same cut, renormalised (``contract.sampling_dist``), as the servers
-record it; rows without one take the lean path below unchanged.
+log-probability under the same cut, renormalised (``gspo_rl.contract.sampling_dist``), as the
+servers record it; rows without one take the lean path below unchanged.
 
 Memory: the ``[B, T, V]`` logits are the largest tensor of a step. Three things keep them lean:
 
@@ -19,9 +19,9 @@ Memory: the ``[B, T, V]`` logits are the largest tensor of a step. Three things 
 
 When the model has a plain linear output head (``fused_head_weight``), a faster path replaces
 1-2: the decoder's hidden states are taken only at positions whose next token is trained, and
-``learner.logprob_head.fused_logprobs`` projects them onto the vocabulary chunk by chunk, so
+``gspo_rl.learner.logprob_head.fused_logprobs`` projects them onto the vocabulary chunk by chunk, so
 no ``[B, T, V]`` logits exist at all. With ``packing`` the microbatch's sequences go through
-the model as one packed row (``learner.packing``: no padding tokens, variable-length
+the model as one packed row (``gspo_rl.learner.packing``: no padding tokens, variable-length
 attention). FSDP-sharded models keep the logits path (their root parameters are gathered only
 by the root module's forward).
 
@@ -38,11 +38,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.attention import masked_sdpa_backends
-from contract.sampling_dist import sampled_logprobs, truncating
-from learner.logprob_head import ChunkFn, fused_logprobs
-from learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
-from learner.varlen import NAME as VARLEN
+from gspo_rl.contract.attention import masked_sdpa_backends
+from gspo_rl.contract.sampling_dist import sampled_logprobs, truncating
+from gspo_rl.learner.logprob_head import ChunkFn, fused_logprobs
+from gspo_rl.learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
+from gspo_rl.learner.varlen import NAME as VARLEN
 
 # Attentions that read a packed row's sequence offsets (``PackedRows.attention_kwargs``).
 _OFFSET_ATTENTIONS = (VARLEN, "flash_attention_2")
@@ -116,7 +116,7 @@ def cut_logprobs(
     top_p_B: torch.Tensor | None, top_k_B: torch.Tensor | None,
 ) -> torch.Tensor:
     """``selected_logprobs``, except for rows sampled with a top-p / top-k cut: those get
-    ``contract.sampling_dist.sampled_logprobs`` (more memory: plain autograd over their
+    ``gspo_rl.contract.sampling_dist.sampled_logprobs`` (more memory: plain autograd over their
     ``[K, V]`` logits in row chunks). Float32 ``[B, K]``."""
     b, k, v = logits_BKV.shape
     dev = logits_BKV.device
@@ -209,8 +209,8 @@ class Policy:
 
     def _attention(self):  # noqa: ANN202 - a context manager
         """A padded forward runs masked attention at a new length nearly every time: on CUDA
-        without cuDNN attention (``contract.attention``: ~1.1 s per new training length on
-        an H100). Packed forwards have no mask (``learner.varlen``)."""
+        without cuDNN attention (``gspo_rl.contract.attention``: ~1.1 s per new training length on
+        an H100). Packed forwards have no mask (``gspo_rl.learner.varlen``)."""
         return nullcontext() if self.packing else masked_sdpa_backends(self.device)
 
     def token_logprobs(
@@ -302,7 +302,7 @@ class Policy:
 
 def _sampled_chunk_fn(temp_K: torch.Tensor, top_p_K: torch.Tensor,
                       top_k_K: torch.Tensor) -> ChunkFn:
-    """``contract.sampling_dist.sampled_logprobs`` as the fused head's per-chunk function
+    """``gspo_rl.contract.sampling_dist.sampled_logprobs`` as the fused head's per-chunk function
     (rows without a cut get plain ``log_softmax(z / T)`` from it)."""
 
     def fn(logits_CV: torch.Tensor, targets_C: torch.Tensor, rows: slice) -> torch.Tensor:

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from learner.metrics import MetricsLogger
+from gspo_rl.learner.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """What the learner publishes to Redis for the rest of the system (``Keys.learner_state``):
 its policy version and step, groups trained, and the admission parameters the rollout servers
-bound the groups in flight with (``contract.admission``): ``max_staleness`` (-1: none),
+bound the groups in flight with (``gspo_rl.contract.admission``): ``max_staleness`` (-1: none),
 ``groups_per_step``, ``training`` (groups of the step being trained, 0 between steps) and
-``finished`` (why it stopped taking groups, ``learner.target``; empty while it trains).
+``finished`` (why it stopped taking groups, ``gspo_rl.learner.target``; empty while it trains).
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from typing import Any
 
 import redis
 
-from contract.admission import (
+from gspo_rl.contract.admission import (
     FIELD_FINISHED,
     FIELD_GROUPS_PER_STEP,
     FIELD_MAX_STALENESS,
     FIELD_TRAINING,
     FIELD_VERSION,
 )
-from contract.redis_schema import Keys
-from learner.config import LearnerConfig
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.learner.config import LearnerConfig
 
-log = logging.getLogger("learner.loop")
+log = logging.getLogger("gspo_rl.learner.loop")
 
 
 def state_fields(config: LearnerConfig, version: int, step: int, groups_trained: int,

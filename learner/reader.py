@@ -29,13 +29,13 @@ consumer group still needs (its oldest pending entry, or the first not yet deliv
 stream holds only unread and in-flight groups. With no consumer group yet, nothing is trimmed:
 groups published before the first learner starts wait for it.
 
-Groups are published by reference (``contract.redis_schema``, ``contract.ready_entry``): an
-entry carries the group's head (ids, rewards, advantages) and its rollout ids, whose records
-stay where they were written (without a TTL once published): one key for a group the sampling
-path recorded whole, one key per rollout for multi-turn episodes. ``read_batch`` fetches the
-records of every entry of a batch (the entries its XREADGROUP calls, or a claim, returned)
-with one MGET, and decodes the head and the records on their own (``unpack_entry``: the same
-``ReadyGroup`` as ``unpack_ready_group`` of the joined ``pack_ready_group`` bytes, without
+Groups are published by reference (``gspo_rl.contract.redis_schema``,
+``gspo_rl.contract.ready_entry``): an entry carries the group's head (ids, rewards, advantages) and
+its rollout ids, whose records stay where they were written (without a TTL once published): one key
+for a group the sampling path recorded whole, one key per rollout for multi-turn episodes.
+``read_batch`` fetches the records of every entry of a batch (the entries its XREADGROUP calls, or a
+claim, returned) with one MGET, and decodes the head and the records on their own (``unpack_entry``:
+the same ``ReadyGroup`` as ``unpack_ready_group`` of the joined ``pack_ready_group`` bytes, without
 copying them into one buffer). The records leave with their entry, never before: the
 ack, the trim and the records' expiry are one script (``ACK_AND_TRIM``), atomic in Redis, so
 a crash at any point leaves either the entry with its records (read again, or trimmed later)
@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from contract.ready_entry import EntryRefs, ready_entry_refs, unpack_entry
-from contract.redis_schema import (
+from gspo_rl.contract.ready_entry import EntryRefs, ready_entry_refs, unpack_entry
+from gspo_rl.contract.redis_schema import (
     LEARNER_CONSUMER_GROUP,
     READY_COUNT_FIELD,
     READY_RECORDS_FIELD,
@@ -68,7 +68,7 @@ from contract.redis_schema import (
     key_template,
     unpack_ready_group,
 )
-from learner.reader_scripts import ACK_AND_TRIM, DELIVER
+from gspo_rl.learner.reader_scripts import ACK_AND_TRIM, DELIVER
 
 logger = logging.getLogger(__name__)
 
@@ -159,11 +159,11 @@ class GroupReader:
         at most ``timeout_s`` in all (fewer groups, possibly none, when it runs out).
         ``count_to`` (a hash and its field): the number of entries delivered to this batch so
         far is written there in the same atomic step that takes them from the stream (the
-        ``DELIVER`` script); the learner counts them as ``training`` (``contract.admission``),
-        so that the servers' in-flight count never loses them between the stream and the
-        step (a gap in which they admitted extra groups that then arrived too stale).
-        ``on_delivered(n)``: called with that number after each delivery, before the entries
-        are decoded or more are waited for."""
+        ``DELIVER`` script); the learner counts them as ``training``
+        (``gspo_rl.contract.admission``), so that the servers' in-flight count never loses them
+        between the stream and the step (a gap in which they admitted extra groups that then arrived
+        too stale). ``on_delivered(n)``: called with that number after each delivery, before the
+        entries are decoded or more are waited for."""
         if n_groups < 1:
             raise ValueError("n_groups must be >= 1")
         deadline = time.monotonic() + max(0.0, timeout_s)

@@ -1,4 +1,4 @@
-"""The learner reader's Lua scripts (``learner.reader``): delivery with its count, and the
+"""The learner reader's Lua scripts (``gspo_rl.learner.reader``): delivery with its count, and the
 ack with the trim. Each is one atomic step in Redis."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ return {newly, redis.call('XTRIM', KEYS[1], 'MINID', minid)}
 # groups delivered to the batch before this call].
 # XREADGROUP of up to ``count`` new entries, never blocking. With a second key, the field is
 # set to the groups delivered to the batch so far *in the same atomic step*: the learner's
-# ``training`` count (``contract.admission``), which the servers' admission gate reads with
+# ``training`` count (``gspo_rl.contract.admission``), which the servers' admission gate reads with
 # the stream's lag, so a group that leaves the stream is never counted nowhere (as it was for
 # a round trip when the count followed the XREADGROUP). Returns {entries, false} when some
 # were delivered, else {{}, the group's last-delivered id}: where the caller's blocking wait

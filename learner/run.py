@@ -3,7 +3,7 @@
 ``run_learner`` is what ``gspo learn`` calls. SIGINT / SIGTERM ask the ``Learner`` to stop
 after its current step (it checkpoints and acks on the way out); a second signal aborts at
 once with ``KeyboardInterrupt`` (unacked groups are redelivered on the next start). Under
-``torchrun`` rank 0 runs the learner and the other ranks follow it (``learner.follower``).
+``torchrun`` rank 0 runs the learner and the other ranks follow it (``gspo_rl.learner.follower``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from learner.checkpoint import LearnerState
-from learner.config import LearnerConfig
-from learner.distributed import DistContext, init_from_env
-from learner.follower import follow
-from learner.loop import Learner
-from learner.sync_base import WeightSync
+from gspo_rl.learner.checkpoint import LearnerState
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.distributed import DistContext, init_from_env
+from gspo_rl.learner.follower import follow
+from gspo_rl.learner.loop import Learner
+from gspo_rl.learner.sync_base import WeightSync
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def graceful_signals(learner: Learner) -> Iterator[None]:
 
 def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> LearnerState | None:
     """Build a ``Learner`` and run it with graceful-stop signal handlers. Under ``torchrun``
-    rank 0 runs the learner and the other ranks follow it (``learner.follower``); they
+    rank 0 runs the learner and the other ranks follow it (``gspo_rl.learner.follower``); they
     return ``None``."""
     dist = init_from_env(config.device, config.data_parallel)
     try:

@@ -1,5 +1,5 @@
 """Start-up pieces of the learner process: the weight sync it pushes with, the seeds, the
-checkpoint it resumes from (``learner.loop`` wires them)."""
+checkpoint it resumes from (``gspo_rl.learner.loop`` wires them)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,19 @@ import numpy as np
 import redis
 import torch
 
-from contract.redis_schema import Keys
-from learner.checkpoint import Checkpoint, list_checkpoints, load_latest, remove_partial
-from learner.config import LearnerConfig
-from learner.sync_base import NoSync, WeightSync
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.learner.checkpoint import Checkpoint, list_checkpoints, load_latest, remove_partial
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.sync_base import NoSync, WeightSync
 
-log = logging.getLogger("learner.loop")
+log = logging.getLogger("gspo_rl.learner.loop")
 
 
 def build_weight_sync(config: LearnerConfig, client: redis.Redis) -> WeightSync:
     """The ``WeightSync`` that ``config.weight_sync`` names."""
     if config.weight_sync == "none":
         return NoSync(client, Keys(config.key_prefix))
-    from learner.weight_sync import BroadcastSync
+    from gspo_rl.learner.weight_sync import BroadcastSync
 
     key = config.admin_key.get_secret_value() if config.admin_key is not None else None
     return BroadcastSync(client, Keys(config.key_prefix), admin_key=key,

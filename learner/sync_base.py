@@ -1,7 +1,7 @@
 """The seam between the training loop and the weight broadcast.
 
 The loop only knows ``WeightSync``: after every ``sync_every`` steps it calls
-``push(model, version)`` and records the report. ``learner.weight_sync.BroadcastSync``
+``push(model, version)`` and records the report. ``gspo_rl.learner.weight_sync.BroadcastSync``
 (torch.distributed broadcast to every registered rollout server) satisfies it structurally;
 ``NoSync`` is the choice when no server needs the weights (offline training, tests).
 """
@@ -15,8 +15,8 @@ from typing import Protocol, runtime_checkable
 import redis
 import torch
 
-from contract.redis_schema import Keys
-from contract.registry import live_servers
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.registry import live_servers
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from the totals the servers keep in ``Keys.finished_rewards``, over the last ``w
 that finished since this learner started (``RewardWindow``; the same measure as ``gspo up``'s
 ``--target-reward``, which reads it on the environment's side).
 
-When it reaches the target, the learner (``learner.loop``) publishes ``finished`` in its state:
-the servers start no new group (503 ``training_finished``, ``server.admission``); it trains
-the groups still in flight (``groups_in_flight``, at most ``drain_timeout_s``), checkpoints,
+When it reaches the target, the learner (``gspo_rl.learner.loop``) publishes ``finished`` in its
+state: the servers start no new group (503 ``training_finished``, ``gspo_rl.server.admission``); it
+trains the groups still in flight (``groups_in_flight``, at most ``drain_timeout_s``), checkpoints,
 logs why it stopped and how to go on, and returns (``gspo learn`` exits 0). A learner started
 again publishes an empty ``finished``: the servers take groups again.
 """
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import redis
 
-from contract.admission import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
-from contract.redis_schema import Keys, as_str
+from gspo_rl.contract.admission import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
+from gspo_rl.contract.redis_schema import Keys, as_str
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class RewardWindow:
 
 
 def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
-    """Groups started and not yet trained or dropped (``server.inflight``'s count, read
+    """Groups started and not yet trained or dropped (``gspo_rl.server.inflight``'s count, read
     synchronously; the learner's own ``training`` is 0 between its steps): sampling at a
     server, open, complete, or published and not yet read by the learner."""
     keys_, args = in_flight_call(keys)
@@ -83,7 +83,7 @@ def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
     return f.open + f.complete + f.undelivered + f.remote_pending
 
 
-SETTLE_S = 1.5  # > server.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
+SETTLE_S = 1.5  # > gspo_rl.server.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
 
 
 def drain(in_flight: Callable[[], int], train_step: Callable[[], None],

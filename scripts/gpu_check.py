@@ -35,7 +35,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from contract.net import free_port  # noqa: E402
+from gspo_rl.contract.net import free_port  # noqa: E402
 
 TOLERANCE = 1e-4
 API_KEY, ADMIN_KEY = "gpu-check-api", "gpu-check-admin"
@@ -146,7 +146,7 @@ def start_stack(procs: Processes, run_dir: Path, devices: dict[str, str], dtype:
     """redis-server, a tiny model, `gspo serve`. Returns (server URL, redis URL, model dir)."""
     import httpx
 
-    from server.tiny_model import make_tiny_model
+    from gspo_rl.server.tiny_model import make_tiny_model
 
     redis_port, port = free_port(), free_port()
     procs.start("redis", [require_parts(), "--port", str(redis_port), "--save", "",
@@ -154,7 +154,7 @@ def start_stack(procs: Processes, run_dir: Path, devices: dict[str, str], dtype:
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     model = str(make_tiny_model(run_dir / "model", seed=0))
     flags, env = server_args(devices, engine)
-    procs.start("server", [sys.executable, "-m", "gspo.cli", "serve", "--model", model, *flags,
+    procs.start("server", [sys.executable, "-m", "gspo_rl.cli", "serve", "--model", model, *flags,
                            "--dtype", dtype, "--port", str(port),
                            "--redis-url", redis_url, "--server-id", "gpu-check",
                            "--log-level", "warning"],
@@ -168,8 +168,8 @@ def start_stack(procs: Processes, run_dir: Path, devices: dict[str, str], dtype:
 
 def feed_groups(url: str, stop: threading.Event, errors: list[str]) -> None:
     """The demo environment, in small batches until ``stop``."""
-    from clients.environment import run_groups
-    from clients.examples.alphabet import AlphabetEnvironment
+    from gspo_rl.client.environment import run_groups
+    from gspo_rl.client.examples.alphabet import AlphabetEnvironment
 
     env = AlphabetEnvironment(group_size=8, max_tokens=6)
     seed = 0
@@ -185,8 +185,8 @@ def feed_groups(url: str, stop: threading.Event, errors: list[str]) -> None:
 def train(model: str, redis_url: str, devices: dict[str, str], steps: int, run_dir: Path,
           timeout_s: float) -> Any:
     """The learner in this process (its policy is what the server must match)."""
-    from learner.config import LearnerConfig
-    from learner.loop import Learner
+    from gspo_rl.learner.config import LearnerConfig
+    from gspo_rl.learner.loop import Learner
 
     cfg = LearnerConfig(model=model, redis_url=redis_url, groups_per_step=2, max_steps=steps,
                         lr=1e-3, read_timeout_s=1.0, console=False, device=devices["learner"],
@@ -215,7 +215,7 @@ def train(model: str, redis_url: str, devices: dict[str, str], steps: int, run_d
 
 def chosen_paths(learner: Any, devices: dict[str, str]) -> dict[str, str]:
     """Server id -> the transport the learner's weight sync chose for it."""
-    from contract.weight_transport import choose_transport, device_ids
+    from gspo_rl.contract.weight_transport import choose_transport, device_ids
 
     mine = device_ids(devices["learner"])
     known = getattr(learner.sync, "_transports", {})  # filled only when the learner is on CUDA
@@ -227,7 +227,7 @@ def logprob_gap(url: str, learner: Any) -> float:
     """Largest |server - learner| log-probability over fresh samples at T = 0.7."""
     import torch
 
-    from clients.client import GSPOClient
+    from gspo_rl.client.client import GSPOClient
 
     gap = 0.0
     with GSPOClient(url, api_key=API_KEY) as env:

@@ -5,13 +5,13 @@ Why the server decides (and not the SDK): every group starts at a server, whatev
 (the SDK's group runners, a plain ``openai`` client, an agent harness), and only the server
 side sees the learner (Redis) and the weights it samples with. An environment may not even
 reach Redis (docker-compose.yml puts it on another network). So the server is the authority,
-and the SDK honours its answer: it waits and retries on the 503 below (``clients.client``)
+and the SDK honours its answer: it waits and retries on the 503 below (``gspo_rl.client.client``)
 without counting a failure. Before this gate, environments ran ahead of the learner and most
 of their groups arrived too stale to train (88% dropped in a compose run).
 
-The rule (``contract.admission``): with ``n`` groups in flight (``server.inflight``: admitted
-and not yet trained, dropped or expired, summed over every server from facts in Redis) a new
-group is admitted when ``n + 1 <= (max_staleness + 1 - lag) * groups_per_step``, the learner's
+The rule (``gspo_rl.contract.admission``): with ``n`` groups in flight (``gspo_rl.server.inflight``:
+admitted and not yet trained, dropped or expired, summed over every server from facts in Redis) a
+new group is admitted when ``n + 1 <= (max_staleness + 1 - lag) * groups_per_step``, the learner's
 parameters as it published them, ``lag`` the learner's version minus this server's. Until a
 learner has published them the bound is ``admission_capacity_without_learner``. A learner
 without ``max_staleness`` sets no bound.
@@ -31,7 +31,7 @@ released groups again (they left ``local`` and may not be in the read yet: witho
 group over the bound, and a stale drop, for every release that fell inside a read).
 
 A learner that has met its goal (``finished`` in its state: e.g. its target reward,
-``learner.target``) trains no new group: every route that starts one answers 503
+``gspo_rl.learner.target``) trains no new group: every route that starts one answers 503
 ``training_finished`` at once (``Retry-After`` 10 s; the SDK waits and retries, saying why)
 until a learner starts again, with or without admission control.
 
@@ -54,11 +54,11 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 
-from server.errors import APIError
-from server.inflight import InFlightCounter, Snapshot
-from server.limits import parsed_body
-from server.metrics import ServerMetrics
-from server.settings import ServerSettings
+from gspo_rl.server.errors import APIError
+from gspo_rl.server.inflight import InFlightCounter, Snapshot
+from gspo_rl.server.limits import parsed_body
+from gspo_rl.server.metrics import ServerMetrics
+from gspo_rl.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5

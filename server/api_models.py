@@ -2,8 +2,8 @@
 
 OpenAI bodies ignore unknown fields (clients send many; vLLM does the same) but refuse the
 known ones whose meaning this server would silently change (non-zero penalties, ``echo``;
-``stream: true`` is served by ``server.streaming``); the checks that need the engine or the
-settings live in ``server.sampling``. The native ``/v1/rollouts`` body forbids unknown
+``stream: true`` is served by ``gspo_rl.server.streaming``); the checks that need the engine or the
+settings live in ``gspo_rl.server.sampling``. The native ``/v1/rollouts`` body forbids unknown
 fields: a typo there would otherwise train on the wrong settings.
 
 Every choice carries extension fields for RL: ``token_ids``, ``prompt_token_ids``,
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.limits import Metadata
+from gspo_rl.server.limits import Metadata
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -107,7 +107,7 @@ class ChatCompletionRequest(SamplingFields, _OpenAIBody):
     for Qwen3)."""
     rollout_id: str | None = Field(default=None, min_length=1, max_length=256)
     """Extension: the multi-turn episode (``POST /v1/groups``) this turn belongs to; the turn
-    is appended to that episode's trajectory (``server.episodes``). Send it with the openai
+    is appended to that episode's trajectory (``gspo_rl.server.episodes``). Send it with the openai
     client as ``extra_body={"rollout_id": ...}``."""
 
 

@@ -3,13 +3,13 @@
 ``create_app(settings)`` builds the app; everything with a lifetime (the engine, the Redis
 pool, the store, the sweeper and the registry heartbeat) is created in ``lifespan`` and put
 on ``app.state``, in that order, and torn down in reverse. Routes reach it through the
-``Annotated`` dependencies of ``server.deps``; the sampling routes share one
+``Annotated`` dependencies of ``gspo_rl.server.deps``; the sampling routes share one
 ``SamplingService`` (``app.state.sampling``).
 
 Route guards: ``/health`` and ``/metrics`` are open; every ``/v1`` route requires the API key
 (when one is set); ``/admin`` routes (weights) require the separate admin key.
 
-A dead engine (``Engine.dead_reason``) is watched for (``server.engine_watch``): ``/health``
+A dead engine (``Engine.dead_reason``) is watched for (``gspo_rl.server.engine_watch``): ``/health``
 turns 503, and the server stops with a non-zero exit status so that it is restarted.
 
 Engines are pluggable (``settings.engine``) and imported only when chosen, so the hf engine
@@ -29,30 +29,40 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
-from contract.gc_freeze import freeze_startup_objects
-from contract.redis_schema import Keys
-from contract.registry import ServerInfo, heartbeat_loop
-from server.admission import AdmissionGate
-from server.chat import TokenTexts
-from server.chat_sanitize import warm as warm_chat_encoders
-from server.deps import require_admin_key, require_api_key
-from server.disconnect import CancelOnDisconnectMiddleware
-from server.engine_watch import watch_engine
-from server.engines.base import Engine
-from server.episode_store import EpisodeStore
-from server.errors import install_error_handlers
-from server.inflight import InFlightCounter
-from server.limits import check_request_json
-from server.metrics import RequestMetricsMiddleware, ServerMetrics
-from server.routes import admin, chat, completions, groups, health, metrics, rewards, rollouts
-from server.sampling_service import SamplingService
-from server.settings import ServerSettings
-from server.store import make_redis
+from gspo_rl.contract.gc_freeze import freeze_startup_objects
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.registry import ServerInfo, heartbeat_loop
+from gspo_rl.server.admission import AdmissionGate
+from gspo_rl.server.chat import TokenTexts
+from gspo_rl.server.chat_sanitize import warm as warm_chat_encoders
+from gspo_rl.server.deps import require_admin_key, require_api_key
+from gspo_rl.server.disconnect import CancelOnDisconnectMiddleware
+from gspo_rl.server.engine_watch import watch_engine
+from gspo_rl.server.engines.base import Engine
+from gspo_rl.server.episode_store import EpisodeStore
+from gspo_rl.server.errors import install_error_handlers
+from gspo_rl.server.inflight import InFlightCounter
+from gspo_rl.server.limits import check_request_json
+from gspo_rl.server.metrics import RequestMetricsMiddleware, ServerMetrics
+from gspo_rl.server.routes import (
+    admin,
+    chat,
+    completions,
+    groups,
+    health,
+    metrics,
+    rewards,
+    rollouts,
+)
+from gspo_rl.server.sampling_service import SamplingService
+from gspo_rl.server.settings import ServerSettings
+from gspo_rl.server.store import make_redis
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 10.0
 SAMPLING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/rollouts")
-"""Routes whose generation is aborted when the client disconnects (``server.disconnect``)."""
+"""Routes whose generation is aborted when the client disconnects
+(``gspo_rl.server.disconnect``)."""
 
 
 def build_engine(settings: ServerSettings) -> Engine:
@@ -61,12 +71,12 @@ def build_engine(settings: ServerSettings) -> Engine:
 
     dtype = settings.resolved_dtype(torch.cuda.is_available())
     if settings.engine == "hf":
-        from server.engines.hf import HFEngine
+        from gspo_rl.server.engines.hf import HFEngine
 
         return HFEngine(settings.model, max_batch_size=settings.max_batch_size,
                         device=settings.device, dtype=getattr(torch, dtype),
                         max_model_len=settings.max_model_len)
-    from server.engines.vllm_engine import VLLMEngine
+    from gspo_rl.server.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine(settings.model, max_batch_size=settings.max_batch_size, dtype=dtype,
                       max_model_len=settings.max_model_len,
@@ -157,7 +167,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.state.settings = settings
     app.state.injected_engine = engine
     app.state.metrics = ServerMetrics()
-    app.state.engine_dead = None  # why the engine died, once it has (server.engine_watch)
+    app.state.engine_dead = None  # why the engine died, once it has (gspo_rl.server.engine_watch)
     app.state.exit_code = 0  # the process's exit status once uvicorn stops (run_server)
     app.state.stop_server = None  # set by run_server: a graceful stop from inside the app
     app.add_middleware(  # innermost: cancels the handler, the error handlers stay outside

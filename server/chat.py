@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 
-from server.chat_sanitize import ALL_ROLES, chat_ids, check_template_kwargs
-from server.engines.base import Completion
-from server.errors import APIError
+from gspo_rl.server.chat_sanitize import ALL_ROLES, chat_ids, check_template_kwargs
+from gspo_rl.server.engines.base import Completion
+from gspo_rl.server.errors import APIError
 
 T = TypeVar("T")
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -134,7 +134,7 @@ def render_chat_prompt(
     """Prompt token ids of a chat: the template with its generation prompt, tokenised as
     ``apply_chat_template(..., tokenize=True)`` does. With ``sanitize_control_tokens``, a
     special token inside a message or tool definition is encoded as text, so a user cannot
-    forge a turn boundary (``server.chat_sanitize``; non-special added tokens such as
+    forge a turn boundary (``gspo_rl.server.chat_sanitize``; non-special added tokens such as
     ``<think>`` stay tokens). ``text_roles``: roles sanitized even when that is off (episodes:
     the assistant's own earlier messages, whose rendering only has to keep turn boundaries
     countable). ``template_kwargs``: extra template variables (``enable_thinking``...)."""

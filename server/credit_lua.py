@@ -1,20 +1,20 @@
 """A Lua copy of the outcome-only credit rule and of the ready group's head, so that the reward
-script that completes a group also publishes it (``server.reward_scripts``): no second round
+script that completes a group also publishes it (``gspo_rl.server.reward_scripts``): no second round
 trip, no Python on that path.
 
-It covers the groups ``contract.credit._outcome_only`` covers (no episode has turn rewards),
+It covers the groups ``gspo_rl.contract.credit._outcome_only`` covers (no episode has turn rewards),
 which is what single-turn rollouts and multi-turn episodes rewarded on their outcome post;
 a group with turn rewards, a non-finite reward or anything else unexpected is left to the
-Python rule (``server.store_finish``), unchanged.
+Python rule (``gspo_rl.server.store_finish``), unchanged.
 
 Bit for bit the Python rule's numbers: both work in doubles, in the same order of operations
-(``contract.credit._mean``: sums left to right, one rounding per addition; then ``x - mean``,
-``+ 0.0``, ``sqrt(sum(c * c) / G)``, ``c / (sigma + eps)``), and IEEE 754 rounds ``+ - * /``
+(``gspo_rl.contract.credit._mean``: sums left to right, one rounding per addition; then ``x -
+mean``, ``+ 0.0``, ``sqrt(sum(c * c) / G)``, ``c / (sigma + eps)``), and IEEE 754 rounds ``+ - * /``
 and ``sqrt`` correctly on both sides; ``eps`` reaches Lua as Python's ``repr`` (the shortest
 string that reads back to the same double). ``tests/integration/test_credit_lua.py`` checks
 it over thousands of random groups against a real redis-server.
 
-The head is written byte for byte as ``server.store_finish.ready_group_head`` packs it
+The head is written byte for byte as ``gspo_rl.server.store_finish.ready_group_head`` packs it
 (msgpack: floats as float64, str/array headers of the smallest size): doubles through
 ``struct.pack('>d', x)``, the stored metadata bytes as they are, the advantage config packed
 once by Python. Helpers only: the scripts that use them prepend this source.
@@ -47,7 +47,7 @@ local function mp_ids(ids)
   return table.concat(parts)
 end
 
--- contract.credit._outcome_only: rewards -> (sequence advantages, has_signal).
+-- gspo_rl.contract.credit._outcome_only: rewards -> (sequence advantages, has_signal).
 local function outcome_credit(r, eps, scale)
   local n, flat, c = #r, true, {}
   for i = 2, n do
@@ -76,7 +76,7 @@ end
 -- not cover them (turn rewards, a non-finite reward, an odd turn count): the caller then
 -- leaves the group to Python. rids: rollout ids in creation order; packed: their stored
 -- rewards (nil: not rewarded). Returns ids, rewards, turn_rewards (the stored value: nil or
--- an empty list), n_turns (server.store_finish.reward_turns).
+-- an empty list), n_turns (gspo_rl.server.store_finish.reward_turns).
 local function outcome_entries(rids, packed)
   local ids, rewards, trs, turns = {}, {}, {}, {}
   for i, rid in ipairs(rids) do
@@ -97,7 +97,7 @@ local function outcome_entries(rids, packed)
   return ids, rewards, trs, turns
 end
 
--- server.store_finish.ready_group_head, byte for byte. has_tr[i]: the episode's stored
+-- gspo_rl.server.store_finish.ready_group_head, byte for byte. has_tr[i]: the episode's stored
 -- turn_rewards was an empty list (true) or nil (false).
 local function ready_head(gid, metadata, published_at, rewards, adv, has_tr, turns, config)
   local p = {'\\137', mp_str('group_id'), mp_str(gid), mp_str('metadata'), metadata,

@@ -5,7 +5,7 @@ disconnects (a timeout, a killed environment) nobody will read the samples or po
 rewards, so the decoding is wasted and the group it would record only expires. This pure ASGI
 middleware watches the connection once the request body has been read: on
 ``http.disconnect`` before the response has started, or while a streamed response
-(``text/event-stream``, ``server.streaming``) is still being sent, it cancels the request's
+(``text/event-stream``, ``gspo_rl.server.streaming``) is still being sent, it cancels the request's
 task. The cancellation reaches the engine's ``generate`` / ``generate_stream`` (the hf engine
 drops the rows before its next step, vLLM's ``AsyncLLM.generate`` aborts the request on
 cancellation), and since rollouts are written to Redis only after generation (streamed: after

@@ -29,7 +29,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from server.engines.base import Engine
+from gspo_rl.server.engines.base import Engine
 
 log = logging.getLogger(__name__)
 CHECK_INTERVAL_S = 0.5

@@ -2,7 +2,7 @@
 
 An agent opens ``G`` episodes of one task (``POST /v1/groups``) and drives each with ordinary
 chat completions that carry the episode's ``rollout_id`` (``extra_body`` of the ``openai``
-client). The server keeps each episode's token trajectory (``server.episode_store``):
+client). The server keeps each episode's token trajectory (``gspo_rl.server.episode_store``):
 
 - Turn 1 renders the request's messages with the chat template, exactly like a single-turn
   chat call; the model's sampled tokens follow.
@@ -17,9 +17,9 @@ client). The server keeps each episode's token trajectory (``server.episode_stor
   saw and wrote.
 
 Where the model's turn ends in the new rendering: the end-of-turn token (EOS or
-``<|im_end|>``-style, ``server.chat.end_token_ids``) that closes the assistant message, found
-by counting: the previous request's rendering held ``c`` of them, so the model's message ends at
-the ``c+1``-th. A template that rewrites earlier messages keeps their number, so the count
+``<|im_end|>``-style, ``gspo_rl.server.chat.end_token_ids``) that closes the assistant message,
+found by counting: the previous request's rendering held ``c`` of them, so the model's message ends
+at the ``c+1``-th. A template that rewrites earlier messages keeps their number, so the count
 holds there too. If the model's last sampled token is that very end-of-turn token it is not
 appended twice; if the model stopped otherwise (length, a stop string, another stop token),
 the template's end-of-turn marker is appended as context.
@@ -58,20 +58,20 @@ from typing import Any
 
 import numpy as np
 
-from contract.redis_schema import RolloutRecord
-from server.api_models import ChatCompletionRequest
-from server.chat import (
+from gspo_rl.contract.redis_schema import RolloutRecord
+from gspo_rl.server.api_models import ChatCompletionRequest
+from gspo_rl.server.chat import (
     completion_text,
     end_token_ids,
     render_chat_prompt,
     template_messages,
 )
-from server.engines.base import Completion, Engine, SamplingParams
-from server.episode_store import Episode, EpisodeState, EpisodeStore
-from server.errors import APIError
-from server.metrics import ServerMetrics
-from server.parsers import parse_assistant
-from server.sampling import (
+from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
+from gspo_rl.server.episode_store import Episode, EpisodeState, EpisodeStore
+from gspo_rl.server.errors import APIError
+from gspo_rl.server.metrics import ServerMetrics
+from gspo_rl.server.parsers import parse_assistant
+from gspo_rl.server.sampling import (
     GenerationPlan,
     GroupResult,
     Sample,
@@ -80,8 +80,8 @@ from server.sampling import (
     generate_n,
     plan_generation,
 )
-from server.settings import ServerSettings
-from server.store import RolloutStore
+from gspo_rl.server.settings import ServerSettings
+from gspo_rl.server.store import RolloutStore
 
 ROUTE = "episode"
 
@@ -125,7 +125,7 @@ def echoed_message(msg: dict[str, Any]) -> bytes:
 def check_extends(state: EpisodeState, messages: list[dict[str, Any]]) -> None:
     """The request must repeat the episode's history, then the assistant message the server
     produced, then at least one new message. 409 (400 for no new message) otherwise.
-    ``messages`` are in template form (``server.chat.template_messages``)."""
+    ``messages`` are in template form (``gspo_rl.server.chat.template_messages``)."""
     n = len(state.messages)
     if len(messages) <= n:
         raise _conflict("history_mismatch", (

@@ -1,9 +1,10 @@
 """The error statuses each route can answer, for the OpenAPI document (``responses=``).
 
-Every error body is ``{"error": {"message", "type", "code", "details"?}}`` (``server.errors``);
-``ErrorResponse`` is that shape as a schema, so a client generated from the document (or a
-fuzzer checking responses against it) knows what a 4xx/503 looks like. FastAPI's default 422
-schema (``{"detail": [...]}``) is replaced by it too: the server never answers that shape.
+Every error body is ``{"error": {"message", "type", "code", "details"?}}``
+(``gspo_rl.server.errors``); ``ErrorResponse`` is that shape as a schema, so a client generated from
+the document (or a fuzzer checking responses against it) knows what a 4xx/503 looks like. FastAPI's
+default 422 schema (``{"detail": [...]}``) is replaced by it too: the server never answers that
+shape.
 """
 
 from __future__ import annotations

@@ -5,16 +5,16 @@ Pure functions of a completion and the tokenizer's token texts: no I/O, no engin
 
 from __future__ import annotations
 
-from server.api_models import (
+from gspo_rl.server.api_models import (
     ChoiceLogprobs,
     CompletionLogprobs,
     TokenLogprob,
     TopLogprob,
     Usage,
 )
-from server.chat import TokenTexts
-from server.engines.base import Completion
-from server.sampling import GroupResult
+from gspo_rl.server.chat import TokenTexts
+from gspo_rl.server.engines.base import Completion
+from gspo_rl.server.sampling import GroupResult
 
 
 def usage(result: GroupResult) -> Usage:

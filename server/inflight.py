@@ -1,6 +1,6 @@
 """How many groups are in flight, derived from facts in Redis (no counter that could drift).
 
-A group is in flight (``contract.admission``) from its admission until it is trained or
+A group is in flight (``gspo_rl.contract.admission``) from its admission until it is trained or
 leaves. Each stage of its life is something Redis already holds, so the count is their sum,
 read in one round trip (one Lua script, below):
 
@@ -14,7 +14,7 @@ read in one round trip (one Lua script, below):
 - published, not yet delivered to the learner: the learner consumer group's ``lag`` on the
   ready stream (its length when no learner has created the group yet);
 - delivered, being trained: the learner's ``training`` field (``Keys.learner_state``), set in
-  the same Lua script that takes the groups from the stream (``learner.reader_scripts``), so
+  the same Lua script that takes the groups from the stream (``gspo_rl.learner.reader_scripts``), so
   a group leaves the lag and joins ``training`` in one step.
 
 Trained groups waiting for their checkpoint (pending in the stream) are not in flight, nor
@@ -24,9 +24,9 @@ publishes ``training`` 0, a dead server's pending key expires, and groups redeli
 restarted learner (pending, trained before its last checkpoint died) are not counted: for
 one batch the count is low by at most the groups it retrains.
 
-A read is one Lua script (``contract.admission.IN_FLIGHT_FACTS``, the learner drains with it
-too) in one round trip, through the store's connection (``server.redis_pipe``) when the server
-has one: the gate reads up to 20 times a second, and the same facts read as six pipelined
+A read is one Lua script (``gspo_rl.contract.admission.IN_FLIGHT_FACTS``, the learner drains with it
+too) in one round trip, through the store's connection (``gspo_rl.server.redis_pipe``) when the
+server has one: the gate reads up to 20 times a second, and the same facts read as six pipelined
 commands through redis-py (``XINFO GROUPS`` parsed into dicts) cost ~0.3 ms of the event loop's
 CPU each (``bench_server_cpu.py``).
 """
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from contract.admission import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
-from contract.redis_schema import Keys
-from server.redis_pipe import RedisPipe, run_script
+from gspo_rl.contract.admission import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.server.redis_pipe import RedisPipe, run_script
 
 log = logging.getLogger(__name__)
 PUBLISH_EVERY_S = 1.0
@@ -76,7 +76,7 @@ class InFlightCounter:
         self._keys, self._args = in_flight_call(keys, server_id)
 
     async def read(self) -> Snapshot:
-        """The facts now, in one round trip (``contract.admission.IN_FLIGHT_FACTS``)."""
+        """The facts now, in one round trip (``gspo_rl.contract.admission.IN_FLIGHT_FACTS``)."""
         return Snapshot.from_reply(await run_script(self.pipe, self.client, self._facts,
                                                     self._keys, self._args))
 

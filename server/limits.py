@@ -29,7 +29,7 @@ import msgpack
 from fastapi import Request
 from pydantic import AfterValidator
 
-from server.errors import APIError
+from gspo_rl.server.errors import APIError
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of a request body (tool parameter schemas need a dozen levels at most)."""

@@ -14,7 +14,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.engines.base import Engine
+from gspo_rl.server.engines.base import Engine
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -58,7 +58,7 @@ class ServerMetrics:
                                  "is stopping and exits non-zero), else 0", registry=r)
         self.groups_in_flight = Gauge("gspo_groups_in_flight", "Groups admitted and not yet "
                                       "trained, dropped or expired, over every server "
-                                      "(server.inflight)", registry=r)
+                                      "(gspo_rl.server.inflight)", registry=r)
         self.admission_bound = Gauge("gspo_admission_bound", "Most groups in flight the "
                                      "learner's staleness bound allows (-1: no bound)",
                                      registry=r)
@@ -117,6 +117,6 @@ class RequestMetricsMiddleware:
             # Routing stores the matched route in the (shared) scope; unmatched: one label.
             name = getattr(route, "path", None) or "unmatched"
             if scope.get("gspo.client_disconnected"):
-                status = 499  # client closed the request (server.disconnect)
+                status = 499  # client closed the request (gspo_rl.server.disconnect)
             self.metrics.requests.labels(name, scope.get("method", ""), str(status)).inc()
             self.metrics.latency.labels(name).observe(time.perf_counter() - start)

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.api_models import ChatCompletionRequest, SamplingFields
-from server.chat import TokenTexts, completion_text, end_token_ids, sequence_decoder
-from server.engines.base import Completion, Engine
-from server.episodes import PlannedTurn, commit_turn, episode_turn, plan_turn
-from server.metrics import ServerMetrics
-from server.sampling import (
+from gspo_rl.server.api_models import ChatCompletionRequest, SamplingFields
+from gspo_rl.server.chat import TokenTexts, completion_text, end_token_ids, sequence_decoder
+from gspo_rl.server.engines.base import Completion, Engine
+from gspo_rl.server.episodes import PlannedTurn, commit_turn, episode_turn, plan_turn
+from gspo_rl.server.metrics import ServerMetrics
+from gspo_rl.server.sampling import (
     GenerationPlan,
     GroupResult,
     check_model,
@@ -27,8 +27,8 @@ from server.sampling import (
     plan_generation,
     sample_group,
 )
-from server.settings import ServerSettings
-from server.store import RolloutStore
+from gspo_rl.server.settings import ServerSettings
+from gspo_rl.server.store import RolloutStore
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class SamplingService:
         check_model(requested, self.settings, self.model_name)
 
     def stop_token_ids(self) -> tuple[int, ...]:
-        """EOS and end-of-turn ids (``server.chat.end_token_ids``)."""
+        """EOS and end-of-turn ids (``gspo_rl.server.chat.end_token_ids``)."""
         return self._stop_ids
 
     def plan(self, body: SamplingFields, prompt_ids: list[int], *, max_tokens: int | None,
@@ -78,7 +78,8 @@ class SamplingService:
 
     async def episode_turn(self, body: ChatCompletionRequest, *, top_logprobs: int,
                            with_tools: bool) -> GroupResult:
-        """One more turn of the multi-turn episode ``body.rollout_id`` (``server.episodes``)."""
+        """One more turn of the multi-turn episode ``body.rollout_id``
+        (``gspo_rl.server.episodes``)."""
         return await episode_turn(body, store=self.store, engine=self.engine,
                                   tokenizer=self.tokenizer, settings=self.settings,
                                   metrics=self.metrics, top_logprobs=top_logprobs,

@@ -16,10 +16,10 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contract.redis_schema import DEFAULT_PREFIX
-from server.parsers.reasoning import ReasoningParserName
-from server.parsers.tool_calls import ToolParserName
-from server.store import QueueConfig
+from gspo_rl.contract.redis_schema import DEFAULT_PREFIX
+from gspo_rl.server.parsers.reasoning import ReasoningParserName
+from gspo_rl.server.parsers.tool_calls import ToolParserName
+from gspo_rl.server.store import QueueConfig
 
 EngineKind = Literal["hf", "vllm"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -87,11 +87,11 @@ class ServerSettings(BaseSettings):
     engine_dead_exit_delay_s: float = Field(default=2.0, ge=0)
     """Once the engine has died, ``/health`` answers 503 ``"dead"`` (and ``/metrics`` can be
     scraped) for this long; then the server stops and exits non-zero, so that its supervisor
-    restarts it (``server.engine_watch``)."""
+    restarts it (``gspo_rl.server.engine_watch``)."""
 
     # ---------------------------------------------------------------- queue (Redis)
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis that stores rollouts and groups (``contract.redis_schema`` lists the keys)."""
+    """Redis that stores rollouts and groups (``gspo_rl.contract.redis_schema`` lists the keys)."""
     key_prefix: str = DEFAULT_PREFIX
     """Prefix of every Redis key; servers and the learner of one run must agree on it."""
     queue: QueueConfig = Field(default_factory=QueueConfig)
@@ -113,10 +113,10 @@ class ServerSettings(BaseSettings):
     max_ready_groups: int = Field(default=1024, ge=0)
     """Bound on the ready queue (published groups the learner has not yet read): at or over
     it, requests that would start a new group get a 503 until the learner catches up
-    (``server.admission``). 0: no bound."""
+    (``gspo_rl.server.admission``). 0: no bound."""
     admission: bool = True
     """Hold back requests that start a group while as many groups are in flight as the
-    learner can train within its staleness bound (``server.admission``): they wait, then get
+    learner can train within its staleness bound (``gspo_rl.server.admission``): they wait, then get
     a 503 ``too_many_groups_in_flight``. False: admit everything (groups may arrive too stale
     and be dropped by the learner)."""
     admission_wait_s: float = Field(default=30.0, ge=0)
@@ -129,15 +129,16 @@ class ServerSettings(BaseSettings):
     """Chat templating encodes special tokens (``<|im_end|>``, ``<|eot_id|>``...) found inside
     message contents and tool definitions as plain text, so a user message cannot forge a
     turn boundary (env ``GSPO_SANITIZE_CONTROL_TOKENS``). Added tokens that are not special
-    (Qwen3's ``<think>``) always pass as tokens (``server.chat_sanitize``)."""
+    (Qwen3's ``<think>``) always pass as tokens (``gspo_rl.server.chat_sanitize``)."""
 
     tool_call_parser: ToolParserName = "hermes"
     """How tool calls are read from a completion (vLLM's names): hermes (Qwen2.5/Qwen3
     ``<tool_call>`` JSON) | llama3_json | mistral | qwen3_coder | none
-    (``server.parsers.tool_calls``). Only the response changes: the trajectory keeps the ids."""
+    (``gspo_rl.server.parsers.tool_calls``). Only the response changes: the trajectory keeps the
+    ids."""
     reasoning_parser: ReasoningParserName = "none"
     """How reasoning is split off a completion into ``reasoning_content``: none | qwen3 |
-    deepseek_r1 (``server.parsers.reasoning``)."""
+    deepseek_r1 (``gspo_rl.server.parsers.reasoning``)."""
 
     # ---------------------------------------------------------------- multi-turn episodes
     max_episode_turns: int = Field(default=64, ge=1)
@@ -146,7 +147,7 @@ class ServerSettings(BaseSettings):
     """When the chat template renders an episode's earlier messages differently in a later
     turn (e.g. it drops earlier reasoning): "append" keeps the stored trajectory (what the
     model saw and wrote) and appends only the new messages; "reject" answers 409
-    (``server.episodes``)."""
+    (``gspo_rl.server.episodes``)."""
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

@@ -1,6 +1,7 @@
 """What the Redis layer reports when it refuses a request: a storage-level reason, a
-machine-readable code and a message. No HTTP here: ``server.errors`` alone maps a reason (and a
-reward item's outcome) to an HTTP status, so the stores can be used, and read, without the API.
+machine-readable code and a message. No HTTP here: ``gspo_rl.server.errors`` alone maps a reason
+(and a reward item's outcome) to an HTTP status, so the stores can be used, and read, without the
+API.
 """
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from contract.redis_schema import RolloutRecord
+from gspo_rl.contract.redis_schema import RolloutRecord
 
 
 class StoreReason(enum.Enum):
-    """Why the store refused (the HTTP status each maps to is in ``server.errors``)."""
+    """Why the store refused (the HTTP status each maps to is in ``gspo_rl.server.errors``)."""
 
     NOT_FOUND = "not_found"
     """The group, rollout or episode does not exist (never created, or its records expired)."""

@@ -1,4 +1,5 @@
-"""The store's configuration and the values its operations take and return (``server.store``)."""
+"""The store's configuration and the values its operations take and return
+(``gspo_rl.server.store``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field
 
-from contract.credit import AdvantageConfig
+from gspo_rl.contract.credit import AdvantageConfig
 
 
 class QueueConfig(BaseModel):
@@ -38,7 +39,7 @@ class QueueConfig(BaseModel):
     max_group_size: int = Field(default=4096, ge=1)
     """Largest accepted group."""
     advantage_eps: float = Field(default=AdvantageConfig.eps, gt=0)
-    """``eps`` of the credit rule (``contract.credit.group_credit``): c / (sigma + eps)."""
+    """``eps`` of the credit rule (``gspo_rl.contract.credit.group_credit``): c / (sigma + eps)."""
     scale_advantages: bool = AdvantageConfig.scale
     """Divide by the group's spread (False: only centre, Dr. GRPO style)."""
 
@@ -98,7 +99,7 @@ def pack_reward(reward: float, turn_rewards: Sequence[float] | None,
     """Canonical bytes for a reward, compared byte for byte by the reward script (so a repeat
     with equal values is a duplicate). ``+ 0.0`` folds -0.0 into 0.0. ``n_turns`` (the
     rollout's model turns; fixed once it is rewarded) lets the credit rule place an episode
-    without turn rewards among the others' turns (``server.store_finish.reward_turns``)."""
+    without turn rewards among the others' turns (``gspo_rl.server.store_finish.reward_turns``)."""
     turns = None if turn_rewards is None else [float(t) + 0.0 for t in turn_rewards]
     return msgpack.packb({"reward": float(reward) + 0.0, "turn_rewards": turns,
                           "n_turns": n_turns})

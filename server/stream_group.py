@@ -8,7 +8,7 @@ stopped) is still a JSON 4xx/5xx: no byte of the stream has been sent.
 
 The stream then sends, as the engine produces tokens, one chunk per choice that has new text
 (choices interleaved in the order their tokens come, as OpenAI does; what is sent is decided by
-the route's ``ChunkView``, ``server.streaming``). When every sample has ended, they are
+the route's ``ChunkView``, ``gspo_rl.server.streaming``). When every sample has ended, they are
 recorded exactly as non-streamed ones (``finish``: ``sampling.record_samples`` for a new group,
 the same record in one round trip; ``episodes.commit_turn`` for a turn of an episode), and only
 then come the final chunk of each choice (``finish_reason``, the rest of the text, the RL
@@ -18,7 +18,7 @@ An error after the response has started (the engine died or was shut down, Redis
 record) is sent as one SSE event ``data: {"error": {...}}`` (the JSON body the error has
 elsewhere, the shape vLLM and OpenAI stream), then ``[DONE]``: the ``openai`` client raises
 on it; nothing is recorded. A client that leaves cancels the response's task
-(``server.disconnect``): the samples' tasks are cancelled, which aborts them in the engine.
+(``gspo_rl.server.disconnect``): the samples' tasks are cancelled, which aborts them in the engine.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any, Protocol
 
 from starlette.responses import StreamingResponse
 
-from server.engines.base import Completion, Engine, Partial
-from server.errors import APIError, api_error_of
-from server.sampling import (
+from gspo_rl.server.engines.base import Completion, Engine, Partial
+from gspo_rl.server.errors import APIError, api_error_of
+from gspo_rl.server.sampling import (
     GenerationPlan,
     GroupResult,
     check_not_aborted,
@@ -43,16 +43,16 @@ from server.sampling import (
     record_samples,
     sample_params,
 )
-from server.sampling_service import SamplingService
-from server.stream_views import as_partial
-from server.streaming import sse, sse_response
+from gspo_rl.server.sampling_service import SamplingService
+from gspo_rl.server.stream_views import as_partial
+from gspo_rl.server.streaming import sse, sse_response
 
 log = logging.getLogger(__name__)
 Item = tuple[int, Partial | Completion | BaseException]
 
 
 class ChunkView(Protocol):
-    """What a route streams (``server.streaming``): chunk dicts of one choice each."""
+    """What a route streams (``gspo_rl.server.streaming``): chunk dicts of one choice each."""
 
     obj: str  # the chunks' ``object``
     id_prefix: str  # the response id's, before the group id

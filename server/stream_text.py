@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.parsers.reasoning import THINK_CLOSE, THINK_OPEN
+from gspo_rl.server.parsers.reasoning import THINK_CLOSE, THINK_OPEN
 
 REPLACEMENT = "\ufffd"
 
@@ -82,8 +82,8 @@ def _hold_partial(text: str, marker: str) -> str:
 
 
 def stable_split(text: str, parser: str, thinking: bool) -> tuple[str, str]:
-    """(reasoning, content) prefixes of what ``server.parsers.reasoning.split_reasoning`` will
-    make of any text that begins with ``text``. ``qwen3`` without a leading ``<think>``: all
+    """(reasoning, content) prefixes of what ``gspo_rl.server.parsers.reasoning.split_reasoning``
+    will make of any text that begins with ``text``. ``qwen3`` without a leading ``<think>``: all
     held (a later ``</think>`` would turn the text before it into reasoning)."""
     if parser == "none" or not thinking:
         return "", text

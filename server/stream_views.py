@@ -1,18 +1,18 @@
-"""The chunks of an incrementally streamed group, per route (``server.streaming`` says what
-they carry; ``server.stream_group`` sends them). One view per request; its state per choice is
-what has been sent so far, so that the final chunk sends exactly the rest."""
+"""The chunks of an incrementally streamed group, per route (``gspo_rl.server.streaming`` says what
+they carry; ``gspo_rl.server.stream_group`` sends them). One view per request; its state per choice
+is what has been sent so far, so that the final chunk sends exactly the rest."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from server.api_models import ChatChoice, CompletionChoice
-from server.chat import TokenTexts
-from server.engines.base import Completion, Partial
-from server.formatting import chat_logprobs, completion_logprobs
-from server.sampling import GenerationPlan
-from server.stream_text import TextStream, remainder, stable_split
+from gspo_rl.server.api_models import ChatChoice, CompletionChoice
+from gspo_rl.server.chat import TokenTexts
+from gspo_rl.server.engines.base import Completion, Partial
+from gspo_rl.server.formatting import chat_logprobs, completion_logprobs
+from gspo_rl.server.sampling import GenerationPlan
+from gspo_rl.server.stream_text import TextStream, remainder, stable_split
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """``stream: true`` on chat and completions: OpenAI server-sent events, sent as generated.
 
-Responses stream incrementally (``server.stream_group`` runs the group; the views here decide
-what each chunk says). What is sent before the end is always a prefix of the non-streamed
-response (``server.stream_text``), so joining the deltas gives the non-streamed message:
+Responses stream incrementally (``gspo_rl.server.stream_group`` runs the group; the views here
+decide what each chunk says). What is sent before the end is always a prefix of the non-streamed
+response (``gspo_rl.server.stream_text``), so joining the deltas gives the non-streamed message:
 
 - chat: a first chunk per choice with ``delta.role`` (and ``content: ""`` when no parser can
   claim text); then chunks with ``content`` / ``reasoning_content`` deltas as tokens come.
@@ -36,7 +36,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from server.errors import APIError
+from gspo_rl.server.errors import APIError
 
 SSE_RESPONSE_DOC: dict[int | str, dict[str, Any]] = {200: {
     "description": "The response; with stream=true, server-sent events of chunk objects "

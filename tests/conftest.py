@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from contract.net import free_port
+from gspo_rl.contract.net import free_port
 
 if TYPE_CHECKING:  # tests.serving imports this module
     import openai
@@ -128,7 +128,7 @@ def redis_mod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2 model with tied embeddings (made locally, seed 0)."""
-    from server.tiny_model import make_tiny_model
+    from gspo_rl.server.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-tied"), seed=0, tie_embeddings=True)
 
@@ -136,7 +136,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_untied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2 model with separate input and output embeddings (seed 1)."""
-    from server.tiny_model import make_tiny_model
+    from gspo_rl.server.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-untied"), seed=1, tie_embeddings=False)
 
@@ -176,7 +176,7 @@ def client(served: Served) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
-    from contract.redis_schema import Keys
+    from gspo_rl.contract.redis_schema import Keys
     from tests.serving import RedisKeys
 
     keys = RedisKeys(redis_mod.url, Keys())

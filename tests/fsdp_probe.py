@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from learner.config import LearnerConfig
-from learner.run import run_learner
-from learner.sync_base import NoSyncReport
-from learner.weight_sync import named_weights
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.run import run_learner
+from gspo_rl.learner.sync_base import NoSyncReport
+from gspo_rl.learner.weight_sync import named_weights
 
 
 class DiskSync:

@@ -11,8 +11,8 @@ import uuid
 import numpy as np
 import torch
 
-from contract.redis_schema import ReadyGroup, RolloutRecord
-from learner.losses import group_advantages
+from gspo_rl.contract.redis_schema import ReadyGroup, RolloutRecord
+from gspo_rl.learner.losses import group_advantages
 
 
 def low_token_reward(completion: np.ndarray, vocab: int) -> float:

@@ -20,8 +20,8 @@ import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI
 
-from contract.ready_entry import entry_record_bytes, ready_entry_refs, unpack_group_records
-from contract.redis_schema import (
+from gspo_rl.contract.ready_entry import entry_record_bytes, ready_entry_refs, unpack_group_records
+from gspo_rl.contract.redis_schema import (
     READY_STREAM_FIELD,
     Keys,
     ReadyGroup,
@@ -32,9 +32,9 @@ from contract.redis_schema import (
     unpack_ready_group,
     unpack_rollout,
 )
-from server.errors import install_error_handlers
-from server.routes import groups, rewards
-from server.store import QueueConfig, RewardItem, RolloutStore, make_redis
+from gspo_rl.server.errors import install_error_handlers
+from gspo_rl.server.routes import groups, rewards
+from gspo_rl.server.store import QueueConfig, RewardItem, RolloutStore, make_redis
 from tests.conftest import free_port, wait_for_port
 
 T = TypeVar("T")

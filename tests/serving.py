@@ -21,7 +21,7 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
-from contract.redis_schema import Keys
+from gspo_rl.contract.redis_schema import Keys
 from tests.conftest import free_port
 
 START_TIMEOUT_S = 60.0
@@ -124,8 +124,8 @@ def running_server(model_dir: Path, redis_url: str, **overrides: Any) -> Iterato
     set, small limits (max_n 8, max_tokens 64) so the limit checks are cheap to reach, and
     admission control off (no learner runs: the API tests leave many groups open, which
     would count as in flight; tests/integration/test_admission.py turns it on)."""
-    from server.app import create_app
-    from server.settings import ServerSettings
+    from gspo_rl.server.app import create_app
+    from gspo_rl.server.settings import ServerSettings
 
     fields: dict[str, Any] = dict(
         model=str(model_dir), redis_url=redis_url, served_model_name=MODEL_NAME,

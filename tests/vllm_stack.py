@@ -22,8 +22,8 @@ import httpx
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from server.engines.base import Completion, SamplingParams
-from server.engines.reference import sequence_logprobs
+from gspo_rl.server.engines.base import Completion, SamplingParams
+from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.conftest import free_port
 from tests.serving import ADMIN_KEY, API_KEY, MODEL_NAME
 
@@ -98,8 +98,8 @@ def serve_vllm(model_dir: Path, redis_url: str, server_id: str,
     ``ServerSettings`` fields to change from the defaults below."""
     import uvicorn
 
-    from server.app import create_app
-    from server.settings import ServerSettings
+    from gspo_rl.server.app import create_app
+    from gspo_rl.server.settings import ServerSettings
 
     port = free_port()
     fields: dict[str, Any] = dict(

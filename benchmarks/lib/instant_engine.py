@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import torch
 
-from server.engines.base import Completion, Engine, EngineStats, SamplingParams
+from gspo_rl.server.engines.base import Completion, Engine, EngineStats, SamplingParams
 
 
 class InstantEngine(Engine):

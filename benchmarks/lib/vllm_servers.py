@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from contract.net import free_port
+from gspo_rl.contract.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "bench-key"
@@ -31,7 +31,7 @@ START_TIMEOUT_S = 600.0
 
 
 def cpu_worker_cls() -> str:
-    from server.engines.vllm_engine import CPU_WORKER_CLS
+    from gspo_rl.server.engines.vllm_engine import CPU_WORKER_CLS
 
     return CPU_WORKER_CLS
 
@@ -169,12 +169,13 @@ def engine_env() -> dict[str, str]:
 def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path,
          wait: bool = True) -> Iterator[Server]:
     port = free_port()
-    cmd = [sys.executable, "-m", "gspo.cli", "serve", "--engine", "vllm", "--model", str(model),
+    cmd = [sys.executable, "-m", "gspo_rl.cli", "serve", "--engine", "vllm", "--model", str(model),
            "--served-model-name", MODEL_NAME, "--port", str(port), "--redis-url", redis_url,
            "--max-batch-size", str(args.max_num_seqs), "--max-model-len",
            str(args.max_model_len), "--max-tokens", str(args.max_tokens), "--max-n", "1",
            "--log-level", "warning"]
-    # No learner runs: no bound on the ready queue or on groups in flight (server.admission).
+    # No learner runs: no bound on the ready queue or on groups in flight
+    # (gspo_rl.server.admission).
     env = {**engine_env(), "GSPO_API_KEY": API_KEY, "GSPO_MAX_READY_GROUPS": "0",
            "GSPO_ADMISSION": "false"}
     url = f"http://127.0.0.1:{port}"
@@ -186,7 +187,7 @@ def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path,
 def vllm_server(model: Path, args: argparse.Namespace, log: Path,
                 fixed: bool = False, wait: bool = True) -> Iterator[Server]:
     """vLLM's own server; ``fixed``: with our CPU worker (``--worker-cls``), which keeps
-    seeded requests alive through chunked prefill (``server.engines.vllm_cpu_worker``)."""
+    seeded requests alive through chunked prefill (``gspo_rl.server.engines.vllm_cpu_worker``)."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),

@@ -1,6 +1,6 @@
 """The demo task: say a word from the half of the alphabet the prompt names.
 
-    python -m clients.examples.alphabet --url http://127.0.0.1:8000 --groups 100
+    python -m gspo_rl.client.examples.alphabet --url http://127.0.0.1:8000 --groups 100
 
 The right answer depends on the prompt (a conditional task): the prompt asks for a word from
 "a to m" or from "n to z", and a completion earns 1.0 when its first letter lies in the asked
@@ -17,7 +17,7 @@ import argparse
 import random
 from dataclasses import dataclass
 
-from clients.environment import SingleTurnEnvironment, run_and_print
+from gspo_rl.client.environment import SingleTurnEnvironment, run_and_print
 
 HALVES = {"a to m": "abcdefghijklm", "n to z": "nopqrstuvwxyz"}
 

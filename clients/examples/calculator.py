@@ -1,6 +1,6 @@
 """A multi-turn tool-use task: arithmetic with a calculator tool, driven by the openai client.
 
-    python -m clients.examples.calculator --url http://127.0.0.1:8000 --groups 10
+    python -m gspo_rl.client.examples.calculator --url http://127.0.0.1:8000 --groups 10
     gspo env calculator --groups 10
 
 Each group is one arithmetic problem ("What is 17 * 3 - 5?"); each of its episodes is one
@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from clients.environment import (
+from gspo_rl.client.environment import (
     EpisodeResult,
     EpisodeSession,
     MultiTurnEnvironment,

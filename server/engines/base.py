@@ -5,8 +5,8 @@ server does all tokenisation and chat templating, so both engines see exactly th
 
 Log-probabilities are those of the distribution actually sampled from: after temperature
 (``log_softmax(logits / temperature)``) and, when top-k / top-p are on, after truncation and
-renormalisation, with vLLM's rule for the kept set (``contract.sampling_dist.keep_mask``); both
-engines say so in ``Engine.logprobs_after_truncation``. The rollout record stores the
+renormalisation, with vLLM's rule for the kept set (``gspo_rl.contract.sampling_dist.keep_mask``);
+both engines say so in ``Engine.logprobs_after_truncation``. The rollout record stores the
 temperature, top_p and top_k, and the learner computes its log-probabilities under the same
 truncated distribution.
 """
@@ -24,8 +24,8 @@ import torch
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from contract.cuda_ipc import IpcUpdateRequest
-    from contract.weight_transport import Backend, JoinRequest, TransportInfo, UpdateRequest
+    from gspo_rl.contract.cuda_ipc import IpcUpdateRequest
+    from gspo_rl.contract.weight_transport import Backend, JoinRequest, TransportInfo, UpdateRequest
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -131,8 +131,8 @@ class Engine(abc.ABC):
 
     def dead_reason(self) -> str | None:
         """Why this engine can never generate again (its scheduler or worker died), or None
-        while it can. Cheap: polled by the server's watchdog (``server.engine_watch``), which
-        then reports the server unhealthy and ends the process so that it is restarted."""
+        while it can. Cheap: polled by the server's watchdog (``gspo_rl.server.engine_watch``),
+        which then reports the server unhealthy and ends the process so that it is restarted."""
         return None
 
     # ------------------------------------------------------------------ weight broadcast
@@ -150,12 +150,12 @@ class Engine(abc.ABC):
 
     async def transport_info(self) -> TransportInfo:
         """The physical devices holding the weights; the learner picks the transport by it."""
-        from contract.weight_transport import TransportInfo, device_ids
+        from gspo_rl.contract.weight_transport import TransportInfo, device_ids
 
         return TransportInfo(devices=device_ids(self.device))
 
     async def join_weight_group(self, req: JoinRequest) -> None:
-        from contract.weight_transport import make_process_group
+        from gspo_rl.contract.weight_transport import make_process_group
 
         self._weight_pg = None
         self._weight_pg = await asyncio.to_thread(
@@ -166,7 +166,7 @@ class Engine(abc.ABC):
     async def receive_weights(self, req: UpdateRequest, timeout_s: float) -> None:
         """Receive every tensor first, then pause, load and resume: a broadcast that fails
         half-way leaves the engine on its old weights, never on a mix."""
-        from contract.weight_transport import receive_tensors, transport_device
+        from gspo_rl.contract.weight_transport import receive_tensors, transport_device
 
         if self._weight_pg is None or req.epoch != self._weight_epoch:
             raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
@@ -183,10 +183,10 @@ class Engine(abc.ABC):
             await self.resume()
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:
-        """Load weights the learner shares on this engine's GPU (``contract.cuda_ipc``). Every
-        copy has finished on the device before this returns: once answered, the learner
+        """Load weights the learner shares on this engine's GPU (``gspo_rl.contract.cuda_ipc``).
+        Every copy has finished on the device before this returns: once answered, the learner
         trains (writes those tensors) again."""
-        from contract.cuda_ipc import open_tensors
+        from gspo_rl.contract.cuda_ipc import open_tensors
 
         tensors = await asyncio.to_thread(open_tensors, req, self.device)
         await self.pause()

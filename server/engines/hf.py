@@ -13,7 +13,7 @@ cache columns are dropped, so requests join and leave the running batch between 
 (continuous batching). When a step
 empties the batch, the scheduler waits a bounded moment (a few steps' time at most) for the
 requests that replace it, so that a refill trickling in over HTTP is prefilled as one batch;
-results reach the event loop with one wake-up per step (``server.engines.hf_requests``).
+results reach the event loop with one wake-up per step (``gspo_rl.server.engines.hf_requests``).
 
 ``pause`` makes the scheduler wait between steps; ``load_weights`` copies tensors under the
 step lock, so weights never change inside a step, and every token records the policy version
@@ -24,8 +24,8 @@ cache kept from the old weights would give a mixture that no single policy repro
 
 Log-probabilities: ``log_softmax(logits / T)`` at the sampled token, after top-k / top-p
 truncation and renormalisation when those are on (``logprobs_after_truncation = True``, the
-same kept set as vLLM's: ``contract.sampling_dist.keep_mask``); greedy requests (T = 0) report
-them under T = 1. Stop strings are matched on the decoded completion; the token that
+same kept set as vLLM's: ``gspo_rl.contract.sampling_dist.keep_mask``); greedy requests (T = 0)
+report them under T = 1. Stop strings are matched on the decoded completion; the token that
 completes a stop string is kept (the server trims the text). Only ``stop_token_ids`` end a
 completion on a token: there is no implicit EOS, the server passes it.
 """
@@ -42,8 +42,8 @@ from collections.abc import AsyncIterator, Iterable
 
 import torch
 
-from server.engines import hf_attention, hf_batch
-from server.engines.base import (
+from gspo_rl.server.engines import hf_attention, hf_batch
+from gspo_rl.server.engines.base import (
     Completion,
     Engine,
     EngineStats,
@@ -51,7 +51,7 @@ from server.engines.base import (
     SamplingParams,
     validate_request,
 )
-from server.engines.hf_requests import (
+from gspo_rl.server.engines.hf_requests import (
     ArrivalWindow,
     Outcome,
     Request,
@@ -59,7 +59,7 @@ from server.engines.hf_requests import (
     finish_reason,
     notify_progress,
 )
-from server.engines.hf_running import RunningKV
+from gspo_rl.server.engines.hf_running import RunningKV
 
 log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 120.0  # longest wait for a running step before pause / load_weights give up

@@ -11,7 +11,7 @@ every other case (no mask, no grouping, another device) to transformers' own fun
 masks are built as for "sdpa". Measured: see BENCHMARKS.md ("Rollout server").
 
 On CUDA, ``step_backends`` keeps SDPA off cuDNN attention during the engine's steps, whose
-masked attention changes shape at every step (``contract.attention`` says why).
+masked attention changes shape at every step (``gspo_rl.contract.attention`` says why).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from contract.attention import masked_sdpa_backends
+from gspo_rl.contract.attention import masked_sdpa_backends
 
 NAME = "gspo_sdpa"
 

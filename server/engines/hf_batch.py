@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from contract.sampling_dist import keep_mask, truncating
-from server.engines.base import SamplingParams
+from gspo_rl.contract.sampling_dist import keep_mask, truncating
+from gspo_rl.server.engines.base import SamplingParams
 
 
 @dataclass
@@ -32,8 +32,8 @@ class StepSample:
 
 def processed_logprobs(logp_BV: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """The distribution each row samples from: ``log_softmax(z / T)`` cut by the row's top-k /
-    top-p (``contract.sampling_dist.keep_mask``, vLLM's rule) and renormalised. Rows without a
-    cut are returned as they are."""
+    top-p (``gspo_rl.contract.sampling_dist.keep_mask``, vLLM's rule) and renormalised. Rows without
+    a cut are returned as they are."""
     vocab = logp_BV.shape[-1]
     if all(p.top_p >= 1.0 and not 0 < p.top_k < vocab for p in params):
         return logp_BV  # nothing to cut (checked in Python: no tensors for the common case)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from server.engines.base import Completion, FinishReason, SamplingParams
+from gspo_rl.server.engines.base import Completion, FinishReason, SamplingParams
 
 
 @dataclass(eq=False)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from server.engines import hf_batch
+from gspo_rl.server.engines import hf_batch
 
 
 class RunningKV:

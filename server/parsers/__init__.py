@@ -1,6 +1,6 @@
 """What the client is shown of a completion: reasoning, content and tool calls, by the
-server's ``reasoning_parser`` and ``tool_call_parser`` (``server.parsers.reasoning``,
-``server.parsers.tool_calls``). Parsing changes only the response: the stored trajectory is
+server's ``reasoning_parser`` and ``tool_call_parser`` (``gspo_rl.server.parsers.reasoning``,
+``gspo_rl.server.parsers.tool_calls``). Parsing changes only the response: the stored trajectory is
 the sampled token ids, and an episode compares the echoed message with this parsed form."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.chat import ParsedToolCall
-from server.parsers.reasoning import split_reasoning
-from server.parsers.tool_calls import parse_calls
+from gspo_rl.server.chat import ParsedToolCall
+from gspo_rl.server.parsers.reasoning import split_reasoning
+from gspo_rl.server.parsers.tool_calls import parse_calls
 
 
 @dataclass(frozen=True)

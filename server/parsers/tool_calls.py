@@ -3,7 +3,7 @@ calls). The rule of all of them: every call must parse, or the whole text stays 
 environment sees what the model wrote, never a silently repaired call).
 
 - ``hermes`` (Qwen2.5, Qwen3, Hermes): ``<tool_call>{"name": ..., "arguments": {...}}
-  </tool_call>`` blocks anywhere in the text (``server.chat.parse_tool_calls``).
+  </tool_call>`` blocks anywhere in the text (``gspo_rl.server.chat.parse_tool_calls``).
 - ``llama3_json`` (Llama 3.1 / 3.2 / 3.3): the whole message is one JSON object
   ``{"name": ..., "parameters": {...}}`` (or several joined by ``;``), optionally after
   ``<|python_tag|>``; a message that does not start so is content.
@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
-from server.chat import ParsedToolCall, parse_tool_calls
+from gspo_rl.server.chat import ParsedToolCall, parse_tool_calls
 
 ToolParserName = Literal["hermes", "llama3_json", "mistral", "qwen3_coder", "none"]
 TOOL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "qwen3_coder", "none")

@@ -12,12 +12,12 @@ import logging
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from contract.cuda_ipc import IpcUpdateRequest
-from contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
-from server.deps import EngineDep
-from server.engines.base import Engine
-from server.error_docs import error_responses
-from server.errors import APIError
+from gspo_rl.contract.cuda_ipc import IpcUpdateRequest
+from gspo_rl.contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
+from gspo_rl.server.deps import EngineDep
+from gspo_rl.server.engines.base import Engine
+from gspo_rl.server.error_docs import error_responses
+from gspo_rl.server.errors import APIError
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])

@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.responses import StreamingResponse
 
-from server.admission import admit_new_group
-from server.api_models import (
+from gspo_rl.server.admission import admit_new_group
+from gspo_rl.server.api_models import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
@@ -26,27 +26,27 @@ from server.api_models import (
     FunctionCallOut,
     ToolCallOut,
 )
-from server.chat import approx_chars, off_loop_if_large
-from server.chat import render_chat_prompt as render
-from server.deps import SamplingDep
-from server.engines.base import Completion
-from server.error_docs import V1_POST, error_responses
-from server.errors import APIError
-from server.formatting import chat_logprobs, usage
-from server.limits import check_chat_messages
-from server.parsers import AssistantParse, parse_assistant
-from server.sampling import (
+from gspo_rl.server.chat import approx_chars, off_loop_if_large
+from gspo_rl.server.chat import render_chat_prompt as render
+from gspo_rl.server.deps import SamplingDep
+from gspo_rl.server.engines.base import Completion
+from gspo_rl.server.error_docs import V1_POST, error_responses
+from gspo_rl.server.errors import APIError
+from gspo_rl.server.formatting import chat_logprobs, usage
+from gspo_rl.server.limits import check_chat_messages
+from gspo_rl.server.parsers import AssistantParse, parse_assistant
+from gspo_rl.server.sampling import (
     GenerationPlan,
     GroupResult,
     Sample,
     check_prompt_ids,
     reject_unsupported,
 )
-from server.sampling_service import SamplingService
-from server.settings import ServerSettings
-from server.stream_group import start_stream, stream_new_group
-from server.stream_views import ChatView
-from server.streaming import SSE_RESPONSE_DOC, include_usage
+from gspo_rl.server.sampling_service import SamplingService
+from gspo_rl.server.settings import ServerSettings
+from gspo_rl.server.stream_group import start_stream, stream_new_group
+from gspo_rl.server.stream_views import ChatView
+from gspo_rl.server.streaming import SSE_RESPONSE_DOC, include_usage
 
 router = APIRouter(tags=["chat"])
 ROUTE = "chat"
@@ -83,7 +83,7 @@ async def chat_prompt(body: ChatCompletionRequest, tokenizer: Any,
 
 def parsed_completion(text: str, body: ChatCompletionRequest, settings: ServerSettings,
                       with_tools: bool) -> AssistantParse:
-    """The completion's text as the client sees it (``server.parsers``)."""
+    """The completion's text as the client sees it (``gspo_rl.server.parsers``)."""
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     return parse_assistant(text, tool_parser=settings.tool_call_parser,
                            reasoning_parser=settings.reasoning_parser, with_tools=with_tools,
@@ -127,7 +127,7 @@ async def chat_completions(body: ChatCompletionRequest,
                            svc: SamplingDep) -> ChatCompletionResponse | StreamingResponse:
     """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group.
     With ``stream: true`` the turns are sent as server-sent events as they are generated,
-    and recorded before their final chunks (``server.streaming``)."""
+    and recorded before their final chunks (``gspo_rl.server.streaming``)."""
     svc.check_model(body.model)
     check_chat_messages(body.messages)
     with_tools, top_k = check_chat_options(body)
@@ -146,7 +146,8 @@ async def chat_completions(body: ChatCompletionRequest,
 
 async def stream_chat(body: ChatCompletionRequest, svc: SamplingService, with_tools: bool,
                       top_k: int, with_usage: bool) -> StreamingResponse:
-    """``stream: true``: a new group, or one more turn of an episode (``server.streaming``)."""
+    """``stream: true``: a new group, or one more turn of an episode
+    (``gspo_rl.server.streaming``)."""
     thinking = (body.chat_template_kwargs or {}).get("enable_thinking", True) is not False
 
     def view(plan: GenerationPlan) -> ChatView:

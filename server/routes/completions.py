@@ -13,18 +13,18 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.responses import StreamingResponse
 
-from server.admission import admit_new_group
-from server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
-from server.chat import off_loop_if_large
-from server.deps import SamplingDep
-from server.error_docs import V1_POST, error_responses
-from server.errors import APIError
-from server.formatting import completion_logprobs, usage
-from server.sampling import GroupResult, check_prompt_ids, reject_unsupported
-from server.sampling_service import SamplingService
-from server.stream_group import stream_new_group
-from server.stream_views import CompletionView
-from server.streaming import SSE_RESPONSE_DOC, include_usage
+from gspo_rl.server.admission import admit_new_group
+from gspo_rl.server.api_models import CompletionChoice, CompletionRequest, CompletionResponse
+from gspo_rl.server.chat import off_loop_if_large
+from gspo_rl.server.deps import SamplingDep
+from gspo_rl.server.error_docs import V1_POST, error_responses
+from gspo_rl.server.errors import APIError
+from gspo_rl.server.formatting import completion_logprobs, usage
+from gspo_rl.server.sampling import GroupResult, check_prompt_ids, reject_unsupported
+from gspo_rl.server.sampling_service import SamplingService
+from gspo_rl.server.stream_group import stream_new_group
+from gspo_rl.server.stream_views import CompletionView
+from gspo_rl.server.streaming import SSE_RESPONSE_DOC, include_usage
 
 router = APIRouter(tags=["completions"])
 ROUTE = "completions"
@@ -67,7 +67,7 @@ async def completions(body: CompletionRequest,
                       svc: SamplingDep) -> CompletionResponse | StreamingResponse:
     """Samples ``n`` continuations; each is recorded in Redis as one rollout of a group.
     With ``stream: true`` the continuations are sent as server-sent events as they are
-    generated, and recorded before their final chunks (``server.streaming``)."""
+    generated, and recorded before their final chunks (``gspo_rl.server.streaming``)."""
     svc.check_model(body.model)
     top_k = check_completion_options(body)
     with_usage = include_usage(body.stream_options) if body.stream else False

@@ -3,7 +3,7 @@ which of them have rewards.
 
 ``POST /v1/groups {"size": G, "metadata": {...}}`` opens G empty episodes of one task and
 returns their ``rollout_id``s; each episode is then driven with chat completions carrying its
-``rollout_id`` (``server.episodes``) and ends with its reward (``POST /v1/rewards``).
+``rollout_id`` (``gspo_rl.server.episodes``) and ends with its reward (``POST /v1/rewards``).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.admission import admit_new_group
-from server.deps import MetricsDep, OptionalTokenizerDep, SettingsDep, StoreDep
-from server.episodes import open_episode_group
-from server.error_docs import V1_POST, error_responses
-from server.errors import APIError
-from server.limits import Metadata, check_group_size
-from server.trajectory_view import TrajectoryOut, load_trajectories
+from gspo_rl.server.admission import admit_new_group
+from gspo_rl.server.deps import MetricsDep, OptionalTokenizerDep, SettingsDep, StoreDep
+from gspo_rl.server.episodes import open_episode_group
+from gspo_rl.server.error_docs import V1_POST, error_responses
+from gspo_rl.server.errors import APIError
+from gspo_rl.server.limits import Metadata, check_group_size
+from gspo_rl.server.trajectory_view import TrajectoryOut, load_trajectories
 
 
 class OpenGroupIn(BaseModel):
@@ -47,7 +47,7 @@ class GroupRolloutOut(BaseModel):
     turn_rewards: list[float] | None = None
     trajectory: TrajectoryOut | None = None
     """Only with ``?include=tokens``: the stored tokens, mask, log-probs, versions and turns
-    (``server.trajectory_view``); null when the record has expired."""
+    (``gspo_rl.server.trajectory_view``); null when the record has expired."""
 
 
 class GroupOut(BaseModel):

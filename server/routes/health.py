@@ -4,7 +4,7 @@ Open (no key): load balancers and the tests' start-up wait poll it. It checks Re
 timeout because a server that cannot record rollouts is not serving its purpose: 503 then. The
 check is a write (a small key with a TTL), not only a ping: a Redis at ``maxmemory`` answers
 pings but refuses every write, and the server then refuses every rollout and reward. A dead
-engine (``Engine.dead_reason``) is 503 ``"status": "dead"`` too (``server.engine_watch``).
+engine (``Engine.dead_reason``) is 503 ``"status": "dead"`` too (``gspo_rl.server.engine_watch``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
-from contract.redis_schema import Keys
-from server.deps import EngineDep, KeysDep, RedisDep, SettingsDep
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.server.deps import EngineDep, KeysDep, RedisDep, SettingsDep
 
 router = APIRouter(tags=["health"])
 REDIS_PING_TIMEOUT_S = 1.0

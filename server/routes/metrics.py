@@ -10,7 +10,7 @@ import redis.exceptions
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.deps import AdmissionDep, EngineDep, MetricsDep
+from gspo_rl.server.deps import AdmissionDep, EngineDep, MetricsDep
 
 router = APIRouter(tags=["metrics"])
 

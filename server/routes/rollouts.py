@@ -12,16 +12,16 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from server.admission import admit_new_group
-from server.api_models import RolloutOut, RolloutRequest, RolloutResponse
-from server.chat import approx_chars, off_loop_if_large, render_chat_prompt
-from server.deps import SamplingDep
-from server.error_docs import V1_POST, error_responses
-from server.errors import APIError
-from server.formatting import rollout_top_logprobs, usage
-from server.limits import check_chat_messages
-from server.sampling import check_prompt_ids
-from server.settings import ServerSettings
+from gspo_rl.server.admission import admit_new_group
+from gspo_rl.server.api_models import RolloutOut, RolloutRequest, RolloutResponse
+from gspo_rl.server.chat import approx_chars, off_loop_if_large, render_chat_prompt
+from gspo_rl.server.deps import SamplingDep
+from gspo_rl.server.error_docs import V1_POST, error_responses
+from gspo_rl.server.errors import APIError
+from gspo_rl.server.formatting import rollout_top_logprobs, usage
+from gspo_rl.server.limits import check_chat_messages
+from gspo_rl.server.sampling import check_prompt_ids
+from gspo_rl.server.settings import ServerSettings
 
 router = APIRouter(tags=["rollouts"])
 ROUTE = "rollouts"

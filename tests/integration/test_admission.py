@@ -1,4 +1,4 @@
-"""Admission control (server.admission, issue 15: 88% of a compose run's groups were dropped
+"""Admission control (gspo_rl.server.admission, issue 15: 88% of a compose run's groups were dropped
 stale or equal). A new group is held while as many are in flight as the learner can train
 within its staleness bound, released when the learner takes groups, refused with a 503 after
 the longest hold; the SDK retries that 503; the in-flight count comes from facts in Redis, so
@@ -20,16 +20,16 @@ import pytest
 import redis
 import redis.asyncio
 
-from clients.client import AsyncGSPOClient, RetryPolicy
-from clients.environment import SingleTurnEnvironment, arun_groups
-from clients.failures import RunStats
-from contract.redis_schema import Keys
-from learner.config import LearnerConfig
-from learner.published import publish_state, state_fields
-from learner.reader import GroupReader
-from learner.target import groups_in_flight
-from server.admission import POLL_S
-from server.inflight import PENDING_TTL_S, InFlightCounter
+from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
+from gspo_rl.client.environment import SingleTurnEnvironment, arun_groups
+from gspo_rl.client.failures import RunStats
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.published import publish_state, state_fields
+from gspo_rl.learner.reader import GroupReader
+from gspo_rl.learner.target import groups_in_flight
+from gspo_rl.server.admission import POLL_S
+from gspo_rl.server.inflight import PENDING_TTL_S, InFlightCounter
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, Served, running_server
 
@@ -70,7 +70,7 @@ def wait_until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> No
 
 def learner_publishes(redis_url: str, model: Path, *, max_staleness: int, groups_per_step: int,
                       version: int = 0, training: int = 0, finished: str = "") -> None:
-    """What the learner writes to ``Keys.learner_state`` (learner.published)."""
+    """What the learner writes to ``Keys.learner_state`` (gspo_rl.learner.published)."""
     cfg = LearnerConfig(model=str(model), redis_url=redis_url, max_staleness=max_staleness,
                         groups_per_step=groups_per_step)
     client = redis.Redis.from_url(redis_url)
@@ -149,8 +149,8 @@ def test_refused_with_503_after_the_longest_hold_and_the_sdk_retries(
 @pytest.mark.parametrize("admission", [True, False])
 def test_a_finished_learner_gets_no_new_group_and_its_groups_in_flight_finish(
         tiny_model_dir: Path, redis_server: RedisServer, admission: bool) -> None:
-    """Once the learner met its target (``finished``, learner.target) every route that starts
-    a group answers 503 training_finished at once, with or without admission; rewards of the
+    """Once the learner met its target (``finished``, gspo_rl.learner.target) every route that
+    starts a group answers 503 training_finished at once, with or without admission; rewards of the
     groups in flight are still taken. The server records what every finished group scored,
     equal-reward ones too (the target's measure), and the learner's synchronous in-flight count
     agrees with the server's. A learner that starts again lifts the refusal."""

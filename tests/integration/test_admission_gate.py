@@ -1,4 +1,4 @@
-"""The admission gate's own mechanics against a real Redis (server.admission): a burst of
+"""The admission gate's own mechanics against a real Redis (gspo_rl.server.admission): a burst of
 requests shares one read of the facts, a read started before a release is not reused, and a
 held request that is cancelled (its client left) leaves the gate as it found it."""
 
@@ -11,13 +11,13 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from contract.redis_schema import Keys
-from learner.config import LearnerConfig
-from learner.published import publish_state, state_fields
-from server.admission import AdmissionGate
-from server.inflight import InFlightCounter
-from server.metrics import ServerMetrics
-from server.settings import ServerSettings
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.published import publish_state, state_fields
+from gspo_rl.server.admission import AdmissionGate
+from gspo_rl.server.inflight import InFlightCounter
+from gspo_rl.server.metrics import ServerMetrics
+from gspo_rl.server.settings import ServerSettings
 from tests.conftest import RedisServer
 
 KEYS = Keys()

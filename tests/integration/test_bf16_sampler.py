@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from learner.losses import LossConfig, policy_loss
-from learner.trainer import truncated_is_weights
-from server.engines.reference import sequence_logprobs
+from gspo_rl.learner.losses import LossConfig, policy_loss
+from gspo_rl.learner.trainer import truncated_is_weights
+from gspo_rl.server.engines.reference import sequence_logprobs
 
 B, PROMPT, COMPLETION = 16, 6, 24
 

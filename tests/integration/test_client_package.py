@@ -23,8 +23,8 @@ CLIENTS = Path(__file__).resolve().parents[2] / "clients"
 
 PROBE = textwrap.dedent("""
     import importlib.util, json, sys
-    import clients
-    from clients import GSPOClient, RewardAlreadySet
+    import gspo_rl.client
+    from gspo_rl.client import GSPOClient, RewardAlreadySet
     from importlib.metadata import requires
     url, rollout_id = sys.argv[1], sys.argv[2]
     with GSPOClient(url) as c:
@@ -35,7 +35,7 @@ PROBE = textwrap.dedent("""
         except RewardAlreadySet as exc:
             conflict = exc.code
     print(json.dumps({
-        "file": clients.__file__, "torch": importlib.util.find_spec("torch") is not None,
+        "file": gspo_rl.client.__file__, "torch": importlib.util.find_spec("torch") is not None,
         "stored": first["stored"], "conflict": conflict,
         "requires": sorted(requires("gspo-rl-client") or []),
     }))

@@ -25,10 +25,10 @@ import jsonschema
 import pytest
 import typer.main
 
-from gspo.cli import app
-from gspo.engine_args import serve_flags
-from learner.config import LearnerConfig
-from server.settings import ServerSettings
+from gspo_rl.cli import app
+from gspo_rl.engine_args import serve_flags
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.server.settings import ServerSettings
 from tests.compose_helpers import (
     ENV_EXAMPLE,
     REPO,
@@ -504,6 +504,6 @@ def test_cpu_learner_stops_at_the_demo_target_and_is_not_restarted(
     env = roles_of(services_in(interpolate(raw, env_values), "cpu"))["env"][1]
     assert env["restart"] == "on-failure"  # it waits (503 training_finished), never exits
     _, off = cpu_learner({**env_values, "GSPO_TARGET_REWARD": "0"})
-    assert off.target_reward == 0.0  # learner.target: 0 is no target
+    assert off.target_reward == 0.0  # gspo_rl.learner.target: 0 is no target
     with pytest.raises(Exception, match="target_reward"):
         cpu_learner({**env_values, "GSPO_TARGET_REWARD": "-1"})

@@ -1,4 +1,4 @@
-"""The credit rule for turn rewards (``contract.credit.group_credit``) and the server's
+"""The credit rule for turn rewards (``gspo_rl.contract.credit.group_credit``) and the server's
 zero-variance drop, which is the rule's own verdict: well defined, bounded, and the same
 quantity on both sides."""
 
@@ -11,11 +11,11 @@ import math
 import numpy as np
 import pytest
 
-from contract.credit import AdvantageConfig, group_credit, group_turn_advantages
-from contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
-from learner.advantages import TurnAdvantages
-from learner.losses import group_advantages
-from server.store import QueueConfig, RewardItem, RolloutStore, make_redis
+from gspo_rl.contract.credit import AdvantageConfig, group_credit, group_turn_advantages
+from gspo_rl.contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
+from gspo_rl.learner.advantages import TurnAdvantages
+from gspo_rl.learner.losses import group_advantages
+from gspo_rl.server.store import QueueConfig, RewardItem, RolloutStore, make_redis
 from tests.queue_helpers import aready_records, open_group
 
 KEYS = Keys()

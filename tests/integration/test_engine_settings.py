@@ -10,10 +10,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gspo.cli import app
-from gspo.engine_args import parse_engine_args
-from server.app import build_engine
-from server.settings import ServerSettings
+from gspo_rl.cli import app
+from gspo_rl.engine_args import parse_engine_args
+from gspo_rl.server.app import build_engine
+from gspo_rl.server.settings import ServerSettings
 
 
 @pytest.mark.parametrize(("kw", "cuda", "want"), [
@@ -57,7 +57,7 @@ def test_vllm_engine_gets_every_setting(tiny_model_dir: Path) -> None:
             kw["enforce_eager"], kw["swap_space"], kw["block_size"]) == (
         "bfloat16", 2, 0.3, True, 2, 32)
     assert engine.max_model_len == 48 and engine.weight_ranks() == 2
-    from server.engines.vllm_engine import VLLMEngine
+    from gspo_rl.server.engines.vllm_engine import VLLMEngine
 
     with pytest.raises(ValueError, match="logprobs_mode"):
         VLLMEngine(str(tiny_model_dir), engine_args={"logprobs_mode": "raw_logprobs"})
@@ -84,7 +84,7 @@ def test_gspo_serve_refuses_bad_engine_flags() -> None:
 
 
 def test_gspo_up_device_reaches_the_server() -> None:
-    from gspo.up import UpConfig, _server_device_args
+    from gspo_rl.up import UpConfig, _server_device_args
 
     f32 = ["--dtype", "float32"]  # behavior log-probs: exact only at the learner's dtype
     assert _server_device_args(UpConfig(run_dir=Path("r"))) == ["--engine", "hf", *f32]

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import torch
 
-from contract.cuda_ipc import (
+from gspo_rl.contract.cuda_ipc import (
     CudaIpcTensor,
     IpcUpdateRequest,
     check_request,
@@ -27,14 +27,14 @@ from contract.cuda_ipc import (
     open_tensors,
     rebuild_args,
 )
-from contract.weight_transport import (
+from gspo_rl.contract.weight_transport import (
     JoinRequest,
     UpdateRequest,
     choose_transport,
     tensor_metas,
     transport_device,
 )
-from server.engines.base import Completion, Engine, EngineStats, SamplingParams
+from gspo_rl.server.engines.base import Completion, Engine, EngineStats, SamplingParams
 from tests.serving import ADMIN_KEY, running_server
 
 GPU_A, GPU_B = "GPU-aaaa", "GPU-bbbb"
@@ -100,7 +100,7 @@ def test_engine_receives_into_the_transport_device(monkeypatch: pytest.MonkeyPat
     """Finding 1: the receive buckets were always on the CPU (NCCL: "Tensors must be CUDA and
     dense"). The process group is replaced at its boundary; the device argument is what
     counts."""
-    import contract.weight_transport as wt
+    import gspo_rl.contract.weight_transport as wt
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(wt, "make_process_group", lambda *a, **k: object())
@@ -139,8 +139,8 @@ def test_choose_transport_ipc_only_on_the_learners_own_gpu() -> None:
 
 
 def test_learner_on_cpu_never_asks_servers_for_ipc() -> None:
-    from contract.registry import ServerInfo
-    from learner.weight_sync import BroadcastSync
+    from gspo_rl.contract.registry import ServerInfo
+    from gspo_rl.learner.weight_sync import BroadcastSync
 
     sync = BroadcastSync(client=None, backend="gloo")  # type: ignore[arg-type]
     try:
@@ -206,8 +206,8 @@ def test_ipc_route_refuses_a_cpu_engine_and_reports_its_devices(tiny_model_dir: 
 
 
 def _learner_asks_servers_for_their_devices(url: str) -> None:
-    from contract.registry import ServerInfo
-    from learner.weight_sync import BroadcastSync
+    from gspo_rl.contract.registry import ServerInfo
+    from gspo_rl.learner.weight_sync import BroadcastSync
     from tests.conftest import free_port
 
     sync = BroadcastSync(client=None, admin_key=ADMIN_KEY)  # type: ignore[arg-type]
@@ -226,7 +226,7 @@ def _learner_asks_servers_for_their_devices(url: str) -> None:
 
 def _ipc_sender(q: Any, done: Any) -> None:
     """A learner on the same GPU: export its tensors, wait until the receiver copied them."""
-    from contract.cuda_ipc import export_tensors
+    from gspo_rl.contract.cuda_ipc import export_tensors
 
     metas, kept, handles = export_tensors(_named("cuda:0"), torch.device("cuda", 0))
     q.put(IpcUpdateRequest(version=3, tensors=metas, handles=handles).model_dump_json())
@@ -254,7 +254,7 @@ def test_cuda_ipc_weights_cross_processes_on_one_gpu() -> None:
 
 
 def _nccl_sender(port: int) -> None:
-    from contract.weight_transport import make_process_group, send_tensors
+    from gspo_rl.contract.weight_transport import make_process_group, send_tensors
 
     torch.cuda.set_device(0)
     pg = make_process_group("nccl", "127.0.0.1", port, 0, 2, epoch=1, timeout_s=60)
@@ -267,7 +267,7 @@ def _nccl_sender(port: int) -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs")
 def test_nccl_update_lands_on_the_engines_gpu() -> None:
     """Finding 1 on real NCCL: an engine on cuda:1 receives the learner's broadcast."""
-    from contract.weight_transport import host_store
+    from gspo_rl.contract.weight_transport import host_store
     from tests.conftest import free_port
 
     port = free_port()
@@ -298,8 +298,8 @@ def test_nccl_update_lands_on_the_engines_gpu() -> None:
 @pytest.mark.gpu
 def test_hf_engine_greedy_and_seeded_on_cuda(tiny_model_dir: Path) -> None:
     """Finding 2: greedy and seeded requests on a CUDA engine, parity with a plain forward."""
-    from server.engines.hf import HFEngine
-    from server.engines.reference import sequence_logprobs
+    from gspo_rl.server.engines.hf import HFEngine
+    from gspo_rl.server.engines.reference import sequence_logprobs
 
     async def body() -> None:
         engine = HFEngine(str(tiny_model_dir), device="cuda")

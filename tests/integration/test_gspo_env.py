@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from clients.loading import load_environment
+from gspo_rl.client.loading import load_environment
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 MY_ENV = '''
 import random
-from clients.environment import SingleTurnEnvironment
+from gspo_rl.client.environment import SingleTurnEnvironment
 
 
 class CountEnv(SingleTurnEnvironment):
@@ -40,7 +40,7 @@ not_an_env = 3
 
 def _gspo_env(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GSPO_API_KEY": API_KEY, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "gspo.cli", "env", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "gspo_rl.cli", "env", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from server.engines.base import Completion, SamplingParams
-from server.engines.hf import HFEngine
-from server.engines.hf_requests import ArrivalWindow
-from server.engines.reference import sequence_logprobs
+from gspo_rl.server.engines.base import Completion, SamplingParams
+from gspo_rl.server.engines.hf import HFEngine
+from gspo_rl.server.engines.hf_requests import ArrivalWindow
+from gspo_rl.server.engines.reference import sequence_logprobs
 
 T = TypeVar("T")
 PROMPTS = [[5, 6, 7], list(range(10, 31)), [100], list(range(200, 212)), [42] * 7]

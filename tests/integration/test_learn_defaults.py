@@ -15,12 +15,12 @@ import httpx
 import pytest
 import redis
 
-from clients.client import GSPOClient
-from contract.redis_schema import Keys
-from contract.registry import live_servers
-from learner.config import LearnerConfig
-from learner.loop import Learner
-from learner.metrics import console_line
+from gspo_rl.client.client import GSPOClient
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.registry import live_servers
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.loop import Learner
+from gspo_rl.learner.metrics import console_line
 from tests.conftest import RedisServer
 from tests.serving import ADMIN_KEY, API_KEY, Served, running_server
 

@@ -1,4 +1,5 @@
-"""learner.config (TOML + overrides) and learner.metrics (records, history, sinks)."""
+"""gspo_rl.learner.config (TOML + overrides) and gspo_rl.learner.metrics (records, history,
+sinks)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from contract.redis_schema import ReadyGroup
-from learner.config import LearnerConfig
-from learner.metrics import (
+from gspo_rl.contract.redis_schema import ReadyGroup
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.metrics import (
     MetricsLogger,
     console_line,
     reward_stats,
@@ -67,7 +68,7 @@ def test_every_field_is_documented():
 def test_cli_reports_bad_settings_without_a_traceback(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(TOML)
-    r = subprocess.run([sys.executable, "-m", "gspo.cli", "learn", "--config", str(path),
+    r = subprocess.run([sys.executable, "-m", "gspo_rl.cli", "learn", "--config", str(path),
                         "--lr", "-1", "--loss", "ppo"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2

@@ -16,13 +16,18 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from contract.redis_schema import LEARNER_CONSUMER_GROUP, READY_STREAM_FIELD, Keys, pack_ready_group
-from learner.batching import samples_from_groups, split_micro
-from learner.checkpoint import load_latest
-from learner.config import LearnerConfig
-from learner.distributed import assign_owners
-from learner.loop import Learner
-from learner.sync_base import NoSync
+from gspo_rl.contract.redis_schema import (
+    LEARNER_CONSUMER_GROUP,
+    READY_STREAM_FIELD,
+    Keys,
+    pack_ready_group,
+)
+from gspo_rl.learner.batching import samples_from_groups, split_micro
+from gspo_rl.learner.checkpoint import load_latest
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.distributed import assign_owners
+from gspo_rl.learner.loop import Learner
+from gspo_rl.learner.sync_base import NoSync
 from tests.learner_data import sample_group
 
 
@@ -70,7 +75,7 @@ def test_torchrun_two_ranks_trains_what_one_process_trains(tiny_model_dir, redis
     toml.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in fields.items())
                     + f'\n[loss]\nkind = "{loss["kind"]}"\n')
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "gspo.cli",
+    r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "gspo_rl.cli",
                         "learn", "--config", str(toml)], capture_output=True, text=True,
                        env=env, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""FSDP2 learner (``learner.fsdp``): the pure parts, and a real 2-rank torchrun (gloo, CPU)
+"""FSDP2 learner (``gspo_rl.learner.fsdp``): the pure parts, and a real 2-rank torchrun (gloo, CPU)
 job that must train, push and checkpoint what one process does, across a resume."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from contract.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
-from learner.advantages import advantage_fn_for
-from learner.batching import plan_step
-from learner.checkpoint import list_checkpoints
-from learner.config import LearnerConfig
-from learner.distributed import assign_owners
-from learner.fsdp import (
+from gspo_rl.contract.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
+from gspo_rl.learner.advantages import advantage_fn_for
+from gspo_rl.learner.batching import plan_step
+from gspo_rl.learner.checkpoint import list_checkpoints
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.distributed import assign_owners
+from gspo_rl.learner.fsdp import (
     FULL_FORMAT,
     check_names,
     decoder_layers,
@@ -31,11 +31,11 @@ from learner.fsdp import (
     ids_to_names,
     load_optimizer_state,
 )
-from learner.loop import Learner
-from learner.policy import Policy
-from learner.sync_base import NoSync
-from learner.trainer import Trainer
-from learner.weight_sync import named_weights
+from gspo_rl.learner.loop import Learner
+from gspo_rl.learner.policy import Policy
+from gspo_rl.learner.sync_base import NoSync
+from gspo_rl.learner.trainer import Trainer
+from gspo_rl.learner.weight_sync import named_weights
 from tests.learner_data import sample_group
 
 
@@ -154,7 +154,7 @@ def test_torchrun_fsdp2_trains_pushes_and_resumes_like_one_process(tiny_model_di
     r = subprocess.run(run + ["tests.fsdp_probe", str(toml), str(tmp_path / "pushed")],
                        capture_output=True, text=True, env=env, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    r = subprocess.run(run + ["gspo.cli", "learn", "--config", str(toml), "--resume",
+    r = subprocess.run(run + ["gspo_rl.cli", "learn", "--config", str(toml), "--resume",
                               "--max-steps", "3", "--data-parallel", "fsdp2"],
                        capture_output=True, text=True, env=env, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -21,13 +21,13 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from contract.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
-from contract.registry import ServerInfo, live_servers, register
-from learner.checkpoint import load_latest
-from learner.config import LearnerConfig
-from learner.loop import Learner
-from learner.progress import RedisUnavailable
-from learner.sync_base import NoSyncReport
+from gspo_rl.contract.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
+from gspo_rl.contract.registry import ServerInfo, live_servers, register
+from gspo_rl.learner.checkpoint import load_latest
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.loop import Learner
+from gspo_rl.learner.progress import RedisUnavailable
+from gspo_rl.learner.sync_base import NoSyncReport
 from tests.conftest import RedisServer
 from tests.learner_data import sample_group
 from tests.serving import ADMIN_KEY, running_server
@@ -63,7 +63,7 @@ def _cfg(tiny_model_dir, redis_url: str, tmp_path: Path, **kw) -> LearnerConfig:
 
 
 class Running:
-    """``learner.run()`` on a thread; ``stop`` requests a graceful stop and joins."""
+    """``gspo_rl.learner.run()`` on a thread; ``stop`` requests a graceful stop and joins."""
 
     def __init__(self, learner: Learner) -> None:
         self.learner, self.error = learner, None
@@ -123,7 +123,7 @@ def test_the_learner_waits_for_redis_and_survives_its_restart(
                redis_retry_s=60)
     made: list[Learner] = []
     starting = threading.Thread(target=lambda: made.append(Learner(cfg)), daemon=True)
-    with caplog.at_level(logging.WARNING, logger="learner.progress"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
         starting.start()  # Redis is down: the learner waits (bounded) instead of exiting
         time.sleep(1.5)
         redis_aof_server.start()
@@ -186,7 +186,7 @@ def test_every_no_progress_state_is_warned_once_and_recorded(
                            admin_key=ADMIN_KEY), client=client, sync=sync)
     assert learner.version == 11 and sync.pushes == [11]  # pushed at start
     _publish(client, sampler, 3, version=0, seed=0)  # 11 versions old: all stale
-    with caplog.at_level(logging.WARNING, logger="learner.progress"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
         for _ in range(4):
             assert learner.run_step() is None
         learner.healer.last_check = 0.0  # due now (not 5 s after the start-up push)
@@ -229,11 +229,11 @@ def test_gspo_learn_exits_75_with_a_message_when_redis_never_answers(tiny_model_
 
 
 def test_a_server_state_is_not_warned_again_by_each_trained_step(tmp_path, caplog):
-    from learner.metrics import MetricsLogger
-    from learner.progress import ProgressMonitor
+    from gspo_rl.learner.metrics import MetricsLogger
+    from gspo_rl.learner.progress import ProgressMonitor
 
     monitor = ProgressMonitor(MetricsLogger(tmp_path / "m.jsonl", console=False))
-    with caplog.at_level(logging.WARNING, logger="learner.progress"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
         for _ in range(3):  # training goes on from a backlog while no server is registered
             monitor.stalled("no_servers", "none registered")
             monitor.stalled("no_groups", "empty")
@@ -242,6 +242,6 @@ def test_a_server_state_is_not_warned_again_by_each_trained_step(tmp_path, caplo
     assert sum("(no_servers)" in m for m in warned) == 1  # once per interval, not per step
     assert sum("(no_groups)" in m for m in warned) == 3  # a trained step ends that state
     monitor.clear("no_servers")
-    with caplog.at_level(logging.WARNING, logger="learner.progress"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
         monitor.stalled("no_servers", "gone again")
     assert sum("(no_servers)" in r.getMessage() for r in caplog.records) == 2

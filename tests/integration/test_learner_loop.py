@@ -19,16 +19,16 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from contract.redis_schema import (
+from gspo_rl.contract.redis_schema import (
     LEARNER_CONSUMER_GROUP,
     READY_STREAM_FIELD,
     Keys,
     pack_ready_group,
 )
-from learner.checkpoint import list_checkpoints, load_latest
-from learner.config import LearnerConfig
-from learner.loop import Learner
-from learner.metrics import trained_history
+from gspo_rl.learner.checkpoint import list_checkpoints, load_latest
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.loop import Learner
+from gspo_rl.learner.metrics import trained_history
 from tests.learner_data import sample_group
 
 KEYS = Keys()
@@ -42,7 +42,7 @@ class RecordingSync:
     closed: bool = False
 
     def push(self, model: torch.nn.Module, version: int):
-        from learner.sync_base import NoSyncReport
+        from gspo_rl.learner.sync_base import NoSyncReport
 
         self.pushes.append(version)
         return NoSyncReport(version=version, bytes_sent=sum(
@@ -88,9 +88,9 @@ def test_loop_trains_checkpoints_acks_and_pushes(tiny_model_dir, redis_url, tmp_
     sync = RecordingSync()
     learner = Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=3, sync_every=2),
                       client=client, sync=sync)
-    with caplog.at_level(logging.INFO, logger="learner.loop"):
+    with caplog.at_level(logging.INFO, logger="gspo_rl.learner.loop"):
         state = learner.run()
-    # start-up objects out of the collector while it ran (contract.gc_freeze), back after
+    # start-up objects out of the collector while it ran (gspo_rl.contract.gc_freeze), back after
     assert "start-up objects frozen out of the garbage collector" in caplog.text
     assert gc.get_freeze_count() == 0
     assert (state.step, state.version, state.groups_trained) == (3, 3, 6)
@@ -163,7 +163,7 @@ def test_fresh_start_refuses_a_directory_with_checkpoints(tiny_model_dir, redis_
 
 def _spawn(toml: Path, log: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "gspo.cli", "learn", "--config", str(toml),
+    return subprocess.Popen([sys.executable, "-m", "gspo_rl.cli", "learn", "--config", str(toml),
                              *extra], stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                             env=env)
 
@@ -243,7 +243,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_acks(tiny_model_dir, redis_ur
 
 def test_target_reward_stops_taking_groups_trains_those_in_flight_and_stops(
         tiny_model_dir, redis_url, tmp_path, sampler):
-    """At the target (learner.target) the learner publishes ``finished`` (servers start no
+    """At the target (gspo_rl.learner.target) the learner publishes ``finished`` (servers start no
     new group), trains every group still in flight, checkpoints and returns; a learner started
     again clears ``finished``. The totals are what the servers record per finished group."""
     client = redis.Redis.from_url(redis_url)

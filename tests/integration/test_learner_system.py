@@ -10,11 +10,11 @@ import httpx
 import redis
 import torch
 
-from clients.client import GSPOClient
-from contract.redis_schema import Keys
-from contract.registry import live_servers
-from learner.config import LearnerConfig
-from learner.loop import Learner
+from gspo_rl.client.client import GSPOClient
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.registry import live_servers
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.loop import Learner
 from tests.serving import ADMIN_KEY, API_KEY, running_server
 
 

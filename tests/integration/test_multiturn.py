@@ -24,9 +24,14 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from clients.examples.calculator import CALCULATOR_TOOL, SYSTEM, assistant_message, run_tool_call
-from contract.redis_schema import Keys, RolloutRecord, unpack_rollout
-from server.engines.reference import sequence_logprobs
+from gspo_rl.client.examples.calculator import (
+    CALCULATOR_TOOL,
+    SYSTEM,
+    assistant_message,
+    run_tool_call,
+)
+from gspo_rl.contract.redis_schema import Keys, RolloutRecord, unpack_rollout
+from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.conftest import RedisServer
 from tests.queue_helpers import ready_groups
 from tests.serving import API_KEY, MODEL_NAME, Served, running_server

@@ -26,19 +26,19 @@ import pytest
 import redis
 import torch
 
-from clients.client import AsyncGSPOClient, GSPOClient
-from clients.environment import arun_groups
-from clients.examples.calculator import CalculatorEnvironment
-from contract.credit import group_turn_advantages
-from contract.redis_schema import Keys, ReadyGroup, unpack_rollout
-from learner.advantages import TurnAdvantages, advantage_fn_for
-from learner.batching import plan_step, sequence_advantage
-from learner.config import LearnerConfig
-from learner.losses import LossConfig, group_advantages, policy_loss
-from learner.policy import Policy
-from learner.run import run_learner
-from learner.trainer import Trainer
-from server.store import QueueConfig
+from gspo_rl.client.client import AsyncGSPOClient, GSPOClient
+from gspo_rl.client.environment import arun_groups
+from gspo_rl.client.examples.calculator import CalculatorEnvironment
+from gspo_rl.contract.credit import group_turn_advantages
+from gspo_rl.contract.redis_schema import Keys, ReadyGroup, unpack_rollout
+from gspo_rl.learner.advantages import TurnAdvantages, advantage_fn_for
+from gspo_rl.learner.batching import plan_step, sequence_advantage
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.losses import LossConfig, group_advantages, policy_loss
+from gspo_rl.learner.policy import Policy
+from gspo_rl.learner.run import run_learner
+from gspo_rl.learner.trainer import Trainer
+from gspo_rl.server.store import QueueConfig
 from tests.queue_helpers import ready_groups as ready_groups_of
 from tests.serving import API_KEY, MODEL_NAME, Served, running_server
 
@@ -209,7 +209,7 @@ def test_calculator_example_end_to_end_with_learner(served: Served, redis_url: s
 
 
 def test_sdk_imports_without_torch() -> None:
-    code = ("import sys, clients, clients.environment, clients.client; "
+    code = ("import sys, clients, gspo_rl.client.environment, gspo_rl.client.client; "
             "heavy = [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)

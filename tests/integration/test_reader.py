@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from contract.admission import FIELD_TRAINING
-from contract.redis_schema import Keys
-from learner.reader import KEEP_TRAINED_S, GroupReader
+from gspo_rl.contract.admission import FIELD_TRAINING
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.learner.reader import KEEP_TRAINED_S, GroupReader
 from tests.conftest import RedisServer
 from tests.queue_helpers import publish_groups
 

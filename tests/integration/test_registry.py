@@ -18,8 +18,8 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from contract.redis_schema import Keys
-from contract.registry import (
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.registry import (
     ServerInfo,
     live_servers,
     parse_registration,
@@ -27,7 +27,7 @@ from contract.registry import (
     register,
     registration,
 )
-from learner.weight_sync import BroadcastSync
+from gspo_rl.learner.weight_sync import BroadcastSync
 from tests.conftest import free_port
 
 KEY = "the-admin-key"

@@ -1,6 +1,6 @@
 """Top-p / top-k: the behaviour distribution is recorded with every rollout, both engines
 record the truncated, renormalised log-probabilities, and the learner recomputes them under
-the same cut (``contract.sampling_dist``)."""
+the same cut (``gspo_rl.contract.sampling_dist``)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import pytest
 import redis
 import torch
 
-from contract.redis_schema import Keys
-from contract.sampling_dist import keep_mask, sampled_logprobs, truncating
-from learner.batching import plan_step
-from learner.config import LearnerConfig
-from learner.losses import LossConfig, policy_loss
-from learner.policy import Policy, cut_logprobs
-from learner.trainer import Trainer
-from server.engines.base import SamplingParams
-from server.engines.hf import HFEngine
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.sampling_dist import keep_mask, sampled_logprobs, truncating
+from gspo_rl.learner.batching import plan_step
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.losses import LossConfig, policy_loss
+from gspo_rl.learner.policy import Policy, cut_logprobs
+from gspo_rl.learner.trainer import Trainer
+from gspo_rl.server.engines.base import SamplingParams
+from gspo_rl.server.engines.hf import HFEngine
 from tests.queue_helpers import ready_groups, stored_rollout
 from tests.serving import API_KEY, running_server
 

@@ -1,5 +1,5 @@
 """The SDK's errors are named by what happened and carry the server's ``code``, ``status`` and
-``message`` (clients.errors): the mapping itself, then real answers of the rewards API (real
+``message`` (gspo_rl.client.errors): the mapping itself, then real answers of the rewards API (real
 uvicorn, real Redis) surfacing through ``GSPOClient`` as the right exception."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clients import (
+from gspo_rl.client import (
     AsyncGSPOClient,
     ConflictError,
     GroupExpired,
@@ -23,8 +23,8 @@ from clients import (
     ServerUnavailable,
     UnprocessableEntityError,
 )
-from clients.client import RetryPolicy
-from clients.errors import (
+from gspo_rl.client.client import RetryPolicy
+from gspo_rl.client.errors import (
     AuthenticationError,
     BadRequestError,
     ConcurrentTurn,

@@ -1,5 +1,5 @@
-"""The SDK's group runner survives failing episodes (clients.failures): real server (hf engine,
-tiny model), real redis, the official openai client. Failures are real server errors (a 409
+"""The SDK's group runner survives failing episodes (gspo_rl.client.failures): real server (hf
+engine, tiny model), real redis, the official openai client. Failures are real server errors (a 409
 for an episode that rewrites its history) and an environment's own exception (a crashed
 tool); the run goes on, retries or abandons as configured, and counts every failure."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import openai
 import pytest
 
-from clients.client import AsyncGSPOClient
-from clients.environment import EpisodeSession, MultiTurnEnvironment, arun_groups
-from clients.failures import FailurePolicy, RunStats, describe_error
+from gspo_rl.client.client import AsyncGSPOClient
+from gspo_rl.client.environment import EpisodeSession, MultiTurnEnvironment, arun_groups
+from gspo_rl.client.failures import FailurePolicy, RunStats, describe_error
 from tests.serving import API_KEY, Served
 
 
@@ -93,7 +93,7 @@ def test_raise_policy_and_the_consecutive_failure_limit(served: Served) -> None:
 
 
 def test_describe_error_and_policy_checks() -> None:
-    from clients.errors import error_for_status
+    from gspo_rl.client.errors import error_for_status
 
     exc = error_for_status(400, {"error": {"message": "bad", "code": "invalid_messages"}})
     assert describe_error(exc) == "BadRequestError 400 invalid_messages"

@@ -1,4 +1,4 @@
-"""The SDK's one retry policy (``clients.client._after_attempt``), driven by both clients
+"""The SDK's one retry policy (``gspo_rl.client.client._after_attempt``), driven by both clients
 against a real HTTP server that answers 503 a set number of times before 200."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from clients.client import AsyncGSPOClient, GSPOClient, RetryPolicy
-from clients.errors import ServerUnavailable
+from gspo_rl.client.client import AsyncGSPOClient, GSPOClient, RetryPolicy
+from gspo_rl.client.errors import ServerUnavailable
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.002)
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from server.engines.reference import sequence_logprobs
+from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.queue_helpers import stored_rollout
 from tests.serving import (
     API_KEY,

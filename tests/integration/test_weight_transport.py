@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from contract.net import interface_addresses
-from contract.weight_transport import (
+from gspo_rl.contract.net import interface_addresses
+from gspo_rl.contract.weight_transport import (
     TensorMeta,
     host_store,
     make_process_group,

@@ -1,9 +1,9 @@
-"""The admission rule (contract.admission), a pure function: how many groups may be in flight
-so that the newest is trained within the learner's staleness bound."""
+"""The admission rule (gspo_rl.contract.admission), a pure function: how many groups may be in
+flight so that the newest is trained within the learner's staleness bound."""
 
 from __future__ import annotations
 
-from contract.admission import LearnerParams, admits, capacity
+from gspo_rl.contract.admission import LearnerParams, admits, capacity
 
 
 def test_capacity_is_staleness_plus_one_steps_of_groups_less_the_servers_lag() -> None:

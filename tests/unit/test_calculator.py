@@ -8,7 +8,7 @@ import random
 import pytest
 from openai.types.chat import ChatCompletionMessageToolCall
 
-from clients.examples.calculator import (
+from gspo_rl.client.examples.calculator import (
     CalculatorEnvironment,
     last_number,
     run_tool_call,

@@ -1,4 +1,4 @@
-"""server.chat without a server: tool-call parsing, message conversion, token texts, the
+"""gspo_rl.server.chat without a server: tool-call parsing, message conversion, token texts, the
 completion text rules (end-of-turn token dropped, cut at the stop string)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from server.chat import (
+from gspo_rl.server.chat import (
     TokenTexts,
     completion_text,
     end_token_ids,
@@ -17,8 +17,8 @@ from server.chat import (
     render_chat_prompt,
     template_messages,
 )
-from server.engines.base import Completion
-from server.errors import APIError
+from gspo_rl.server.engines.base import Completion
+from gspo_rl.server.errors import APIError
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""``gspo serve`` / ``gspo learn`` options come from the config models (gspo.cli_options): the
+"""``gspo serve`` / ``gspo learn`` options come from the config models (gspo_rl.cli_options): the
 stored spec the CLI reads is what the models generate now (a changed field docstring, type or
-default without ``python -m gspo.cli_options`` fails here), the flag names stay the same, and
+default without ``python -m gspo_rl.cli_options`` fails here), the flag names stay the same, and
 each option's help is its field's docstring."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 
 import typer.main
 
-from gspo.cli import app
-from gspo.cli_options import SPEC_FILE, dump, generate
-from learner.config import LearnerConfig
-from server.settings import ServerSettings
+from gspo_rl.cli import app
+from gspo_rl.cli_options import SPEC_FILE, dump, generate
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.server.settings import ServerSettings
 
 SERVE_FLAGS = [
     "--model", "--engine", "--served-model-name", "--host", "--port", "--redis-url",
@@ -34,7 +34,7 @@ LEARN_FLAGS = [
 
 def test_stored_spec_is_what_the_models_generate() -> None:
     assert SPEC_FILE.read_text() == dump(generate()), \
-        "run: .venv/bin/python -m gspo.cli_options"
+        "run: .venv/bin/python -m gspo_rl.cli_options"
 
 
 def test_flag_names_and_defaults_are_unchanged() -> None:

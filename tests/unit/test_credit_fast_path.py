@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from contract.credit import group_credit
+from gspo_rl.contract.credit import group_credit
 
 
 def _cases() -> list[tuple[list[float], list[int]]]:

@@ -1,11 +1,11 @@
-"""contract.gc_freeze: start-up objects out of the collector's generations, and back."""
+"""gspo_rl.contract.gc_freeze: start-up objects out of the collector's generations, and back."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from contract.gc_freeze import freeze_startup_objects
+from gspo_rl.contract.gc_freeze import freeze_startup_objects
 
 
 def test_freezing_collects_garbage_first_and_hides_what_is_alive_from_full_collections() -> None:

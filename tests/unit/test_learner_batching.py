@@ -1,4 +1,4 @@
-"""learner.batching: padding, sorting, minibatch/microbatch splits, alignment, bad data."""
+"""gspo_rl.learner.batching: padding, sorting, minibatch/microbatch splits, alignment, bad data."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from contract.redis_schema import ReadyGroup, RolloutRecord
-from learner.batching import (
+from gspo_rl.contract.redis_schema import ReadyGroup, RolloutRecord
+from gspo_rl.learner.batching import (
     collate,
     deal_minibatches,
     plan_step,

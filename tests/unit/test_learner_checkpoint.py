@@ -1,4 +1,4 @@
-"""learner.checkpoint: round trip incl. optimiser state and RNG, atomicity, retention."""
+"""gspo_rl.learner.checkpoint: round trip incl. optimiser state and RNG, atomicity, retention."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import learner.checkpoint as ckpt_mod
-from learner.checkpoint import (
+import gspo_rl.learner.checkpoint as ckpt_mod
+from gspo_rl.learner.checkpoint import (
     LearnerState,
     list_checkpoints,
     load_latest,
@@ -19,9 +19,9 @@ from learner.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from learner.config import LearnerConfig
-from learner.policy import Policy
-from learner.trainer import Trainer
+from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.policy import Policy
+from gspo_rl.learner.trainer import Trainer
 from tests.learner_data import sample_group
 
 

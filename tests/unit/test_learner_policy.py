@@ -1,4 +1,5 @@
-"""learner.policy: the learner's log-probabilities equal the servers' for the same weights."""
+"""gspo_rl.learner.policy: the learner's log-probabilities equal the servers' for the same
+weights."""
 
 from __future__ import annotations
 
@@ -7,17 +8,17 @@ import asyncio
 import pytest
 import torch
 
-from contract.redis_schema import ReadyGroup, RolloutRecord
-from learner.batching import collate, samples_from_groups
-from learner.policy import Policy, selected_logprobs
-from server.engines.base import SamplingParams
-from server.engines.hf import HFEngine
-from server.engines.reference import sequence_logprobs
+from gspo_rl.contract.redis_schema import ReadyGroup, RolloutRecord
+from gspo_rl.learner.batching import collate, samples_from_groups
+from gspo_rl.learner.policy import Policy, selected_logprobs
+from gspo_rl.server.engines.base import SamplingParams
+from gspo_rl.server.engines.hf import HFEngine
+from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.learner_data import sample_group
 
 
 def test_selected_logprobs_matches_log_softmax_and_its_gradient(monkeypatch):
-    import learner.policy as policy_mod
+    import gspo_rl.learner.policy as policy_mod
 
     monkeypatch.setattr(policy_mod, "_CHUNK_ELEMS", 23)  # several chunks per call
     g = torch.Generator().manual_seed(0)

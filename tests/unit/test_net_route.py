@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from contract import weight_transport
-from contract.net import interface_addresses, interface_of, route_source_address
+from gspo_rl.contract import weight_transport
+from gspo_rl.contract.net import interface_addresses, interface_of, route_source_address
 
 LINUX = pytest.mark.skipif(sys.platform != "linux", reason="interface addresses: Linux ioctl")
 

@@ -1,4 +1,5 @@
-"""Tool-call and reasoning parsers (server.parsers): pure text -> (content, reasoning, calls)."""
+"""Tool-call and reasoning parsers (gspo_rl.server.parsers): pure text -> (content, reasoning,
+calls)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import json
 
 import pytest
 
-from server.parsers import parse_assistant
-from server.parsers.reasoning import split_reasoning
-from server.parsers.tool_calls import convert_value, parse_calls
+from gspo_rl.server.parsers import parse_assistant
+from gspo_rl.server.parsers.reasoning import split_reasoning
+from gspo_rl.server.parsers.tool_calls import convert_value, parse_calls
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {

@@ -1,4 +1,4 @@
-"""``contract.ready_entry``: the learner's decode of a by-reference entry (``unpack_entry``)
+"""``gspo_rl.contract.ready_entry``: the learner's decode of a by-reference entry (``unpack_entry``)
 gives exactly what ``unpack_ready_group`` gives for the joined bytes, with the records one key
 per rollout or one key for the group (a subset picked by id, as a partial group publishes),
 and refuses what the joined bytes refuse."""
@@ -11,8 +11,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from contract.credit import AdvantageConfig
-from contract.ready_entry import (
+from gspo_rl.contract.credit import AdvantageConfig
+from gspo_rl.contract.ready_entry import (
     EntryRefs,
     entry_record_bytes,
     pack_group_records,
@@ -21,7 +21,7 @@ from contract.ready_entry import (
     unpack_entry,
     unpack_group_records,
 )
-from contract.redis_schema import (
+from gspo_rl.contract.redis_schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
     READY_RECORDS_FIELD,
@@ -34,7 +34,7 @@ from contract.redis_schema import (
     pack_rollout,
     unpack_ready_group,
 )
-from server.store_finish import ready_group_head
+from gspo_rl.server.store_finish import ready_group_head
 from tests.queue_helpers import make_rollout
 
 _BAD = (ValueError, TypeError, KeyError)  # what msgpack and the record decoding raise

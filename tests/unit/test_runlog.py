@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gspo.runlog import (
+from gspo_rl.runlog import (
     ENV_WINDOW,
     JsonlTail,
     moving,

@@ -1,6 +1,7 @@
-"""The SDK's answer to a 503 ``training_finished`` (the learner met its target, server.admission):
-wait for the server's Retry-After and try again, as for the other admission 503s (a learner
-started again takes groups), saying why in a warning, not once per retry."""
+"""The SDK's answer to a 503 ``training_finished`` (the learner met its target,
+gspo_rl.server.admission): wait for the server's Retry-After and try again, as for the other
+admission 503s (a learner started again takes groups), saying why in a warning, not once per
+retry."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import math
 import httpx
 import pytest
 
-import clients.client as client_module
-from clients.client import RetryPolicy, _Attempts
+import gspo_rl.client.client as client_module
+from gspo_rl.client.client import RetryPolicy, _Attempts
 
 
 def answer(code: str, message: str = "the learner finished training (target reward 0.8 "
@@ -26,7 +27,7 @@ def test_training_finished_is_waited_out_with_one_warning_a_minute(
     monkeypatch.setattr(client_module.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(client_module, "_finished_warned_at", -math.inf)
     waiting = [_Attempts(RetryPolicy(attempts=1)) for _ in range(8)]  # 8 requests held
-    with caplog.at_level(logging.WARNING, logger="clients.client"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.client.client"):
         for _ in range(7):  # 70 s of 10 s waits
             delays = [a.admission_delay(answer("training_finished")) for a in waiting]
             assert all(d is not None and 7.5 <= d <= 12.5 for d in delays)
