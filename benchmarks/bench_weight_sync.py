@@ -36,9 +36,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gspo_rl.contract.redis_schema import Keys  # noqa: E402
-from gspo_rl.contract.registry import live_servers  # noqa: E402
-from gspo_rl.contract.weight_transport import (  # noqa: E402
+from gspo_rl.contract.queue.registry import live_servers  # noqa: E402
+from gspo_rl.contract.queue.schema import Keys  # noqa: E402
+from gspo_rl.contract.weights.collective import (  # noqa: E402
     DEFAULT_BUCKET_BYTES,
     host_store,
     make_process_group,

@@ -27,11 +27,8 @@ group, 503 ``training_finished``, until a learner publishes an empty ``finished`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from gspo_rl.contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys
 
 FIELD_VERSION = "version"
 FIELD_MAX_STALENESS = "max_staleness"
@@ -96,72 +93,3 @@ class LearnerParams:
         assert self.groups_per_step is not None
         return capacity(self.max_staleness, self.groups_per_step,
                         self.version - server_version)
-
-
-IN_FLIGHT_FACTS = """
--- KEYS: deadlines, complete, ready stream, learner state, admission servers
--- ARGV: the pending keys' prefix, the reading server's id ('' : none), the learner's
---       consumer group
--- -> {open, complete, stream length, the group's lag (-1: unknown), other servers' pending,
---     the learner state's HGETALL}; servers whose pending key expired leave the set
-local n_open = redis.call('ZCARD', KEYS[1])
-local n_complete = redis.call('SCARD', KEYS[2])
-local depth = redis.call('XLEN', KEYS[3])
-local lag = -1
-local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[3])  -- no stream yet: an error
-if ok then
-  for _, g in ipairs(groups) do
-    local name, glag = nil, false
-    for i = 1, #g, 2 do
-      if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'lag' then glag = g[i + 1] end
-    end
-    if name == ARGV[3] then
-      if glag then lag = glag end  -- a nil lag: Redis cannot say, the stream's length counts
-      break
-    end
-  end
-end
-local remote = 0
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[5])) do
-  if id ~= ARGV[2] then
-    local v = redis.call('GET', ARGV[1] .. id)
-    if v then remote = remote + tonumber(v) else redis.call('SREM', KEYS[5], id) end
-  end
-end
-return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', KEYS[4])}
-"""
-"""The facts the in-flight count is made of, in one round trip (``gspo_rl.server.inflight`` reads it
-for the gate, ``gspo_rl.learner.target`` to drain); ``in_flight_call`` gives its keys and arguments,
-``InFlightFacts.from_reply`` reads its reply."""
-
-
-def in_flight_call(keys: Keys, server_id: str = "") -> tuple[list[str], list[str]]:
-    """KEYS and ARGV of ``IN_FLIGHT_FACTS`` for server ``server_id`` (its own pending count is
-    left out: its gate knows it exactly; "": every server's counts)."""
-    return ([keys.deadlines, keys.complete, keys.ready_stream, keys.learner_state,
-             keys.admission_servers],
-            [keys.admission_pending(""), server_id, LEARNER_CONSUMER_GROUP])
-
-
-@dataclass(frozen=True)
-class InFlightFacts:
-    """One reply of ``IN_FLIGHT_FACTS``. ``undelivered``: published groups the learner has
-    not read, its consumer group's lag on the ready stream (the stream's length when there is
-    no such group or Redis cannot say)."""
-
-    open: int
-    complete: int
-    undelivered: int
-    remote_pending: int
-    ready_depth: int
-    learner: LearnerParams
-
-    @classmethod
-    def from_reply(cls, reply: Sequence[Any]) -> InFlightFacts:
-        n_open, n_complete, depth, lag, remote, state = reply
-        depth, lag = int(depth), int(lag)
-        return cls(open=int(n_open), complete=int(n_complete),
-                   undelivered=depth if lag < 0 else lag, remote_pending=int(remote),
-                   ready_depth=depth,
-                   learner=LearnerParams.from_hash(dict(zip(state[::2], state[1::2],
-                                                            strict=True))))

@@ -49,13 +49,13 @@ user, tool results, template tokens) get 0 and are masked out of the loss anyway
 
 Arithmetic: doubles, and every mean summed left to right with one rounding per addition
 (``_mean``), not numpy's pairwise order: a defined order that the server's Lua copy of the
-outcome-only rule (``gspo_rl.server.credit_lua``: groups without turn rewards, published by the
-reward script itself) reproduces bit for bit (``tests/integration/test_credit_lua.py``). Change the
-rule here and there together.
+outcome-only rule (``gspo_rl.contract.queue.groups.credit``: groups without turn rewards, published
+by the reward script itself) reproduces bit for bit (``tests/integration/test_credit_lua.py``).
+Change the rule here and there together.
 
 Wiring: the server computes the rule once, when a group completes (in the reward script for
-outcome-only groups, ``gspo_rl.server.store_finish`` for the others), and publishes both the
-sequence and the per-turn advantages;
+outcome-only groups, ``gspo_rl.contract.queue.groups.finish`` for the others), and publishes both
+the sequence and the per-turn advantages;
 ``gspo_rl.learner.advantages.TurnAdvantages`` spreads the published per-turn advantages over each
 rollout's tokens (it recomputes them only for groups published without them) and is what
 ``gspo_rl.learner.advantages.advantage_fn_for`` gives the per-token loss kinds; "gspo" uses the
@@ -112,7 +112,8 @@ def turn_rewards_to_go(turn_rewards: Sequence[float] | None, n_turns: int) -> np
 def _mean(x: np.ndarray) -> float:
     """The mean in a defined order: ``(((x_0 + x_1) + x_2) + ...) / n``, one rounding per
     addition (doubles), not numpy's pairwise/unrolled order, so that the Lua copy of the
-    outcome-only rule (``gspo_rl.server.credit_lua``) gets the same bits; 0 for an empty array."""
+    outcome-only rule (``gspo_rl.contract.queue.groups.credit``) gets the same bits; 0 for an empty
+    array."""
     total = 0.0
     for v in x.tolist():
         total += v

@@ -192,7 +192,7 @@ def _gspo(*args: str) -> list[str]:
 
 def _server_device_args(cfg: UpConfig) -> list[str]:
     """Server flags for ``cfg.device``. Server and learner on one GPU: the learner passes
-    its weights as CUDA IPC handles (chosen automatically, ``gspo_rl.contract.weight_transport``),
+    its weights as CUDA IPC handles (chosen automatically, ``gspo_rl.contract.weights.collective``),
     and vLLM takes only ``gpu_memory_utilization`` of the GPU so that the learner fits. float32
     on every device: the learner uses the servers' log-probabilities as pi_old ("behavior"),
     exact only when both sides compute in the same dtype (README, "On GPUs")."""
@@ -269,7 +269,7 @@ def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
     """The fate of every group of the run, from Redis (``gspo_rl.learner.metrics.group_fates``)."""
     import redis
 
-    from gspo_rl.contract.redis_schema import Keys
+    from gspo_rl.contract.queue.schema import Keys
     from gspo_rl.learner.metrics import group_fates
 
     client = redis.Redis.from_url(redis_url, socket_timeout=5)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gspo_rl.contract.credit import AdvantageConfig, group_turn_advantages, token_advantages
-from gspo_rl.contract.redis_schema import ReadyGroup
+from gspo_rl.contract.queue.schema import ReadyGroup
 
 
 class TurnAdvantages:

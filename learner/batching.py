@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gspo_rl.contract.redis_schema import ReadyGroup, RolloutRecord
-from gspo_rl.learner.reader import Batch
+from gspo_rl.contract.queue.ready.reader import Batch
+from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
 
 logger = logging.getLogger("gspo_rl.learner.loop")
 

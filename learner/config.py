@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from gspo_rl.contract.redis_schema import DEFAULT_PREFIX
+from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
 from gspo_rl.learner.losses import LossConfig
 
 OldLogprobsMode = Literal["behavior", "recompute"]
@@ -34,7 +34,7 @@ class LearnerConfig(BaseModel):
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis holding the ready-group stream, the counters and the learner state."""
     key_prefix: str = DEFAULT_PREFIX
-    """Prefix of every Redis key (``gspo_rl.contract.redis_schema.Keys``); must match the
+    """Prefix of every Redis key (``gspo_rl.contract.queue.schema.Keys``); must match the
     servers'."""
     consumer: str = "learner-0"
     """Consumer name in the Redis consumer group; keep it stable across restarts."""
@@ -160,7 +160,7 @@ class LearnerConfig(BaseModel):
     server on the learner's own GPU gets CUDA IPC handles instead, whatever this says."""
     sync_master_addr: str = "127.0.0.1"
     """Address the servers reach the learner's rendezvous store at. Every rank's broadcast
-    traffic uses its own address on the route to it (``gspo_rl.contract.weight_transport``)."""
+    traffic uses its own address on the route to it (``gspo_rl.contract.weights.collective``)."""
     sync_timeout_s: float = Field(default=60.0, gt=0.0)
     """Bound of every wait of one push (HTTP calls and collectives)."""
 

@@ -2,7 +2,8 @@
 
 Components (each behind a small interface, wired here):
 
-- ``GroupReader`` (``gspo_rl.learner.reader``): batches of ready groups from the Redis stream, stale
+- ``GroupReader`` (``gspo_rl.contract.queue.ready.reader``): batches of ready groups from the Redis
+stream, stale
   ones dropped and counted; delivered groups stay pending until acknowledged.
 - ``Trainer`` (``gspo_rl.learner.trainer``) on a ``Policy`` (``gspo_rl.learner.policy``): one step
 per batch.
@@ -61,7 +62,8 @@ import torch
 
 from gspo_rl.contract.admission import FIELD_TRAINING
 from gspo_rl.contract.gc_freeze import freeze_startup_objects
-from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.queue.ready.reader import Batch, GroupReader
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.batching import AdvantageFn, split_invalid
 from gspo_rl.learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
 from gspo_rl.learner.config import LearnerConfig
@@ -78,7 +80,6 @@ from gspo_rl.learner.metrics import (
 from gspo_rl.learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
 from gspo_rl.learner.protocol import Gather, Idle, Resume, Stop, Train, send
 from gspo_rl.learner.published import publish_state, publish_training, state_fields
-from gspo_rl.learner.reader import Batch, GroupReader
 from gspo_rl.learner.startup import build_weight_sync, checkpoint_to_resume, seed_everything
 from gspo_rl.learner.sync_base import NoSync, WeightSync
 from gspo_rl.learner.target import TargetStop, continue_hint, drain, groups_in_flight
@@ -106,7 +107,7 @@ class Learner:
         self.dist = dist
         self.run_id = uuid.uuid4().hex[:12]
         # Bounded socket waits: a paused Redis is an error to retry, not a hang (reads block
-        # in slices of at most 1 s, see gspo_rl.learner.reader).
+        # in slices of at most 1 s, see gspo_rl.contract.queue.ready.reader).
         self.client = client or redis.Redis.from_url(
             config.redis_url, socket_timeout=_REDIS_SOCKET_TIMEOUT_S,
             socket_connect_timeout=_REDIS_SOCKET_TIMEOUT_S)

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from gspo_rl.contract.redis_schema import Keys, ReadyGroup, as_str
+from gspo_rl.contract.queue.schema import Keys, ReadyGroup, as_str
 
 if TYPE_CHECKING:
-    from gspo_rl.learner.reader import Batch
+    from gspo_rl.contract.queue.ready.reader import Batch
 
 log = logging.getLogger(__name__)
 

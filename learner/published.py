@@ -20,7 +20,7 @@ from gspo_rl.contract.admission import (
     FIELD_TRAINING,
     FIELD_VERSION,
 )
-from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 
 log = logging.getLogger("gspo_rl.learner.loop")

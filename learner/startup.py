@@ -9,7 +9,7 @@ import numpy as np
 import redis
 import torch
 
-from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.checkpoint import Checkpoint, list_checkpoints, load_latest, remove_partial
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.sync_base import NoSync, WeightSync

@@ -15,8 +15,8 @@ from typing import Protocol, runtime_checkable
 import redis
 import torch
 
-from gspo_rl.contract.redis_schema import Keys
-from gspo_rl.contract.registry import live_servers
+from gspo_rl.contract.queue.registry import live_servers
+from gspo_rl.contract.queue.schema import Keys
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import redis
 
-from gspo_rl.contract.admission import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
-from gspo_rl.contract.redis_schema import Keys, as_str
+from gspo_rl.contract.queue.inflight import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
+from gspo_rl.contract.queue.schema import Keys, as_str
 
 
 @dataclass(frozen=True)
@@ -75,15 +75,16 @@ class RewardWindow:
 
 
 def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
-    """Groups started and not yet trained or dropped (``gspo_rl.server.inflight``'s count, read
-    synchronously; the learner's own ``training`` is 0 between its steps): sampling at a
+    """Groups started and not yet trained or dropped (``gspo_rl.contract.queue.inflight``'s count,
+    read synchronously; the learner's own ``training`` is 0 between its steps): sampling at a
     server, open, complete, or published and not yet read by the learner."""
     keys_, args = in_flight_call(keys)
     f = InFlightFacts.from_reply(client.register_script(IN_FLIGHT_FACTS)(keys_, args))
     return f.open + f.complete + f.undelivered + f.remote_pending
 
 
-SETTLE_S = 1.5  # > gspo_rl.server.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
+# > gspo_rl.contract.queue.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
+SETTLE_S = 1.5
 
 
 def drain(in_flight: Callable[[], int], train_step: Callable[[], None],

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gspo_rl.contract.redis_schema import ReadyGroup
+from gspo_rl.contract.queue.schema import ReadyGroup
 from gspo_rl.learner.advantages import advantage_fn_for
 from gspo_rl.learner.batching import AdvantageFn, MicroBatch, MiniBatch, plan_step
 from gspo_rl.learner.config import LearnerConfig

@@ -3,8 +3,8 @@ takes the next ranks.
 
 One push:
 1. read the live servers from Redis (heartbeats; only registrations signed with the admin key,
-   ``gspo_rl.contract.registry``), ask each for ``/health`` (a few seconds at most) and leave out
-   those that do not answer; if the set changed since the last push (a restarted server is a new
+   ``gspo_rl.contract.queue.registry``), ask each for ``/health`` (a few seconds at most) and leave
+   out those that do not answer; if the set changed since the last push (a restarted server is a new
    member), or the last push failed, rebuild the group: host a fresh ``TCPStore``, ask every
    server to join epoch ``e`` over HTTP (admin key) while rank 0 joins too;
 2. post ``/admin/weights/update`` to every server and broadcast the buckets at the same time;
@@ -13,8 +13,9 @@ One push:
 
 A server on the learner's own GPU (same GPU UUID, ``GET /admin/weights/transport``) cannot
 take an NCCL rank next to the learner: it gets CUDA IPC handles of the learner's weights
-instead (``gspo_rl.contract.cuda_ipc``), posted to ``/admin/weights/update_ipc``. The choice is
-``gspo_rl.contract.weight_transport.choose_transport``; the broadcast group holds the other servers.
+instead (``gspo_rl.contract.weights.cuda_ipc``), posted to ``/admin/weights/update_ipc``. The choice
+is ``gspo_rl.contract.weights.collective.choose_transport``; the broadcast group holds the other
+servers.
 
 Every wait is bounded: HTTP calls by ``timeout_s``, collectives by the group's timeout, the
 health check by ``health_timeout_s``. Redis being down fails the push (``ok=False``, reason in
@@ -34,11 +35,10 @@ import redis
 import torch
 import torch.distributed as dist
 
-from gspo_rl.contract.cuda_ipc import IpcUpdateRequest, export_tensors
 from gspo_rl.contract.net import free_port
-from gspo_rl.contract.redis_schema import Keys
-from gspo_rl.contract.registry import ServerInfo, read_registry
-from gspo_rl.contract.weight_transport import (
+from gspo_rl.contract.queue.registry import ServerInfo, read_registry
+from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.weights.collective import (
     DEFAULT_BUCKET_BYTES,
     Backend,
     TransportInfo,
@@ -50,6 +50,7 @@ from gspo_rl.contract.weight_transport import (
     tensor_metas,
     transport_device,
 )
+from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest, export_tensors
 
 log = logging.getLogger(__name__)
 

@@ -215,7 +215,7 @@ def train(model: str, redis_url: str, devices: dict[str, str], steps: int, run_d
 
 def chosen_paths(learner: Any, devices: dict[str, str]) -> dict[str, str]:
     """Server id -> the transport the learner's weight sync chose for it."""
-    from gspo_rl.contract.weight_transport import choose_transport, device_ids
+    from gspo_rl.contract.weights.collective import choose_transport, device_ids
 
     mine = device_ids(devices["learner"])
     known = getattr(learner.sync, "_transports", {})  # filled only when the learner is on CUDA

@@ -9,12 +9,12 @@ and the SDK honours its answer: it waits and retries on the 503 below (``gspo_rl
 without counting a failure. Before this gate, environments ran ahead of the learner and most
 of their groups arrived too stale to train (88% dropped in a compose run).
 
-The rule (``gspo_rl.contract.admission``): with ``n`` groups in flight (``gspo_rl.server.inflight``:
-admitted and not yet trained, dropped or expired, summed over every server from facts in Redis) a
-new group is admitted when ``n + 1 <= (max_staleness + 1 - lag) * groups_per_step``, the learner's
-parameters as it published them, ``lag`` the learner's version minus this server's. Until a
-learner has published them the bound is ``admission_capacity_without_learner``. A learner
-without ``max_staleness`` sets no bound.
+The rule (``gspo_rl.contract.admission``): with ``n`` groups in flight
+(``gspo_rl.contract.queue.inflight``: admitted and not yet trained, dropped or expired, summed over
+every server from facts in Redis) a new group is admitted when ``n + 1 <= (max_staleness + 1 - lag)
+* groups_per_step``, the learner's parameters as it published them, ``lag`` the learner's version
+minus this server's. Until a learner has published them the bound is
+``admission_capacity_without_learner``. A learner without ``max_staleness`` sets no bound.
 
 Behaviour at the bound: the request is *held* (it waits in the server, re-checked every
 ``POLL_S`` and whenever one of this server's groups leaves) for at most
@@ -54,8 +54,8 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 
+from gspo_rl.contract.queue.inflight import InFlightCounter, Snapshot
 from gspo_rl.server.errors import APIError
-from gspo_rl.server.inflight import InFlightCounter, Snapshot
 from gspo_rl.server.limits import parsed_body
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.settings import ServerSettings

@@ -30,8 +30,11 @@ from typing import Any
 from fastapi import Depends, FastAPI
 
 from gspo_rl.contract.gc_freeze import freeze_startup_objects
-from gspo_rl.contract.redis_schema import Keys
-from gspo_rl.contract.registry import ServerInfo, heartbeat_loop
+from gspo_rl.contract.queue.episodes.store import EpisodeStore
+from gspo_rl.contract.queue.groups.store import make_redis
+from gspo_rl.contract.queue.inflight import InFlightCounter
+from gspo_rl.contract.queue.registry import ServerInfo, heartbeat_loop
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.server.admission import AdmissionGate
 from gspo_rl.server.chat import TokenTexts
 from gspo_rl.server.chat_sanitize import warm as warm_chat_encoders
@@ -39,9 +42,7 @@ from gspo_rl.server.deps import require_admin_key, require_api_key
 from gspo_rl.server.disconnect import CancelOnDisconnectMiddleware
 from gspo_rl.server.engine_watch import watch_engine
 from gspo_rl.server.engines.base import Engine
-from gspo_rl.server.episode_store import EpisodeStore
 from gspo_rl.server.errors import install_error_handlers
-from gspo_rl.server.inflight import InFlightCounter
 from gspo_rl.server.limits import check_request_json
 from gspo_rl.server.metrics import RequestMetricsMiddleware, ServerMetrics
 from gspo_rl.server.routes import (
@@ -56,7 +57,6 @@ from gspo_rl.server.routes import (
 )
 from gspo_rl.server.sampling_service import SamplingService
 from gspo_rl.server.settings import ServerSettings
-from gspo_rl.server.store import make_redis
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 10.0

@@ -23,14 +23,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 from redis.asyncio import Redis
 
-from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.queue.groups.store import RolloutStore
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.server.admission import AdmissionGate
 from gspo_rl.server.engines.base import Engine
 from gspo_rl.server.errors import APIError
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.sampling_service import SamplingService
 from gspo_rl.server.settings import ServerSettings
-from gspo_rl.server.store import RolloutStore
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <key>")
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]

@@ -2,7 +2,8 @@
 
 An agent opens ``G`` episodes of one task (``POST /v1/groups``) and drives each with ordinary
 chat completions that carry the episode's ``rollout_id`` (``extra_body`` of the ``openai``
-client). The server keeps each episode's token trajectory (``gspo_rl.server.episode_store``):
+client). The server keeps each episode's token trajectory
+(``gspo_rl.contract.queue.episodes.store``):
 
 - Turn 1 renders the request's messages with the chat template, exactly like a single-turn
   chat call; the model's sampled tokens follow.
@@ -58,7 +59,9 @@ from typing import Any
 
 import numpy as np
 
-from gspo_rl.contract.redis_schema import RolloutRecord
+from gspo_rl.contract.queue.episodes.store import Episode, EpisodeState, EpisodeStore
+from gspo_rl.contract.queue.groups.store import RolloutStore
+from gspo_rl.contract.queue.schema import RolloutRecord
 from gspo_rl.server.api_models import ChatCompletionRequest
 from gspo_rl.server.chat import (
     completion_text,
@@ -67,7 +70,6 @@ from gspo_rl.server.chat import (
     template_messages,
 )
 from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
-from gspo_rl.server.episode_store import Episode, EpisodeState, EpisodeStore
 from gspo_rl.server.errors import APIError
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.parsers import parse_assistant
@@ -81,7 +83,6 @@ from gspo_rl.server.sampling import (
     plan_generation,
 )
 from gspo_rl.server.settings import ServerSettings
-from gspo_rl.server.store import RolloutStore
 
 ROUTE = "episode"
 

@@ -5,7 +5,7 @@ Every 4xx/5xx body is ``{"error": {"message": ..., "type": ..., "code": ...}}`` 
 same way. ``install_error_handlers(app)`` renders:
 
 - ``APIError`` raised by a route or a dependency, as is;
-- ``StoreError`` (the Redis layer's refusals, ``gspo_rl.server.store_errors``) with the status its
+- ``StoreError`` (the Redis layer's refusals, ``gspo_rl.contract.queue.errors``) with the status its
   reason maps to here: this module is the one place a storage outcome becomes an HTTP status;
 - request validation errors as 422 with the field path in the message, except malformed
   JSON, which is a 400 (the body is not JSON at all, nothing to validate);
@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gspo_rl.server.store_errors import StoreError, StoreReason
+from gspo_rl.contract.queue.errors import StoreError, StoreReason
 
 logger = logging.getLogger(__name__)
 

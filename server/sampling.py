@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from gspo_rl.contract.redis_schema import RolloutRecord, member_rollout_id
+from gspo_rl.contract.queue.groups.store import RolloutStore
+from gspo_rl.contract.queue.schema import RolloutRecord, member_rollout_id
 from gspo_rl.server.api_models import SamplingFields
 from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
 from gspo_rl.server.errors import APIError
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.settings import ServerSettings
-from gspo_rl.server.store import RolloutStore
 
 MAX_STOP_STRINGS = 16
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.server.api_models import ChatCompletionRequest, SamplingFields
 from gspo_rl.server.chat import TokenTexts, completion_text, end_token_ids, sequence_decoder
 from gspo_rl.server.engines.base import Completion, Engine
@@ -28,7 +29,6 @@ from gspo_rl.server.sampling import (
     sample_group,
 )
 from gspo_rl.server.settings import ServerSettings
-from gspo_rl.server.store import RolloutStore
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gspo_rl.contract.redis_schema import DEFAULT_PREFIX
+from gspo_rl.contract.queue.groups.store import QueueConfig
+from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
 from gspo_rl.server.parsers.reasoning import ReasoningParserName
 from gspo_rl.server.parsers.tool_calls import ToolParserName
-from gspo_rl.server.store import QueueConfig
 
 EngineKind = Literal["hf", "vllm"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -91,7 +91,7 @@ class ServerSettings(BaseSettings):
 
     # ---------------------------------------------------------------- queue (Redis)
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis that stores rollouts and groups (``gspo_rl.contract.redis_schema`` lists the keys)."""
+    """Redis that stores rollouts and groups (``gspo_rl.contract.queue.schema`` lists the keys)."""
     key_prefix: str = DEFAULT_PREFIX
     """Prefix of every Redis key; servers and the learner of one run must agree on it."""
     queue: QueueConfig = Field(default_factory=QueueConfig)

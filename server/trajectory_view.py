@@ -6,9 +6,9 @@ the decoded text of each turn and of the context before it (prompt, tool results
 tokens), and, once the group is published, the advantage the learner will use. A published
 group is read from its ready-stream entry and the rollout records it references, the very bytes
 the learner trains on; otherwise from the rollout records. Once the learner has trained a group
-and trimmed its entry, its records stay readable for ``gspo_rl.learner.reader.KEEP_TRAINED_S`` (600
-s; without the advantage, which lived in the entry), then its trajectories read as expired
-(None). Read-only.
+and trimmed its entry, its records stay readable for
+``gspo_rl.contract.queue.ready.reader.KEEP_TRAINED_S`` (600 s; without the advantage, which lived in
+the entry), then its trajectories read as expired (None). Read-only.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gspo_rl.contract.ready_entry import ready_entry_refs, unpack_entry, unpack_group_records
-from gspo_rl.contract.redis_schema import (
+from gspo_rl.contract.queue.groups.store import RolloutStore
+from gspo_rl.contract.queue.ready.entry import ready_entry_refs, unpack_entry, unpack_group_records
+from gspo_rl.contract.queue.schema import (
     READY_STREAM_FIELD,
     RolloutRecord,
     unpack_ready_group,
     unpack_rollout,
 )
-from gspo_rl.server.store import RolloutStore
 
 
 class TurnOut(BaseModel):

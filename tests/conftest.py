@@ -176,7 +176,7 @@ def client(served: Served) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
-    from gspo_rl.contract.redis_schema import Keys
+    from gspo_rl.contract.queue.schema import Keys
     from tests.serving import RedisKeys
 
     keys = RedisKeys(redis_mod.url, Keys())

@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import torch
 
-from gspo_rl.contract.redis_schema import ReadyGroup, RolloutRecord
+from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
 from gspo_rl.learner.losses import group_advantages
 
 

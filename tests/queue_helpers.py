@@ -20,8 +20,13 @@ import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI
 
-from gspo_rl.contract.ready_entry import entry_record_bytes, ready_entry_refs, unpack_group_records
-from gspo_rl.contract.redis_schema import (
+from gspo_rl.contract.queue.groups.store import QueueConfig, RewardItem, RolloutStore, make_redis
+from gspo_rl.contract.queue.ready.entry import (
+    entry_record_bytes,
+    ready_entry_refs,
+    unpack_group_records,
+)
+from gspo_rl.contract.queue.schema import (
     READY_STREAM_FIELD,
     Keys,
     ReadyGroup,
@@ -34,7 +39,6 @@ from gspo_rl.contract.redis_schema import (
 )
 from gspo_rl.server.errors import install_error_handlers
 from gspo_rl.server.routes import groups, rewards
-from gspo_rl.server.store import QueueConfig, RewardItem, RolloutStore, make_redis
 from tests.conftest import free_port, wait_for_port
 
 T = TypeVar("T")

@@ -24,8 +24,13 @@ import torch
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from gspo_rl.contract.cuda_ipc import IpcUpdateRequest
-    from gspo_rl.contract.weight_transport import Backend, JoinRequest, TransportInfo, UpdateRequest
+    from gspo_rl.contract.weights.collective import (
+        Backend,
+        JoinRequest,
+        TransportInfo,
+        UpdateRequest,
+    )
+    from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -150,12 +155,12 @@ class Engine(abc.ABC):
 
     async def transport_info(self) -> TransportInfo:
         """The physical devices holding the weights; the learner picks the transport by it."""
-        from gspo_rl.contract.weight_transport import TransportInfo, device_ids
+        from gspo_rl.contract.weights.collective import TransportInfo, device_ids
 
         return TransportInfo(devices=device_ids(self.device))
 
     async def join_weight_group(self, req: JoinRequest) -> None:
-        from gspo_rl.contract.weight_transport import make_process_group
+        from gspo_rl.contract.weights.collective import make_process_group
 
         self._weight_pg = None
         self._weight_pg = await asyncio.to_thread(
@@ -166,7 +171,7 @@ class Engine(abc.ABC):
     async def receive_weights(self, req: UpdateRequest, timeout_s: float) -> None:
         """Receive every tensor first, then pause, load and resume: a broadcast that fails
         half-way leaves the engine on its old weights, never on a mix."""
-        from gspo_rl.contract.weight_transport import receive_tensors, transport_device
+        from gspo_rl.contract.weights.collective import receive_tensors, transport_device
 
         if self._weight_pg is None or req.epoch != self._weight_epoch:
             raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
@@ -183,10 +188,10 @@ class Engine(abc.ABC):
             await self.resume()
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:
-        """Load weights the learner shares on this engine's GPU (``gspo_rl.contract.cuda_ipc``).
-        Every copy has finished on the device before this returns: once answered, the learner
-        trains (writes those tensors) again."""
-        from gspo_rl.contract.cuda_ipc import open_tensors
+        """Load weights the learner shares on this engine's GPU
+        (``gspo_rl.contract.weights.cuda_ipc``). Every copy has finished on the device before this
+        returns: once answered, the learner trains (writes those tensors) again."""
+        from gspo_rl.contract.weights.cuda_ipc import open_tensors
 
         tensors = await asyncio.to_thread(open_tensors, req, self.device)
         await self.pause()

@@ -8,7 +8,7 @@
   Chosen over loading bucket by bucket as they arrive (vLLM's NCCL engine), which leaves a
   half-updated model if a sender dies mid-broadcast, and stalls generation while bytes move.
 - CUDA IPC: a learner on the worker's own GPU passes CUDA IPC handles instead
-  (``gspo_load_ipc``, ``gspo_rl.contract.cuda_ipc``).
+  (``gspo_load_ipc``, ``gspo_rl.contract.weights.cuda_ipc``).
 
 ``VLLMWeightUpdates`` is a mixin of ``gspo_rl.server.engines.vllm_engine.VLLMEngine``; it relies on
 the engine's ``_require``, ``_rpc``, ``_swap`` and ``_check_names`` and its weight lock.
@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gspo_rl.contract.cuda_ipc import IpcUpdateRequest
-    from gspo_rl.contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
+    from gspo_rl.contract.weights.collective import JoinRequest, TransportInfo, UpdateRequest
+    from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest
 
 POLL_S = 0.02  # how often the server asks the worker whether a join / receive finished
 
@@ -50,15 +50,15 @@ class VLLMWeightUpdates:
         return self._ranks
 
     async def transport_info(self) -> TransportInfo:
-        from gspo_rl.contract.weight_transport import TransportInfo
+        from gspo_rl.contract.weights.collective import TransportInfo
 
         self._require()
         return TransportInfo(devices=list(self._devices))
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:
         """The worker opens the learner's CUDA IPC handles, then pause, reload, resume
-        (``gspo_rl.contract.cuda_ipc``). Nothing is loaded unless every handle opened."""
-        from gspo_rl.contract.cuda_ipc import check_request
+        (``gspo_rl.contract.weights.cuda_ipc``). Nothing is loaded unless every handle opened."""
+        from gspo_rl.contract.weights.cuda_ipc import check_request
 
         if not self._devices or any(not d.startswith("GPU-") for d in self._devices):
             raise ValueError(f"CUDA IPC weights need a CUDA engine, this one is on "

@@ -149,7 +149,7 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._aliases: dict[str, str] = {}  # tied output layer name -> input embedding name
         self._packed: dict[str, list[str]] = {}
-        # device_ids of the workers (gspo_rl.contract.weight_transport)
+        # device_ids of the workers (gspo_rl.contract.weights.collective)
         self._devices: list[str] = []
         self._counters = {"requests": 0.0, "tokens_generated": 0.0, "weight_loads": 0.0}
         self._leave_task: asyncio.Task[Any] | None = None

@@ -7,7 +7,7 @@ the model, so importing it is what registers our weight-transfer backend with vL
 ``GspoWeightTransferEngine`` (backend name ``"gspo"``) plugs into vLLM's own weight-transfer
 API (``init_weight_transfer_engine`` / ``start_weight_update`` / ``update_weights`` /
 ``finish_weight_update``) and speaks the learner's wire format: the bucketed broadcasts of
-``gspo_rl.contract.weight_transport`` over a ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL``
+``gspo_rl.contract.weights.collective`` over a ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL``
 (GPU) built on the learner's ``TCPStore``. vLLM's built-in backends are GPU-only and use their own
 rendezvous and packing, which the learner does not speak.
 
@@ -42,7 +42,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from gspo_rl.contract.weight_transport import (
+from gspo_rl.contract.weights.collective import (
     TensorMeta,
     device_ids,
     make_process_group,
@@ -176,7 +176,7 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
         pg = self._group(update_info.epoch)
         metas = [TensorMeta(**t) for t in update_info.tensors]
         # NCCL: straight into this worker's GPU; gloo: host memory
-        # (gspo_rl.contract.weight_transport)
+        # (gspo_rl.contract.weights.collective)
         info = update_info
         device = transport_device("nccl" if self._join_backend == "nccl" else "gloo",
                                   self.device)
@@ -254,9 +254,9 @@ class GspoWorkerExtension:
 
     def gspo_open_ipc(self, request: dict[str, Any]) -> int:
         """Open the CUDA IPC handles of a learner on this worker's GPU
-        (``gspo_rl.contract.cuda_ipc``) and keep the tensors for ``gspo_load_ipc``. Separate from
-        the load so that a handle that does not open fails before the model is touched."""
-        from gspo_rl.contract.cuda_ipc import IpcUpdateRequest, open_tensors
+        (``gspo_rl.contract.weights.cuda_ipc``) and keep the tensors for ``gspo_load_ipc``. Separate
+        from the load so that a handle that does not open fails before the model is touched."""
+        from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest, open_tensors
 
         self._ipc_staged: list[tuple[str, torch.Tensor]] | None = None
         device = _model_device(self.model_runner.get_model())

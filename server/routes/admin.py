@@ -1,7 +1,7 @@
 """Control plane of the weight broadcast (admin key): join the group, receive, pause, resume.
 
 The learner drives these; the tensors themselves move over the process group
-(contract/weight_transport.py). Every handler is bounded by the request's timeout.
+(contract/weights/collective.py). Every handler is bounded by the request's timeout.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import logging
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from gspo_rl.contract.cuda_ipc import IpcUpdateRequest
-from gspo_rl.contract.weight_transport import JoinRequest, TransportInfo, UpdateRequest
+from gspo_rl.contract.weights.collective import JoinRequest, TransportInfo, UpdateRequest
+from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest
 from gspo_rl.server.deps import EngineDep
 from gspo_rl.server.engines.base import Engine
 from gspo_rl.server.error_docs import error_responses

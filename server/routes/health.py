@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
-from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.server.deps import EngineDep, KeysDep, RedisDep, SettingsDep
 
 router = APIRouter(tags=["health"])

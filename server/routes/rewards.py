@@ -27,10 +27,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Response
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from gspo_rl.contract.queue.groups.store import RewardItem
 from gspo_rl.server.deps import StoreDep
 from gspo_rl.server.error_docs import V1_POST, error_responses
 from gspo_rl.server.errors import APIError, reward_item_status
-from gspo_rl.server.store import RewardItem
 
 MAX_REWARDS_PER_CALL = 1024
 MAX_TURNS = 4096

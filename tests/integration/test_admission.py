@@ -23,13 +23,13 @@ import redis.asyncio
 from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
 from gspo_rl.client.environment import SingleTurnEnvironment, arun_groups
 from gspo_rl.client.failures import RunStats
-from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.queue.inflight import PENDING_TTL_S, InFlightCounter
+from gspo_rl.contract.queue.ready.reader import GroupReader
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.published import publish_state, state_fields
-from gspo_rl.learner.reader import GroupReader
 from gspo_rl.learner.target import groups_in_flight
 from gspo_rl.server.admission import POLL_S
-from gspo_rl.server.inflight import PENDING_TTL_S, InFlightCounter
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, Served, running_server
 

@@ -11,11 +11,11 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.queue.inflight import InFlightCounter
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.published import publish_state, state_fields
 from gspo_rl.server.admission import AdmissionGate
-from gspo_rl.server.inflight import InFlightCounter
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.settings import ServerSettings
 from tests.conftest import RedisServer

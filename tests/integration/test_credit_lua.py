@@ -1,5 +1,5 @@
-"""The Lua copy of the outcome-only credit rule (``gspo_rl.server.credit_lua``) agrees with
-``gspo_rl.contract.credit`` bit for bit, and the reward script's head is ``ready_group_head``'s
+"""The Lua copy of the outcome-only credit rule (``gspo_rl.contract.queue.groups.credit``) agrees
+with ``gspo_rl.contract.credit`` bit for bit, and the reward script's head is ``ready_group_head``'s
 bytes: random groups (sizes 1..64; equal, negative, huge, tiny, subnormal rewards; every advantage
 config) against a real redis-server."""
 
@@ -16,10 +16,16 @@ import pytest
 import redis
 
 from gspo_rl.contract.credit import AdvantageConfig, group_credit
-from gspo_rl.contract.redis_schema import READY_COUNT_FIELD, READY_HEAD_FIELD, Keys
-from gspo_rl.server.credit_lua import CREDIT_LUA
-from gspo_rl.server.store import QueueConfig, RewardItem, RolloutStore, make_redis, pack_reward
-from gspo_rl.server.store_finish import Snapshot, decide_finish, ready_group_head
+from gspo_rl.contract.queue.groups.credit import CREDIT_LUA
+from gspo_rl.contract.queue.groups.finish import Snapshot, decide_finish, ready_group_head
+from gspo_rl.contract.queue.groups.store import (
+    QueueConfig,
+    RewardItem,
+    RolloutStore,
+    make_redis,
+    pack_reward,
+)
+from gspo_rl.contract.queue.schema import READY_COUNT_FIELD, READY_HEAD_FIELD, Keys
 from tests.queue_helpers import make_rollout
 
 KEYS = Keys()

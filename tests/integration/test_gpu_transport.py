@@ -19,20 +19,20 @@ import httpx
 import pytest
 import torch
 
-from gspo_rl.contract.cuda_ipc import (
+from gspo_rl.contract.weights.collective import (
+    JoinRequest,
+    UpdateRequest,
+    choose_transport,
+    tensor_metas,
+    transport_device,
+)
+from gspo_rl.contract.weights.cuda_ipc import (
     CudaIpcTensor,
     IpcUpdateRequest,
     check_request,
     handle_message,
     open_tensors,
     rebuild_args,
-)
-from gspo_rl.contract.weight_transport import (
-    JoinRequest,
-    UpdateRequest,
-    choose_transport,
-    tensor_metas,
-    transport_device,
 )
 from gspo_rl.server.engines.base import Completion, Engine, EngineStats, SamplingParams
 from tests.serving import ADMIN_KEY, running_server
@@ -100,7 +100,7 @@ def test_engine_receives_into_the_transport_device(monkeypatch: pytest.MonkeyPat
     """Finding 1: the receive buckets were always on the CPU (NCCL: "Tensors must be CUDA and
     dense"). The process group is replaced at its boundary; the device argument is what
     counts."""
-    import gspo_rl.contract.weight_transport as wt
+    import gspo_rl.contract.weights.collective as wt
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(wt, "make_process_group", lambda *a, **k: object())
@@ -139,7 +139,7 @@ def test_choose_transport_ipc_only_on_the_learners_own_gpu() -> None:
 
 
 def test_learner_on_cpu_never_asks_servers_for_ipc() -> None:
-    from gspo_rl.contract.registry import ServerInfo
+    from gspo_rl.contract.queue.registry import ServerInfo
     from gspo_rl.learner.weight_sync import BroadcastSync
 
     sync = BroadcastSync(client=None, backend="gloo")  # type: ignore[arg-type]
@@ -206,7 +206,7 @@ def test_ipc_route_refuses_a_cpu_engine_and_reports_its_devices(tiny_model_dir: 
 
 
 def _learner_asks_servers_for_their_devices(url: str) -> None:
-    from gspo_rl.contract.registry import ServerInfo
+    from gspo_rl.contract.queue.registry import ServerInfo
     from gspo_rl.learner.weight_sync import BroadcastSync
     from tests.conftest import free_port
 
@@ -226,7 +226,7 @@ def _learner_asks_servers_for_their_devices(url: str) -> None:
 
 def _ipc_sender(q: Any, done: Any) -> None:
     """A learner on the same GPU: export its tensors, wait until the receiver copied them."""
-    from gspo_rl.contract.cuda_ipc import export_tensors
+    from gspo_rl.contract.weights.cuda_ipc import export_tensors
 
     metas, kept, handles = export_tensors(_named("cuda:0"), torch.device("cuda", 0))
     q.put(IpcUpdateRequest(version=3, tensors=metas, handles=handles).model_dump_json())
@@ -254,7 +254,7 @@ def test_cuda_ipc_weights_cross_processes_on_one_gpu() -> None:
 
 
 def _nccl_sender(port: int) -> None:
-    from gspo_rl.contract.weight_transport import make_process_group, send_tensors
+    from gspo_rl.contract.weights.collective import make_process_group, send_tensors
 
     torch.cuda.set_device(0)
     pg = make_process_group("nccl", "127.0.0.1", port, 0, 2, epoch=1, timeout_s=60)
@@ -267,7 +267,7 @@ def _nccl_sender(port: int) -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs")
 def test_nccl_update_lands_on_the_engines_gpu() -> None:
     """Finding 1 on real NCCL: an engine on cuda:1 receives the learner's broadcast."""
-    from gspo_rl.contract.weight_transport import host_store
+    from gspo_rl.contract.weights.collective import host_store
     from tests.conftest import free_port
 
     port = free_port()

@@ -1,6 +1,7 @@
-"""One read of the in-flight facts (``gspo_rl.server.inflight.ADMISSION_FACTS``) against a real
-Redis, through the store's connection and through redis-py: every stage counted as the admission
-rule defines it, this server's own pending count left to the gate, expired servers removed."""
+"""One read of the in-flight facts (``gspo_rl.contract.queue.inflight.ADMISSION_FACTS``) against a
+real Redis, through the store's connection and through redis-py: every stage counted as the
+admission rule defines it, this server's own pending count left to the gate, expired servers
+removed."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gspo_rl.contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys
+from gspo_rl.contract.queue.connection import pipe_for
+from gspo_rl.contract.queue.inflight import InFlightCounter, Snapshot
+from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.published import publish_state, state_fields
-from gspo_rl.server.inflight import InFlightCounter, Snapshot
-from gspo_rl.server.redis_pipe import pipe_for
 from tests.conftest import RedisServer
 
 KEYS = Keys()

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 import redis
 
-from gspo_rl.contract.redis_schema import LEARNER_CONSUMER_GROUP, Keys, RolloutRecord
+from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore, make_redis
+from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys, RolloutRecord
 from gspo_rl.learner.metrics import trained_history
-from gspo_rl.server.store import RewardItem, RolloutStore, make_redis
 from tests.integration.test_learner_loop import _spawn, _toml
 
 KEYS = Keys()

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
+from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from gspo_rl.learner.advantages import advantage_fn_for
 from gspo_rl.learner.batching import plan_step
 from gspo_rl.learner.checkpoint import list_checkpoints

@@ -21,8 +21,8 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.redis_schema import READY_STREAM_FIELD, Keys, pack_ready_group
-from gspo_rl.contract.registry import ServerInfo, live_servers, register
+from gspo_rl.contract.queue.registry import ServerInfo, live_servers, register
+from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from gspo_rl.learner.checkpoint import load_latest
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from gspo_rl.learner.distributed import DistContext
 from gspo_rl.learner.protocol import Gather, Idle, Resume, Stop, Train, receive, send
 
-LEARNER = Path(__file__).resolve().parents[2] / "learner"
+REPO = Path(__file__).resolve().parents[2]
 SENT = [Resume("/ckpt/step-3"), Train(["g0", "g1"]), Idle(), Gather(True), Stop()]
 
 
@@ -53,6 +53,8 @@ def test_only_rank_0_sends_and_only_messages() -> None:
 
 
 def test_the_reader_is_the_only_learner_module_that_acknowledges() -> None:
-    ackers = sorted(p.name for p in LEARNER.glob("*.py")
+    """The learner acknowledges only through the ready stream's reader (in the protocol)."""
+    ackers = sorted(str(p.relative_to(REPO)) for folder in ("learner", "contract")
+                    for p in (REPO / folder).rglob("*.py")
                     if re.search(r"\.xack\(", p.read_text()))
-    assert ackers == ["reader.py"]
+    assert ackers == ["contract/queue/ready/reader.py"]

@@ -11,8 +11,8 @@ import redis
 import torch
 
 from gspo_rl.client.client import GSPOClient
-from gspo_rl.contract.redis_schema import Keys
-from gspo_rl.contract.registry import live_servers
+from gspo_rl.contract.queue.registry import live_servers
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
 from tests.serving import ADMIN_KEY, API_KEY, running_server

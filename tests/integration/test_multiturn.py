@@ -30,7 +30,7 @@ from gspo_rl.client.examples.calculator import (
     assistant_message,
     run_tool_call,
 )
-from gspo_rl.contract.redis_schema import Keys, RolloutRecord, unpack_rollout
+from gspo_rl.contract.queue.schema import Keys, RolloutRecord, unpack_rollout
 from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.conftest import RedisServer
 from tests.queue_helpers import ready_groups

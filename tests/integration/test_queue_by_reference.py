@@ -12,8 +12,16 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from gspo_rl.contract.ready_entry import pack_group_records
-from gspo_rl.contract.redis_schema import (
+from gspo_rl.contract.queue.groups.store import (
+    QueueConfig,
+    RewardItem,
+    RolloutStore,
+    StoreError,
+    make_redis,
+)
+from gspo_rl.contract.queue.ready.entry import pack_group_records
+from gspo_rl.contract.queue.ready.reader import KEEP_TRAINED_S, GroupReader
+from gspo_rl.contract.queue.schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
     READY_RECORDS_FIELD,
@@ -22,8 +30,6 @@ from gspo_rl.contract.redis_schema import (
     pack_ready_group,
     unpack_ready_group,
 )
-from gspo_rl.learner.reader import KEEP_TRAINED_S, GroupReader
-from gspo_rl.server.store import QueueConfig, RewardItem, RolloutStore, StoreError, make_redis
 from tests.conftest import RedisServer
 from tests.queue_helpers import make_rollout, publish_groups, ready_records, stored_rollout
 

@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from gspo_rl.contract.admission import FIELD_TRAINING
-from gspo_rl.contract.redis_schema import Keys
-from gspo_rl.learner.reader import KEEP_TRAINED_S, GroupReader
+from gspo_rl.contract.queue.ready.reader import KEEP_TRAINED_S, GroupReader
+from gspo_rl.contract.queue.schema import Keys
 from tests.conftest import RedisServer
 from tests.queue_helpers import publish_groups
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import redis
 
-from gspo_rl.contract.redis_schema import Keys
-from gspo_rl.learner.reader import GroupReader
-from gspo_rl.server.store import QueueConfig
+from gspo_rl.contract.queue.groups.store import QueueConfig
+from gspo_rl.contract.queue.ready.reader import GroupReader
+from gspo_rl.contract.queue.schema import Keys
 from tests.conftest import RedisServer, free_port, wait_for_port
 from tests.queue_helpers import ApiServer, open_group, publish_groups, ready_groups
 

@@ -18,8 +18,7 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.redis_schema import Keys
-from gspo_rl.contract.registry import (
+from gspo_rl.contract.queue.registry import (
     ServerInfo,
     live_servers,
     parse_registration,
@@ -27,6 +26,7 @@ from gspo_rl.contract.registry import (
     register,
     registration,
 )
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.weight_sync import BroadcastSync
 from tests.conftest import free_port
 

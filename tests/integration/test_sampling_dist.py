@@ -13,7 +13,7 @@ import pytest
 import redis
 import torch
 
-from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.contract.sampling_dist import keep_mask, sampled_logprobs, truncating
 from gspo_rl.learner.batching import plan_step
 from gspo_rl.learner.config import LearnerConfig

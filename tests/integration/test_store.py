@@ -11,9 +11,8 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-from gspo_rl.contract.redis_schema import Keys, pack_ready_group, unpack_ready_group
-from gspo_rl.server.errors import STORE_STATUS, store_status
-from gspo_rl.server.store import (
+from gspo_rl.contract.queue.errors import StoreReason
+from gspo_rl.contract.queue.groups.store import (
     QueueConfig,
     RewardItem,
     RolloutStore,
@@ -21,7 +20,8 @@ from gspo_rl.server.store import (
     make_redis,
     pack_reward,
 )
-from gspo_rl.server.store_errors import StoreReason
+from gspo_rl.contract.queue.schema import Keys, pack_ready_group, unpack_ready_group
+from gspo_rl.server.errors import STORE_STATUS, store_status
 from tests.queue_helpers import aready_records, make_rollout, open_group
 
 KEYS = Keys()
@@ -252,12 +252,11 @@ def test_record_rollouts_pipelined_and_after_a_script_flush(redis_url: str) -> N
     run(redis_url, body)
 
 
-STORE_MODULES = ("store", "store_errors", "store_finish", "store_scripts", "store_types",
-                 "reward_scripts", "credit_lua", "episode_scripts", "episode_store")
 
 
 def test_the_redis_layer_speaks_no_http() -> None:
-    """Storage errors carry a storage reason; only gspo_rl.server.errors maps them to HTTP."""
+    """Storage errors carry a storage reason; only the server's HTTP layer maps them to HTTP
+    (``gspo_rl.server.errors``); no module of the Redis protocol imports an HTTP framework."""
     import ast
     from pathlib import Path
 
@@ -265,9 +264,10 @@ def test_the_redis_layer_speaks_no_http() -> None:
 
     assert not issubclass(StoreError, HTTPException)
     assert set(STORE_STATUS) == set(StoreReason)  # every reason has exactly one status
-    root = Path(__file__).resolve().parents[2] / "server"
-    for name in STORE_MODULES:
-        tree = ast.parse((root / f"{name}.py").read_text())
+    root = Path(__file__).resolve().parents[2] / "contract" / "queue"
+    for path in sorted(root.rglob("*.py")):
+        name = path.relative_to(root)
+        tree = ast.parse(path.read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
                      for a in n.names}
@@ -279,7 +279,7 @@ def test_without_the_pipelined_connection_the_scripts_run_through_redis_py(
         redis_url: str) -> None:
     """A client the store cannot pipeline itself (unix socket, TLS) runs the same scripts
     through redis-py: the arguments encoded once (``encode_args``) are sent as themselves."""
-    from gspo_rl.server.redis_pipe import _encode, _encode_py, encode_args
+    from gspo_rl.contract.queue.connection import _encode, _encode_py, encode_args
 
     plain: list[bytes] = []
     _encode_py(("EVALSHA", "s", 0, "a", b"b" * 5000, 3, 1.5, "\u00e9"), plain)

@@ -26,7 +26,7 @@ import numpy as np
 import openai
 import pytest
 
-from gspo_rl.contract.redis_schema import Keys, RolloutRecord
+from gspo_rl.contract.queue.schema import Keys, RolloutRecord
 from tests.conftest import RedisServer
 from tests.queue_helpers import stored_rollout
 from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server

@@ -260,7 +260,7 @@ def _assert_http_parity(stack: Stack, version: int) -> None:
 
 def _half_broadcast(stack: Stack, named: list[tuple[str, torch.Tensor]]) -> httpx.Response:
     """A learner that joins, announces every tensor, sends the first bucket only and dies."""
-    from gspo_rl.contract.weight_transport import (
+    from gspo_rl.contract.weights.collective import (
         host_store,
         make_process_group,
         send_tensors,
@@ -292,8 +292,8 @@ def _half_broadcast(stack: Stack, named: list[tuple[str, torch.Tensor]]) -> http
 def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> None:
     import redis
 
-    from gspo_rl.contract.redis_schema import Keys
-    from gspo_rl.contract.registry import live_servers
+    from gspo_rl.contract.queue.registry import live_servers
+    from gspo_rl.contract.queue.schema import Keys
     from gspo_rl.learner.weight_sync import BroadcastSync
 
     client = redis.Redis.from_url(stack.redis_url)
@@ -333,8 +333,8 @@ def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> No
 def test_cuda_ipc_update_is_refused_on_a_cpu_engine_and_changes_nothing(stack: Stack) -> None:
     """The one-GPU path's route on a CPU vLLM engine: a clear 400, the engine stays usable on
     its weights (a refused update must not mark it broken)."""
-    from gspo_rl.contract.cuda_ipc import IpcUpdateRequest, handle_message
-    from gspo_rl.contract.weight_transport import tensor_metas
+    from gspo_rl.contract.weights.collective import tensor_metas
+    from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest, handle_message
 
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
     info = httpx.get(f"{stack.url}/admin/weights/transport", headers=auth)
@@ -382,7 +382,7 @@ def test_disconnected_client_aborts_vllm_request(stack: Stack) -> None:
     """A client that leaves mid-generation: the request is aborted in vLLM (``AsyncLLM``
     aborts on cancellation) and nothing is recorded. The hf engine's counterpart, and the
     reasons, are in ``test_disconnect``."""
-    from gspo_rl.contract.redis_schema import Keys
+    from gspo_rl.contract.queue.schema import Keys
     from tests.serving import RedisKeys
 
     rkeys = RedisKeys(stack.redis_url, Keys())
@@ -421,7 +421,7 @@ def test_stream_is_incremental_and_recorded_as_non_streamed(stack: Stack) -> Non
     import numpy as np
     import openai
 
-    from gspo_rl.contract.redis_schema import Keys
+    from gspo_rl.contract.queue.schema import Keys
     from tests.serving import RedisKeys
 
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=API_KEY, max_retries=0,
@@ -454,7 +454,7 @@ def test_stream_is_incremental_and_recorded_as_non_streamed(stack: Stack) -> Non
 
 
 def test_client_leaving_a_stream_aborts_it(stack: Stack) -> None:
-    from gspo_rl.contract.redis_schema import Keys
+    from gspo_rl.contract.queue.schema import Keys
     from tests.serving import RedisKeys
 
     rkeys = RedisKeys(stack.redis_url, Keys())

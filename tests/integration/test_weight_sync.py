@@ -18,8 +18,8 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.redis_schema import Keys
-from gspo_rl.contract.registry import ServerInfo, live_servers, register
+from gspo_rl.contract.queue.registry import ServerInfo, live_servers, register
+from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.weight_sync import BroadcastSync
 from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.conftest import free_port
@@ -162,7 +162,7 @@ def test_a_join_whose_group_never_forms_says_why(tiny_model_dir, redis_url):
     address it could not reach were retried past it; that cannot be set up on one machine,
     so the engine's join is made to take that long) the 504 says what did not form instead
     of ending in an empty reason, as it did."""
-    from gspo_rl.contract.weight_transport import JoinRequest, host_store
+    from gspo_rl.contract.weights.collective import JoinRequest, host_store
 
     port = free_port()
     store = host_store("127.0.0.1", port, timeout_s=10)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gspo_rl.contract.net import interface_addresses
-from gspo_rl.contract.weight_transport import (
+from gspo_rl.contract.weights.collective import (
     TensorMeta,
     host_store,
     make_process_group,

@@ -139,10 +139,10 @@ def test_episode_turn_after_a_spelled_end_marker_appends_only_the_new_messages(
 
     import numpy as np
 
-    from gspo_rl.contract.redis_schema import RolloutRecord
+    from gspo_rl.contract.queue.episodes.store import Episode, EpisodeState
+    from gspo_rl.contract.queue.schema import RolloutRecord
     from gspo_rl.server.api_models import ChatCompletionRequest
     from gspo_rl.server.chat import template_messages
-    from gspo_rl.server.episode_store import Episode, EpisodeState
     from gspo_rl.server.episodes import _turn_prompt, digest, ids_hash, produced_message
     from gspo_rl.server.settings import ServerSettings
 

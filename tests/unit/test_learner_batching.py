@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gspo_rl.contract.redis_schema import ReadyGroup, RolloutRecord
+from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
 from gspo_rl.learner.batching import (
     collate,
     deal_minibatches,

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from gspo_rl.contract import weight_transport
 from gspo_rl.contract.net import interface_addresses, interface_of, route_source_address
+from gspo_rl.contract.weights import collective as weight_transport
 
 LINUX = pytest.mark.skipif(sys.platform != "linux", reason="interface addresses: Linux ioctl")
 

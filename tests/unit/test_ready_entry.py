@@ -1,7 +1,7 @@
-"""``gspo_rl.contract.ready_entry``: the learner's decode of a by-reference entry (``unpack_entry``)
-gives exactly what ``unpack_ready_group`` gives for the joined bytes, with the records one key
-per rollout or one key for the group (a subset picked by id, as a partial group publishes),
-and refuses what the joined bytes refuse."""
+"""``gspo_rl.contract.queue.ready.entry``: the learner's decode of a by-reference entry
+(``unpack_entry``) gives exactly what ``unpack_ready_group`` gives for the joined bytes, with the
+records one key per rollout or one key for the group (a subset picked by id, as a partial group
+publishes), and refuses what the joined bytes refuse."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from gspo_rl.contract.credit import AdvantageConfig
-from gspo_rl.contract.ready_entry import (
+from gspo_rl.contract.queue.groups.finish import ready_group_head
+from gspo_rl.contract.queue.ready.entry import (
     EntryRefs,
     entry_record_bytes,
     pack_group_records,
@@ -21,7 +22,7 @@ from gspo_rl.contract.ready_entry import (
     unpack_entry,
     unpack_group_records,
 )
-from gspo_rl.contract.redis_schema import (
+from gspo_rl.contract.queue.schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
     READY_RECORDS_FIELD,
@@ -34,7 +35,6 @@ from gspo_rl.contract.redis_schema import (
     pack_rollout,
     unpack_ready_group,
 )
-from gspo_rl.server.store_finish import ready_group_head
 from tests.queue_helpers import make_rollout
 
 _BAD = (ValueError, TypeError, KeyError)  # what msgpack and the record decoding raise

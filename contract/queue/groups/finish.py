@@ -6,14 +6,14 @@ stored msgpack records, which never leave Redis on the way: the publish script
 (``PUBLISH_GROUP``) XADDs the head with the rollout ids (and the group id when its records
 are one key) and keeps the records where they are (without a TTL from then on); the learner
 reads them after XREADGROUP; head + the published records is byte for byte what
-``pack_ready_group`` produces (``gspo_rl.contract.ready_entry``; a test checks it).
+``pack_ready_group`` produces (``gspo_rl.contract.queue.ready.entry``; a test checks it).
 
 This is the Python path, for groups the reward script does not end itself: groups with turn
 rewards (the general rule, per-turn baselines), groups finalised at their deadline and groups
 a crashed finisher left ``complete`` (the sweeper). Outcome-only groups are ended by the
-reward script that completes them (``gspo_rl.server.reward_scripts``), with a Lua copy of the
-outcome-only rule that gives these functions' numbers and head bytes exactly
-(``gspo_rl.server.credit_lua``).
+reward script that completes them (``gspo_rl.contract.queue.groups.rewards``), with a Lua copy of
+the outcome-only rule that gives these functions' numbers and head bytes exactly
+(``gspo_rl.contract.queue.groups.credit``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import msgpack
 import redis.asyncio as aioredis
 
 from gspo_rl.contract.credit import AdvantageConfig, group_credit
-from gspo_rl.contract.redis_schema import (
+from gspo_rl.contract.queue.schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
     READY_RECORDS_FIELD,
@@ -36,7 +36,7 @@ from gspo_rl.contract.redis_schema import (
 )
 
 if TYPE_CHECKING:
-    from gspo_rl.server.store import QueueConfig
+    from gspo_rl.contract.queue.groups.store import QueueConfig
 
 
 

@@ -19,7 +19,7 @@ only, so both ends use their own GPU (the learner its model's device, a server i
 worker's device) and buckets are received straight into GPU memory; gloo moves host tensors,
 so both ends use the CPU (the engine then copies to its device on load). A learner and a server
 on the same GPU cannot form an NCCL group (NCCL refuses two ranks on one device): they use the
-CUDA IPC path of ``gspo_rl.contract.cuda_ipc`` instead, chosen by ``choose_transport``.
+CUDA IPC path of ``gspo_rl.contract.weights.cuda_ipc`` instead, chosen by ``choose_transport``.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import redis
 import redis.asyncio as aredis
 from pydantic import BaseModel, ValidationError
 
-from gspo_rl.contract.redis_schema import Keys
+from gspo_rl.contract.queue.schema import Keys
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@ their reward.
 
 An episode is a rollout whose record (``Keys.rollout``) is the token trajectory so far, plus a
 small hash (``Keys.episode``) with what the next turn must be checked against (see
-``gspo_rl.contract.redis_schema``). Every change is one Lua script
-(``gspo_rl.server.episode_scripts``), so it is atomic:
+``gspo_rl.contract.queue.schema``). Every change is one Lua script
+(``gspo_rl.contract.queue.episodes.scripts``), so it is atomic:
 
 - ``open_episodes``: the group (``RolloutStore.create_group``), then in one script its
   ``size`` empty rollouts (no tokens, no turns) and their episode hashes. A process that dies
@@ -15,8 +15,8 @@ small hash (``Keys.episode``) with what the next turn must be checked against (s
   open. Two concurrent turns of one episode: the first commits, the second gets a 409.
 
 Large values never pass through Lua (a record through a script's ARGV costs Redis ~20x a plain
-SET, see ``gspo_rl.server.episode_scripts``): ``load`` reads the record with a plain GET in the same
-MULTI/EXEC as its checking script, ``commit_turn`` SETs the new record to the rollout's
+SET, see ``gspo_rl.contract.queue.episodes.scripts``): ``load`` reads the record with a plain GET in
+the same MULTI/EXEC as its checking script, ``commit_turn`` SETs the new record to the rollout's
 staging key and its script renames it into place (or deletes it), in one MULTI/EXEC. The
 episode state is small by design: hashes of the messages, not the messages.
 - ``post_rewards`` (overrides ``RolloutStore.post_rewards``): first closes the rewarded
@@ -47,7 +47,20 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
-from gspo_rl.contract.redis_schema import (
+from gspo_rl.contract.queue.episodes.scripts import (
+    APPEND_TURN,
+    CLOSE_EPISODES,
+    LOAD_EPISODE,
+    OPEN_EPISODES,
+)
+from gspo_rl.contract.queue.errors import StoreError, StoreReason
+from gspo_rl.contract.queue.groups.store import (
+    QueueConfig,
+    RewardItem,
+    RewardsOutcome,
+    RolloutStore,
+)
+from gspo_rl.contract.queue.schema import (
     Keys,
     RolloutRecord,
     as_str,
@@ -55,9 +68,6 @@ from gspo_rl.contract.redis_schema import (
     pack_rollout,
     unpack_rollout,
 )
-from gspo_rl.server.episode_scripts import APPEND_TURN, CLOSE_EPISODES, LOAD_EPISODE, OPEN_EPISODES
-from gspo_rl.server.store import QueueConfig, RewardItem, RewardsOutcome, RolloutStore
-from gspo_rl.server.store_errors import StoreError, StoreReason
 
 
 @dataclass

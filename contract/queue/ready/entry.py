@@ -1,5 +1,5 @@
 """A ready-stream entry published by reference, and the records it names
-(``gspo_rl.contract.redis_schema`` documents the keys).
+(``gspo_rl.contract.queue.schema`` documents the keys).
 
 An entry holds the group's ``head`` (``pack_ready_group``'s bytes up to the rollouts' array
 header) and the published rollout ids; their records are either one key per rollout
@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 
-from gspo_rl.contract.redis_schema import (
+from gspo_rl.contract.queue.schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
     READY_RECORDS_FIELD,

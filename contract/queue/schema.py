@@ -40,7 +40,7 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   ``closed`` (1 once a reward was posted: no more turns) and ``state`` (msgpack
   ``EpisodeState``: digests of the chat history the next request must extend and of the
   tools, the temperature, the last render's length/digest; deleted at close). Updated with
-  the rollout record in one MULTI/EXEC (``gspo_rl.server.episode_store``), same TTL.
+  the rollout record in one MULTI/EXEC (``gspo_rl.contract.queue.episodes.store``), same TTL.
   ``POST /v1/groups`` opens the group, then its ``size`` empty episodes (records without
   tokens, ``turns == []``) in one script.
 - ``{p}:groups:deadlines``: sorted set group_id -> deadline (for the expiry sweeper).
@@ -48,7 +48,7 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   published (the finaliser, or the sweeper after a crash, publishes them). Only groups the
   Python credit rule decides pass through it (turn rewards, groups finalised at their
   deadline): the reward script publishes an outcome-only group in the call that completes
-  it (``gspo_rl.server.reward_scripts``).
+  it (``gspo_rl.contract.queue.groups.rewards``).
 - ``{p}:stream:ready``: stream of ready groups, published *by reference*: an entry holds
   ``head`` (the ``pack_ready_group`` bytes up to the rollouts' array header: group id,
   metadata, rewards, advantages; a few hundred bytes) and ``rollouts`` (msgpack list of the
@@ -58,24 +58,25 @@ trimmed after acknowledgement, so memory stays bounded in a long run):
   entry, in the same atomic step, so a trained group's trajectories stay readable a while), and
   ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``;
   the learner decodes the pieces without joining them:
-  ``gspo_rl.contract.ready_entry.unpack_entry``). An entry of a group recorded whole has a third
-  field, ``records``: the group id, whose ``{p}:group:{group_id}:records`` key holds the records
-  instead (publishing, the trim and the reader then touch that one key;
-  ``gspo_rl.contract.ready_entry``). A rollout's bytes are written once, when sampled, and never
-  copied. An entry with a ``group`` field instead carries the whole record inline (how groups were
-  published before; still read, e.g. by tests and tools that XADD a packed group).
+  ``gspo_rl.contract.queue.ready.entry.unpack_entry``). An entry of a group recorded whole has a
+  third field, ``records``: the group id, whose ``{p}:group:{group_id}:records`` key holds the
+  records instead (publishing, the trim and the reader then touch that one key;
+  ``gspo_rl.contract.queue.ready.entry``). A rollout's bytes are written once, when sampled, and
+  never copied. An entry with a ``group`` field instead carries the whole record inline (how groups
+  were published before; still read, e.g. by tests and tools that XADD a packed group).
 - ``{p}:counters``: hash of monotonically increasing counters (published, dropped_*, ...).
 - ``{p}:rewards:finished``: hash ``groups``, ``rewards`` (integers) and ``sum`` (a float) over
   every group that finished with rewards, published or dropped (equal rewards included):
   what the environment scored, read by the learner's reward target (``gspo_rl.learner.target``).
 - ``{p}:servers``: hash server_id -> signed JSON registration
-  (``gspo_rl.contract.registry``); ``{p}:server:{id}:alive`` heartbeat
+  (``gspo_rl.contract.queue.registry``); ``{p}:server:{id}:alive`` heartbeat
   key with a short TTL.
 - ``{p}:learner:state``: hash, the learner's policy version and step, and its admission
   parameters (``gspo_rl.contract.admission``).
 - ``{p}:admission:servers``: set of server ids that publish admission counts;
   ``{p}:admission:pending:{server_id}``: string, requests that server admitted and is still
-  serving (their groups may not be in Redis yet), with a short TTL (``gspo_rl.server.inflight``).
+  serving (their groups may not be in Redis yet), with a short TTL
+  (``gspo_rl.contract.queue.inflight``).
 
 Numeric arrays travel as little-endian bytes (int32 token ids and versions, float32
 log-probabilities, uint8 masks): packing and unpacking them costs a memcpy, not a Python loop.

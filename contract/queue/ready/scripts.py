@@ -1,5 +1,5 @@
-"""The learner reader's Lua scripts (``gspo_rl.learner.reader``): delivery with its count, and the
-ack with the trim. Each is one atomic step in Redis."""
+"""The learner reader's Lua scripts (``gspo_rl.contract.queue.ready.reader``): delivery with its
+count, and the ack with the trim. Each is one atomic step in Redis."""
 
 from __future__ import annotations
 

@@ -29,17 +29,17 @@ consumer group still needs (its oldest pending entry, or the first not yet deliv
 stream holds only unread and in-flight groups. With no consumer group yet, nothing is trimmed:
 groups published before the first learner starts wait for it.
 
-Groups are published by reference (``gspo_rl.contract.redis_schema``,
-``gspo_rl.contract.ready_entry``): an entry carries the group's head (ids, rewards, advantages) and
-its rollout ids, whose records stay where they were written (without a TTL once published): one key
-for a group the sampling path recorded whole, one key per rollout for multi-turn episodes.
-``read_batch`` fetches the records of every entry of a batch (the entries its XREADGROUP calls, or a
-claim, returned) with one MGET, and decodes the head and the records on their own (``unpack_entry``:
-the same ``ReadyGroup`` as ``unpack_ready_group`` of the joined ``pack_ready_group`` bytes, without
-copying them into one buffer). The records leave with their entry, never before: the
-ack, the trim and the records' expiry are one script (``ACK_AND_TRIM``), atomic in Redis, so
-a crash at any point leaves either the entry with its records (read again, or trimmed later)
-or a trimmed entry whose records expire. A trimmed
+Groups are published by reference (``gspo_rl.contract.queue.schema``,
+``gspo_rl.contract.queue.ready.entry``): an entry carries the group's head (ids, rewards,
+advantages) and its rollout ids, whose records stay where they were written (without a TTL once
+published): one key for a group the sampling path recorded whole, one key per rollout for multi-turn
+episodes. ``read_batch`` fetches the records of every entry of a batch (the entries its XREADGROUP
+calls, or a claim, returned) with one MGET, and decodes the head and the records on their own
+(``unpack_entry``: the same ``ReadyGroup`` as ``unpack_ready_group`` of the joined
+``pack_ready_group`` bytes, without copying them into one buffer). The records leave with their
+entry, never before: the ack, the trim and the records' expiry are one script (``ACK_AND_TRIM``),
+atomic in Redis, so a crash at any point leaves either the entry with its records (read again, or
+trimmed later) or a trimmed entry whose records expire. A trimmed
 group's records stay readable for ``keep_trained_s`` (default 600 s, as a published group's
 records did before: ``GET /v1/groups/{id}?include=tokens`` still shows what was trained),
 then expire; the memory they hold is bounded by that window's groups; an entry another
@@ -56,8 +56,9 @@ from dataclasses import dataclass, field
 
 import redis
 
-from gspo_rl.contract.ready_entry import EntryRefs, ready_entry_refs, unpack_entry
-from gspo_rl.contract.redis_schema import (
+from gspo_rl.contract.queue.ready.entry import EntryRefs, ready_entry_refs, unpack_entry
+from gspo_rl.contract.queue.ready.scripts import ACK_AND_TRIM, DELIVER
+from gspo_rl.contract.queue.schema import (
     LEARNER_CONSUMER_GROUP,
     READY_COUNT_FIELD,
     READY_RECORDS_FIELD,
@@ -68,7 +69,6 @@ from gspo_rl.contract.redis_schema import (
     key_template,
     unpack_ready_group,
 )
-from gspo_rl.learner.reader_scripts import ACK_AND_TRIM, DELIVER
 
 logger = logging.getLogger(__name__)
 

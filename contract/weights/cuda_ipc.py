@@ -23,7 +23,7 @@ weight_transfer.ipc_engine``):
 - the same ``TensorMeta`` list as the broadcast, so the server's name and shape checks are
   shared.
 
-The choice of this path is ``gspo_rl.contract.weight_transport.choose_transport`` (same GPU UUID).
+The choice of this path is ``gspo_rl.contract.weights.collective.choose_transport`` (same GPU UUID).
 The message format and its encoding are pure and tested on CPU; opening handles needs CUDA.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 from pydantic import BaseModel, Field
 
-from gspo_rl.contract.weight_transport import TensorMeta, tensor_metas
+from gspo_rl.contract.weights.collective import TensorMeta, tensor_metas
 
 
 class CudaIpcTensor(BaseModel):

@@ -20,21 +20,22 @@ and Redis queue", has the numbers):
   them: the stream entry is the group's head (rewards, advantages: a few hundred bytes) and
   the rollout ids, and the records lose their TTL (they are the entry's now); the learner
   MGETs a batch's records after XREADGROUP, and its trim of the entry gives them back a TTL
-  (``gspo_rl.learner.reader``). Scripts see key names and small values only (a 13 kB script argument
-  costs Redis ~20x a plain SET of it).
+  (``gspo_rl.contract.queue.ready.reader``). Scripts see key names and small values only (a 13 kB
+  script argument costs Redis ~20x a plain SET of it).
 - **Round trips.** The sampling path opens the group and records its rollouts in one
   MULTI/EXEC (``record_group``). A reward is one script call (``POST_REWARDS``), and the
   reward that completes a group also ends it in that call: when no episode has turn rewards
   (single-turn groups, and multi-turn ones rewarded on their outcome), a Lua copy of the
-  outcome-only credit rule (``gspo_rl.server.credit_lua``, bit for bit
+  outcome-only credit rule (``gspo_rl.contract.queue.groups.credit``, bit for bit
   ``gspo_rl.contract.credit``'s) computes the advantages, and the script XADDs the head or drops the
   group (zero variance). So a group of 8 costs the producer 1 + 8 round trips with single-reward
   posts (1 + 1 when its rewards come in one call), against 8 before the redesign (create, a MULTI,
   the reward, WATCH, HMGET, MGET, MULTI/XADD/EXEC, HSET of the stream id). A group with turn
   rewards takes one more: the reward script leaves it ``complete`` and returns its rewards,
-  the general rule runs here (``gspo_rl.server.store_finish.decide_finish``) and ``PUBLISH_GROUP``
-  publishes or drops it.
-- **One connection per process, auto-pipelined** (``gspo_rl.server.redis_pipe``): the hot path's
+  the general rule runs here (``gspo_rl.contract.queue.groups.finish.decide_finish``) and
+  ``PUBLISH_GROUP`` publishes or drops it.
+- **One connection per process, auto-pipelined** (``gspo_rl.contract.queue.connection``): the hot
+path's
   commands from every concurrent request go out in one write per event-loop iteration and are
   parsed by hiredis, ~5x less client CPU per round trip than redis-py's asyncio client.
 
@@ -71,8 +72,32 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
-from gspo_rl.contract.ready_entry import pack_group_records
-from gspo_rl.contract.redis_schema import (
+from gspo_rl.contract.queue.connection import RedisPipe, encode_args, pipe_for, run_script
+from gspo_rl.contract.queue.errors import StoreError, StoreReason, item_status, record_error
+from gspo_rl.contract.queue.groups.finish import (
+    Snapshot,
+    decide_finish,
+    publish_call,
+    publish_result,
+    read_snapshot,
+)
+from gspo_rl.contract.queue.groups.rewards import POST_REWARDS, PUBLISH_GROUP
+from gspo_rl.contract.queue.groups.scripts import (
+    CREATE_GROUP,
+    EXPIRE_DUE,
+    RECORD_NEW_GROUP,
+    RECORD_ROLLOUTS,
+)
+from gspo_rl.contract.queue.groups.types import (
+    GroupView,
+    QueueConfig,
+    RewardItem,
+    RewardResult,
+    RewardsOutcome,
+    pack_reward,
+)
+from gspo_rl.contract.queue.ready.entry import pack_group_records
+from gspo_rl.contract.queue.schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
     READY_RECORDS_FIELD,
@@ -82,30 +107,6 @@ from gspo_rl.contract.redis_schema import (
     key_template,
     member_rollout_id,
     pack_rollout,
-)
-from gspo_rl.server.redis_pipe import RedisPipe, encode_args, pipe_for, run_script
-from gspo_rl.server.reward_scripts import POST_REWARDS, PUBLISH_GROUP
-from gspo_rl.server.store_errors import StoreError, StoreReason, item_status, record_error
-from gspo_rl.server.store_finish import (
-    Snapshot,
-    decide_finish,
-    publish_call,
-    publish_result,
-    read_snapshot,
-)
-from gspo_rl.server.store_scripts import (
-    CREATE_GROUP,
-    EXPIRE_DUE,
-    RECORD_NEW_GROUP,
-    RECORD_ROLLOUTS,
-)
-from gspo_rl.server.store_types import (
-    GroupView,
-    QueueConfig,
-    RewardItem,
-    RewardResult,
-    RewardsOutcome,
-    pack_reward,
 )
 
 __all__ = ["GroupView", "QueueConfig", "RewardItem", "RewardResult", "RewardsOutcome",
@@ -171,7 +172,7 @@ class RolloutStore:
     @property
     def pipe(self) -> RedisPipe | None:
         """The store's own connection (None: redis-py's, for a TLS or socket client); other
-        readers of the hot path may share it (``gspo_rl.server.inflight``)."""
+        readers of the hot path may share it (``gspo_rl.contract.queue.inflight``)."""
         return self._pipe
 
     async def aclose(self) -> None:

@@ -14,8 +14,9 @@ read in one round trip (one Lua script, below):
 - published, not yet delivered to the learner: the learner consumer group's ``lag`` on the
   ready stream (its length when no learner has created the group yet);
 - delivered, being trained: the learner's ``training`` field (``Keys.learner_state``), set in
-  the same Lua script that takes the groups from the stream (``gspo_rl.learner.reader_scripts``), so
-  a group leaves the lag and joins ``training`` in one step.
+  the same Lua script that takes the groups from the stream
+  (``gspo_rl.contract.queue.ready.scripts``), so a group leaves the lag and joins ``training`` in
+  one step.
 
 Trained groups waiting for their checkpoint (pending in the stream) are not in flight, nor
 are dropped (equal rewards, stale, invalid) or expired ones: they are in none of these.
@@ -24,9 +25,9 @@ publishes ``training`` 0, a dead server's pending key expires, and groups redeli
 restarted learner (pending, trained before its last checkpoint died) are not counted: for
 one batch the count is low by at most the groups it retrains.
 
-A read is one Lua script (``gspo_rl.contract.admission.IN_FLIGHT_FACTS``, the learner drains with it
-too) in one round trip, through the store's connection (``gspo_rl.server.redis_pipe``) when the
-server has one: the gate reads up to 20 times a second, and the same facts read as six pipelined
+A read is one Lua script (``IN_FLIGHT_FACTS``, the learner drains with it
+too) in one round trip, through the store's connection (``gspo_rl.contract.queue.connection``) when
+the server has one: the gate reads up to 20 times a second, and the same facts read as six pipelined
 commands through redis-py (``XINFO GROUPS`` parsed into dicts) cost ~0.3 ms of the event loop's
 CPU each (``bench_server_cpu.py``).
 """
@@ -36,19 +37,89 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 
-from gspo_rl.contract.admission import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
-from gspo_rl.contract.redis_schema import Keys
-from gspo_rl.server.redis_pipe import RedisPipe, run_script
+from gspo_rl.contract.admission import LearnerParams
+from gspo_rl.contract.queue.connection import RedisPipe, run_script
+from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys
 
 log = logging.getLogger(__name__)
 PUBLISH_EVERY_S = 1.0
 PENDING_TTL_S = 5
 
+
+
+IN_FLIGHT_FACTS = """
+-- KEYS: deadlines, complete, ready stream, learner state, admission servers
+-- ARGV: the pending keys' prefix, the reading server's id ('' : none), the learner's
+--       consumer group
+-- -> {open, complete, stream length, the group's lag (-1: unknown), other servers' pending,
+--     the learner state's HGETALL}; servers whose pending key expired leave the set
+local n_open = redis.call('ZCARD', KEYS[1])
+local n_complete = redis.call('SCARD', KEYS[2])
+local depth = redis.call('XLEN', KEYS[3])
+local lag = -1
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[3])  -- no stream yet: an error
+if ok then
+  for _, g in ipairs(groups) do
+    local name, glag = nil, false
+    for i = 1, #g, 2 do
+      if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'lag' then glag = g[i + 1] end
+    end
+    if name == ARGV[3] then
+      if glag then lag = glag end  -- a nil lag: Redis cannot say, the stream's length counts
+      break
+    end
+  end
+end
+local remote = 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+  if id ~= ARGV[2] then
+    local v = redis.call('GET', ARGV[1] .. id)
+    if v then remote = remote + tonumber(v) else redis.call('SREM', KEYS[5], id) end
+  end
+end
+return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', KEYS[4])}
+"""
+"""The facts the in-flight count is made of, in one round trip (``gspo_rl.contract.queue.inflight``
+reads it for the gate, ``gspo_rl.learner.target`` to drain); ``in_flight_call`` gives its keys and
+arguments, ``InFlightFacts.from_reply`` reads its reply."""
+
+
+def in_flight_call(keys: Keys, server_id: str = "") -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of ``IN_FLIGHT_FACTS`` for server ``server_id`` (its own pending count is
+    left out: its gate knows it exactly; "": every server's counts)."""
+    return ([keys.deadlines, keys.complete, keys.ready_stream, keys.learner_state,
+             keys.admission_servers],
+            [keys.admission_pending(""), server_id, LEARNER_CONSUMER_GROUP])
+
+
+@dataclass(frozen=True)
+class InFlightFacts:
+    """One reply of ``IN_FLIGHT_FACTS``. ``undelivered``: published groups the learner has
+    not read, its consumer group's lag on the ready stream (the stream's length when there is
+    no such group or Redis cannot say)."""
+
+    open: int
+    complete: int
+    undelivered: int
+    remote_pending: int
+    ready_depth: int
+    learner: LearnerParams
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[Any]) -> InFlightFacts:
+        n_open, n_complete, depth, lag, remote, state = reply
+        depth, lag = int(depth), int(lag)
+        return cls(open=int(n_open), complete=int(n_complete),
+                   undelivered=depth if lag < 0 else lag, remote_pending=int(remote),
+                   ready_depth=depth,
+                   learner=LearnerParams.from_hash(dict(zip(state[::2], state[1::2],
+                                                            strict=True))))
 
 
 @dataclass(frozen=True)
@@ -76,7 +147,7 @@ class InFlightCounter:
         self._keys, self._args = in_flight_call(keys, server_id)
 
     async def read(self) -> Snapshot:
-        """The facts now, in one round trip (``gspo_rl.contract.admission.IN_FLIGHT_FACTS``)."""
+        """The facts now, in one round trip (``IN_FLIGHT_FACTS``)."""
         return Snapshot.from_reply(await run_script(self.pipe, self.client, self._facts,
                                                     self._keys, self._args))
 

@@ -1,10 +1,10 @@
-"""The Lua scripts behind ``gspo_rl.server.episode_store`` (multi-turn episodes): every multi-key
-change of an episode is one script (see ``gspo_rl.server.store_scripts`` for the conventions: key
-templates, Redis ``TIME``, no large value through a script's arguments)."""
+"""The Lua scripts behind ``gspo_rl.contract.queue.episodes.store`` (multi-turn episodes): every
+multi-key change of an episode is one script (see ``gspo_rl.contract.queue.groups.scripts`` for the
+conventions: key templates, Redis ``TIME``, no large value through a script's arguments)."""
 
 from __future__ import annotations
 
-from gspo_rl.server.store_scripts import MEMBER_OF
+from gspo_rl.contract.queue.groups.scripts import MEMBER_OF
 
 _NOW = """
 local t = redis.call('TIME')

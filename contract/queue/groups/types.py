@@ -1,5 +1,5 @@
 """The store's configuration and the values its operations take and return
-(``gspo_rl.server.store``)."""
+(``gspo_rl.contract.queue.groups.store``)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,8 @@ def pack_reward(reward: float, turn_rewards: Sequence[float] | None,
     """Canonical bytes for a reward, compared byte for byte by the reward script (so a repeat
     with equal values is a duplicate). ``+ 0.0`` folds -0.0 into 0.0. ``n_turns`` (the
     rollout's model turns; fixed once it is rewarded) lets the credit rule place an episode
-    without turn rewards among the others' turns (``gspo_rl.server.store_finish.reward_turns``)."""
+    without turn rewards among the others' turns
+    (``gspo_rl.contract.queue.groups.finish.reward_turns``)."""
     turns = None if turn_rewards is None else [float(t) + 0.0 for t in turn_rewards]
     return msgpack.packb({"reward": float(reward) + 0.0, "turn_rewards": turns,
                           "n_turns": n_turns})

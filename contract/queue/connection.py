@@ -12,9 +12,9 @@ written contiguously, so no other command can land inside it.
 
 Failures: a lost connection fails every command in flight with ``ConnectionError`` and the
 next command reconnects; ``call`` retries a few times with backoff, which is safe because
-every store operation is idempotent (see ``gspo_rl.server.store.make_redis``). A reply that takes
-longer than ``timeout_s`` fails the connection with ``TimeoutError`` (one watchdog timer, not
-one per command). Error replies become redis-py's exception types (``NoScriptError`` for
+every store operation is idempotent (see ``gspo_rl.contract.queue.groups.store.make_redis``). A
+reply that takes longer than ``timeout_s`` fails the connection with ``TimeoutError`` (one watchdog
+timer, not one per command). Error replies become redis-py's exception types (``NoScriptError`` for
 NOSCRIPT, ``BusyLoadingError`` for LOADING, ...: redis-py's own mapping), so callers handle
 both clients alike.
 

@@ -4,19 +4,19 @@ when the Lua credit rule covers them) and the publish script (the Python path's 
 A group's end, exactly once: only the reward script leaves ``open`` for good (atomically with
 its last reward), and a group leaves ``complete`` only through ``end_group``, atomically with
 its XADD. The reward that completes a group publishes it in the same script when every
-rewarded episode is outcome-only (``gspo_rl.server.credit_lua``); otherwise the group is left
-``complete`` (in the complete set) with its snapshot returned, the caller runs the Python rule
+rewarded episode is outcome-only (``gspo_rl.contract.queue.groups.credit``); otherwise the group is
+left ``complete`` (in the complete set) with its snapshot returned, the caller runs the Python rule
 and ``PUBLISH_GROUP`` carries out the decision; a caller that dies in between leaves it to the
-sweeper (``gspo_rl.server.store.RolloutStore.sweep_once``).
+sweeper (``gspo_rl.contract.queue.groups.store.RolloutStore.sweep_once``).
 
-Publishing is by reference (``gspo_rl.contract.redis_schema``): the entry is the head and the
+Publishing is by reference (``gspo_rl.contract.queue.schema``): the entry is the head and the
 rollout ids; the records stay where the sampling path wrote them and only lose their TTL.
 """
 
 from __future__ import annotations
 
-from gspo_rl.server.credit_lua import CREDIT_LUA
-from gspo_rl.server.store_scripts import COMMON
+from gspo_rl.contract.queue.groups.credit import CREDIT_LUA
+from gspo_rl.contract.queue.groups.scripts import COMMON
 
 # end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now, in_set,
 #           n_rewards, reward_sum):

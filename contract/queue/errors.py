@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from gspo_rl.contract.redis_schema import RolloutRecord
+from gspo_rl.contract.queue.schema import RolloutRecord
 
 
 class StoreReason(enum.Enum):

@@ -1,6 +1,8 @@
-"""The Lua scripts that open groups, record rollouts and expire groups (``gspo_rl.server.store``);
-the ones that end a group are in ``gspo_rl.server.reward_scripts``, the multi-turn episodes' in
-``gspo_rl.server.episode_scripts``. Every multi-key change of a group or an episode is one script.
+"""The Lua scripts that open groups, record rollouts and expire groups
+(``gspo_rl.contract.queue.groups.store``); the ones that end a group are in
+``gspo_rl.contract.queue.groups.rewards``, the multi-turn episodes' in
+``gspo_rl.contract.queue.episodes.scripts``. Every multi-key change of a group or an episode is one
+script.
 
 A Lua script runs atomically in Redis, so a reward, its duplicate/conflict check, the group's
 reward count and the open -> complete transition cannot interleave with another process's
@@ -14,9 +16,9 @@ their TTL), so a rollout's bytes are written once, when sampled, and read once, 
 learner.
 
 Key names are never spelled here: scripts that find a group id inside Redis build its keys
-from ``head .. id .. tail`` templates that ``gspo_rl.server.store`` derives from ``Keys``. Because
-those keys are not declared in ``KEYS``, the scripts need a standalone (or managed,
-non-cluster) Redis; a Redis Cluster would need every key of a group in one hash slot.
+from ``head .. id .. tail`` templates that ``gspo_rl.contract.queue.groups.store`` derives from
+``Keys``. Because those keys are not declared in ``KEYS``, the scripts need a standalone (or
+managed, non-cluster) Redis; a Redis Cluster would need every key of a group in one hash slot.
 
 Times come from Redis's ``TIME`` so that every server process shares one clock. Keys of a
 finished group are shortened with ``EXPIRE ... LT`` (never extended) to ``finished_ttl``.
@@ -25,7 +27,7 @@ finished group are shortened with ``EXPIRE ... LT`` (never extended) to ``finish
 from __future__ import annotations
 
 # '<group id>:<index>' -> the group id and the index (a rollout id of a group recorded whole
-# with ids that name it, ``gspo_rl.contract.redis_schema.member_rollout_id``), else nil. The caller
+# with ids that name it, ``gspo_rl.contract.queue.schema.member_rollout_id``), else nil. The caller
 # checks the group (its hash's ``members`` and ``records``).
 MEMBER_OF = """
 local function member_of(rid)

@@ -1,11 +1,11 @@
 """A Lua copy of the outcome-only credit rule and of the ready group's head, so that the reward
-script that completes a group also publishes it (``gspo_rl.server.reward_scripts``): no second round
-trip, no Python on that path.
+script that completes a group also publishes it (``gspo_rl.contract.queue.groups.rewards``): no
+second round trip, no Python on that path.
 
 It covers the groups ``gspo_rl.contract.credit._outcome_only`` covers (no episode has turn rewards),
 which is what single-turn rollouts and multi-turn episodes rewarded on their outcome post;
 a group with turn rewards, a non-finite reward or anything else unexpected is left to the
-Python rule (``gspo_rl.server.store_finish``), unchanged.
+Python rule (``gspo_rl.contract.queue.groups.finish``), unchanged.
 
 Bit for bit the Python rule's numbers: both work in doubles, in the same order of operations
 (``gspo_rl.contract.credit._mean``: sums left to right, one rounding per addition; then ``x -
@@ -14,8 +14,8 @@ and ``sqrt`` correctly on both sides; ``eps`` reaches Lua as Python's ``repr`` (
 string that reads back to the same double). ``tests/integration/test_credit_lua.py`` checks
 it over thousands of random groups against a real redis-server.
 
-The head is written byte for byte as ``gspo_rl.server.store_finish.ready_group_head`` packs it
-(msgpack: floats as float64, str/array headers of the smallest size): doubles through
+The head is written byte for byte as ``gspo_rl.contract.queue.groups.finish.ready_group_head`` packs
+it (msgpack: floats as float64, str/array headers of the smallest size): doubles through
 ``struct.pack('>d', x)``, the stored metadata bytes as they are, the advantage config packed
 once by Python. Helpers only: the scripts that use them prepend this source.
 """
@@ -76,7 +76,7 @@ end
 -- not cover them (turn rewards, a non-finite reward, an odd turn count): the caller then
 -- leaves the group to Python. rids: rollout ids in creation order; packed: their stored
 -- rewards (nil: not rewarded). Returns ids, rewards, turn_rewards (the stored value: nil or
--- an empty list), n_turns (gspo_rl.server.store_finish.reward_turns).
+-- an empty list), n_turns (gspo_rl.contract.queue.groups.finish.reward_turns).
 local function outcome_entries(rids, packed)
   local ids, rewards, trs, turns = {}, {}, {}, {}
   for i, rid in ipairs(rids) do
@@ -97,8 +97,8 @@ local function outcome_entries(rids, packed)
   return ids, rewards, trs, turns
 end
 
--- gspo_rl.server.store_finish.ready_group_head, byte for byte. has_tr[i]: the episode's stored
--- turn_rewards was an empty list (true) or nil (false).
+-- gspo_rl.contract.queue.groups.finish.ready_group_head, byte for byte. has_tr[i]: the
+-- episode's stored turn_rewards was an empty list (true) or nil (false).
 local function ready_head(gid, metadata, published_at, rewards, adv, has_tr, turns, config)
   local p = {'\\137', mp_str('group_id'), mp_str(gid), mp_str('metadata'), metadata,
     mp_str('published_at'), mp_f64(published_at), mp_str('rewards')}
