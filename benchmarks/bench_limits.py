@@ -1,5 +1,5 @@
-"""Cost of the request body checks (``gspo_rl.server.limits``) against parsing the same body, in the
-same run: the checks run on the event loop, so they must stay a fraction of the JSON parse
+"""Cost of the request body checks (``gspo_rl.server.api.limits``) against parsing the same body, in
+the same run: the checks run on the event loop, so they must stay a fraction of the JSON parse
 FastAPI does anyway.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_limits.py [--ids 1000000] [--repeat 5]
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gspo_rl.server.limits import check_metadata, check_request_json
+from gspo_rl.server.api.limits import check_metadata, check_request_json
 
 
 class _Request:

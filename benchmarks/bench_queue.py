@@ -48,8 +48,8 @@ sys.path.insert(0, str(REPO))
 from fastapi import FastAPI  # noqa: E402
 
 from gspo_rl.contract.queue.groups.store import RolloutStore, make_redis  # noqa: E402
-from gspo_rl.server.errors import install_error_handlers  # noqa: E402
-from gspo_rl.server.routes import groups, rewards  # noqa: E402
+from gspo_rl.server.api.errors import install_error_handlers  # noqa: E402
+from gspo_rl.server.api.routes import groups, rewards  # noqa: E402
 from tests.conftest import free_port, wait_for_port  # noqa: E402
 
 TOKENS = 1024

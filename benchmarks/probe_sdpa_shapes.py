@@ -7,7 +7,7 @@ nearly every step (the cache grows by a column; rows join and leave). cuDNN atte
 an execution graph, on the CPU, for every shape it has not seen. PyTorch 2.11 picks it for
 masked bfloat16 attention on an H100, and the server then ran several times slower than its
 engine until the shapes repeated (BENCHMARKS.md, "On an H100"). The engine's steps now run
-without it (``gspo_rl.server.engines.hf_attention.step_backends``).
+without it (``gspo_rl.server.engines.hf.attention.step_backends``).
 
 Three measurements, each "PyTorch's choice" (baseline) against the engine's step backends, in
 the same run:
@@ -44,8 +44,8 @@ from torch.nn.attention import SDPBackend
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gspo_rl.server.engines import hf_attention  # noqa: E402
-from gspo_rl.server.engines.hf_running import RunningKV  # noqa: E402
+from gspo_rl.server.engines.hf import attention as hf_attention  # noqa: E402
+from gspo_rl.server.engines.hf.running import RunningKV  # noqa: E402
 
 WAYS = ("pytorch_choice", "engine_steps")
 
@@ -148,7 +148,7 @@ def main() -> None:
              if dev.type == "cuda" else ""))
     from transformers import AutoModelForCausalLM
 
-    from gspo_rl.server.tiny_model import make_tiny_model
+    from gspo_rl.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_model(Path(tmp) / "tiny", num_layers=args.layers,

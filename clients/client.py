@@ -3,8 +3,8 @@
 Chat completions go through the official ``openai`` client (see clients/examples); these
 clients cover what the OpenAI API has no word for. Retries: connection errors, timeouts and
 502/503/504 are retried with exponential backoff; 4xx never are. A 503 that holds a new group
-back (``too_many_groups_in_flight``: the learner is behind, ``gspo_rl.server.admission``; or
-``ready_queue_full``; ``training_finished``: the learner met its goal, a warning says so once a
+back (``too_many_groups_in_flight``: the learner is behind, ``gspo_rl.server.rollouts.admission``;
+or ``ready_queue_full``; ``training_finished``: the learner met its goal, a warning says so once a
 minute) is backpressure, not a failure: it is retried after the server's
 ``Retry-After`` for as long as ``RetryPolicy.admission_patience_s`` allows (default: as long
 as it takes), without using up ``attempts``. Rewards are idempotent on

@@ -10,7 +10,7 @@ Two shapes:
   (plus optional per-turn rewards: one per chat completion of the episode, in order).
   Implement ``sample_task`` and ``episode``. The server records the tokens the model saw and
   wrote, turn by turn: send the whole conversation each turn, the assistant messages exactly
-  as returned (see ``server/episodes.py``).
+  as returned (see ``server/rollouts/episodes.py``).
 
 ``run_groups`` / ``arun_groups`` drive either shape with bounded concurrency and post the
 rewards. A group whose rewards are all equal carries no learning signal and is dropped by the

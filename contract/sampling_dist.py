@@ -11,7 +11,7 @@ With truncation on, the sampler draws from ``q = softmax(z / T)`` restricted to 
 and an importance ratio is only unbiased if the learner computes ``pi_theta`` and ``pi_old``
 under the same rule. ``keep_mask`` decides ``K`` exactly as vLLM does
 (``vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p_pytorch``, the CPU path), and the
-transformers engine (``gspo_rl.server.engines.hf_batch``) samples with this same function, so all
+transformers engine (``gspo_rl.server.engines.hf.batch``) samples with this same function, so all
 three agree on ties and on the nucleus boundary:
 
 1. Temperature first: both cuts act on ``z / T``.

@@ -35,7 +35,7 @@ def tiny_model(
     vocab_size: int = typer.Option(1024, help="Vocabulary size of model and tokenizer."),
 ) -> None:
     """Write a tiny random Qwen2 model (config, tokenizer, weights) made locally."""
-    from gspo_rl.server.tiny_model import make_tiny_model
+    from gspo_rl.tiny_model import make_tiny_model
 
     out = make_tiny_model(
         path, seed=seed, tie_embeddings=tied, num_layers=layers, hidden_size=hidden,
@@ -55,7 +55,7 @@ def serve(**params: Any) -> None:
         raise typer.Exit(2) from exc
     from pydantic import ValidationError
 
-    from gspo_rl.server.settings import ServerSettings
+    from gspo_rl.server.config import ServerSettings
 
     try:
         settings = ServerSettings(**flags)
@@ -65,13 +65,13 @@ def serve(**params: Any) -> None:
                  for e in exc.errors()]
         typer.echo("invalid server settings:\n" + "\n".join(lines), err=True)
         raise typer.Exit(2) from exc
-    from gspo_rl.server.app import create_app
-    from gspo_rl.server.engine_watch import run_server
+    from gspo_rl.server.api.app import create_app
+    from gspo_rl.server.run import run_server
 
     code = run_server(create_app(settings), host=settings.host, port=settings.port,
                       log_level=params["log_level"], timeout_graceful_shutdown=30,
                       timeout_keep_alive=settings.keep_alive_s)
-    if code:  # the engine died (gspo_rl.server.engine_watch) or the app failed to start
+    if code:  # the engine died (gspo_rl.server.run) or the app failed to start
         raise typer.Exit(code)
 
 

@@ -110,7 +110,7 @@ def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
 def generate() -> dict[str, Any]:
     """What the CLI's options are, from the models (imports them: slow)."""
     from gspo_rl.learner.config import LearnerConfig
-    from gspo_rl.server.settings import ServerSettings
+    from gspo_rl.server.config import ServerSettings
 
     return {
         "serve": _options(ServerSettings, SERVE, "GSPO_"),

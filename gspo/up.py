@@ -74,8 +74,8 @@ class UpConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """vLLM's share of the GPU when it shares it with the learner."""
     admission: bool = True
-    """The server's admission control (``gspo_rl.server.admission``): new groups wait while as
-    many are in flight as the learner can train within ``max_staleness``. False: the
+    """The server's admission control (``gspo_rl.server.rollouts.admission``): new groups wait while
+    as many are in flight as the learner can train within ``max_staleness``. False: the
     environment runs ahead unbounded (for comparison: stale groups are dropped)."""
     extra_learn_args: list[str] = Field(default_factory=list)
 
@@ -212,7 +212,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     redis_url = cfg.redis_url or _start_redis(procs, cfg.run_dir)
     model = cfg.model
     if model is None:
-        from gspo_rl.server.tiny_model import make_tiny_model
+        from gspo_rl.tiny_model import make_tiny_model
 
         model = str(make_tiny_model(cfg.run_dir / "model", seed=cfg.seed))
     api_key, admin_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)

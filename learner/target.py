@@ -10,10 +10,11 @@ that finished since this learner started (``RewardWindow``; the same measure as 
 ``--target-reward``, which reads it on the environment's side).
 
 When it reaches the target, the learner (``gspo_rl.learner.loop``) publishes ``finished`` in its
-state: the servers start no new group (503 ``training_finished``, ``gspo_rl.server.admission``); it
-trains the groups still in flight (``groups_in_flight``, at most ``drain_timeout_s``), checkpoints,
-logs why it stopped and how to go on, and returns (``gspo learn`` exits 0). A learner started
-again publishes an empty ``finished``: the servers take groups again.
+state: the servers start no new group (503 ``training_finished``,
+``gspo_rl.server.rollouts.admission``); it trains the groups still in flight (``groups_in_flight``,
+at most ``drain_timeout_s``), checkpoints, logs why it stopped and how to go on, and returns (``gspo
+learn`` exits 0). A learner started again publishes an empty ``finished``: the servers take groups
+again.
 """
 
 from __future__ import annotations

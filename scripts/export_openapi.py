@@ -18,8 +18,8 @@ OUT = ROOT / "docs" / "openapi.json"
 
 
 def generate() -> str:
-    from gspo_rl.server.app import create_app
-    from gspo_rl.server.settings import ServerSettings
+    from gspo_rl.server.api.app import create_app
+    from gspo_rl.server.config import ServerSettings
 
     app = create_app(ServerSettings(model="MODEL", served_model_name="MODEL"))
     return json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"

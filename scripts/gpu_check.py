@@ -146,7 +146,7 @@ def start_stack(procs: Processes, run_dir: Path, devices: dict[str, str], dtype:
     """redis-server, a tiny model, `gspo serve`. Returns (server URL, redis URL, model dir)."""
     import httpx
 
-    from gspo_rl.server.tiny_model import make_tiny_model
+    from gspo_rl.tiny_model import make_tiny_model
 
     redis_port, port = free_port(), free_port()
     procs.start("redis", [require_parts(), "--port", str(redis_port), "--save", "",

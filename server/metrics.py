@@ -117,6 +117,6 @@ class RequestMetricsMiddleware:
             # Routing stores the matched route in the (shared) scope; unmatched: one label.
             name = getattr(route, "path", None) or "unmatched"
             if scope.get("gspo.client_disconnected"):
-                status = 499  # client closed the request (gspo_rl.server.disconnect)
+                status = 499  # client closed the request (gspo_rl.server.api.disconnect)
             self.metrics.requests.labels(name, scope.get("method", ""), str(status)).inc()
             self.metrics.latency.labels(name).observe(time.perf_counter() - start)

@@ -128,7 +128,7 @@ def redis_mod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2 model with tied embeddings (made locally, seed 0)."""
-    from gspo_rl.server.tiny_model import make_tiny_model
+    from gspo_rl.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-tied"), seed=0, tie_embeddings=True)
 
@@ -136,7 +136,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_untied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2 model with separate input and output embeddings (seed 1)."""
-    from gspo_rl.server.tiny_model import make_tiny_model
+    from gspo_rl.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-untied"), seed=1, tie_embeddings=False)
 

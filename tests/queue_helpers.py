@@ -37,8 +37,8 @@ from gspo_rl.contract.queue.schema import (
     unpack_ready_group,
     unpack_rollout,
 )
-from gspo_rl.server.errors import install_error_handlers
-from gspo_rl.server.routes import groups, rewards
+from gspo_rl.server.api.errors import install_error_handlers
+from gspo_rl.server.api.routes import groups, rewards
 from tests.conftest import free_port, wait_for_port
 
 T = TypeVar("T")

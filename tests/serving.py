@@ -124,8 +124,8 @@ def running_server(model_dir: Path, redis_url: str, **overrides: Any) -> Iterato
     set, small limits (max_n 8, max_tokens 64) so the limit checks are cheap to reach, and
     admission control off (no learner runs: the API tests leave many groups open, which
     would count as in flight; tests/integration/test_admission.py turns it on)."""
-    from gspo_rl.server.app import create_app
-    from gspo_rl.server.settings import ServerSettings
+    from gspo_rl.server.api.app import create_app
+    from gspo_rl.server.config import ServerSettings
 
     fields: dict[str, Any] = dict(
         model=str(model_dir), redis_url=redis_url, served_model_name=MODEL_NAME,

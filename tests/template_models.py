@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from tokenizers import AddedToken
 
-from gspo_rl.server.tiny_model import build_tokenizer, make_tiny_model
+from gspo_rl.tiny_model import build_tokenizer, make_tiny_model
 
 DATA = Path(__file__).parent / "data"
 Family = Literal["qwen3", "llama3"]
@@ -72,7 +72,7 @@ def teach_conversation(path: Path, conversation: list[dict[str, Any]],
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gspo_rl.server.chat import end_token_ids
+    from gspo_rl.server.rollouts.chat.render import end_token_ids
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

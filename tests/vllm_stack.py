@@ -98,8 +98,8 @@ def serve_vllm(model_dir: Path, redis_url: str, server_id: str,
     ``ServerSettings`` fields to change from the defaults below."""
     import uvicorn
 
-    from gspo_rl.server.app import create_app
-    from gspo_rl.server.settings import ServerSettings
+    from gspo_rl.server.api.app import create_app
+    from gspo_rl.server.config import ServerSettings
 
     port = free_port()
     fields: dict[str, Any] = dict(

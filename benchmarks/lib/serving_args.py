@@ -28,6 +28,6 @@ def model_dir(args: argparse.Namespace, tmp: Path) -> Path:
     """``--model``, or a tiny model of ``--layers`` x ``--hidden`` made under ``tmp``."""
     if args.model is not None:
         return Path(args.model)
-    from gspo_rl.server.tiny_model import make_tiny_model
+    from gspo_rl.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp / "tiny", num_layers=args.layers, hidden_size=args.hidden)

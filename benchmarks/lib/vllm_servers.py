@@ -31,7 +31,7 @@ START_TIMEOUT_S = 600.0
 
 
 def cpu_worker_cls() -> str:
-    from gspo_rl.server.engines.vllm_engine import CPU_WORKER_CLS
+    from gspo_rl.server.engines.vllm.engine import CPU_WORKER_CLS
 
     return CPU_WORKER_CLS
 
@@ -175,7 +175,7 @@ def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path,
            str(args.max_model_len), "--max-tokens", str(args.max_tokens), "--max-n", "1",
            "--log-level", "warning"]
     # No learner runs: no bound on the ready queue or on groups in flight
-    # (gspo_rl.server.admission).
+    # (gspo_rl.server.rollouts.admission).
     env = {**engine_env(), "GSPO_API_KEY": API_KEY, "GSPO_MAX_READY_GROUPS": "0",
            "GSPO_ADMISSION": "false"}
     url = f"http://127.0.0.1:{port}"
@@ -187,7 +187,7 @@ def ours(model: Path, redis_url: str, args: argparse.Namespace, log: Path,
 def vllm_server(model: Path, args: argparse.Namespace, log: Path,
                 fixed: bool = False, wait: bool = True) -> Iterator[Server]:
     """vLLM's own server; ``fixed``: with our CPU worker (``--worker-cls``), which keeps
-    seeded requests alive through chunked prefill (``gspo_rl.server.engines.vllm_cpu_worker``)."""
+    seeded requests alive through chunked prefill (``gspo_rl.server.engines.vllm.cpu_worker``)."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),

@@ -1,5 +1,5 @@
 """What the Redis layer reports when it refuses a request: a storage-level reason, a
-machine-readable code and a message. No HTTP here: ``gspo_rl.server.errors`` alone maps a reason
+machine-readable code and a message. No HTTP here: ``gspo_rl.server.api.errors`` alone maps a reason
 (and a reward item's outcome) to an HTTP status, so the stores can be used, and read, without the
 API.
 """
@@ -13,7 +13,7 @@ from gspo_rl.contract.queue.schema import RolloutRecord
 
 
 class StoreReason(enum.Enum):
-    """Why the store refused (the HTTP status each maps to is in ``gspo_rl.server.errors``)."""
+    """Why the store refused (the HTTP status each maps to is in ``gspo_rl.server.api.errors``)."""
 
     NOT_FOUND = "not_found"
     """The group, rollout or episode does not exist (never created, or its records expired)."""

@@ -136,7 +136,7 @@ class Engine(abc.ABC):
 
     def dead_reason(self) -> str | None:
         """Why this engine can never generate again (its scheduler or worker died), or None
-        while it can. Cheap: polled by the server's watchdog (``gspo_rl.server.engine_watch``),
+        while it can. Cheap: polled by the server's watchdog (``gspo_rl.server.run``),
         which then reports the server unhealthy and ends the process so that it is restarted."""
         return None
 

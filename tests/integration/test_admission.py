@@ -1,6 +1,6 @@
-"""Admission control (gspo_rl.server.admission, issue 15: 88% of a compose run's groups were dropped
-stale or equal). A new group is held while as many are in flight as the learner can train
-within its staleness bound, released when the learner takes groups, refused with a 503 after
+"""Admission control (gspo_rl.server.rollouts.admission, issue 15: 88% of a compose run's groups
+were dropped stale or equal). A new group is held while as many are in flight as the learner can
+train within its staleness bound, released when the learner takes groups, refused with a 503 after
 the longest hold; the SDK retries that 503; the in-flight count comes from facts in Redis, so
 a crashed server or learner does not leave it wrong. Real uvicorn, real Redis, the hf engine
 on the tiny model, the learner's own reader and state publisher."""
@@ -29,7 +29,7 @@ from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.published import publish_state, state_fields
 from gspo_rl.learner.target import groups_in_flight
-from gspo_rl.server.admission import POLL_S
+from gspo_rl.server.rollouts.admission import POLL_S
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, Served, running_server
 

@@ -1,5 +1,5 @@
-"""The admission gate's own mechanics against a real Redis (gspo_rl.server.admission): a burst of
-requests shares one read of the facts, a read started before a release is not reused, and a
+"""The admission gate's own mechanics against a real Redis (gspo_rl.server.rollouts.admission): a
+burst of requests shares one read of the facts, a read started before a release is not reused, and a
 held request that is cancelled (its client left) leaves the gate as it found it."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from gspo_rl.contract.queue.inflight import InFlightCounter
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.published import publish_state, state_fields
-from gspo_rl.server.admission import AdmissionGate
+from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.metrics import ServerMetrics
-from gspo_rl.server.settings import ServerSettings
+from gspo_rl.server.rollouts.admission import AdmissionGate
 from tests.conftest import RedisServer
 
 KEYS = Keys()

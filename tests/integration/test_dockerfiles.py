@@ -2,14 +2,14 @@
 
 What can break silently without a build: a service pointing at a Dockerfile that is not
 there, a COPY of a path that moved or that .dockerignore drops, a package of the project left
-out of the image, the CPU image's torch drifting from pyproject.toml's pin, and the GPU image
+out of the image, the CPU image's torch drifting from the lock's pin, and the GPU image
 letting pip replace the vLLM image's CUDA torch.
 """
 
 from __future__ import annotations
 
+import ast
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,13 @@ import pytest
 
 from tests.compose_helpers import REPO, load_compose, mounts, required_variable
 
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+def package_folders() -> list[str]:
+    """The folders setup.py installs as the gspo_rl namespace (its ``FOLDERS``)."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    (folders,) = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                  and any(getattr(t, "id", None) == "FOLDERS" for t in n.targets)]
+    return list(folders.values())
 
 
 def instructions(dockerfile: Path) -> list[tuple[str, str]]:
@@ -64,10 +70,9 @@ def test_images_copy_every_package_and_only_existing_paths(dockerfile: str) -> N
     for src in sources:
         assert (REPO / src).exists(), f"{dockerfile} copies {src}, not in the repository"
         assert src not in ignored, f"{dockerfile} copies {src}, which .dockerignore drops"
-    packages = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
-    for pattern in packages:
-        assert pattern.rstrip("*") in sources, f"{dockerfile} leaves out package {pattern}"
-    assert "pyproject.toml" in sources
+    for folder in package_folders():
+        assert folder in sources, f"{dockerfile} leaves out package folder {folder}"
+    assert {"pyproject.toml", "setup.py"} <= set(sources)
 
 
 def test_build_context_never_carries_keys_or_the_venv() -> None:
@@ -76,8 +81,9 @@ def test_build_context_never_carries_keys_or_the_venv() -> None:
 
 
 def torch_pin() -> str:
-    (pin,) = [d for d in PYPROJECT["project"]["dependencies"] if re.match(r"torch\b", d)]
-    return pin.replace(" ", "")
+    lock = (REPO / "requirements" / "lock.txt").read_text().splitlines()
+    (pin,) = [d for d in lock if re.match(r"torch==", d)]
+    return pin.split(";")[0].strip()
 
 
 def test_cpu_image_installs_the_pinned_cpu_torch_first() -> None:
@@ -85,7 +91,7 @@ def test_cpu_image_installs_the_pinned_cpu_torch_first() -> None:
     assert steps[0] == ("FROM", "python:3.11-slim")
     runs = [args for op, args in steps if op == "RUN"]
     assert torch_pin() in runs[0] and "--index-url https://download.pytorch.org/whl/cpu" in \
-        runs[0], "torch must come from the CPU index at pyproject.toml's pin, before the rest"
+        runs[0], "torch must come from the CPU index at the lock's pin, before the rest"
     assert any(re.search(r"pip install \.(\s|$)", r) for r in runs[1:])
     assert not any("redis-server" in r for r in runs), "Redis has its own container"
 

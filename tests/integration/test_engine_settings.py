@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from gspo_rl.cli import app
 from gspo_rl.engine_args import parse_engine_args
-from gspo_rl.server.app import build_engine
-from gspo_rl.server.settings import ServerSettings
+from gspo_rl.server.api.app import build_engine
+from gspo_rl.server.config import ServerSettings
 
 
 @pytest.mark.parametrize(("kw", "cuda", "want"), [
@@ -57,7 +57,7 @@ def test_vllm_engine_gets_every_setting(tiny_model_dir: Path) -> None:
             kw["enforce_eager"], kw["swap_space"], kw["block_size"]) == (
         "bfloat16", 2, 0.3, True, 2, 32)
     assert engine.max_model_len == 48 and engine.weight_ranks() == 2
-    from gspo_rl.server.engines.vllm_engine import VLLMEngine
+    from gspo_rl.server.engines.vllm.engine import VLLMEngine
 
     with pytest.raises(ValueError, match="logprobs_mode"):
         VLLMEngine(str(tiny_model_dir), engine_args={"logprobs_mode": "raw_logprobs"})

@@ -1,5 +1,5 @@
-"""``gspo_rl.server.sampling.generate_n`` over the real hf engine: a one-sample request awaits the
-engine directly, a group runs its samples as tasks; both map the engine's refusals alike
+"""``gspo_rl.server.rollouts.sampling.generate_n`` over the real hf engine: a one-sample request
+awaits the engine directly, a group runs its samples as tasks; both map the engine's refusals alike
 (ValueError -> 400 invalid_request, a stopped engine -> 503 engine_unavailable), and with a
 seed sample i is sampled with seed + i either way."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.engines.base import SamplingParams
-from gspo_rl.server.engines.hf import HFEngine
-from gspo_rl.server.errors import APIError
-from gspo_rl.server.sampling import GenerationPlan, generate_n
+from gspo_rl.server.engines.hf.engine import HFEngine
+from gspo_rl.server.rollouts.sampling import GenerationPlan, generate_n
 
 PROMPT = [5, 6, 7, 8]
 

@@ -298,7 +298,7 @@ def test_nccl_update_lands_on_the_engines_gpu() -> None:
 @pytest.mark.gpu
 def test_hf_engine_greedy_and_seeded_on_cuda(tiny_model_dir: Path) -> None:
     """Finding 2: greedy and seeded requests on a CUDA engine, parity with a plain forward."""
-    from gspo_rl.server.engines.hf import HFEngine
+    from gspo_rl.server.engines.hf.engine import HFEngine
     from gspo_rl.server.engines.reference import sequence_logprobs
 
     async def body() -> None:

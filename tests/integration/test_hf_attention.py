@@ -11,7 +11,8 @@ import torch
 from torch.nn.attention import SDPBackend
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.server.engines import hf_attention, hf_batch
+from gspo_rl.server.engines.hf import attention as hf_attention
+from gspo_rl.server.engines.hf import batch as hf_batch
 
 PROMPTS = [[5, 6, 7], list(range(10, 31)), [100], list(range(200, 212))]
 

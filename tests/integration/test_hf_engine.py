@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gspo_rl.server.engines.base import Completion, SamplingParams
-from gspo_rl.server.engines.hf import HFEngine
-from gspo_rl.server.engines.hf_requests import ArrivalWindow
+from gspo_rl.server.engines.hf.engine import HFEngine
+from gspo_rl.server.engines.hf.requests import ArrivalWindow
 from gspo_rl.server.engines.reference import sequence_logprobs
 
 T = TypeVar("T")

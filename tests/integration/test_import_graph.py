@@ -82,10 +82,10 @@ def test_nothing_imports_a_folder_by_its_bare_name() -> None:
 def test_the_static_check_sees_imports_inside_functions(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
     src.write_text("import os\n\ndef f():\n"
-                   "    from gspo_rl.server.app import X\n    import gspo_rl.learner.loop\n")
-    assert imported_modules(src) == [(1, "os"), (4, "gspo_rl.server.app"),
+                   "    from gspo_rl.server.api.app import X\n    import gspo_rl.learner.loop\n")
+    assert imported_modules(src) == [(1, "os"), (4, "gspo_rl.server.api.app"),
                                      (5, "gspo_rl.learner.loop")]
-    assert is_in("gspo_rl.server.app", "gspo_rl.server")
+    assert is_in("gspo_rl.server.api.app", "gspo_rl.server")
     assert not is_in("gspo_rl.serverless", "gspo_rl.server")
 
 

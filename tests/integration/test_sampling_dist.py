@@ -21,7 +21,7 @@ from gspo_rl.learner.losses import LossConfig, policy_loss
 from gspo_rl.learner.policy import Policy, cut_logprobs
 from gspo_rl.learner.trainer import Trainer
 from gspo_rl.server.engines.base import SamplingParams
-from gspo_rl.server.engines.hf import HFEngine
+from gspo_rl.server.engines.hf.engine import HFEngine
 from tests.queue_helpers import ready_groups, stored_rollout
 from tests.serving import API_KEY, running_server
 

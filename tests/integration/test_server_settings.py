@@ -16,8 +16,8 @@ import redis
 from pydantic import ValidationError
 
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.server.app import create_app
-from gspo_rl.server.settings import ServerSettings
+from gspo_rl.server.api.app import create_app
+from gspo_rl.server.config import ServerSettings
 from tests.conftest import RedisServer, free_port
 from tests.serving import API_KEY, MODEL_NAME, running_server, serve_app
 

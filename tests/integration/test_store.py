@@ -21,7 +21,7 @@ from gspo_rl.contract.queue.groups.store import (
     pack_reward,
 )
 from gspo_rl.contract.queue.schema import Keys, pack_ready_group, unpack_ready_group
-from gspo_rl.server.errors import STORE_STATUS, store_status
+from gspo_rl.server.api.errors import STORE_STATUS, store_status
 from tests.queue_helpers import aready_records, make_rollout, open_group
 
 KEYS = Keys()
@@ -256,7 +256,7 @@ def test_record_rollouts_pipelined_and_after_a_script_flush(redis_url: str) -> N
 
 def test_the_redis_layer_speaks_no_http() -> None:
     """Storage errors carry a storage reason; only the server's HTTP layer maps them to HTTP
-    (``gspo_rl.server.errors``); no module of the Redis protocol imports an HTTP framework."""
+    (``gspo_rl.server.api.errors``); no module of the Redis protocol imports an HTTP framework."""
     import ast
     from pathlib import Path
 
@@ -272,7 +272,7 @@ def test_the_redis_layer_speaks_no_http() -> None:
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
                      for a in n.names}
         http = {m for m in imported if m and m.split(".")[0] in ("fastapi", "starlette")}
-        assert not http and "gspo_rl.server.errors" not in imported, (name, http)
+        assert not http and "gspo_rl.server.api.errors" not in imported, (name, http)
 
 
 def test_without_the_pipelined_connection_the_scripts_run_through_redis_py(

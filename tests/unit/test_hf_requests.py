@@ -11,7 +11,7 @@ from collections import deque
 import torch
 
 from gspo_rl.server.engines.base import Completion, SamplingParams
-from gspo_rl.server.engines.hf_requests import ArrivalWindow, Request, deliver
+from gspo_rl.server.engines.hf.requests import ArrivalWindow, Request, deliver
 
 GENEROUS = {"min_gap_s": 30.0, "max_gap_s": 30.0, "max_window_s": 60.0}
 

@@ -12,7 +12,7 @@ from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
 from gspo_rl.learner.batching import collate, samples_from_groups
 from gspo_rl.learner.policy import Policy, selected_logprobs
 from gspo_rl.server.engines.base import SamplingParams
-from gspo_rl.server.engines.hf import HFEngine
+from gspo_rl.server.engines.hf.engine import HFEngine
 from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.learner_data import sample_group
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gspo_rl.server.app import create_app
-from gspo_rl.server.settings import ServerSettings
+from gspo_rl.server.api.app import create_app
+from gspo_rl.server.config import ServerSettings
 
 V1_POST = {"200", "400", "401", "413", "422", "503"}
 EXPECTED: dict[tuple[str, str], set[str]] = {

@@ -1,5 +1,5 @@
-"""Tool-call and reasoning parsers (gspo_rl.server.parsers): pure text -> (content, reasoning,
-calls)."""
+"""Tool-call and reasoning parsers (gspo_rl.server.rollouts.parsers): pure text -> (content,
+reasoning, calls)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gspo_rl.server.parsers import parse_assistant
-from gspo_rl.server.parsers.reasoning import split_reasoning
-from gspo_rl.server.parsers.tool_calls import convert_value, parse_calls
+from gspo_rl.server.rollouts.parsers import parse_assistant
+from gspo_rl.server.rollouts.parsers.reasoning import split_reasoning
+from gspo_rl.server.rollouts.parsers.tool_calls import convert_value, parse_calls
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {

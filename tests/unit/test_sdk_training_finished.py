@@ -1,6 +1,6 @@
 """The SDK's answer to a 503 ``training_finished`` (the learner met its target,
-gspo_rl.server.admission): wait for the server's Retry-After and try again, as for the other
-admission 503s (a learner started again takes groups), saying why in a warning, not once per
+gspo_rl.server.rollouts.admission): wait for the server's Retry-After and try again, as for the
+other admission 503s (a learner started again takes groups), saying why in a warning, not once per
 retry."""
 
 from __future__ import annotations

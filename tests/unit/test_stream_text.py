@@ -1,8 +1,8 @@
-"""Incremental streaming text (``gspo_rl.server.stream_text``) and chunks
-(``gspo_rl.server.stream_views``) over a real byte-level BPE tokenizer: every prefix sent is a
-prefix of the non-streamed text, multi-byte characters are never split, stop strings and end tokens
-are held back, reasoning is never sent as content (nor the reverse), and the ``openai`` library's
-own stream accumulator assembles the non-streamed message from the chunks."""
+"""Incremental streaming text (``gspo_rl.server.rollouts.partial_text``) and chunks
+(``gspo_rl.server.api.streaming.views``) over a real byte-level BPE tokenizer: every prefix sent is
+a prefix of the non-streamed text, multi-byte characters are never split, stop strings and end
+tokens are held back, reasoning is never sent as content (nor the reverse), and the ``openai``
+library's own stream accumulator assembles the non-streamed message from the chunks."""
 
 from __future__ import annotations
 
@@ -14,24 +14,24 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from gspo_rl.server.api_models import (
+from gspo_rl.server.api.errors import APIError
+from gspo_rl.server.api.formatting import chat_logprobs, completion_logprobs
+from gspo_rl.server.api.streaming.sse import include_usage
+from gspo_rl.server.api.streaming.views import ChatView, CompletionView
+from gspo_rl.server.engines.base import Completion, Partial, SamplingParams
+from gspo_rl.server.rollouts.chat.render import TokenTexts, completion_text
+from gspo_rl.server.rollouts.parsers import parse_assistant
+from gspo_rl.server.rollouts.parsers.reasoning import split_reasoning
+from gspo_rl.server.rollouts.partial_text import TextStream, remainder, stable_split
+from gspo_rl.server.rollouts.protocol import (
     AssistantMessage,
     ChatChoice,
     CompletionChoice,
     FunctionCallOut,
     ToolCallOut,
 )
-from gspo_rl.server.chat import TokenTexts, completion_text
-from gspo_rl.server.engines.base import Completion, Partial, SamplingParams
-from gspo_rl.server.errors import APIError
-from gspo_rl.server.formatting import chat_logprobs, completion_logprobs
-from gspo_rl.server.parsers import parse_assistant
-from gspo_rl.server.parsers.reasoning import split_reasoning
-from gspo_rl.server.sampling import GenerationPlan
-from gspo_rl.server.stream_text import TextStream, remainder, stable_split
-from gspo_rl.server.stream_views import ChatView, CompletionView
-from gspo_rl.server.streaming import include_usage
-from gspo_rl.server.tiny_model import EOS_TOKEN, build_tokenizer
+from gspo_rl.server.rollouts.sampling import GenerationPlan
+from gspo_rl.tiny_model import EOS_TOKEN, build_tokenizer
 
 RL: dict[str, Any] = dict(rollout_id="r", prompt_token_ids=[1], policy_version=0)
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from typer.testing import CliRunner
 
 from gspo_rl.cli import app
-from gspo_rl.server.tiny_model import SPECIAL_TOKENS, make_tiny_model
+from gspo_rl.tiny_model import SPECIAL_TOKENS, make_tiny_model
 
 
 def _files(path: Path) -> dict[str, bytes]:

@@ -73,7 +73,7 @@ from gspo_rl.contract.queue.schema import (
 @dataclass
 class EpisodeState:
     """What the next turn of an episode is checked and rendered against, in a few hundred
-    bytes: 16-byte digests instead of messages (``gspo_rl.server.episodes.digest``).
+    bytes: 16-byte digests instead of messages (``gspo_rl.server.rollouts.episodes.digest``).
 
     ``messages``: a digest per message of the previous request, in the form chat templates
     read; ``assistant``: the digest of the message the server produced for it (content and

@@ -275,7 +275,7 @@ class RolloutStore:
         """Records rewards, all or nothing (one script checks every item, then writes them);
         the same script publishes (or drops) the groups they completed, unless a group needs
         the Python credit rule (turn rewards), which then runs here, followed by the publish
-        script. See ``server/routes/rewards.py``."""
+        script. See ``server/api/routes/rewards.py``."""
         packed: dict[str, bytes] = {}
         in_call_conflict: set[str] = set()
         for it in items:

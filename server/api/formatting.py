@@ -1,0 +1,64 @@
+"""Engine completions -> the JSON shapes of the sampling routes (log-probabilities, usage).
+
+Pure functions of a completion and the tokenizer's token texts: no I/O, no engine.
+"""
+
+from __future__ import annotations
+
+from gspo_rl.server.engines.base import Completion
+from gspo_rl.server.rollouts.chat.render import TokenTexts
+from gspo_rl.server.rollouts.protocol import (
+    ChoiceLogprobs,
+    CompletionLogprobs,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from gspo_rl.server.rollouts.sampling import GroupResult
+
+
+def usage(result: GroupResult) -> Usage:
+    """Prompt tokens count once for all n samples, as OpenAI counts them."""
+    p, c = len(result.prompt_token_ids), result.completion_tokens
+    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+
+def top_logprobs(texts: TokenTexts, pairs: list[tuple[int, float]], k: int) -> list[TopLogprob]:
+    out = []
+    for token_id, logprob in pairs[:k]:
+        text, raw = texts.get(token_id)
+        out.append(TopLogprob(token=text, logprob=logprob, bytes=list(raw)))
+    return out
+
+
+def _tops(c: Completion, j: int) -> list[tuple[int, float]]:
+    return c.top_logprobs[j] if c.top_logprobs is not None and j < len(c.top_logprobs) else []
+
+
+def chat_logprobs(texts: TokenTexts, c: Completion, k: int) -> ChoiceLogprobs:
+    """``choices[i].logprobs.content``: one entry per generated token."""
+    content = []
+    for j, (token_id, logprob) in enumerate(zip(c.token_ids, c.logprobs, strict=True)):
+        text, raw = texts.get(token_id)
+        content.append(TokenLogprob(token=text, logprob=logprob, bytes=list(raw),
+                                    top_logprobs=top_logprobs(texts, _tops(c, j), k)))
+    return ChoiceLogprobs(content=content)
+
+
+def completion_logprobs(texts: TokenTexts, c: Completion, k: int) -> CompletionLogprobs:
+    """Legacy completions shape; ``text_offset`` counts characters from the completion's
+    start (no echo)."""
+    tokens = [texts.text(t) for t in c.token_ids]
+    offsets, pos = [], 0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    tops = None
+    if k > 0:
+        tops = [{texts.text(t): lp for t, lp in _tops(c, j)[:k]} for j in range(len(tokens))]
+    return CompletionLogprobs(tokens=tokens, token_logprobs=list(c.logprobs),
+                              top_logprobs=tops, text_offset=offsets)
+
+
+def rollout_top_logprobs(texts: TokenTexts, c: Completion, k: int) -> list[list[TopLogprob]]:
+    return [top_logprobs(texts, _tops(c, j), k) for j in range(len(c.token_ids))]

@@ -1,0 +1,186 @@
+"""Incremental streaming of a group: the n samples' progress as SSE chunks, then the record.
+
+``start_stream`` runs the pipeline of a non-streamed request up to the engine: the plan (every
+limit checked), then the n samples (``Engine.generate_stream``, concurrently, seed + i each),
+and it waits for the first progress of any of them before answering. So every error that can
+happen before the first token (validation, limits, admission, an engine that refuses or is
+stopped) is still a JSON 4xx/5xx: no byte of the stream has been sent.
+
+The stream then sends, as the engine produces tokens, one chunk per choice that has new text
+(choices interleaved in the order their tokens come, as OpenAI does; what is sent is decided by
+the route's ``ChunkView``, ``gspo_rl.server.api.streaming.sse``). When every sample has ended, they
+are recorded exactly as non-streamed ones (``finish``: ``sampling.record_samples`` for a new group,
+the same record in one round trip; ``episodes.commit_turn`` for a turn of an episode), and only
+then come the final chunk of each choice (``finish_reason``, the rest of the text, the RL
+fields ``rollout_id`` etc.), the usage chunk when asked, and ``[DONE]``.
+
+An error after the response has started (the engine died or was shut down, Redis refused the
+record) is sent as one SSE event ``data: {"error": {...}}`` (the JSON body the error has
+elsewhere, the shape vLLM and OpenAI stream), then ``[DONE]``: the ``openai`` client raises
+on it; nothing is recorded. A client that leaves cancels the response's task
+(``gspo_rl.server.api.disconnect``): the samples' tasks are cancelled, which aborts them in the
+engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from starlette.responses import StreamingResponse
+
+from gspo_rl.server.api.errors import APIError, api_error_of
+from gspo_rl.server.api.streaming.sse import sse, sse_response
+from gspo_rl.server.api.streaming.views import as_partial
+from gspo_rl.server.engines.base import Completion, Engine, Partial
+from gspo_rl.server.rollouts.sampling import (
+    GenerationPlan,
+    GroupResult,
+    check_not_aborted,
+    engine_error,
+    record_samples,
+    sample_params,
+)
+from gspo_rl.server.rollouts.service import SamplingService
+
+log = logging.getLogger(__name__)
+Item = tuple[int, Partial | Completion | BaseException]
+
+
+class ChunkView(Protocol):
+    """What a route streams (``gspo_rl.server.api.streaming.sse``): chunk dicts of one choice
+    each."""
+
+    obj: str  # the chunks' ``object``
+    id_prefix: str  # the response id's, before the group id
+
+    def opening(self, n: int) -> list[dict[str, Any]]: ...
+
+    def progress(self, index: int, partial: Partial) -> dict[str, Any] | None: ...
+
+    def final(self, index: int, choice: Any) -> dict[str, Any]: ...
+
+
+class GroupRun:
+    """The n samples of a plan, their progress in one queue (index, item)."""
+
+    def __init__(self, engine: Engine, plan: GenerationPlan) -> None:
+        self.engine, self.plan = engine, plan
+        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.first: Item | None = None
+
+    async def _pump(self, index: int, params: Any) -> None:
+        try:
+            stream = self.engine.generate_stream(self.plan.prompt_token_ids, params)
+            async with contextlib.aclosing(stream) as items:
+                async for item in items:
+                    self.queue.put_nowait((index, item))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            self.queue.put_nowait((index, exc))
+
+    async def start(self) -> None:
+        """Starts the samples; returns at their first progress, raises their first error."""
+        self.tasks = [asyncio.create_task(self._pump(i, p))
+                      for i, p in enumerate(sample_params(self.plan))]
+        self.first = await self.queue.get()
+        if isinstance(self.first[1], BaseException):
+            raise engine_error(self.first[1])
+
+    async def batch(self) -> list[tuple[int, Partial | Completion]]:
+        """What arrived since the last call (waits for something); raises a sample's error."""
+        items = [self.first] if self.first is not None else [await self.queue.get()]
+        self.first = None
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        out: list[tuple[int, Partial | Completion]] = []
+        for index, item in items:
+            if isinstance(item, BaseException):
+                raise engine_error(item)
+            out.append((index, item))
+        return out
+
+    async def close(self) -> None:
+        """Cancels every sample still running (the engine drops them) and waits for them."""
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+Finish = Callable[[list[Completion]], Awaitable[Any]]
+"""Records the finished samples and returns the non-streamed response object."""
+
+
+async def start_stream(engine: Engine, plan: GenerationPlan, view: ChunkView, *,
+                       group_id: str, model: str, finish: Finish,
+                       with_usage: bool) -> StreamingResponse:
+    """Starts the samples (errors: JSON), then answers with the SSE stream (module doc)."""
+    run = GroupRun(engine, plan)
+    try:
+        await run.start()
+    except BaseException:
+        await run.close()
+        raise
+    head: dict[str, Any] = {"id": f"{view.id_prefix}{group_id}", "object": view.obj,
+                            "created": int(time.time()), "model": model, "group_id": group_id}
+    if with_usage:
+        head["usage"] = None
+    return sse_response(_events(run, view, head, finish, plan.n))
+
+
+async def stream_new_group(svc: SamplingService, plan: GenerationPlan, view: ChunkView,
+                           build: Callable[[GroupResult], Any],
+                           with_usage: bool) -> StreamingResponse:
+    """A new group, streamed: recorded (``record_samples``) as a non-streamed one would be.
+    ``build``: the non-streamed response object of the recorded group."""
+    started = time.perf_counter()
+    group_id = uuid.uuid4().hex  # chosen now: every chunk names the group it will be
+
+    async def finish(completions: list[Completion]) -> Any:
+        check_not_aborted(completions)
+        return build(await record_samples(svc.store, plan, completions, svc.metrics,
+                                          svc.settings.server_id, group_id=group_id,
+                                          started=started))
+
+    return await start_stream(svc.engine, plan, view, group_id=group_id,
+                              model=svc.settings.model_name, finish=finish,
+                              with_usage=with_usage)
+
+
+async def _events(run: GroupRun, view: ChunkView, head: dict[str, Any],
+                  finish: Finish, n: int) -> AsyncIterator[str]:
+    try:
+        for choice in view.opening(n):
+            yield sse({**head, "choices": [choice]})
+        finals: dict[int, Completion] = {}
+        while len(finals) < n:
+            latest: dict[int, Partial] = {}
+            for index, item in await run.batch():
+                if isinstance(item, Completion):  # its text so far, before the record
+                    finals[index] = item
+                    item = as_partial(item)
+                latest[index] = item
+            chunks = [sse({**head, "choices": [choice]}) for choice in
+                      (view.progress(i, p) for i, p in latest.items()) if choice is not None]
+            if chunks:
+                yield "".join(chunks)  # one write for what arrived together
+        response = await finish([finals[i] for i in range(n)])
+        for c in response.choices:
+            yield sse({**head, "choices": [view.final(c.index, c)]})
+        if "usage" in head:
+            yield sse({**head, "choices": [], "usage": response.usage.model_dump()})
+    except Exception as exc:  # noqa: BLE001 - the response has started: an error event
+        err = api_error_of(exc)
+        if err.status >= 500 and not isinstance(exc, APIError):
+            log.error("streamed request failed after its first byte", exc_info=exc)
+        yield sse(err.body())
+    finally:
+        await run.close()
+    yield sse("[DONE]")

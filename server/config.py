@@ -1,0 +1,185 @@
+"""The rollout server's settings: one pydantic-settings class, from env vars and CLI flags.
+
+Precedence, lowest first: field defaults, ``GSPO_*`` environment variables (``GSPO_API_KEY``,
+``GSPO_REDIS_URL``, ...), keyword arguments (the ``gspo serve`` flags a user actually passed).
+Unsafe or inconsistent values fail at construction, before a model is loaded or Redis is
+touched: an admin key equal to the API key would let every environment push weights.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gspo_rl.contract.queue.groups.store import QueueConfig
+from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
+from gspo_rl.server.rollouts.parsers.reasoning import ReasoningParserName
+from gspo_rl.server.rollouts.parsers.tool_calls import ToolParserName
+
+EngineKind = Literal["hf", "vllm"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def _default_server_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ServerSettings(BaseSettings):
+    """Everything one rollout server process needs. Field docstrings are the reference."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GSPO_", env_nested_delimiter="__", extra="forbid",
+        use_attribute_docstrings=True, frozen=True,
+    )
+
+    # ---------------------------------------------------------------- model and engine
+    model: str
+    """Path of the Hugging Face model directory to serve (config, tokenizer, safetensors)."""
+    engine: EngineKind = "hf"
+    """Inference engine: "hf" (plain transformers, no extra install) or "vllm"."""
+    served_model_name: str = ""
+    """The name clients put in ``model``; empty: the model directory's name."""
+    device: str | None = None
+    """Torch device for the hf engine ("cpu", "cuda", "cuda:1"); None: the engine's choice."""
+    max_batch_size: int = Field(default=64, ge=1)
+    """Most sequences the engine decodes together (the engine batches concurrent requests)."""
+    dtype: DType = "auto"
+    """Weights and activations of the engine: "auto" is bfloat16 on a GPU, float32 on a CPU
+    (``resolved_dtype``). The learner trains in float32 either way: see the README on
+    ``--old-logprobs recompute`` for serving in bfloat16."""
+    max_model_len: int | None = Field(default=None, ge=2)
+    """Longest prompt + completion; None: the model's ``max_position_embeddings``."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """vLLM: GPUs one server shards the model over."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    """vLLM: share of each GPU's memory for weights + KV cache (None: vLLM's 0.9). Lower it
+    when the learner shares the GPU (``gspo up --device cuda``, compose ``gpu1``)."""
+    enforce_eager: bool | None = None
+    """vLLM: no CUDA graphs (faster start, slower decode). None: eager on CPU only."""
+    vllm_args: dict[str, Any] = Field(default_factory=dict)
+    """vLLM: any other ``AsyncEngineArgs`` field, as it is (CLI ``--vllm-arg key=value``,
+    repeatable; env ``GSPO_VLLM_ARGS='{"key": value}'``)."""
+
+    # ---------------------------------------------------------------- network and auth
+    host: str = "127.0.0.1"
+    """Interface uvicorn binds to. 0.0.0.0 exposes the server: set an API key then."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port uvicorn listens on (0: any free port)."""
+    keep_alive_s: float = Field(default=30.0, gt=0)
+    """Idle keep-alive connections are closed after this long. Longer than the clients' own
+    pool expiry (httpx, hence the openai client: 5 s), so that a client never sends on a
+    connection the server is closing at that moment (a ReadError on the client)."""
+    api_key: SecretStr | None = None
+    """Bearer token every ``/v1`` route requires (environments hold it). None: open."""
+    admin_key: SecretStr | None = None
+    """Separate Bearer token for weight-update and admin routes (the learner holds it). None:
+    admin routes are open only if ``api_key`` is None too (a local, single-user setup)."""
+    advertise_url: str | None = None
+    """Base URL the learner uses to reach this server (registered in Redis); None:
+    ``http://{host}:{port}`` (the host's name when bound to all interfaces)."""
+    server_id: str = Field(default_factory=_default_server_id)
+    """This server's id in the Redis server registry (default: hostname-pid)."""
+    engine_dead_exit_delay_s: float = Field(default=2.0, ge=0)
+    """Once the engine has died, ``/health`` answers 503 ``"dead"`` (and ``/metrics`` can be
+    scraped) for this long; then the server stops and exits non-zero, so that its supervisor
+    restarts it (``gspo_rl.server.run``)."""
+
+    # ---------------------------------------------------------------- queue (Redis)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis that stores rollouts and groups (``gspo_rl.contract.queue.schema`` lists the keys)."""
+    key_prefix: str = DEFAULT_PREFIX
+    """Prefix of every Redis key; servers and the learner of one run must agree on it."""
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    """Group lifetimes and finalisation rules, passed to ``RolloutStore`` as they are (env:
+    ``GSPO_QUEUE__GROUP_TTL_S=600``; CLI: ``--group-ttl-s``)."""
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    """How often the sweeper expires overdue groups and publishes stuck complete ones."""
+
+    # ---------------------------------------------------------------- request limits
+    max_n: int = Field(default=64, ge=1)
+    """Most samples one request may ask for (``n``); a group is one request's samples."""
+    max_tokens: int = Field(default=4096, ge=1)
+    """Most tokens one sample may generate; also the default when a request names none
+    (then further capped by what the context leaves after the prompt)."""
+    max_top_logprobs: int = Field(default=20, ge=0)
+    """Most alternatives per token a request may ask for (``top_logprobs``/``logprobs``)."""
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Request bodies larger than this are refused with a 413 before they are parsed."""
+    max_ready_groups: int = Field(default=1024, ge=0)
+    """Bound on the ready queue (published groups the learner has not yet read): at or over
+    it, requests that would start a new group get a 503 until the learner catches up
+    (``gspo_rl.server.rollouts.admission``). 0: no bound."""
+    admission: bool = True
+    """Hold back requests that start a group while as many groups are in flight as the
+    learner can train within its staleness bound (``gspo_rl.server.rollouts.admission``): they wait,
+    then get a 503 ``too_many_groups_in_flight``. False: admit everything (groups may arrive too
+    stale and be dropped by the learner)."""
+    admission_wait_s: float = Field(default=30.0, ge=0)
+    """Longest time a request is held for admission before its 503 (clients retry after
+    ``Retry-After``; the SDK does so by itself)."""
+    admission_capacity_without_learner: int = Field(default=12, ge=1)
+    """Groups in flight admitted while no learner has published its staleness bound and
+    groups per step (12 = (2 + 1) x 4, the demo's); once it has, its bound applies."""
+    sanitize_control_tokens: bool = True
+    """Chat templating encodes special tokens (``<|im_end|>``, ``<|eot_id|>``...) found inside
+    message contents and tool definitions as plain text, so a user message cannot forge a
+    turn boundary (env ``GSPO_SANITIZE_CONTROL_TOKENS``). Added tokens that are not special
+    (Qwen3's ``<think>``) always pass as tokens (``gspo_rl.server.rollouts.chat.sanitize``)."""
+
+    tool_call_parser: ToolParserName = "hermes"
+    """How tool calls are read from a completion (vLLM's names): hermes (Qwen2.5/Qwen3
+    ``<tool_call>`` JSON) | llama3_json | mistral | qwen3_coder | none
+    (``gspo_rl.server.rollouts.parsers.tool_calls``). Only the response changes: the trajectory
+    keeps the ids."""
+    reasoning_parser: ReasoningParserName = "none"
+    """How reasoning is split off a completion into ``reasoning_content``: none | qwen3 |
+    deepseek_r1 (``gspo_rl.server.rollouts.parsers.reasoning``)."""
+
+    # ---------------------------------------------------------------- multi-turn episodes
+    max_episode_turns: int = Field(default=64, ge=1)
+    """Most model turns one episode (``POST /v1/groups``) may have; the next gets a 400."""
+    episode_history_rewrite: Literal["append", "reject"] = "append"
+    """When the chat template renders an episode's earlier messages differently in a later
+    turn (e.g. it drops earlier reasoning): "append" keeps the stored trajectory (what the
+    model saw and wrote) and appends only the new messages; "reject" answers 409
+    (``gspo_rl.server.rollouts.episodes``)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        if self.admin_key is not None and self.api_key is not None and (
+            self.admin_key.get_secret_value() == self.api_key.get_secret_value()
+        ):
+            raise ValueError("admin_key must differ from api_key: environments would hold "
+                             "the key that replaces the model's weights")
+        if self.max_n > self.queue.max_group_size:
+            raise ValueError(f"max_n ({self.max_n}) is over the queue's max_group_size "
+                             f"({self.queue.max_group_size}): such groups could not be stored")
+        if self.engine == "hf" and (self.tensor_parallel_size > 1 or self.vllm_args
+                                    or self.gpu_memory_utilization is not None):
+            raise ValueError("tensor_parallel_size, gpu_memory_utilization and vllm_args are "
+                             "vLLM settings: use --engine vllm")
+        for name, key in (("api_key", self.api_key), ("admin_key", self.admin_key)):
+            if key is not None and not key.get_secret_value().strip():
+                raise ValueError(f"{name} is empty: leave it unset to disable it")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The name clients must send in ``model``."""
+        return self.served_model_name or Path(self.model.rstrip("/")).name
+
+    def resolved_dtype(self, cuda_available: bool) -> str:
+        """``dtype`` with "auto" decided: bfloat16 when the engine runs on a GPU (vLLM on a
+        CUDA machine, the hf engine on a CUDA device), float32 on CPUs."""
+        if self.dtype != "auto":
+            return self.dtype
+        if self.engine == "vllm":
+            on_gpu = cuda_available
+        else:
+            on_gpu = self.device.startswith("cuda") if self.device else cuda_available
+        return "bfloat16" if on_gpu else "float32"

@@ -1,0 +1,264 @@
+"""Admission control: a new group starts only if it can be trained within the learner's
+staleness bound; otherwise the request is held, then refused.
+
+Why the server decides (and not the SDK): every group starts at a server, whatever opened it
+(the SDK's group runners, a plain ``openai`` client, an agent harness), and only the server
+side sees the learner (Redis) and the weights it samples with. An environment may not even
+reach Redis (docker-compose.yml puts it on another network). So the server is the authority,
+and the SDK honours its answer: it waits and retries on the 503 below (``gspo_rl.client.client``)
+without counting a failure. Before this gate, environments ran ahead of the learner and most
+of their groups arrived too stale to train (88% dropped in a compose run).
+
+The rule (``gspo_rl.contract.admission``): with ``n`` groups in flight
+(``gspo_rl.contract.queue.inflight``: admitted and not yet trained, dropped or expired, summed over
+every server from facts in Redis) a new group is admitted when ``n + 1 <= (max_staleness + 1 - lag)
+* groups_per_step``, the learner's parameters as it published them, ``lag`` the learner's version
+minus this server's. Until a learner has published them the bound is
+``admission_capacity_without_learner``. A learner without ``max_staleness`` sets no bound.
+
+Behaviour at the bound: the request is *held* (it waits in the server, re-checked every
+``POLL_S`` and whenever one of this server's groups leaves) for at most
+``admission_wait_s``, and admitted as soon as the learner advances; after that it is refused
+with 503 ``too_many_groups_in_flight`` and ``Retry-After``. Routes that start a group:
+``POST /v1/completions``, ``/v1/rollouts``, ``/v1/chat/completions`` without a
+``rollout_id``, ``POST /v1/groups``. Work already accepted (rewards, turns of open episodes) is
+never held. Several servers read the same facts; two admitting at the same instant can
+overshoot the bound by one group each (the count is re-read every ``POLL_S``). Concurrent
+requests share one read of the facts (``AdmissionGate.snapshot``): a burst of 32 costs one
+round of Redis calls, not 32; a read begun before one of this server's groups left is not
+reused, and a request that decides on a read which began before such a release counts the
+released groups again (they left ``local`` and may not be in the read yet: without that, one
+group over the bound, and a stale drop, for every release that fell inside a read).
+
+A learner that has met its goal (``finished`` in its state: e.g. its target reward,
+``gspo_rl.learner.target``) trains no new group: every route that starts one answers 503
+``training_finished`` at once (``Retry-After`` 10 s; the SDK waits and retries, saying why)
+until a learner starts again, with or without admission control.
+
+The ready-queue bound (``max_ready_groups``, 503 ``ready_queue_full``) stays as a coarse,
+independent limit on the stream's length (a learner that stopped acknowledging).
+
+Metrics: ``gspo_groups_in_flight``, ``gspo_admission_bound`` (-1: none),
+``gspo_admission_held`` (requests waiting now), ``gspo_admission_waited_total``,
+``gspo_admission_refused`` (by route), ``gspo_ready_queue_depth``, ``gspo_ready_queue_refused``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import Request
+
+from gspo_rl.contract.queue.inflight import InFlightCounter, Snapshot
+from gspo_rl.server.api.errors import APIError
+from gspo_rl.server.api.limits import parsed_body
+from gspo_rl.server.config import ServerSettings
+from gspo_rl.server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 5
+ADMISSION_RETRY_AFTER_S = 1
+POLL_S = 0.05
+WARN_EVERY_S = 10.0
+FINISHED_RETRY_AFTER_S = 10
+FINISHED_WARN_EVERY_S = 60.0
+
+
+class AdmissionGate:
+    """Holds new groups back at the in-flight bound and at the ready-queue bound."""
+
+    def __init__(self, counter: InFlightCounter, settings: ServerSettings,
+                 metrics: ServerMetrics, server_version: Callable[[], int | None]) -> None:
+        self.counter = counter
+        self.enabled = settings.admission
+        self.wait_s = settings.admission_wait_s
+        self.fallback = settings.admission_capacity_without_learner
+        self.max_ready_groups = settings.max_ready_groups
+        self.metrics = metrics
+        self.server_version = server_version
+        self.local = 0  # admitted here, request still being served
+        self._snap: Snapshot | None = None
+        self._snap_at = -math.inf  # when the cached read started
+        self._gen = 0  # bumped by ``release``: reads started before it are out of date
+        self._snap_gen = -1
+        self._reading: asyncio.Future[Snapshot] | None = None  # the shared read under way
+        self._reading_gen = -1
+        self._changed = asyncio.Event()  # set (and replaced) when one of our groups leaves
+        self._last_warning = -WARN_EVERY_S
+
+    async def snapshot(self, max_age_s: float = POLL_S) -> Snapshot:
+        """The in-flight facts, re-read when older than ``max_age_s`` or read before the
+        last ``release``. Concurrent callers share one read (a burst of requests costs one
+        round of Redis calls, not one each); ``max_age_s=0`` always starts its own."""
+        now = time.monotonic()
+        if (self._snap is not None and self._snap_gen == self._gen
+                and now - self._snap_at <= max_age_s):
+            return self._snap
+        task = self._reading
+        if max_age_s <= 0 or task is None or task.done() or self._reading_gen != self._gen:
+            task = asyncio.ensure_future(self._read(self._gen, now))
+            task.add_done_callback(_retrieve)  # its callers may all have left
+            self._reading, self._reading_gen = task, self._gen
+        return await asyncio.shield(task)  # a cancelled caller does not cancel the others'
+
+    async def _read(self, gen: int, started: float) -> Snapshot:
+        snap = await self.counter.read()
+        if started >= self._snap_at:  # a newer read may have finished first
+            self._snap, self._snap_at, self._snap_gen = snap, started, gen
+            self.metrics.ready_queue_depth.set(snap.ready_depth)
+        return snap
+
+    async def refresh_gauges(self) -> None:
+        """Re-read the facts and set the gauges (``/metrics``)."""
+        snap = await self.snapshot(max_age_s=0.0)
+        bound = self.bound(snap)
+        self.metrics.groups_in_flight.set(snap.others + self.local)
+        self.metrics.admission_bound.set(-1 if bound is None else bound)
+
+    def bound(self, snap: Snapshot) -> int | None:
+        version = self.server_version()
+        if version is None:
+            version = snap.learner.version
+        return snap.learner.bound(version, self.fallback)
+
+    async def admit(self, route: str) -> bool:
+        """Returns once the request may start a group (True: counted, call ``release``);
+        raises 503 at the ready-queue bound or after ``admission_wait_s`` held. A cached
+        read (at most ``POLL_S`` old) may admit; holding or refusing needs a fresh one."""
+        if not self.enabled:
+            snap = await self.snapshot()
+            self._check_finished(snap, route)
+            if self._ready_full(snap):
+                self._check_ready_queue(await self.snapshot(max_age_s=0.0), route)
+            return False
+        deadline = time.monotonic() + self.wait_s
+        held, fresh = False, False
+        try:
+            while True:
+                changed, gen = self._changed, self._gen
+                snap = await self.snapshot(max_age_s=0.0 if fresh else POLL_S)
+                self._check_finished(snap, route)
+                # _try is synchronous: count and decision cannot interleave with another's.
+                # Groups released while the read was on its way left ``local`` and may be
+                # missing from the read: they are counted again (never admit past the bound).
+                if not self._ready_full(snap) and self._try(snap, self._gen - gen):
+                    return True
+                if not fresh:
+                    fresh = True
+                    continue
+                self._check_ready_queue(snap, route)
+                if not held:
+                    held = True
+                    self.metrics.admission_held.inc()
+                    self.metrics.admission_waited.inc()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._refuse(snap, route)
+                with contextlib.suppress(TimeoutError):  # woken by a release, or re-polls
+                    await asyncio.wait_for(changed.wait(), min(POLL_S, remaining))
+        finally:
+            if held:
+                self.metrics.admission_held.dec()
+
+    def _try(self, snap: Snapshot, released_since: int) -> bool:
+        """Counts the request in if one more group fits. ``released_since``: this server's
+        groups released after ``snap``'s read began (in Redis by now, perhaps not in it)."""
+        in_flight = snap.others + self.local + released_since
+        bound = self.bound(snap)
+        self.metrics.groups_in_flight.set(in_flight)
+        self.metrics.admission_bound.set(-1 if bound is None else bound)
+        if bound is not None and in_flight + 1 > bound:
+            return False
+        self.local += 1
+        return True
+
+    async def release(self) -> None:
+        """An admitted request ended: its group is in Redis now (or never will be)."""
+        self.local = max(0, self.local - 1)
+        self._gen += 1  # its group moved into the facts: read them again
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _refuse(self, snap: Snapshot, route: str) -> APIError:
+        self.metrics.admission_refused.labels(route).inc()
+        bound = self.bound(snap)
+        self._warn(f"{snap.others + self.local} groups in flight (bound {bound}, learner at "
+                   f"version {snap.learner.version}): refusing new groups on {route} after "
+                   f"holding them {self.wait_s:g} s")
+        return APIError(
+            503, f"{snap.others + self.local} groups are in flight, at the bound of {bound} "
+                 "that the learner's staleness limit allows; this request waited "
+                 f"{self.wait_s:g} s for the learner to advance (admission_wait_s): retry",
+            code="too_many_groups_in_flight",
+            headers={"Retry-After": str(ADMISSION_RETRY_AFTER_S)})
+
+    def _check_finished(self, snap: Snapshot, route: str) -> None:
+        """503 ``training_finished`` once the learner has met its goal (``finished`` in its
+        state, e.g. its target reward): a group started now would never be trained. Lifted
+        when a learner starts again (it publishes an empty ``finished``)."""
+        why = snap.learner.finished
+        if not why:
+            return
+        self.metrics.admission_refused.labels(route).inc()
+        self._warn(f"the learner finished training ({why}): refusing new groups on {route} "
+                   "until a learner starts again", every_s=FINISHED_WARN_EVERY_S)
+        raise APIError(503, f"the learner finished training ({why}); this server starts no "
+                            "new group until a learner starts again (then retry)",
+                       code="training_finished",
+                       headers={"Retry-After": str(FINISHED_RETRY_AFTER_S)})
+
+    def _ready_full(self, snap: Snapshot) -> bool:
+        return 0 < self.max_ready_groups <= snap.undelivered
+
+    def _check_ready_queue(self, snap: Snapshot, route: str) -> None:
+        """503 ``ready_queue_full`` while ``max_ready_groups`` or more published groups wait
+        for the learner to read them. (Not the stream's length: entries the learner dropped
+        stale are acknowledged but stay until its next trim, and counting them refused new
+        groups while the learner had nothing left to train.)"""
+        if not self._ready_full(snap):
+            return
+        self.metrics.ready_queue_refused.labels(route).inc()
+        self._warn(f"ready queue holds {snap.undelivered} unread groups (bound "
+                   f"{self.max_ready_groups}): refusing new groups on {route} until the "
+                   "learner catches up")
+        raise APIError(503, f"the ready queue holds {snap.undelivered} unread groups, at this "
+                            f"server's bound of {self.max_ready_groups} (max_ready_groups): "
+                            "the learner is behind; retry later", code="ready_queue_full",
+                       headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    def _warn(self, message: str, every_s: float = WARN_EVERY_S) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= every_s:  # every request is refused: log sparsely
+            self._last_warning = now
+            log.warning("%s", message)
+
+
+def _retrieve(task: asyncio.Future[Snapshot]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def admit_new_group(request: Request) -> AsyncIterator[None]:
+    """Dependency of the routes that start a group (see the module docstring): held until
+    admitted, counted until the request ends. A chat request carrying a ``rollout_id``
+    continues an accepted episode and is let through."""
+    gate: AdmissionGate | None = getattr(request.app.state, "admission", None)
+    if gate is None:
+        yield
+        return
+    if request.url.path == "/v1/chat/completions":
+        body = await parsed_body(request)
+        if isinstance(body, dict) and body.get("rollout_id") is not None:
+            yield
+            return
+    counted = await gate.admit(request.url.path)
+    try:
+        yield
+    finally:
+        if counted:
+            await gate.release()
