@@ -10,9 +10,9 @@ Shapes: ``tiny`` (2 layers, 128 hidden, vocab 1024; the CPU default), ``0.5b`` a
 The batch: ``groups x group-size`` rollouts of ``prompt`` tokens plus a completion of
 ``completion/2 .. completion`` tokens (defaults: 128 rollouts, 256 + 384..768 tokens).
 
-Ours: the trainer as configured by default (``gspo_rl.learner.speed``): on CUDA bf16 parameters with
-float32 master weights, packed microbatches with variable-length attention, the fused
-hidden-state -> log-prob head at trained positions only (Triton softmax passes), fused AdamW,
+Ours: the trainer as configured by default (``gspo_rl.learner.model.speed``): on CUDA bf16
+parameters with float32 master weights, packed microbatches with variable-length attention, the
+fused hidden-state -> log-prob head at trained positions only (Triton softmax passes), fused AdamW,
 checkpointing chosen by size, compiled decoder layers. Baseline: full ``[B, T, V]`` logits,
 ``log_softmax(logits.float() / t).gather(..)``, padded microbatches, float32 weights under
 bf16 autocast (on CUDA), stock AdamW, the same checkpointing, no compilation.
@@ -36,10 +36,11 @@ extra forward pass of ``--old-logprobs recompute``.
     .venv/bin/python benchmarks/bench_learner.py --head [--tokens 8192 --vocab 151936]
 
 The log-prob head alone, hidden states ``[N, D]`` and output weight ``[V, D]`` with grad ->
-log-probs of the targets -> backward: the fused chunked head (``gspo_rl.learner.logprob_head``)
-against the plain ``hidden @ W.T`` + float32 ``log_softmax`` + gather (bf16 inputs on CUDA,
-float32 on the CPU): time ratio and peak memory (CUDA ``max_memory_allocated``; CPU the
-resident high-water mark in a fresh process) as multiples of the float32 logits' bytes.
+log-probs of the targets -> backward: the fused chunked head
+(``gspo_rl.learner.model.logprob_head``) against the plain ``hidden @ W.T`` + float32
+``log_softmax`` + gather (bf16 inputs on CUDA, float32 on the CPU): time ratio and peak memory (CUDA
+``max_memory_allocated``; CPU the resident high-water mark in a fresh process) as multiples of the
+float32 logits' bytes.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord  # noqa: E402
+from gspo_rl.learner.algorithm.losses import group_advantages  # noqa: E402
 from gspo_rl.learner.config import LearnerConfig  # noqa: E402
-from gspo_rl.learner.losses import group_advantages  # noqa: E402
-from gspo_rl.learner.policy import Policy  # noqa: E402
+from gspo_rl.learner.model.policy import Policy  # noqa: E402
 from gspo_rl.learner.trainer import Trainer  # noqa: E402
 
 # hidden, layers, heads, kv heads, intermediate, vocab (Qwen2.5 configs; both tie embeddings)
@@ -130,7 +131,7 @@ def make_trainer(naive: bool, args, device: torch.device) -> Trainer:
     ckpt = {"on": True, "off": False, "auto": None}[args.gradient_checkpointing]
     if naive:
         if ckpt is None:  # the same choice as ours, from the same rule
-            from gspo_rl.learner.speed import needs_checkpointing
+            from gspo_rl.learner.model.speed import needs_checkpointing
 
             ckpt = device.type == "cuda" and needs_checkpointing(
                 model.config, sum(p.numel() for p in model.parameters()),
@@ -274,7 +275,7 @@ def head_inputs(n: int, v: int, d: int, device: str):
 
 def head_once(impl: str, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor) -> None:
     """Forward + backward of the log-prob head alone."""
-    from gspo_rl.learner.logprob_head import fused_logprobs
+    from gspo_rl.learner.model.logprob_head import fused_logprobs
 
     h, w = h.detach().requires_grad_(True), w.detach().requires_grad_(True)
     t_N = torch.full((h.shape[0],), 0.7, device=h.device)

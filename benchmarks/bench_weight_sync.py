@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_weight_sync.py [--models tiny,0.5b] [--servers 1,2]
 
-Ours: ``gspo_rl.learner.weight_sync.BroadcastSync.push`` to real ``gspo serve`` processes (hf
+Ours: ``gspo_rl.learner.weights.broadcast.BroadcastSync.push`` to real ``gspo serve`` processes (hf
 engine): the HTTP control messages, the bucketed gloo broadcast, each server receiving every bucket,
 pausing, loading into its model and bumping its version. The first push also builds the
 process group; the table reports it separately and the steady-state median of later pushes.
@@ -46,7 +46,7 @@ from gspo_rl.contract.weights.collective import (  # noqa: E402
     send_tensors,
     tensor_metas,
 )
-from gspo_rl.learner.weight_sync import BroadcastSync, named_weights  # noqa: E402
+from gspo_rl.learner.weights.broadcast import BroadcastSync, named_weights  # noqa: E402
 from tests.conftest import RedisServer, free_port  # noqa: E402
 
 ADMIN = "bench-admin-key"

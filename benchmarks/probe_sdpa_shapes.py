@@ -15,8 +15,8 @@ the same run:
 1. One masked decode-shaped attention call (32 rows, 4 heads, 1 query, head dim 64), at
    ``--shapes`` cache lengths never seen before: first call (a new shape) and a repeat call.
 2. A training shape (bf16 only): a masked forward + backward at new lengths, as the
-   learner's padded microbatches (``gspo_rl.learner.policy``) meet them (lengths from 1,000; 64 on
-   the CPU).
+   learner's padded microbatches (``gspo_rl.learner.model.policy``) meet them (lengths from 1,000;
+   64 on the CPU).
 3. The engine's own path (``RunningKV``: prefill then ``--steps`` decode steps of the tiny
    model, a batch size not seen before): ms per step; then the same run again, every shape
    seen (what is left of a new shape's cost with the engine's backends is the difference).
@@ -111,7 +111,7 @@ def engine_steps(model: torch.nn.Module, dev: torch.device, steps: int,
 def training_calls(dev: torch.device, lengths: int, base: int) -> dict[str, float]:
     """Mean ms of a masked bf16 attention forward + backward at a training shape (a padded
     microbatch: 4 rows, 14 heads, head dim 64, causal with left padding), at new lengths
-    (the learner's padded forward, ``gspo_rl.learner.policy.Policy._attention``), each way."""
+    (the learner's padded forward, ``gspo_rl.learner.model.policy.Policy._attention``), each way."""
     out: dict[str, float] = {}
     for i, way in enumerate(WAYS):
         times = []

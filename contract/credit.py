@@ -56,10 +56,10 @@ Change the rule here and there together.
 Wiring: the server computes the rule once, when a group completes (in the reward script for
 outcome-only groups, ``gspo_rl.contract.queue.groups.finish`` for the others), and publishes both
 the sequence and the per-turn advantages;
-``gspo_rl.learner.advantages.TurnAdvantages`` spreads the published per-turn advantages over each
-rollout's tokens (it recomputes them only for groups published without them) and is what
-``gspo_rl.learner.advantages.advantage_fn_for`` gives the per-token loss kinds; "gspo" uses the
-published sequence advantages. This module is in ``contract`` because both sides apply the
+``gspo_rl.learner.algorithm.advantages.TurnAdvantages`` spreads the published per-turn advantages
+over each rollout's tokens (it recomputes them only for groups published without them) and is what
+``gspo_rl.learner.algorithm.advantages.advantage_fn_for`` gives the per-token loss kinds; "gspo"
+uses the published sequence advantages. This module is in ``contract`` because both sides apply the
 rule: the server to publish and to drop zero-variance groups, the learner for old records.
 """
 

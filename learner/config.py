@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
-from gspo_rl.learner.losses import LossConfig
+from gspo_rl.learner.algorithm.losses import LossConfig
 
 OldLogprobsMode = Literal["behavior", "recompute"]
 
@@ -88,14 +88,14 @@ class LearnerConfig(BaseModel):
     """On CUDA, run forward passes under bf16 autocast (weights and optimiser stay float32)."""
     gradient_checkpointing: bool | None = None
     """Recompute activations in backward (less memory, ~30% more compute). ``None``: chosen
-    by size on CUDA (``gspo_rl.learner.speed.needs_checkpointing``), off on the CPU."""
+    by size on CUDA (``gspo_rl.learner.model.speed.needs_checkpointing``), off on the CPU."""
     param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Parameter dtype. "bfloat16": bf16 weights and activations, float32 master weights and
-    AdamW state held by the optimizer (``gspo_rl.learner.precision``). "auto": bfloat16 on CUDA
-    (unless FSDP2-sharded), float32 on the CPU (exact)."""
+    AdamW state held by the optimizer (``gspo_rl.learner.model.precision``). "auto": bfloat16 on
+    CUDA (unless FSDP2-sharded), float32 on the CPU (exact)."""
     packing: Literal["auto", "on", "off"] = "auto"
     """Run each microbatch as one packed row (no padding, variable-length attention;
-    ``gspo_rl.learner.packing``); ``micro_batch_tokens`` then counts real tokens.
+    ``gspo_rl.learner.data.packing``); ``micro_batch_tokens`` then counts real tokens.
     "auto": on CUDA."""
     compile: Literal["auto", "on", "off"] = "auto"
     """``torch.compile`` each decoder layer (fuses the norms, rotary embeddings and MLP
@@ -111,7 +111,7 @@ class LearnerConfig(BaseModel):
     data_parallel: Literal["auto", "allreduce", "fsdp2"] = "auto"
     """Under ``torchrun`` with several ranks: "allreduce" keeps a full replica per rank and
     sums gradients; "fsdp2" shards weights, gradients and optimiser state
-    (``gspo_rl.learner.fsdp``); "auto" is fsdp2 on CUDA, allreduce on CPU. Ignored by one
+    (``gspo_rl.learner.parallel.fsdp``); "auto" is fsdp2 on CUDA, allreduce on CPU. Ignored by one
     process."""
     seed: int = 0
     """Seeds torch, numpy and random at start (restored from the checkpoint on resume)."""
@@ -150,8 +150,8 @@ class LearnerConfig(BaseModel):
     sync_every: int = Field(default=1, ge=1)
     """Push weights to the rollout servers every k steps."""
     weight_sync: Literal["none", "broadcast"] = "broadcast"
-    """"broadcast": push to every live registered server (``gspo_rl.learner.weight_sync``; none
-    registered: nothing to send); "none": servers keep their weights (offline training,
+    """"broadcast": push to every live registered server (``gspo_rl.learner.weights.broadcast``;
+    none registered: nothing to send); "none": servers keep their weights (offline training,
     tests): a loud warning at start and on every step line while servers are registered."""
     admin_key: SecretStr | None = None
     """Bearer key of the servers' admin routes (``gspo learn`` reads env GSPO_ADMIN_KEY)."""

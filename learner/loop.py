@@ -5,10 +5,10 @@ Components (each behind a small interface, wired here):
 - ``GroupReader`` (``gspo_rl.contract.queue.ready.reader``): batches of ready groups from the Redis
 stream, stale
   ones dropped and counted; delivered groups stay pending until acknowledged.
-- ``Trainer`` (``gspo_rl.learner.trainer``) on a ``Policy`` (``gspo_rl.learner.policy``): one step
-per batch.
+- ``Trainer`` (``gspo_rl.learner.trainer``) on a ``Policy`` (``gspo_rl.learner.model.policy``): one
+step per batch.
 - ``save_checkpoint`` / ``load_latest`` (``gspo_rl.learner.checkpoint``): durable HF-format state.
-- ``WeightSync`` (``gspo_rl.learner.sync_base``): pushes weights to the rollout servers.
+- ``WeightSync`` (``gspo_rl.learner.weights.base``): pushes weights to the rollout servers.
 - ``MetricsLogger`` (``gspo_rl.learner.metrics``): terminal, JSONL, TensorBoard.
 
 One iteration: ``read_batch`` -> ``trainer.step`` -> version += 1 -> every ``sync_every``
@@ -64,12 +64,9 @@ from gspo_rl.contract.admission import FIELD_TRAINING
 from gspo_rl.contract.gc_freeze import freeze_startup_objects
 from gspo_rl.contract.queue.ready.reader import Batch, GroupReader
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.learner.batching import AdvantageFn, split_invalid
 from gspo_rl.learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.distributed import DistContext
-from gspo_rl.learner.follower import export_full, load_policy
-from gspo_rl.learner.healing import ServerHealer
+from gspo_rl.learner.data.batching import AdvantageFn, split_invalid
 from gspo_rl.learner.metrics import (
     MetricsLogger,
     fates_line,
@@ -77,13 +74,16 @@ from gspo_rl.learner.metrics import (
     read_drop_counters,
     step_fields,
 )
+from gspo_rl.learner.parallel.distributed import DistContext
+from gspo_rl.learner.parallel.follower import export_full, load_policy
+from gspo_rl.learner.parallel.protocol import Gather, Idle, Resume, Stop, Train, send
 from gspo_rl.learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
-from gspo_rl.learner.protocol import Gather, Idle, Resume, Stop, Train, send
 from gspo_rl.learner.published import publish_state, publish_training, state_fields
 from gspo_rl.learner.startup import build_weight_sync, checkpoint_to_resume, seed_everything
-from gspo_rl.learner.sync_base import NoSync, WeightSync
 from gspo_rl.learner.target import TargetStop, continue_hint, drain, groups_in_flight
 from gspo_rl.learner.trainer import Trainer
+from gspo_rl.learner.weights.base import NoSync, WeightSync
+from gspo_rl.learner.weights.healing import ServerHealer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -155,7 +155,7 @@ class Learner:
         self.sharded = self.dist is not None and self.dist.fsdp
         self.host: torch.nn.Module | None = None
         if self.sharded:
-            from gspo_rl.learner.fsdp import load_host_copy
+            from gspo_rl.learner.parallel.fsdp import load_host_copy
 
             self.host = load_host_copy(source)
         self.trainer = Trainer(self.policy, self.config, advantage_fn, dist=self.dist)
@@ -275,7 +275,8 @@ class Learner:
         self.reader.rearm(held=self.pending_ack, committed=self.recent_acked)
 
     def _heal(self) -> None:
-        """Push to restarted servers (``gspo_rl.learner.healing``); raises on Redis errors."""
+        """Push to restarted servers (``gspo_rl.learner.weights.healing``); raises on Redis
+        errors."""
         if self.healer is not None:
             self.healer.check(self._pushed_version, self.version, self._push_ok)
 

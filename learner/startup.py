@@ -12,7 +12,7 @@ import torch
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.checkpoint import Checkpoint, list_checkpoints, load_latest, remove_partial
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.sync_base import NoSync, WeightSync
+from gspo_rl.learner.weights.base import NoSync, WeightSync
 
 log = logging.getLogger("gspo_rl.learner.loop")
 
@@ -21,7 +21,7 @@ def build_weight_sync(config: LearnerConfig, client: redis.Redis) -> WeightSync:
     """The ``WeightSync`` that ``config.weight_sync`` names."""
     if config.weight_sync == "none":
         return NoSync(client, Keys(config.key_prefix))
-    from gspo_rl.learner.weight_sync import BroadcastSync
+    from gspo_rl.learner.weights.broadcast import BroadcastSync
 
     key = config.admin_key.get_secret_value() if config.admin_key is not None else None
     return BroadcastSync(client, Keys(config.key_prefix), admin_key=key,

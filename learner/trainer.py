@@ -1,7 +1,7 @@
 """One training step: a list of ready groups in, AdamW updates and metrics out.
 
-A step is one policy version. Its rollouts are planned by ``gspo_rl.learner.batching`` into ``M``
-minibatches; each minibatch is one optimizer step (PPO/GSPO style: several updates per rollout
+A step is one policy version. Its rollouts are planned by ``gspo_rl.learner.data.batching`` into
+``M`` minibatches; each minibatch is one optimizer step (PPO/GSPO style: several updates per rollout
 batch, the clip band keeping the later ones close to pi_old). Microbatches inside a
 minibatch accumulate gradients, each scaled so the sum is the minibatch's
 seq-mean-token-mean loss (see ``MicroBatch.loss_scale``).
@@ -17,10 +17,10 @@ pi_old, by ``LearnerConfig.old_logprobs``:
 Safety: a minibatch whose gradient norm is not finite is skipped (counted in
 ``skipped_updates``) rather than written into the weights.
 
-Speed (``gspo_rl.learner.speed``, decided once here): on CUDA the model runs in bf16 while the
-optimizer steps float32 master weights (``gspo_rl.learner.precision``; gradients are moved into them
-after every microbatch), AdamW is fused, microbatches are packed, and gradient checkpointing
-is chosen by size. On the CPU nothing changes: float32, padded, exact.
+Speed (``gspo_rl.learner.model.speed``, decided once here): on CUDA the model runs in bf16 while the
+optimizer steps float32 master weights (``gspo_rl.learner.model.precision``; gradients are moved
+into them after every microbatch), AdamW is fused, microbatches are packed, and gradient
+checkpointing is chosen by size. On the CPU nothing changes: float32, padded, exact.
 """
 
 from __future__ import annotations
@@ -32,11 +32,15 @@ from collections.abc import Sequence
 import torch
 
 from gspo_rl.contract.queue.schema import ReadyGroup
-from gspo_rl.learner.advantages import advantage_fn_for
-from gspo_rl.learner.batching import AdvantageFn, MicroBatch, MiniBatch, plan_step
+from gspo_rl.learner.algorithm.advantages import advantage_fn_for
+from gspo_rl.learner.algorithm.losses import policy_loss
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.distributed import DistContext, assign_owners
-from gspo_rl.learner.fsdp import (
+from gspo_rl.learner.data.batching import AdvantageFn, MicroBatch, MiniBatch, plan_step
+from gspo_rl.learner.model.policy import Policy
+from gspo_rl.learner.model.precision import MasterWeights
+from gspo_rl.learner.model.speed import apply_speed, plan_speed
+from gspo_rl.learner.parallel.distributed import DistContext, assign_owners
+from gspo_rl.learner.parallel.fsdp import (
     FULL_FORMAT,
     Share,
     fsdp_share,
@@ -44,10 +48,6 @@ from gspo_rl.learner.fsdp import (
     grad_norm_value,
     load_optimizer_state,
 )
-from gspo_rl.learner.losses import policy_loss
-from gspo_rl.learner.policy import Policy
-from gspo_rl.learner.precision import MasterWeights
-from gspo_rl.learner.speed import apply_speed, plan_speed
 
 # Loss metrics averaged over tokens vs over sequences when minibatches are combined.
 _TOKEN_WEIGHTED = ("clip_fraction", "clip_low_fraction", "clip_high_fraction", "gate_mean")
@@ -68,11 +68,11 @@ def truncated_is_weights(
 class Trainer:
     """Owns the optimiser; ``step`` trains on one batch of groups.
 
-    With ``dist`` (a ``gspo_rl.learner.distributed.DistContext``) every rank calls ``step`` with the
-    same groups; each computes its share of the microbatches and gradients are summed across
-    ranks before each optimizer step (see ``gspo_rl.learner.distributed``). With ``dist.fsdp`` the
-    model is sharded (``gspo_rl.learner.fsdp``): FSDP sums the gradients in backward, every rank
-    runs the same number of passes, and ``state_dict`` is a collective.
+    With ``dist`` (a ``gspo_rl.learner.parallel.distributed.DistContext``) every rank calls ``step``
+    with the same groups; each computes its share of the microbatches and gradients are summed
+    across ranks before each optimizer step (see ``gspo_rl.learner.parallel.distributed``). With
+    ``dist.fsdp`` the model is sharded (``gspo_rl.learner.parallel.fsdp``): FSDP sums the gradients
+    in backward, every rank runs the same number of passes, and ``state_dict`` is a collective.
     """
 
     def __init__(
@@ -80,8 +80,8 @@ class Trainer:
         advantage_fn: AdvantageFn | None = None,
         dist: DistContext | None = None,
     ) -> None:
-        # None: per-token credit (gspo_rl.learner.advantages) for the per-token kinds, sequence
-        # advantages for gspo. Every data-parallel rank builds its trainer this way.
+        # None: per-token credit (gspo_rl.learner.algorithm.advantages) for the per-token kinds,
+        # sequence advantages for gspo. Every data-parallel rank builds its trainer this way.
         self.policy, self.config = policy, config
         self.advantage_fn = advantage_fn or advantage_fn_for(config.loss.kind)
         self.dist = dist
@@ -109,7 +109,7 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Optimiser and schedule state. Sharded: a collective (call on every rank) whose
-        full, name-keyed optimiser state lands on rank 0 (see ``gspo_rl.learner.fsdp``)."""
+        full, name-keyed optimiser state lands on rank 0 (see ``gspo_rl.learner.parallel.fsdp``)."""
         if self.sharded:
             return {"optimizer": full_optimizer_state(self.policy.model, self.optimizer),
                     "optimizer_format": FULL_FORMAT, "scheduler": self.scheduler.state_dict()}
@@ -303,8 +303,8 @@ class Trainer:
 
 
 def names_to_ids(osd: dict, names: Sequence[str]) -> dict:
-    """A name-keyed full optimiser state (``gspo_rl.learner.fsdp``) numbered in ``names`` order: the
-    inverse of ``gspo_rl.learner.fsdp.ids_to_names``."""
+    """A name-keyed full optimiser state (``gspo_rl.learner.parallel.fsdp``) numbered in ``names``
+    order: the inverse of ``gspo_rl.learner.parallel.fsdp.ids_to_names``."""
     index = {n: i for i, n in enumerate(names)}
     groups = [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]
     return {"state": {index[n]: s for n, s in osd["state"].items()}, "param_groups": groups}

@@ -193,7 +193,7 @@ def train(model: str, redis_url: str, devices: dict[str, str], steps: int, run_d
                         save_dir=str(run_dir / "ck"), save_every=steps,
                         weight_sync="broadcast", admin_key=ADMIN_KEY,
                         sync_backend=devices["backend"], sync_timeout_s=60,
-                        param_dtype="float32")  # CUDA's default is bf16 (learner/speed.py)
+                        param_dtype="float32")  # CUDA's default is bf16 (learner/model/speed.py)
     learner = Learner(cfg)
     done: dict[str, Any] = {}
 

@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.run import run_learner
-from gspo_rl.learner.sync_base import NoSyncReport
-from gspo_rl.learner.weight_sync import named_weights
+from gspo_rl.learner.weights.base import NoSyncReport
+from gspo_rl.learner.weights.broadcast import named_weights
 
 
 class DiskSync:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
-from gspo_rl.learner.losses import group_advantages
+from gspo_rl.learner.algorithm.losses import group_advantages
 
 
 def low_token_reward(completion: np.ndarray, vocab: int) -> float:

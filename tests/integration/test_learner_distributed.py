@@ -22,12 +22,12 @@ from gspo_rl.contract.queue.schema import (
     Keys,
     pack_ready_group,
 )
-from gspo_rl.learner.batching import samples_from_groups, split_micro
 from gspo_rl.learner.checkpoint import load_latest
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.distributed import assign_owners
+from gspo_rl.learner.data.batching import samples_from_groups, split_micro
 from gspo_rl.learner.loop import Learner
-from gspo_rl.learner.sync_base import NoSync
+from gspo_rl.learner.parallel.distributed import assign_owners
+from gspo_rl.learner.weights.base import NoSync
 from tests.learner_data import sample_group
 
 

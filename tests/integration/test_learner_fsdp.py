@@ -1,5 +1,5 @@
-"""FSDP2 learner (``gspo_rl.learner.fsdp``): the pure parts, and a real 2-rank torchrun (gloo, CPU)
-job that must train, push and checkpoint what one process does, across a resume."""
+"""FSDP2 learner (``gspo_rl.learner.parallel.fsdp``): the pure parts, and a real 2-rank torchrun
+(gloo, CPU) job that must train, push and checkpoint what one process does, across a resume."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
-from gspo_rl.learner.advantages import advantage_fn_for
-from gspo_rl.learner.batching import plan_step
+from gspo_rl.learner.algorithm.advantages import advantage_fn_for
 from gspo_rl.learner.checkpoint import list_checkpoints
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.distributed import assign_owners
-from gspo_rl.learner.fsdp import (
+from gspo_rl.learner.data.batching import plan_step
+from gspo_rl.learner.loop import Learner
+from gspo_rl.learner.model.policy import Policy
+from gspo_rl.learner.parallel.distributed import assign_owners
+from gspo_rl.learner.parallel.fsdp import (
     FULL_FORMAT,
     check_names,
     decoder_layers,
@@ -31,11 +33,9 @@ from gspo_rl.learner.fsdp import (
     ids_to_names,
     load_optimizer_state,
 )
-from gspo_rl.learner.loop import Learner
-from gspo_rl.learner.policy import Policy
-from gspo_rl.learner.sync_base import NoSync
 from gspo_rl.learner.trainer import Trainer
-from gspo_rl.learner.weight_sync import named_weights
+from gspo_rl.learner.weights.base import NoSync
+from gspo_rl.learner.weights.broadcast import named_weights
 from tests.learner_data import sample_group
 
 

@@ -27,7 +27,7 @@ from gspo_rl.learner.checkpoint import load_latest
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
 from gspo_rl.learner.progress import RedisUnavailable
-from gspo_rl.learner.sync_base import NoSyncReport
+from gspo_rl.learner.weights.base import NoSyncReport
 from tests.conftest import RedisServer
 from tests.learner_data import sample_group
 from tests.serving import ADMIN_KEY, running_server

@@ -42,7 +42,7 @@ class RecordingSync:
     closed: bool = False
 
     def push(self, model: torch.nn.Module, version: int):
-        from gspo_rl.learner.sync_base import NoSyncReport
+        from gspo_rl.learner.weights.base import NoSyncReport
 
         self.pushes.append(version)
         return NoSyncReport(version=version, bytes_sent=sum(

@@ -1,5 +1,5 @@
-"""The rank-0 -> follower protocol (gspo_rl.learner.protocol) over a real 2-process gloo group:
-typed messages arrive as sent, an untyped one is refused; and acknowledgement has one owner
+"""The rank-0 -> follower protocol (gspo_rl.learner.parallel.protocol) over a real 2-process gloo
+group: typed messages arrive as sent, an untyped one is refused; and acknowledgement has one owner
 (``GroupReader``): no other learner module sends XACK."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gspo_rl.learner.distributed import DistContext
-from gspo_rl.learner.protocol import Gather, Idle, Resume, Stop, Train, receive, send
+from gspo_rl.learner.parallel.distributed import DistContext
+from gspo_rl.learner.parallel.protocol import Gather, Idle, Resume, Stop, Train, receive, send
 
 REPO = Path(__file__).resolve().parents[2]
 SENT = [Resume("/ckpt/step-3"), Train(["g0", "g1"]), Idle(), Gather(True), Stop()]

@@ -32,11 +32,11 @@ from gspo_rl.client.examples.calculator import CalculatorEnvironment
 from gspo_rl.contract.credit import group_turn_advantages
 from gspo_rl.contract.queue.groups.store import QueueConfig
 from gspo_rl.contract.queue.schema import Keys, ReadyGroup, unpack_rollout
-from gspo_rl.learner.advantages import TurnAdvantages, advantage_fn_for
-from gspo_rl.learner.batching import plan_step, sequence_advantage
+from gspo_rl.learner.algorithm.advantages import TurnAdvantages, advantage_fn_for
+from gspo_rl.learner.algorithm.losses import LossConfig, group_advantages, policy_loss
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.losses import LossConfig, group_advantages, policy_loss
-from gspo_rl.learner.policy import Policy
+from gspo_rl.learner.data.batching import plan_step, sequence_advantage
+from gspo_rl.learner.model.policy import Policy
 from gspo_rl.learner.run import run_learner
 from gspo_rl.learner.trainer import Trainer
 from tests.queue_helpers import ready_groups as ready_groups_of

@@ -27,7 +27,7 @@ from gspo_rl.contract.queue.registry import (
     registration,
 )
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.learner.weight_sync import BroadcastSync
+from gspo_rl.learner.weights.broadcast import BroadcastSync
 from tests.conftest import free_port
 
 KEY = "the-admin-key"

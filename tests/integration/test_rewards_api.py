@@ -15,7 +15,7 @@ import redis
 
 from gspo_rl.contract.queue.groups.store import QueueConfig
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.learner.losses import group_advantages
+from gspo_rl.learner.algorithm.losses import group_advantages
 from tests.conftest import RedisServer
 from tests.queue_helpers import ApiServer, make_rollout, open_group, ready_groups
 

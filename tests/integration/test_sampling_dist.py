@@ -15,10 +15,10 @@ import torch
 
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.contract.sampling_dist import keep_mask, sampled_logprobs, truncating
-from gspo_rl.learner.batching import plan_step
+from gspo_rl.learner.algorithm.losses import LossConfig, policy_loss
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.losses import LossConfig, policy_loss
-from gspo_rl.learner.policy import Policy, cut_logprobs
+from gspo_rl.learner.data.batching import plan_step
+from gspo_rl.learner.model.policy import Policy, cut_logprobs
 from gspo_rl.learner.trainer import Trainer
 from gspo_rl.server.engines.base import SamplingParams
 from gspo_rl.server.engines.hf.engine import HFEngine

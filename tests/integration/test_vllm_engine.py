@@ -294,7 +294,7 @@ def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> No
 
     from gspo_rl.contract.queue.registry import live_servers
     from gspo_rl.contract.queue.schema import Keys
-    from gspo_rl.learner.weight_sync import BroadcastSync
+    from gspo_rl.learner.weights.broadcast import BroadcastSync
 
     client = redis.Redis.from_url(stack.redis_url)
     deadline = time.monotonic() + 30

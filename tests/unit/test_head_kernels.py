@@ -1,4 +1,4 @@
-"""gspo_rl.learner.head_kernels: the Triton softmax passes of the fused head equal PyTorch's.
+"""gspo_rl.learner.model.head_kernels: the Triton softmax passes of the fused head equal PyTorch's.
 
 The kernels run on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``, read when the
 module is imported: a subprocess), and natively on CUDA (``gpu``)."""
@@ -20,7 +20,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 def check_kernels(device: str, sizes: tuple[tuple[int, int], ...]) -> None:
     """Both kernels against PyTorch on random logits of each ``(rows, vocabulary)`` size."""
-    from gspo_rl.learner import head_kernels as hk
+    from gspo_rl.learner.model import head_kernels as hk
 
     g = torch.Generator(device=device).manual_seed(0)
     for dt in (torch.bfloat16, torch.float16):
@@ -46,8 +46,8 @@ def check_kernels(device: str, sizes: tuple[tuple[int, int], ...]) -> None:
 
 _CHECKS = '''
 import torch
-from gspo_rl.learner.head_kernels import BLOCK
-from gspo_rl.learner.logprob_head import fused_logprobs
+from gspo_rl.learner.model.head_kernels import BLOCK
+from gspo_rl.learner.model.logprob_head import fused_logprobs
 from tests.unit.test_head_kernels import check_kernels
 
 check_kernels("cpu", ((5, 37), (3, 5000), (4, 2 * BLOCK + 3)))
@@ -86,7 +86,7 @@ def test_kernels_equal_pytorch_under_the_triton_interpreter():
 
 
 def test_kernels_are_not_used_for_float32_or_cpu_tensors():
-    from gspo_rl.learner import head_kernels
+    from gspo_rl.learner.model import head_kernels
 
     assert not head_kernels.available(torch.zeros(2, 3))
     if os.environ.get("TRITON_INTERPRET") != "1":

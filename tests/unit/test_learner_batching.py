@@ -1,4 +1,5 @@
-"""gspo_rl.learner.batching: padding, sorting, minibatch/microbatch splits, alignment, bad data."""
+"""gspo_rl.learner.data.batching: padding, sorting, minibatch/microbatch splits, alignment, bad
+data."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
-from gspo_rl.learner.batching import (
+from gspo_rl.learner.data.batching import (
     collate,
     deal_minibatches,
     plan_step,

@@ -20,7 +20,7 @@ from gspo_rl.learner.checkpoint import (
     save_checkpoint,
 )
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.policy import Policy
+from gspo_rl.learner.model.policy import Policy
 from gspo_rl.learner.trainer import Trainer
 from tests.learner_data import sample_group
 

@@ -1,15 +1,15 @@
-"""gspo_rl.learner.packing and the policy's packed forward: the same log-probs and gradients as the
-padded forward, and as the logits path it replaces (float32 on the CPU)."""
+"""gspo_rl.learner.data.packing and the policy's packed forward: the same log-probs and gradients as
+the padded forward, and as the logits path it replaces (float32 on the CPU)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import gspo_rl.learner.policy as policy_mod
-from gspo_rl.learner.batching import collate, samples_from_groups
-from gspo_rl.learner.packing import pack_inputs, scatter_rows, target_positions
-from gspo_rl.learner.policy import Policy
+import gspo_rl.learner.model.policy as policy_mod
+from gspo_rl.learner.data.batching import collate, samples_from_groups
+from gspo_rl.learner.data.packing import pack_inputs, scatter_rows, target_positions
+from gspo_rl.learner.model.policy import Policy
 from tests.learner_data import sample_group
 
 
@@ -89,10 +89,10 @@ def test_packed_forward_sees_one_row_without_padding(tiny_model_dir):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_varlen_attention_packed_equals_padded(tied, tiny_model_dir, tiny_model_untied_dir):
-    """``gspo_rl.learner.varlen`` (the CUDA default without flash-attn) takes the sequence offsets
-    through the model's forward; on the CPU it attends one sequence at a time, exactly: its
+    """``gspo_rl.learner.model.varlen`` (the CUDA default without flash-attn) takes the sequence
+    offsets through the model's forward; on the CPU it attends one sequence at a time, exactly: its
     packed log-probs and gradients equal the padded sdpa ones."""
-    from gspo_rl.learner import varlen
+    from gspo_rl.learner.model import varlen
 
     policy = Policy.load(tiny_model_dir if tied else tiny_model_untied_dir, device="cpu")
     mb = _batch(policy)
@@ -118,7 +118,7 @@ def test_varlen_attention_packed_equals_padded(tied, tiny_model_dir, tiny_model_
 def test_varlen_attention_serves_padded_batches_as_sdpa(tiny_model_dir):
     """Without sequence offsets (packing off, the logits path) the attention is sdpa's, with
     its padding mask: the same log-probs as the model on sdpa."""
-    from gspo_rl.learner import varlen
+    from gspo_rl.learner.model import varlen
 
     policy = Policy.load(tiny_model_dir, device="cpu")
     mb = _batch(policy)
@@ -181,7 +181,7 @@ def test_top_p_top_k_rows_through_the_fused_head_equal_the_logits_path(tiny_mode
 def test_cuda_flash_varlen_equals_attention_per_sequence(heads, kv_heads):
     """PyTorch's FlashAttention-2 varlen kernels (bf16) against one float32 SDPA per sequence:
     outputs and the gradients of q, k and v (grouped KV heads as they are)."""
-    from gspo_rl.learner import varlen
+    from gspo_rl.learner.model import varlen
 
     g = torch.Generator(device="cuda").manual_seed(0)
     lengths = [1, 37, 300, 128, 5]

@@ -1,4 +1,4 @@
-"""gspo_rl.learner.policy: the learner's log-probabilities equal the servers' for the same
+"""gspo_rl.learner.model.policy: the learner's log-probabilities equal the servers' for the same
 weights."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
-from gspo_rl.learner.batching import collate, samples_from_groups
-from gspo_rl.learner.policy import Policy, selected_logprobs
+from gspo_rl.learner.data.batching import collate, samples_from_groups
+from gspo_rl.learner.model.policy import Policy, selected_logprobs
 from gspo_rl.server.engines.base import SamplingParams
 from gspo_rl.server.engines.hf.engine import HFEngine
 from gspo_rl.server.engines.reference import sequence_logprobs
@@ -18,7 +18,7 @@ from tests.learner_data import sample_group
 
 
 def test_selected_logprobs_matches_log_softmax_and_its_gradient(monkeypatch):
-    import gspo_rl.learner.policy as policy_mod
+    import gspo_rl.learner.model.policy as policy_mod
 
     monkeypatch.setattr(policy_mod, "_CHUNK_ELEMS", 23)  # several chunks per call
     g = torch.Generator().manual_seed(0)

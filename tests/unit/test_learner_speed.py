@@ -1,5 +1,5 @@
-"""gspo_rl.learner.speed and gspo_rl.learner.precision: the GPU levers are chosen by device and
-size, and bf16 parameters train through float32 master weights (checked on the CPU)."""
+"""gspo_rl.learner.model.speed and gspo_rl.learner.model.precision: the GPU levers are chosen by
+device and size, and bf16 parameters train through float32 master weights (checked on the CPU)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from gspo_rl.learner import varlen
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.policy import Policy
-from gspo_rl.learner.precision import MasterWeights
-from gspo_rl.learner.speed import needs_checkpointing, plan_speed
+from gspo_rl.learner.model import varlen
+from gspo_rl.learner.model.policy import Policy
+from gspo_rl.learner.model.precision import MasterWeights
+from gspo_rl.learner.model.speed import needs_checkpointing, plan_speed
 from gspo_rl.learner.trainer import Trainer
 from tests.learner_data import sample_group
 
@@ -62,7 +62,7 @@ def test_auto_levers_on_cuda_threaded_through_the_device_argument(tiny_model_dir
 def test_auto_levers_on_a_gpu_older_than_ampere(tiny_model_dir, monkeypatch):
     """No bf16 matrix units or FlashAttention-2 there: "auto" keeps float32 weights, padded
     batches and eager layers (what ran before these levers existed)."""
-    from gspo_rl.learner import speed
+    from gspo_rl.learner.model import speed
 
     monkeypatch.setattr(speed, "ampere_or_newer", lambda device: False)
     model = Policy.load(tiny_model_dir, device="cpu").model
@@ -145,7 +145,7 @@ def test_bf16_trainer_steps_masters_and_round_trips_them(tiny_model_dir):
 def test_bf16_trainer_loads_a_name_keyed_optimizer_state(tiny_model_dir):
     """An FSDP2 checkpoint's optimizer state (keyed by parameter name) resumes into the
     masters of an unsharded bf16 learner."""
-    from gspo_rl.learner.fsdp import FULL_FORMAT, ids_to_names
+    from gspo_rl.learner.parallel.fsdp import FULL_FORMAT, ids_to_names
 
     torch.manual_seed(0)
     src = Trainer(Policy.load(tiny_model_dir, device="cpu"), _cfg(tiny_model_dir, lr=1e-3))
@@ -163,14 +163,15 @@ def test_bf16_trainer_loads_a_name_keyed_optimizer_state(tiny_model_dir):
 
 @pytest.mark.gpu
 def test_cuda_packed_forward_matches_padded_in_bf16(tiny_model_dir):
-    """The variable-length attention picked for CUDA (flash-attention-2 or gspo_rl.learner.varlen)
-    keeps each sequence to itself: packed log-probs equal the padded ones up to bf16 noise."""
-    from gspo_rl.learner.speed import apply_speed
+    """The variable-length attention picked for CUDA (flash-attention-2 or
+    gspo_rl.learner.model.varlen) keeps each sequence to itself: packed log-probs equal the padded
+    ones up to bf16 noise."""
+    from gspo_rl.learner.model.speed import apply_speed
 
     cpu = Policy.load(tiny_model_dir, device="cpu")
     groups = [sample_group(cpu.model, group_size=4, prompt_len=3 + k, new_tokens=(2, 9),
                            temperature=1.0, seed=k) for k in range(3)]
-    from gspo_rl.learner.batching import collate, samples_from_groups
+    from gspo_rl.learner.data.batching import collate, samples_from_groups
 
     mb = collate(samples_from_groups(groups))
     policy = Policy.load(tiny_model_dir, device="cuda")
@@ -207,7 +208,7 @@ def test_cuda_trainer_uses_bf16_masters_and_fused_adamw(tiny_model_dir):
 
 @pytest.mark.gpu
 def test_cuda_fused_head_in_bf16_matches_float32_reference():
-    from gspo_rl.learner.logprob_head import fused_logprobs
+    from gspo_rl.learner.model.logprob_head import fused_logprobs
 
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(300, 64, device="cuda", generator=g).bfloat16().requires_grad_(True)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from gspo_rl.learner.batching import collate, plan_step, samples_from_groups
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.policy import Policy
+from gspo_rl.learner.data.batching import collate, plan_step, samples_from_groups
+from gspo_rl.learner.model.policy import Policy
 from gspo_rl.learner.trainer import Trainer, truncated_is_weights
 from tests.learner_data import sample_group
 
@@ -50,7 +50,7 @@ def test_on_policy_gspo_gradient_is_the_policy_gradient(policy, tiny_model_dir):
     for m in plan.minibatches[0].micro:
         d = trainer._device_batch(m)
         lp = policy.token_logprobs(d["tokens"], d["attention"], d["temperature"], d["mask"])
-        from gspo_rl.learner.losses import policy_loss
+        from gspo_rl.learner.algorithm.losses import policy_loss
 
         out = policy_loss(lp, d["behavior"], d["advantages"], d["mask"], trainer.config.loss)
         assert out.metrics["clip_fraction"] == 0.0

@@ -1,11 +1,11 @@
-"""gspo_rl.learner.logprob_head: the fused, chunked head equals the plain one (values and
+"""gspo_rl.learner.model.logprob_head: the fused, chunked head equals the plain one (values and
 gradients)."""
 
 from __future__ import annotations
 
 import torch
 
-from gspo_rl.learner.logprob_head import LogSoftmaxPick, fused_logprobs
+from gspo_rl.learner.model.logprob_head import LogSoftmaxPick, fused_logprobs
 
 
 def _inputs(n: int = 13, d: int = 6, v: int = 17, dtype: torch.dtype = torch.float64):

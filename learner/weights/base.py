@@ -1,7 +1,7 @@
 """The seam between the training loop and the weight broadcast.
 
 The loop only knows ``WeightSync``: after every ``sync_every`` steps it calls
-``push(model, version)`` and records the report. ``gspo_rl.learner.weight_sync.BroadcastSync``
+``push(model, version)`` and records the report. ``gspo_rl.learner.weights.broadcast.BroadcastSync``
 (torch.distributed broadcast to every registered rollout server) satisfies it structurally;
 ``NoSync`` is the choice when no server needs the weights (offline training, tests).
 """

@@ -12,8 +12,8 @@ from gspo_rl.contract.queue.schema import ReadyGroup
 
 
 class TurnAdvantages:
-    """``gspo_rl.learner.batching.AdvantageFn`` of the per-token kinds (gspo_token, grpo, sapo): the
-    credit rule (``gspo_rl.contract.credit``), spread over each rollout's model turns.
+    """``gspo_rl.learner.data.batching.AdvantageFn`` of the per-token kinds (gspo_token, grpo,
+    sapo): the credit rule (``gspo_rl.contract.credit``), spread over each rollout's model turns.
 
     A group published with per-turn advantages (``ReadyGroup.turn_advantages``, computed by
     the server with its ``AdvantageConfig``) uses them as they are. One without (records
@@ -60,7 +60,7 @@ def advantage_fn_for(kind: str) -> Callable[[ReadyGroup, int], float | np.ndarra
     """The advantage function a loss kind trains with: "gspo" takes one advantage per
     sequence (per-token advantages are refused by design); the others take per-token ones."""
     if kind == "gspo":
-        from gspo_rl.learner.batching import sequence_advantage
+        from gspo_rl.learner.data.batching import sequence_advantage
 
         return sequence_advantage
     return TurnAdvantages()

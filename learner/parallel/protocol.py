@@ -1,8 +1,8 @@
 """What rank 0 tells the other ranks of a data-parallel job: typed messages, one per thing.
 
 Rank 0 (``gspo_rl.learner.loop``) owns the queue; after each read it sends exactly one message, so
-no rank waits on a collective longer than one read timeout (``gspo_rl.learner.follower`` acts on
-them):
+no rank waits on a collective longer than one read timeout (``gspo_rl.learner.parallel.follower``
+acts on them):
 
 - ``Resume(checkpoint)``: once, first: the checkpoint directory every rank loads (None: start
   from the base model);
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gspo_rl.learner.distributed import DistContext
+from gspo_rl.learner.parallel.distributed import DistContext
 
 
 @dataclass(frozen=True)

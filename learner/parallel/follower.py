@@ -1,7 +1,7 @@
-"""What ranks > 0 of a data-parallel job do (``gspo_rl.learner.distributed`` for the collectives,
-``gspo_rl.learner.protocol`` for the messages): load what rank 0 loaded, then act on each message
-until ``Stop``. Ranks > 0 never touch Redis or the disk; rank 0 alone reads, acknowledges,
-pushes and checkpoints. Also the two steps every rank shares with rank 0: loading its
+"""What ranks > 0 of a data-parallel job do (``gspo_rl.learner.parallel.distributed`` for the
+collectives, ``gspo_rl.learner.parallel.protocol`` for the messages): load what rank 0 loaded, then
+act on each message until ``Stop``. Ranks > 0 never touch Redis or the disk; rank 0 alone reads,
+acknowledges, pushes and checkpoints. Also the two steps every rank shares with rank 0: loading its
 ``Policy`` (replicated or sharded) and joining the FSDP2 gather."""
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ from typing import Any
 
 import torch
 
-from gspo_rl.learner.distributed import DistContext, rank_device
-from gspo_rl.learner.protocol import Gather, Idle, Resume, Stop, Train, receive
+from gspo_rl.learner.parallel.distributed import DistContext, rank_device
+from gspo_rl.learner.parallel.protocol import Gather, Idle, Resume, Stop, Train, receive
 
 
 def load_policy(path: str | Path, config: Any, ctx: DistContext | None) -> Any:
     """This rank's ``Policy`` of ``path``: replicated, or sharded under FSDP2."""
-    from gspo_rl.learner.policy import Policy
+    from gspo_rl.learner.model.policy import Policy
 
     if ctx is None:
         return Policy.load(path, config.device, config.bf16_autocast,
                            config.gradient_checkpointing)
     device = rank_device(config.device, ctx)
     if ctx.fsdp:
-        from gspo_rl.learner.fsdp import load_sharded_policy
+        from gspo_rl.learner.parallel.fsdp import load_sharded_policy
 
         return load_sharded_policy(path, config, torch.device(device))
     return Policy.load(path, device, config.bf16_autocast, config.gradient_checkpointing)
@@ -35,7 +35,7 @@ def export_full(trainer: Any, host: torch.nn.Module | None,
                 with_optimizer: bool) -> dict | None:
     """Collective under FSDP2 (every rank, same arguments but ``host``): gather the weights
     into ``host`` (rank 0's copy) and, when asked, the trainer state (full on rank 0)."""
-    from gspo_rl.learner.fsdp import gather_full
+    from gspo_rl.learner.parallel.fsdp import gather_full
 
     gather_full(trainer.policy.model, host)
     return trainer.state_dict() if with_optimizer else None

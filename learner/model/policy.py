@@ -19,11 +19,11 @@ Memory: the ``[B, T, V]`` logits are the largest tensor of a step. Three things 
 
 When the model has a plain linear output head (``fused_head_weight``), a faster path replaces
 1-2: the decoder's hidden states are taken only at positions whose next token is trained, and
-``gspo_rl.learner.logprob_head.fused_logprobs`` projects them onto the vocabulary chunk by chunk, so
-no ``[B, T, V]`` logits exist at all. With ``packing`` the microbatch's sequences go through
-the model as one packed row (``gspo_rl.learner.packing``: no padding tokens, variable-length
-attention). FSDP-sharded models keep the logits path (their root parameters are gathered only
-by the root module's forward).
+``gspo_rl.learner.model.logprob_head.fused_logprobs`` projects them onto the vocabulary chunk by
+chunk, so no ``[B, T, V]`` logits exist at all. With ``packing`` the microbatch's sequences go
+through the model as one packed row (``gspo_rl.learner.data.packing``: no padding tokens,
+variable-length attention). FSDP-sharded models keep the logits path (their root parameters are
+gathered only by the root module's forward).
 
 Dropout is switched off: an importance ratio compares the learner's function with the
 sampler's, and the sampler never drops units.
@@ -40,9 +40,14 @@ from torch import nn
 
 from gspo_rl.contract.attention import masked_sdpa_backends
 from gspo_rl.contract.sampling_dist import sampled_logprobs, truncating
-from gspo_rl.learner.logprob_head import ChunkFn, fused_logprobs
-from gspo_rl.learner.packing import pack_inputs, packed_selection, scatter_rows, target_positions
-from gspo_rl.learner.varlen import NAME as VARLEN
+from gspo_rl.learner.data.packing import (
+    pack_inputs,
+    packed_selection,
+    scatter_rows,
+    target_positions,
+)
+from gspo_rl.learner.model.logprob_head import ChunkFn, fused_logprobs
+from gspo_rl.learner.model.varlen import NAME as VARLEN
 
 # Attentions that read a packed row's sequence offsets (``PackedRows.attention_kwargs``).
 _OFFSET_ATTENTIONS = (VARLEN, "flash_attention_2")
@@ -210,7 +215,7 @@ class Policy:
     def _attention(self):  # noqa: ANN202 - a context manager
         """A padded forward runs masked attention at a new length nearly every time: on CUDA
         without cuDNN attention (``gspo_rl.contract.attention``: ~1.1 s per new training length on
-        an H100). Packed forwards have no mask (``gspo_rl.learner.varlen``)."""
+        an H100). Packed forwards have no mask (``gspo_rl.learner.model.varlen``)."""
         return nullcontext() if self.packing else masked_sdpa_backends(self.device)
 
     def token_logprobs(

@@ -1,8 +1,8 @@
 """Triton kernels for the fused log-prob head's softmax passes (CUDA, bf16/fp16 logits).
 
-The head (``gspo_rl.learner.logprob_head``) projects a chunk of hidden states onto the vocabulary,
-``logits_CV`` in the weights' dtype. In plain PyTorch its log-softmax costs several passes
-over ``[C, V]`` in float32 (a float32 log-softmax written out, then in backward a float32
+The head (``gspo_rl.learner.model.logprob_head``) projects a chunk of hidden states onto the
+vocabulary, ``logits_CV`` in the weights' dtype. In plain PyTorch its log-softmax costs several
+passes over ``[C, V]`` in float32 (a float32 log-softmax written out, then in backward a float32
 softmax, a multiply, a cast back). These two kernels read the bf16 logits once per direction:
 
 - ``lse_pick``: per row, the log-sum-exp (online, float32) and ``logits[target] - lse``;

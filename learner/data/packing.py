@@ -7,8 +7,8 @@ that restart at 0 for each sequence; attention must then stay inside each sequen
 ``attention_mask`` is ``None``: ``flash_attention_2`` turns them into ``cu_seqlens`` (varlen
 kernels, no mask), ``flex_attention`` into a block-sparse mask, ``sdpa``/``eager`` into a
 dense block-diagonal causal mask (exact, used on the CPU; its ``N x N`` cost is why packing is
-not the CPU default). ``gspo_rl.learner.varlen`` (the CUDA default without flash-attn) takes the
-sequence offsets (``PackedRows.attention_kwargs``).
+not the CPU default). ``gspo_rl.learner.model.varlen`` (the CUDA default without flash-attn) takes
+the sequence offsets (``PackedRows.attention_kwargs``).
 
 Every position's hidden state is the one the padded forward gives (same tokens before it,
 same positions), so the log-probabilities are equal up to float rounding.

@@ -4,9 +4,10 @@
 
 Roles. Rank 0 is the learner of ``gspo_rl.learner.loop`` (reader, checkpoints, acks, weight pushes,
 metrics); it tells the other ranks what to do with the typed messages of
-``gspo_rl.learner.protocol`` (``Train`` after each read, ``Idle`` for an empty one, ``Gather``,
-``Stop``), and ranks > 0 act on them in ``gspo_rl.learner.follower``. This module holds only what
-both sides call: joining the job, the broadcast, the gradient sums, the split of the work.
+``gspo_rl.learner.parallel.protocol`` (``Train`` after each read, ``Idle`` for an empty one,
+``Gather``, ``Stop``), and ranks > 0 act on them in ``gspo_rl.learner.parallel.follower``. This
+module holds only what both sides call: joining the job, the broadcast, the gradient sums, the split
+of the work.
 
 Work split. Every rank plans the same step (``plan_step`` is deterministic), then takes its
 share of each minibatch's microbatches (longest-processing-time-first by padded tokens, so
@@ -23,9 +24,10 @@ Two modes (``LearnerConfig.data_parallel``; "auto": fsdp2 on CUDA, allreduce on 
   backward passes on every rank, and a minibatch's microbatches do not divide evenly; one
   flat all-reduce per optimizer step is what DDP would do at the end anyway.
 - "fsdp2": parameters, gradients and optimiser state sharded over the ranks
-  (``gspo_rl.learner.fsdp``), for models whose training state does not fit one device. Pushes and
-  checkpoints need every rank's shards, so rank 0 sends ``Gather`` before each one and every
-  rank joins the gather (``gspo_rl.learner.follower.export_full``); rank 0 alone pushes and writes.
+  (``gspo_rl.learner.parallel.fsdp``), for models whose training state does not fit one device.
+  Pushes and checkpoints need every rank's shards, so rank 0 sends ``Gather`` before each one and
+  every rank joins the gather (``gspo_rl.learner.parallel.follower.export_full``); rank 0 alone
+  pushes and writes.
 """
 
 from __future__ import annotations

@@ -4,13 +4,14 @@ built (``plan_speed``) and applied to the policy (``apply_speed``).
 Levers and their "auto" rules (``LearnerConfig``: ``param_dtype``, ``packing``,
 ``gradient_checkpointing``, ``compile``):
 
-- bf16 parameters with float32 master weights (``gspo_rl.learner.precision``): on CUDA (compute
+- bf16 parameters with float32 master weights (``gspo_rl.learner.model.precision``): on CUDA
+(compute
   capability 8.0 or newer: ``ampere_or_newer``), unless the model is FSDP-sharded (FSDP2
   keeps its float32 shards). float32 on the CPU (exact) and on older GPUs.
-- Packing (``gspo_rl.learner.packing``): on CUDA with bf16 parameters (not under FSDP), with
+- Packing (``gspo_rl.learner.data.packing``): on CUDA with bf16 parameters (not under FSDP), with
   variable-length attention: flash-attention-2 (``cu_seqlens``) when the ``flash_attn``
-  package is installed, else ``gspo_rl.learner.varlen`` (PyTorch's bundled FlashAttention-2 varlen
-  kernels; flex attention is not used: its Inductor lowering failed on an H100 with torch
+  package is installed, else ``gspo_rl.learner.model.varlen`` (PyTorch's bundled FlashAttention-2
+  varlen kernels; flex attention is not used: its Inductor lowering failed on an H100 with torch
   2.11). Off on the CPU: its attention there is a dense ``N x N`` mask.
 - Fused AdamW (one kernel for all parameters): on CUDA.
 - Gradient checkpointing by size: on when the estimated activations of one microbatch, with
@@ -18,7 +19,8 @@ Levers and their "auto" rules (``LearnerConfig``: ``param_dtype``, ``packing``,
   (``needs_checkpointing``). Never switched on by "auto" on the CPU or under FSDP.
 - ``torch.compile`` of each decoder layer (``dynamic=True``: shapes vary with packing): on
   CUDA with bf16 parameters (measured 1.2-1.3x tokens/s on an H100); the variable-length
-  attention stays eager (``gspo_rl.learner.varlen``); a graph that fails to compile runs eagerly.
+  attention stays eager (``gspo_rl.learner.model.varlen``); a graph that fails to compile runs
+  eagerly.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gspo_rl.learner import varlen
+from gspo_rl.learner.model import varlen
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,8 @@ class SpeedPlan:
 def pick_attention(device: torch.device, packing: bool, dtype: torch.dtype) -> str | None:
     """A variable-length attention for packed rows on CUDA; ``None`` keeps the model's.
     flash-attention-2 when the flash-attn package is installed and the weights are bf16 (its
-    kernels take no float32), else ``gspo_rl.learner.varlen`` (PyTorch's own FlashAttention-2 varlen
-    kernels for bf16; one SDPA per sequence for float32)."""
+    kernels take no float32), else ``gspo_rl.learner.model.varlen`` (PyTorch's own FlashAttention-2
+    varlen kernels for bf16; one SDPA per sequence for float32)."""
     if device.type != "cuda" or not packing:
         return None
     if dtype == torch.bfloat16 and importlib.util.find_spec("flash_attn") is not None:
@@ -85,7 +87,7 @@ def needs_checkpointing(model_config: Any, n_params: int, micro_batch_tokens: in
 
 def ampere_or_newer(device: torch.device) -> bool:
     """Compute capability 8.0 or newer (A100, H100, RTX 30xx on): native bf16 matrix units
-    and FlashAttention-2 (``gspo_rl.learner.varlen``). Older GPUs keep float32 weights, padded
+    and FlashAttention-2 (``gspo_rl.learner.model.varlen``). Older GPUs keep float32 weights, padded
     batches and eager layers under "auto". Without a visible GPU (planning only): assumed."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return True
@@ -103,9 +105,9 @@ def plan_speed(config: Any, model: nn.Module, device: torch.device, sharded: boo
         raise ValueError("param_dtype bfloat16 is not supported with FSDP2 sharding (its "
                          "shards stay float32); use bf16_autocast there")
     dtype = torch.bfloat16 if dtype_name == "bfloat16" else torch.float32
-    # FSDP-sharded policies keep the padded logits path (gspo_rl.learner.policy), so no packing
-    # there. "auto" packs bf16 on CUDA (flash varlen kernels); float32 there would attend one
-    # sequence at a time.
+    # FSDP-sharded policies keep the padded logits path (gspo_rl.learner.model.policy), so no
+    # packing there. "auto" packs bf16 on CUDA (flash varlen kernels); float32 there would attend
+    # one sequence at a time.
     packing = not sharded and (config.packing == "on" or (
         config.packing == "auto" and cuda and dtype == torch.bfloat16))
     ckpt = config.gradient_checkpointing

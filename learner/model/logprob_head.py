@@ -65,7 +65,7 @@ class LogSoftmaxPick:
 
 
 def _kernels():  # noqa: ANN202 - the module; imported on first use (it imports Triton)
-    from gspo_rl.learner import head_kernels
+    from gspo_rl.learner.model import head_kernels
 
     return head_kernels
 

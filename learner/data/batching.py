@@ -18,8 +18,8 @@ Two levels, because they answer different questions:
   (longest first) and cut greedily so that ``rows x longest row <= micro_batch_tokens``. Rows
   are right-padded to the longest row of their own microbatch only. Sorting makes neighbours
   similar in length, so the padding left is small (``padding_fraction`` in the plan measures
-  it); it is not zero. With ``packed`` (the GPU default, ``gspo_rl.learner.packing``) the policy
-  feeds each microbatch as one packed row, the budget counts real tokens (sum of lengths)
+  it); it is not zero. With ``packed`` (the GPU default, ``gspo_rl.learner.data.packing``) the
+  policy feeds each microbatch as one packed row, the budget counts real tokens (sum of lengths)
   and no padding goes through the model; the microbatch is still collated padded here.
 
 Loss normalisation: each minibatch's loss is the seq-mean-token-mean over *its* sequences.

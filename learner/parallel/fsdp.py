@@ -3,8 +3,8 @@
 ``LearnerConfig.data_parallel = "fsdp2"`` (the default on CUDA under ``torchrun``) shards
 each decoder layer and the root module with ``torch.distributed.fsdp.fully_shard``, so each
 rank holds ``1/world`` of the float32 weights, gradients and AdamW moments. The loop is the
-one of ``gspo_rl.learner.distributed`` (rank 0 reads and broadcasts; microbatches split across
-ranks, each scaled by its share of the whole minibatch) with three differences:
+one of ``gspo_rl.learner.parallel.distributed`` (rank 0 reads and broadcasts; microbatches split
+across ranks, each scaled by its share of the whole minibatch) with three differences:
 
 - Gradients are reduce-scattered by FSDP in every backward, as plain sums (divide factor 1,
   sum-only collectives: gloo has no pre-multiplied sum), so the update stays exactly the
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gspo_rl.learner.batching import MicroBatch, MiniBatch
+from gspo_rl.learner.data.batching import MicroBatch, MiniBatch
 
 FULL_FORMAT = "fsdp2-full"
 # Prefixes that wrappers (activation checkpointing, torch.compile, FSDP1) put into FQNs.
@@ -100,7 +100,7 @@ def load_sharded_policy(path: str | Path, config: Any, device: torch.device) -> 
     """The policy of ``path`` (float32, loaded on the CPU), sharded over the job's ranks."""
     from transformers import AutoModelForCausalLM
 
-    from gspo_rl.learner.policy import Policy
+    from gspo_rl.learner.model.policy import Policy
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     if config.gradient_checkpointing:

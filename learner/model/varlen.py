@@ -1,7 +1,7 @@
 """Variable-length causal attention for packed rows, without the flash-attn package.
 
 The learner packs a microbatch's sequences end to end in one ``[1, N]`` row
-(``gspo_rl.learner.packing``); attention must then stay inside each sequence. flash-attn's
+(``gspo_rl.learner.data.packing``); attention must then stay inside each sequence. flash-attn's
 ``flash_attention_2`` does that from ``cu_seqlens`` when the package is installed; PyTorch's
 flex attention needs ``torch.compile`` (Inductor), which failed to lower it on an H100 with
 torch 2.11 (``NoValidChoicesError``). PyTorch ships the same FlashAttention-2 kernels for
@@ -98,8 +98,9 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
     if query.shape[0] != 1 or attention_mask is not None:
-        raise ValueError(f"the {NAME!r} attention takes one packed row (gspo_rl.learner.packing) "
-                         "with sequence offsets and no attention mask")
+        raise ValueError(f"the {NAME!r} attention takes one packed row "
+                         "(gspo_rl.learner.data.packing) with sequence offsets and no attention "
+                         "mask")
     for unsupported in ("sliding_window", "softcap", "s_aux"):
         if kwargs.get(unsupported) is not None:
             raise ValueError(f"the {NAME!r} attention has no {unsupported}: use packing = "
