@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gspo_rl.server.api.limits import check_metadata, check_request_json
+from gspo_rl.server.api.limits import check_request_json
+from gspo_rl.server.rollouts.limits import check_metadata
 
 
 class _Request:

@@ -226,7 +226,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     url = f"http://127.0.0.1:{port}"
     # The learner starts while the server does (their imports and model loads overlap): it
     # pushes its weights to the servers registered when it is ready, and to any that
-    # registers later (``gspo_rl.learner.weights.healing``), so the order does not matter. Not with
+    # registers later (``gspo_rl.learner.healing``), so the order does not matter. Not with
     # vLLM: it sizes its KV cache from the GPU memory free when it starts, which the learner would
     # take.
     if cfg.engine == "vllm":

@@ -67,6 +67,8 @@ from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import AdvantageFn, split_invalid
+from gspo_rl.learner.follower import export_full, load_policy
+from gspo_rl.learner.healing import ServerHealer
 from gspo_rl.learner.metrics import (
     MetricsLogger,
     fates_line,
@@ -75,7 +77,6 @@ from gspo_rl.learner.metrics import (
     step_fields,
 )
 from gspo_rl.learner.parallel.distributed import DistContext
-from gspo_rl.learner.parallel.follower import export_full, load_policy
 from gspo_rl.learner.parallel.protocol import Gather, Idle, Resume, Stop, Train, send
 from gspo_rl.learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
 from gspo_rl.learner.published import publish_state, publish_training, state_fields
@@ -83,7 +84,6 @@ from gspo_rl.learner.startup import build_weight_sync, checkpoint_to_resume, see
 from gspo_rl.learner.target import TargetStop, continue_hint, drain, groups_in_flight
 from gspo_rl.learner.trainer import Trainer
 from gspo_rl.learner.weights.base import NoSync, WeightSync
-from gspo_rl.learner.weights.healing import ServerHealer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -275,7 +275,7 @@ class Learner:
         self.reader.rearm(held=self.pending_ack, committed=self.recent_acked)
 
     def _heal(self) -> None:
-        """Push to restarted servers (``gspo_rl.learner.weights.healing``); raises on Redis
+        """Push to restarted servers (``gspo_rl.learner.healing``); raises on Redis
         errors."""
         if self.healer is not None:
             self.healer.check(self._pushed_version, self.version, self._push_ok)

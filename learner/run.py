@@ -4,7 +4,7 @@
 after its current step (it checkpoints and acks on the way out); a second signal aborts at
 once with ``KeyboardInterrupt`` (unacked groups are redelivered on the next start). Under
 ``torchrun`` rank 0 runs the learner and the other ranks follow it
-(``gspo_rl.learner.parallel.follower``).
+(``gspo_rl.learner.follower``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from types import FrameType
 
 from gspo_rl.learner.checkpoint import LearnerState
 from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.follower import follow
 from gspo_rl.learner.loop import Learner
 from gspo_rl.learner.parallel.distributed import DistContext, init_from_env
-from gspo_rl.learner.parallel.follower import follow
 from gspo_rl.learner.weights.base import WeightSync
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def graceful_signals(learner: Learner) -> Iterator[None]:
 
 def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> LearnerState | None:
     """Build a ``Learner`` and run it with graceful-stop signal handlers. Under ``torchrun``
-    rank 0 runs the learner and the other ranks follow it (``gspo_rl.learner.parallel.follower``);
+    rank 0 runs the learner and the other ranks follow it (``gspo_rl.learner.follower``);
     they return ``None``."""
     dist = init_from_env(config.device, config.data_parallel)
     try:

@@ -16,12 +16,12 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gspo_rl.contract.queue.groups.store import QueueConfig
+from gspo_rl.contract.queue.groups.types import QueueConfig
 from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
-from gspo_rl.server.rollouts.parsers.reasoning import ReasoningParserName
-from gspo_rl.server.rollouts.parsers.tool_calls import ToolParserName
 
 EngineKind = Literal["hf", "vllm"]
+ToolParserName = Literal["hermes", "llama3_json", "mistral", "qwen3_coder", "none"]
+ReasoningParserName = Literal["none", "qwen3", "deepseek_r1"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 

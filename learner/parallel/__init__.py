@@ -1,3 +1,3 @@
 """Data-parallel training under ``torchrun``: the collectives (``distributed``), FSDP2
-sharding (``fsdp``), what rank 0 tells the others (``protocol``) and what they do
-(``follower``)."""
+sharding (``fsdp``) and what rank 0 tells the other ranks (``protocol``; what they do with it is
+``gspo_rl.learner.follower``)."""

@@ -5,7 +5,7 @@
 Roles. Rank 0 is the learner of ``gspo_rl.learner.loop`` (reader, checkpoints, acks, weight pushes,
 metrics); it tells the other ranks what to do with the typed messages of
 ``gspo_rl.learner.parallel.protocol`` (``Train`` after each read, ``Idle`` for an empty one,
-``Gather``, ``Stop``), and ranks > 0 act on them in ``gspo_rl.learner.parallel.follower``. This
+``Gather``, ``Stop``), and ranks > 0 act on them in ``gspo_rl.learner.follower``. This
 module holds only what both sides call: joining the job, the broadcast, the gradient sums, the split
 of the work.
 
@@ -26,7 +26,7 @@ Two modes (``LearnerConfig.data_parallel``; "auto": fsdp2 on CUDA, allreduce on 
 - "fsdp2": parameters, gradients and optimiser state sharded over the ranks
   (``gspo_rl.learner.parallel.fsdp``), for models whose training state does not fit one device.
   Pushes and checkpoints need every rank's shards, so rank 0 sends ``Gather`` before each one and
-  every rank joins the gather (``gspo_rl.learner.parallel.follower.export_full``); rank 0 alone
+  every rank joins the gather (``gspo_rl.learner.follower.export_full``); rank 0 alone
   pushes and writes.
 """
 

@@ -1,7 +1,7 @@
 """What rank 0 tells the other ranks of a data-parallel job: typed messages, one per thing.
 
 Rank 0 (``gspo_rl.learner.loop``) owns the queue; after each read it sends exactly one message, so
-no rank waits on a collective longer than one read timeout (``gspo_rl.learner.parallel.follower``
+no rank waits on a collective longer than one read timeout (``gspo_rl.learner.follower``
 acts on them):
 
 - ``Resume(checkpoint)``: once, first: the checkpoint directory every rank loads (None: start

@@ -1,3 +1,3 @@
 """The sending side of the weight broadcast: the seam the training loop pushes through
-(``base``), the broadcast to every live server (``broadcast``) and the healing of servers that
-restarted behind (``healing``)."""
+(``base``) and the broadcast to every live server (``broadcast``). Re-pushing to servers that
+restarted behind is the loop's (``gspo_rl.learner.healing``)."""

@@ -39,6 +39,7 @@ from gspo_rl.server.api.deps import require_admin_key, require_api_key
 from gspo_rl.server.api.disconnect import CancelOnDisconnectMiddleware
 from gspo_rl.server.api.errors import install_error_handlers
 from gspo_rl.server.api.limits import check_request_json
+from gspo_rl.server.api.request_metrics import RequestMetricsMiddleware
 from gspo_rl.server.api.routes import (
     admin,
     chat,
@@ -51,7 +52,7 @@ from gspo_rl.server.api.routes import (
 )
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Engine
-from gspo_rl.server.metrics import RequestMetricsMiddleware, ServerMetrics
+from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.admission import AdmissionGate
 from gspo_rl.server.rollouts.chat.render import TokenTexts
 from gspo_rl.server.rollouts.chat.sanitize import warm as warm_chat_encoders

@@ -16,6 +16,7 @@ a request spends in the server outside the engine fell from 39 to 21 ms).
 from __future__ import annotations
 
 import secrets
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -26,6 +27,7 @@ from redis.asyncio import Redis
 from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.server.api.errors import APIError
+from gspo_rl.server.api.limits import parsed_body
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Engine
 from gspo_rl.server.metrics import ServerMetrics
@@ -110,3 +112,24 @@ async def require_admin_key(settings: SettingsDep, credentials: BearerDep) -> No
         raise APIError(403, "admin routes are disabled: this server has an API key but no "
                             "admin key (set GSPO_ADMIN_KEY / --admin-key)",
                        code="admin_disabled")
+
+
+async def admit_new_group(request: Request) -> AsyncIterator[None]:
+    """Dependency of the routes that start a group (``gspo_rl.server.rollouts.admission``): held
+    until admitted, counted until the request ends. A chat request carrying a ``rollout_id``
+    continues an accepted episode and is let through."""
+    gate: AdmissionGate | None = getattr(request.app.state, "admission", None)
+    if gate is None:
+        yield
+        return
+    if request.url.path == "/v1/chat/completions":
+        body = await parsed_body(request)
+        if isinstance(body, dict) and body.get("rollout_id") is not None:
+            yield
+            return
+    counted = await gate.admit(request.url.path)
+    try:
+        yield
+    finally:
+        if counted:
+            await gate.release()

@@ -5,6 +5,8 @@ Every 4xx/5xx body is ``{"error": {"message": ..., "type": ..., "code": ...}}`` 
 same way. ``install_error_handlers(app)`` renders:
 
 - ``APIError`` raised by a route or a dependency, as is;
+- ``RolloutError`` (the rollout layer's refusals, ``gspo_rl.server.rollouts.errors``) with the
+  status its problem maps to here;
 - ``StoreError`` (the Redis layer's refusals, ``gspo_rl.contract.queue.errors``) with the status its
   reason maps to here: this module is the one place a storage outcome becomes an HTTP status;
 - request validation errors as 422 with the field path in the message, except malformed
@@ -31,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gspo_rl.contract.queue.errors import StoreError, StoreReason
+from gspo_rl.server.rollouts.errors import Problem, RolloutError
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +66,17 @@ STORE_STATUS = {
 REWARD_ITEM_STATUS = {"stored": 200, "duplicate": 200, "unknown_rollout": 404, "conflict": 409,
                       "expired": 410, "closed": 410}
 """HTTP status of one reward item's outcome (``RewardResult.status``; others: 200)."""
+
+
+ROLLOUT_STATUS = {
+    Problem.INVALID: 400,
+    Problem.NOT_FOUND: 404,
+    Problem.CONFLICT: 409,
+    Problem.UNPROCESSABLE: 422,
+    Problem.UNSUPPORTED: 501,
+    Problem.UNAVAILABLE: 503,
+}
+"""HTTP status of each problem the rollout layer refuses a request for."""
 
 
 def store_status(exc: StoreError) -> int:
@@ -109,6 +123,13 @@ class APIError(StarletteHTTPException):
 def store_api_error(exc: StoreError) -> APIError:
     """The ``APIError`` a store refusal renders as."""
     return APIError(store_status(exc), exc.message, code=exc.code, details=exc.details)
+
+
+def rollout_api_error(exc: RolloutError) -> APIError:
+    """The ``APIError`` a refusal of the rollout layer renders as."""
+    headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+    return APIError(ROLLOUT_STATUS[exc.problem], exc.message, code=exc.code,
+                    details=exc.details, headers=headers)
 
 
 def error_response(status: int, message: str, code: str | None = None) -> JSONResponse:
@@ -186,6 +207,11 @@ async def _api_error_handler(request: Request, exc: Exception) -> JSONResponse:
     return exc.response()
 
 
+async def _rollout_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RolloutError)
+    return rollout_api_error(exc).response()
+
+
 async def _store_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StoreError)
     return store_api_error(exc).response()
@@ -221,6 +247,8 @@ def api_error_of(exc: BaseException) -> APIError:
     event)."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, RolloutError):
+        return rollout_api_error(exc)
     if isinstance(exc, StoreError):
         return store_api_error(exc)
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
@@ -251,6 +279,7 @@ def install_error_handlers(app: FastAPI, max_body_bytes: int = DEFAULT_MAX_BODY_
     """Registers the handlers above and the body size limit on ``app`` (before it starts)."""
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
     app.add_exception_handler(APIError, _api_error_handler)
+    app.add_exception_handler(RolloutError, _rollout_error_handler)
     app.add_exception_handler(StoreError, _store_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)

@@ -50,15 +50,12 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
-
-from fastapi import Request
+from collections.abc import Callable
 
 from gspo_rl.contract.queue.inflight import InFlightCounter, Snapshot
-from gspo_rl.server.api.errors import APIError
-from gspo_rl.server.api.limits import parsed_body
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.metrics import ServerMetrics
+from gspo_rl.server.rollouts.errors import RolloutError, unavailable
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
@@ -184,18 +181,17 @@ class AdmissionGate:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _refuse(self, snap: Snapshot, route: str) -> APIError:
+    def _refuse(self, snap: Snapshot, route: str) -> RolloutError:
         self.metrics.admission_refused.labels(route).inc()
         bound = self.bound(snap)
         self._warn(f"{snap.others + self.local} groups in flight (bound {bound}, learner at "
                    f"version {snap.learner.version}): refusing new groups on {route} after "
                    f"holding them {self.wait_s:g} s")
-        return APIError(
-            503, f"{snap.others + self.local} groups are in flight, at the bound of {bound} "
-                 "that the learner's staleness limit allows; this request waited "
-                 f"{self.wait_s:g} s for the learner to advance (admission_wait_s): retry",
-            code="too_many_groups_in_flight",
-            headers={"Retry-After": str(ADMISSION_RETRY_AFTER_S)})
+        return unavailable(
+            f"{snap.others + self.local} groups are in flight, at the bound of {bound} "
+            "that the learner's staleness limit allows; this request waited "
+            f"{self.wait_s:g} s for the learner to advance (admission_wait_s): retry",
+            code="too_many_groups_in_flight", retry_after_s=ADMISSION_RETRY_AFTER_S)
 
     def _check_finished(self, snap: Snapshot, route: str) -> None:
         """503 ``training_finished`` once the learner has met its goal (``finished`` in its
@@ -207,10 +203,10 @@ class AdmissionGate:
         self.metrics.admission_refused.labels(route).inc()
         self._warn(f"the learner finished training ({why}): refusing new groups on {route} "
                    "until a learner starts again", every_s=FINISHED_WARN_EVERY_S)
-        raise APIError(503, f"the learner finished training ({why}); this server starts no "
-                            "new group until a learner starts again (then retry)",
-                       code="training_finished",
-                       headers={"Retry-After": str(FINISHED_RETRY_AFTER_S)})
+        raise unavailable(f"the learner finished training ({why}); this server starts no "
+                          "new group until a learner starts again (then retry)",
+                          code="training_finished",
+                          retry_after_s=FINISHED_RETRY_AFTER_S)
 
     def _ready_full(self, snap: Snapshot) -> bool:
         return 0 < self.max_ready_groups <= snap.undelivered
@@ -226,10 +222,10 @@ class AdmissionGate:
         self._warn(f"ready queue holds {snap.undelivered} unread groups (bound "
                    f"{self.max_ready_groups}): refusing new groups on {route} until the "
                    "learner catches up")
-        raise APIError(503, f"the ready queue holds {snap.undelivered} unread groups, at this "
-                            f"server's bound of {self.max_ready_groups} (max_ready_groups): "
-                            "the learner is behind; retry later", code="ready_queue_full",
-                       headers={"Retry-After": str(RETRY_AFTER_S)})
+        raise unavailable(f"the ready queue holds {snap.undelivered} unread groups, at this "
+                          f"server's bound of {self.max_ready_groups} (max_ready_groups): "
+                          "the learner is behind; retry later", code="ready_queue_full",
+                          retry_after_s=RETRY_AFTER_S)
 
     def _warn(self, message: str, every_s: float = WARN_EVERY_S) -> None:
         now = time.monotonic()
@@ -241,24 +237,3 @@ class AdmissionGate:
 def _retrieve(task: asyncio.Future[Snapshot]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-async def admit_new_group(request: Request) -> AsyncIterator[None]:
-    """Dependency of the routes that start a group (see the module docstring): held until
-    admitted, counted until the request ends. A chat request carrying a ``rollout_id``
-    continues an accepted episode and is let through."""
-    gate: AdmissionGate | None = getattr(request.app.state, "admission", None)
-    if gate is None:
-        yield
-        return
-    if request.url.path == "/v1/chat/completions":
-        body = await parsed_body(request)
-        if isinstance(body, dict) and body.get("rollout_id") is not None:
-            yield
-            return
-    counted = await gate.admit(request.url.path)
-    try:
-        yield
-    finally:
-        if counted:
-            await gate.release()

@@ -62,7 +62,6 @@ import numpy as np
 from gspo_rl.contract.queue.episodes.store import Episode, EpisodeState, EpisodeStore
 from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.contract.queue.schema import RolloutRecord
-from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
 from gspo_rl.server.metrics import ServerMetrics
@@ -72,6 +71,7 @@ from gspo_rl.server.rollouts.chat.render import (
     render_chat_prompt,
     template_messages,
 )
+from gspo_rl.server.rollouts.errors import RolloutError, conflict, invalid, unsupported
 from gspo_rl.server.rollouts.parsers import parse_assistant
 from gspo_rl.server.rollouts.protocol import ChatCompletionRequest
 from gspo_rl.server.rollouts.sampling import (
@@ -87,8 +87,8 @@ from gspo_rl.server.rollouts.sampling import (
 ROUTE = "episode"
 
 
-def _conflict(code: str, message: str) -> APIError:
-    return APIError(409, message, code=code)
+def _conflict(code: str, message: str) -> RolloutError:
+    return conflict(message, code=code)
 
 
 # ------------------------------------------------------------------ comparing messages
@@ -147,8 +147,8 @@ def check_extends(state: EpisodeState, messages: list[dict[str, Any]]) -> None:
             "episode's last turn, with its content and tool calls unchanged (got role "
             f"{last.get('role')!r})"))
     if len(messages) == n + 1:
-        raise APIError(400, "no new message after the episode's last assistant turn: add the "
-                            "tool results or the user's reply", code="no_new_messages")
+        raise invalid("no new message after the episode's last assistant turn: add the "
+                      "tool results or the user's reply", code="no_new_messages")
 
 
 # ------------------------------------------------------------------ tokens
@@ -169,10 +169,10 @@ def new_turn_tokens(full: list[int], state: EpisodeState, eot_ids: tuple[int, ..
             if seen == state.eot_count:  # the end of the model's turn
                 return (full[j + 1:] if t == last_token else full[j:]), extends
             seen += 1
-    raise APIError(400, "the chat template's rendering has no end-of-turn token after the "
-                        "assistant turn, so the new messages cannot be located: this template "
-                        "is not supported for multi-turn episodes",
-                   code="unsupported_chat_template")
+    raise invalid("the chat template's rendering has no end-of-turn token after the "
+                  "assistant turn, so the new messages cannot be located: this template "
+                  "is not supported for multi-turn episodes",
+                  code="unsupported_chat_template")
 
 
 def grow_record(record: RolloutRecord, new_ids: list[int], c: Completion,
@@ -201,8 +201,8 @@ def grow_record(record: RolloutRecord, new_ids: list[int], c: Completion,
 # ------------------------------------------------------------------ routes' entry points
 def episode_store(store: RolloutStore) -> EpisodeStore:
     if not isinstance(store, EpisodeStore):
-        raise APIError(501, "this server's store does not support multi-turn episodes",
-                       code="episodes_unsupported")
+        raise unsupported("this server's store does not support multi-turn episodes",
+                          code="episodes_unsupported")
     return store
 
 
@@ -219,12 +219,12 @@ async def open_episode_group(store: RolloutStore, size: int, metadata: dict[str,
 def _check_turn_request(body: ChatCompletionRequest, ep: Episode, tools: Any,
                         temperature: float, settings: ServerSettings) -> None:
     if body.n != 1:
-        raise APIError(400, f"n must be 1 on a chat completion with a rollout_id (got "
-                            f"{body.n}): an episode is one conversation", code="invalid_n")
+        raise invalid(f"n must be 1 on a chat completion with a rollout_id (got "
+                      f"{body.n}): an episode is one conversation", code="invalid_n")
     if ep.n_turns >= settings.max_episode_turns:
-        raise APIError(400, f"episode {ep.rollout_id!r} already has {ep.n_turns} model turns, "
-                            f"this server's limit (max_episode_turns): post its reward",
-                       code="episode_turn_limit")
+        raise invalid(f"episode {ep.rollout_id!r} already has {ep.n_turns} model turns, "
+                      f"this server's limit (max_episode_turns): post its reward",
+                      code="episode_turn_limit")
     if ep.state is None:
         return
     if digest(tools) != ep.state.tools:
@@ -299,10 +299,10 @@ async def plan_turn(
     full, new_ids, extends = await _turn_prompt(body, ep, raw, tools, tokenizer, settings)
     prompt = [*ep.record.token_ids.tolist(), *new_ids] if ep.state is not None else new_ids
     if len(prompt) >= engine.max_model_len:
-        raise APIError(400, f"the episode's trajectory plus the new messages is {len(prompt)} "
-                            f"tokens, which leaves no room to generate in the model's context "
-                            f"of {engine.max_model_len} tokens: end the episode (post its "
-                            "reward)", code="context_length_exceeded")
+        raise invalid(f"the episode's trajectory plus the new messages is {len(prompt)} "
+                      f"tokens, which leaves no room to generate in the model's context "
+                      f"of {engine.max_model_len} tokens: end the episode (post its "
+                      "reward)", code="context_length_exceeded")
     stop_ids = end_token_ids(tokenizer)
     plan = plan_generation(
         body, prompt_token_ids=prompt, max_tokens=body.max_completion_tokens or body.max_tokens,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gspo_rl.server.api.limits import Metadata
+from gspo_rl.server.rollouts.limits import Metadata
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 

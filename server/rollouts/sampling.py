@@ -26,10 +26,10 @@ import numpy as np
 
 from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.contract.queue.schema import RolloutRecord, member_rollout_id
-from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
 from gspo_rl.server.metrics import ServerMetrics
+from gspo_rl.server.rollouts.errors import invalid, not_found, unavailable
 from gspo_rl.server.rollouts.protocol import SamplingFields
 
 MAX_STOP_STRINGS = 16
@@ -71,17 +71,17 @@ def check_model(requested: str | None, settings: ServerSettings,
     ``served``: ``settings.model_name`` when the caller has it already."""
     served = settings.model_name if served is None else served
     if requested is not None and requested != served:
-        raise APIError(404, f"model {requested!r} not found: this server serves "
-                            f"{served!r}", code="model_not_found")
+        raise not_found(f"model {requested!r} not found: this server serves "
+                        f"{served!r}", code="model_not_found")
 
 
 def check_prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
     if not ids:
-        raise APIError(400, "the prompt is empty: send at least one token",
-                       code="empty_prompt")
+        raise invalid("the prompt is empty: send at least one token",
+                      code="empty_prompt")
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab_size})",
+        raise invalid(f"token id {bad} is outside the vocabulary [0, {vocab_size})",
                        code="invalid_token_id")
     return ids
 
@@ -89,10 +89,10 @@ def check_prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
 def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if len(stops) > MAX_STOP_STRINGS:
-        raise APIError(400, f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}",
-                       code="too_many_stop_strings")
+        raise invalid(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}",
+                      code="too_many_stop_strings")
     if any(not s for s in stops):
-        raise APIError(400, "stop strings must not be empty", code="empty_stop_string")
+        raise invalid("stop strings must not be empty", code="empty_stop_string")
     return tuple(stops)
 
 
@@ -102,18 +102,18 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, engine: Engine,
     both allow."""
     room = engine.max_model_len - prompt_len
     if room < 1:
-        raise APIError(400, f"the prompt is {prompt_len} tokens; the model's context is "
-                            f"{engine.max_model_len} tokens, which leaves no room to generate",
-                       code="context_length_exceeded")
+        raise invalid(f"the prompt is {prompt_len} tokens; the model's context is "
+                      f"{engine.max_model_len} tokens, which leaves no room to generate",
+                      code="context_length_exceeded")
     if requested is None:
         return min(settings.max_tokens, room)
     if requested > settings.max_tokens:
-        raise APIError(400, f"max_tokens {requested} is over this server's limit of "
-                            f"{settings.max_tokens}", code="max_tokens_too_large")
+        raise invalid(f"max_tokens {requested} is over this server's limit of "
+                      f"{settings.max_tokens}", code="max_tokens_too_large")
     if requested > room:
-        raise APIError(400, f"the prompt ({prompt_len} tokens) plus max_tokens ({requested}) "
-                            f"is {prompt_len + requested} tokens, over the model's context of "
-                            f"{engine.max_model_len} tokens", code="context_length_exceeded")
+        raise invalid(f"the prompt ({prompt_len} tokens) plus max_tokens ({requested}) "
+                      f"is {prompt_len + requested} tokens, over the model's context of "
+                      f"{engine.max_model_len} tokens", code="context_length_exceeded")
     return requested
 
 
@@ -130,17 +130,17 @@ def plan_generation(
 ) -> GenerationPlan:
     """Checks every limit and builds the engine's sampling parameters."""
     if body.n > settings.max_n:
-        raise APIError(400, f"n {body.n} is over this server's limit of {settings.max_n}",
-                       code="n_too_large")
+        raise invalid(f"n {body.n} is over this server's limit of {settings.max_n}",
+                      code="n_too_large")
     if body.temperature == 0:
-        raise APIError(400, "temperature 0 (greedy decoding) is refused: every sample this "
-                            "server returns is recorded for training, and greedy tokens come "
-                            "from no distribution the learner can compute log-probabilities "
-                            "under; send a temperature > 0 (e.g. 1.0, or omit it)",
-                       code="temperature_zero")
+        raise invalid("temperature 0 (greedy decoding) is refused: every sample this "
+                      "server returns is recorded for training, and greedy tokens come "
+                      "from no distribution the learner can compute log-probabilities "
+                      "under; send a temperature > 0 (e.g. 1.0, or omit it)",
+                      code="temperature_zero")
     if top_logprobs > settings.max_top_logprobs:
-        raise APIError(400, f"top_logprobs {top_logprobs} is over this server's limit of "
-                            f"{settings.max_top_logprobs}", code="top_logprobs_too_large")
+        raise invalid(f"top_logprobs {top_logprobs} is over this server's limit of "
+                      f"{settings.max_top_logprobs}", code="top_logprobs_too_large")
     params = SamplingParams(
         max_tokens=resolve_max_tokens(max_tokens, len(prompt_token_ids), engine, settings),
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -165,18 +165,18 @@ def sample_params(plan: GenerationPlan) -> list[SamplingParams]:
 def engine_error(exc: BaseException) -> BaseException:
     """What an engine failure of ``generate`` becomes for the client (anything else: itself)."""
     if isinstance(exc, ValueError):  # the engine refused the request: a check above missed it
-        return APIError(400, f"the engine refused the request: {exc}", code="invalid_request")
+        return invalid(f"the engine refused the request: {exc}", code="invalid_request")
     if isinstance(exc, RuntimeError):  # the engine is stopped or its scheduler failed
-        return APIError(503, f"the engine cannot generate: {exc}", code="engine_unavailable",
-                        headers={"Retry-After": "1"})
+        return unavailable(f"the engine cannot generate: {exc}", code="engine_unavailable",
+                           retry_after_s=1)
     return exc
 
 
 def check_not_aborted(completions: list[Completion]) -> None:
     if any(c.finish_reason == "abort" for c in completions):
-        raise APIError(503, "generation was aborted (the engine is shutting down or "
-                            "restarting); nothing was recorded, retry",
-                       code="generation_aborted", headers={"Retry-After": "1"})
+        raise unavailable("generation was aborted (the engine is shutting down or "
+                          "restarting); nothing was recorded, retry",
+                          code="generation_aborted", retry_after_s=1)
 
 
 async def generate_n(engine: Engine, plan: GenerationPlan) -> list[Completion]:
@@ -265,9 +265,9 @@ def reject_unsupported(*, presence_penalty: float | None, frequency_penalty: flo
     for name, value in (("presence_penalty", presence_penalty),
                         ("frequency_penalty", frequency_penalty)):
         if value:
-            raise APIError(400, f"{name} is not supported (it would change the sampled "
-                                "distribution away from the policy's): send 0 or omit it",
-                           code="unsupported_parameter")
+            raise invalid(f"{name} is not supported (it would change the sampled "
+                          "distribution away from the policy's): send 0 or omit it",
+                          code="unsupported_parameter")
     if logit_bias:
-        raise APIError(400, "logit_bias is not supported: omit it",
-                       code="unsupported_parameter")
+        raise invalid("logit_bias is not supported: omit it",
+                      code="unsupported_parameter")

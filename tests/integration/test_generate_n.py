@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gspo_rl.server.api.errors import APIError
+from gspo_rl.server.api.errors import api_error_of
 from gspo_rl.server.engines.base import SamplingParams
 from gspo_rl.server.engines.hf.engine import HFEngine
+from gspo_rl.server.rollouts.errors import RolloutError
 from gspo_rl.server.rollouts.sampling import GenerationPlan, generate_n
 
 PROMPT = [5, 6, 7, 8]
@@ -34,17 +35,17 @@ async def _checks(path: Path) -> None:
         later = await generate_n(engine, plan(1, seed=5))
         assert later[0].token_ids == group[2].token_ids  # sample 2 of the group: seed 5
         for n in (1, 3):
-            with pytest.raises(APIError) as refused:  # outside the vocabulary
+            with pytest.raises(RolloutError) as refused:  # outside the vocabulary
                 await generate_n(engine, plan(n, prompt=[engine.vocab_size]))
-            assert refused.value.status_code == 400
-            assert refused.value.body()["error"]["code"] == "invalid_request"
+            assert api_error_of(refused.value).status_code == 400
+            assert api_error_of(refused.value).body()["error"]["code"] == "invalid_request"
     finally:
         await engine.shutdown()
     for n in (1, 3):
-        with pytest.raises(APIError) as stopped:
+        with pytest.raises(RolloutError) as stopped:
             await generate_n(engine, plan(n))
-        assert stopped.value.status_code == 503
-        assert stopped.value.body()["error"]["code"] == "engine_unavailable"
+        assert api_error_of(stopped.value).status_code == 503
+        assert api_error_of(stopped.value).body()["error"]["code"] == "engine_unavailable"
 
 
 def test_one_sample_and_a_group_map_refusals_alike(tiny_model_dir: Path) -> None:

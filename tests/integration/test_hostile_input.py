@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis
 
-from gspo_rl.server.api.limits import MAX_METADATA_BYTES, check_metadata, json_problem
+from gspo_rl.server.rollouts.limits import MAX_METADATA_BYTES, check_metadata, json_problem
 from tests.conftest import RedisServer
 from tests.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from gspo_rl.server.api.errors import APIError
+from gspo_rl.server.api.errors import api_error_of
 from gspo_rl.server.rollouts.chat.render import end_token_ids, render_chat_prompt, sequence_decoder
+from gspo_rl.server.rollouts.errors import RolloutError
 from gspo_rl.tiny_model import build_tokenizer
 from tests.template_models import template_tokenizer
 
@@ -125,9 +126,9 @@ def test_chat_template_kwargs_reach_the_template(qwen3: Any) -> None:
     on = render_chat_prompt(qwen3, msgs, None)
     off = render_chat_prompt(qwen3, msgs, None, template_kwargs={"enable_thinking": False})
     assert off[:len(on)] == on and qwen3.decode(off[len(on):]) == "<think>\n\n</think>\n\n"
-    with pytest.raises(APIError) as exc:
+    with pytest.raises(RolloutError) as exc:
         render_chat_prompt(qwen3, msgs, None, template_kwargs={"tokenize": True})
-    assert exc.value.status_code == 400
+    assert api_error_of(exc.value).status_code == 400
 
 
 def test_episode_turn_after_a_spelled_end_marker_appends_only_the_new_messages(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from gspo_rl.server.api.errors import APIError
+from gspo_rl.server.api.errors import api_error_of
 from gspo_rl.server.engines.base import Completion
 from gspo_rl.server.rollouts.chat.render import (
     TokenTexts,
@@ -19,6 +19,7 @@ from gspo_rl.server.rollouts.chat.render import (
     render_chat_prompt,
     template_messages,
 )
+from gspo_rl.server.rollouts.errors import RolloutError
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +82,10 @@ def test_template_messages_converts_openai_forms() -> None:
 
 
 def test_non_text_content_is_refused() -> None:
-    with pytest.raises(APIError) as exc:
+    with pytest.raises(RolloutError) as exc:
         template_messages([{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://x"}}]}])
-    assert exc.value.status == 400 and "image_url" in exc.value.message
+    assert api_error_of(exc.value).status == 400 and "image_url" in exc.value.message
 
 
 def test_control_tokens_in_content_are_text(tokenizer) -> None:

@@ -36,7 +36,7 @@ from gspo_rl.contract.queue.schema import (
 )
 
 if TYPE_CHECKING:
-    from gspo_rl.contract.queue.groups.store import QueueConfig
+    from gspo_rl.contract.queue.groups.types import QueueConfig
 
 
 

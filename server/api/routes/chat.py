@@ -17,19 +17,18 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.responses import StreamingResponse
 
-from gspo_rl.server.api.deps import SamplingDep
+from gspo_rl.server.api.deps import SamplingDep, admit_new_group
 from gspo_rl.server.api.error_docs import V1_POST, error_responses
 from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.api.formatting import chat_logprobs, usage
-from gspo_rl.server.api.limits import check_chat_messages
 from gspo_rl.server.api.streaming.group import start_stream, stream_new_group
 from gspo_rl.server.api.streaming.sse import SSE_RESPONSE_DOC, include_usage
 from gspo_rl.server.api.streaming.views import ChatView
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Completion
-from gspo_rl.server.rollouts.admission import admit_new_group
 from gspo_rl.server.rollouts.chat.render import approx_chars, off_loop_if_large
 from gspo_rl.server.rollouts.chat.render import render_chat_prompt as render
+from gspo_rl.server.rollouts.limits import check_chat_messages
 from gspo_rl.server.rollouts.parsers import AssistantParse, parse_assistant
 from gspo_rl.server.rollouts.protocol import (
     AssistantMessage,

@@ -13,14 +13,13 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from starlette.responses import StreamingResponse
 
-from gspo_rl.server.api.deps import SamplingDep
+from gspo_rl.server.api.deps import SamplingDep, admit_new_group
 from gspo_rl.server.api.error_docs import V1_POST, error_responses
 from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.api.formatting import completion_logprobs, usage
 from gspo_rl.server.api.streaming.group import stream_new_group
 from gspo_rl.server.api.streaming.sse import SSE_RESPONSE_DOC, include_usage
 from gspo_rl.server.api.streaming.views import CompletionView
-from gspo_rl.server.rollouts.admission import admit_new_group
 from gspo_rl.server.rollouts.chat.render import off_loop_if_large
 from gspo_rl.server.rollouts.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from gspo_rl.server.rollouts.sampling import GroupResult, check_prompt_ids, reject_unsupported

@@ -14,12 +14,17 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from gspo_rl.server.api.deps import MetricsDep, OptionalTokenizerDep, SettingsDep, StoreDep
+from gspo_rl.server.api.deps import (
+    MetricsDep,
+    OptionalTokenizerDep,
+    SettingsDep,
+    StoreDep,
+    admit_new_group,
+)
 from gspo_rl.server.api.error_docs import V1_POST, error_responses
 from gspo_rl.server.api.errors import APIError
-from gspo_rl.server.api.limits import Metadata, check_group_size
-from gspo_rl.server.rollouts.admission import admit_new_group
 from gspo_rl.server.rollouts.episodes import open_episode_group
+from gspo_rl.server.rollouts.limits import Metadata, check_group_size
 from gspo_rl.server.rollouts.trajectory import TrajectoryOut, load_trajectories
 
 

@@ -12,14 +12,13 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from gspo_rl.server.api.deps import SamplingDep
+from gspo_rl.server.api.deps import SamplingDep, admit_new_group
 from gspo_rl.server.api.error_docs import V1_POST, error_responses
 from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.api.formatting import rollout_top_logprobs, usage
-from gspo_rl.server.api.limits import check_chat_messages
 from gspo_rl.server.config import ServerSettings
-from gspo_rl.server.rollouts.admission import admit_new_group
 from gspo_rl.server.rollouts.chat.render import approx_chars, off_loop_if_large, render_chat_prompt
+from gspo_rl.server.rollouts.limits import check_chat_messages
 from gspo_rl.server.rollouts.protocol import RolloutOut, RolloutRequest, RolloutResponse
 from gspo_rl.server.rollouts.sampling import check_prompt_ids
 

@@ -38,6 +38,7 @@ from gspo_rl.server.api.errors import APIError, api_error_of
 from gspo_rl.server.api.streaming.sse import sse, sse_response
 from gspo_rl.server.api.streaming.views import as_partial
 from gspo_rl.server.engines.base import Completion, Engine, Partial
+from gspo_rl.server.rollouts.errors import RolloutError
 from gspo_rl.server.rollouts.sampling import (
     GenerationPlan,
     GroupResult,
@@ -178,7 +179,7 @@ async def _events(run: GroupRun, view: ChunkView, head: dict[str, Any],
             yield sse({**head, "choices": [], "usage": response.usage.model_dump()})
     except Exception as exc:  # noqa: BLE001 - the response has started: an error event
         err = api_error_of(exc)
-        if err.status >= 500 and not isinstance(exc, APIError):
+        if err.status >= 500 and not isinstance(exc, APIError | RolloutError):
             log.error("streamed request failed after its first byte", exc_info=exc)
         yield sse(err.body())
     finally:

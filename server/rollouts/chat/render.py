@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 
-from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.engines.base import Completion
 from gspo_rl.server.rollouts.chat.sanitize import ALL_ROLES, chat_ids, check_template_kwargs
+from gspo_rl.server.rollouts.errors import invalid
 
 T = TypeVar("T")
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -79,9 +79,9 @@ def _content_text(content: Any) -> str | None:
         part_type = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
         text = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
         if part_type != "text" or text is None:
-            raise APIError(400, f"unsupported content part type {part_type!r}: this server "
-                                "serves a text model, send parts of type 'text'",
-                           code="unsupported_content")
+            raise invalid(f"unsupported content part type {part_type!r}: this server "
+                          "serves a text model, send parts of type 'text'",
+                          code="unsupported_content")
         texts.append(text)
     return "".join(texts)
 
@@ -139,23 +139,23 @@ def render_chat_prompt(
     the assistant's own earlier messages, whose rendering only has to keep turn boundaries
     countable). ``template_kwargs``: extra template variables (``enable_thinking``...)."""
     if getattr(tokenizer, "chat_template", None) is None:
-        raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions",
-                       code="no_chat_template")
+        raise invalid("this model's tokenizer has no chat template: use /v1/completions",
+                      code="no_chat_template")
     msgs = template_messages(messages)
     try:
         kwargs = check_template_kwargs(template_kwargs)
     except ValueError as exc:
-        raise APIError(400, str(exc), code="invalid_parameter") from exc
+        raise invalid(str(exc), code="invalid_parameter") from exc
     roles = ALL_ROLES if sanitize_control_tokens else frozenset(text_roles)
     try:
         ids = chat_ids(tokenizer, msgs, tools or None, sanitize_roles=roles,
                        sanitize_tools=sanitize_control_tokens, template_kwargs=kwargs)
     except TemplateError as exc:  # e.g. the template's raise_exception on a bad role order
-        raise APIError(400, f"the chat template rejected the messages: {exc}",
-                       code="invalid_messages") from exc
+        raise invalid(f"the chat template rejected the messages: {exc}",
+                      code="invalid_messages") from exc
     except ValueError as exc:  # a control token the tokenizer cannot keep as text
-        raise APIError(400, f"cannot render the messages: {exc}",
-                       code="control_token_in_content") from exc
+        raise invalid(f"cannot render the messages: {exc}",
+                      code="control_token_in_content") from exc
     return [int(t) for t in ids]
 
 

@@ -14,10 +14,11 @@ Pure string functions: the stored trajectory keeps the sampled ids whatever the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import get_args
 
-ReasoningParserName = Literal["none", "qwen3", "deepseek_r1"]
-REASONING_PARSERS: tuple[str, ...] = ("none", "qwen3", "deepseek_r1")
+from gspo_rl.server.config import ReasoningParserName
+
+REASONING_PARSERS: tuple[str, ...] = get_args(ReasoningParserName)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 Split = tuple[str | None, str | None]
 

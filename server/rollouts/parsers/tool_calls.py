@@ -23,12 +23,12 @@ import json
 import re
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, get_args
 
+from gspo_rl.server.config import ToolParserName
 from gspo_rl.server.rollouts.chat.render import ParsedToolCall, parse_tool_calls
 
-ToolParserName = Literal["hermes", "llama3_json", "mistral", "qwen3_coder", "none"]
-TOOL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "qwen3_coder", "none")
+TOOL_PARSERS: tuple[str, ...] = get_args(ToolParserName)
 Parsed = tuple[str | None, list[ParsedToolCall]]
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
