@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gspo_rl.runlog import read_metrics, summarize  # noqa: E402
-from gspo_rl.up import UpConfig, run_up  # noqa: E402
+from gspo_rl.launch.runlog import read_metrics, summarize  # noqa: E402
+from gspo_rl.launch.up import UpConfig, run_up  # noqa: E402
 
 KEYS = ["steps", "tokens_per_s", "sampled_time_to_threshold_s", "sampled_final_reward",
         "final_reward", "staleness_mean", "dropped_stale"]

@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gspo_rl.learner.algorithm.losses import LossConfig, policy_loss  # noqa: E402
+from gspo_rl.learner.algorithm.config import LossConfig  # noqa: E402
+from gspo_rl.learner.algorithm.losses import policy_loss  # noqa: E402
 
 KINDS = ["gspo", "gspo_token", "grpo", "sapo"]
 

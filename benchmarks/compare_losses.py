@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gspo_rl.runlog import read_metrics, step_records, summarize  # noqa: E402
-from gspo_rl.up import UpConfig, run_up  # noqa: E402
+from gspo_rl.launch.runlog import read_metrics, step_records, summarize  # noqa: E402
+from gspo_rl.launch.up import UpConfig, run_up  # noqa: E402
 
 KINDS = ["gspo", "grpo", "sapo"]
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
-from gspo_rl.learner.algorithm.losses import LossConfig
+from gspo_rl.learner.algorithm.config import LossConfig
 
 OldLogprobsMode = Literal["behavior", "recompute"]
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.learner.algorithm.losses import LossConfig, policy_loss
+from gspo_rl.learner.algorithm.config import LossConfig
+from gspo_rl.learner.algorithm.losses import policy_loss
 from gspo_rl.learner.trainer import truncated_is_weights
 from gspo_rl.server.engines.reference import sequence_logprobs
 

@@ -26,7 +26,7 @@ import pytest
 import typer.main
 
 from gspo_rl.cli import app
-from gspo_rl.engine_args import serve_flags
+from gspo_rl.cli.engine_args import serve_flags
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.server.config import ServerSettings
 from tests.compose_helpers import (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gspo_rl.runlog import ENV_WINDOW, read_metrics
-from gspo_rl.up import UpConfig, run_up
+from gspo_rl.launch.runlog import ENV_WINDOW, read_metrics
+from gspo_rl.launch.up import UpConfig, run_up
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from gspo_rl.cli import app
-from gspo_rl.engine_args import parse_engine_args
+from gspo_rl.cli.engine_args import parse_engine_args
 from gspo_rl.server.api.app import build_engine
 from gspo_rl.server.config import ServerSettings
 
@@ -84,7 +84,7 @@ def test_gspo_serve_refuses_bad_engine_flags() -> None:
 
 
 def test_gspo_up_device_reaches_the_server() -> None:
-    from gspo_rl.up import UpConfig, _server_device_args
+    from gspo_rl.launch.up import UpConfig, _server_device_args
 
     f32 = ["--dtype", "float32"]  # behavior log-probs: exact only at the learner's dtype
     assert _server_device_args(UpConfig(run_dir=Path("r"))) == ["--engine", "hf", *f32]

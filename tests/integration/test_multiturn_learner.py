@@ -33,7 +33,8 @@ from gspo_rl.contract.credit import group_turn_advantages
 from gspo_rl.contract.queue.groups.store import QueueConfig
 from gspo_rl.contract.queue.schema import Keys, ReadyGroup, unpack_rollout
 from gspo_rl.learner.algorithm.advantages import TurnAdvantages, advantage_fn_for
-from gspo_rl.learner.algorithm.losses import LossConfig, group_advantages, policy_loss
+from gspo_rl.learner.algorithm.config import LossConfig
+from gspo_rl.learner.algorithm.losses import group_advantages, policy_loss
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import plan_step, sequence_advantage
 from gspo_rl.learner.model.policy import Policy

@@ -15,7 +15,8 @@ import torch
 
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.contract.sampling_dist import keep_mask, sampled_logprobs, truncating
-from gspo_rl.learner.algorithm.losses import LossConfig, policy_loss
+from gspo_rl.learner.algorithm.config import LossConfig
+from gspo_rl.learner.algorithm.losses import policy_loss
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import plan_step
 from gspo_rl.learner.model.policy import Policy, cut_logprobs

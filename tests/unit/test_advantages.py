@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gspo_rl.contract.credit import group_turn_advantages, token_advantages, turn_returns
-from gspo_rl.learner.algorithm.losses import LossConfig, group_advantages, policy_loss
+from gspo_rl.learner.algorithm.config import LossConfig
+from gspo_rl.learner.algorithm.losses import group_advantages, policy_loss
 
 
 def test_turn_returns_are_reward_to_go_plus_final():

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from benchmarks.bench_losses import reference_loss
-from gspo_rl.learner.algorithm.losses import LossConfig, group_advantages, policy_loss
+from gspo_rl.learner.algorithm.config import LossConfig
+from gspo_rl.learner.algorithm.losses import group_advantages, policy_loss
 
 KINDS = ["gspo", "gspo_token", "grpo", "sapo"]
 

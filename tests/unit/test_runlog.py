@@ -1,4 +1,4 @@
-"""gspo/runlog.py: the run records that `gspo up` and the benchmarks read and summarise."""
+"""gspo/launch/runlog.py: the run records that `gspo up` and the benchmarks read and summarise."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gspo_rl.runlog import (
+from gspo_rl.launch.runlog import (
     ENV_WINDOW,
     JsonlTail,
     moving,

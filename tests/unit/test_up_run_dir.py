@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo_rl.run_dir import RunDirError, set_aside_previous_run
+from gspo_rl.launch.run_dir import RunDirError, set_aside_previous_run
 
 
 def _a_run(run_dir: Path, marker: str) -> None:

@@ -1,31 +1,25 @@
-"""``gspo serve`` and ``gspo learn`` options, generated from the config models.
+"""``gspo serve`` and ``gspo learn`` options, derived from the config models at run time.
 
 Each option is a field of ``ServerSettings`` or ``LearnerConfig`` (``SERVE`` and ``LEARN``
 map an option to its field's dotted path); its type, help text (the field's docstring) and
-default come from the model, so the CLI cannot drift from the fields. Importing the models
-costs seconds (torch, redis), too much for every ``gspo`` call, so ``generate()`` writes what
-the CLI needs to ``gspo/cli_options.json``; the CLI reads only that file, and
-tests/unit/test_cli_options.py fails when it is not what the models generate now:
+default come from the model, so the CLI cannot drift from the fields. The models import
+without torch, FastAPI or Redis (tests/cli/test_options.py holds that), so reading them costs
+the CLI a fraction of a second.
 
-    .venv/bin/python -m gspo_rl.cli_options      # regenerate after changing a field
-
-Every generated option defaults to None ("not passed"): an unset flag leaves the value to the
-TOML file, the GSPO_* environment and the field's default, in that model's precedence.
+Every option defaults to None ("not passed"): an unset flag leaves the value to the TOML file,
+the GSPO_* environment and the field's default, in that model's precedence.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
-import json
 import re
 import textwrap
 import types
 import typing
-from pathlib import Path
+from functools import cache
 from typing import Any
-
-SPEC_FILE = Path(__file__).with_name("cli_options.json")
 
 SERVE = {name: name for name in (
     "model", "engine", "served_model_name", "host", "port", "redis_url", "key_prefix",
@@ -107,8 +101,9 @@ def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
     return out
 
 
+@cache
 def generate() -> dict[str, Any]:
-    """What the CLI's options are, from the models (imports them: slow)."""
+    """What the CLI's options are, from the models."""
     from gspo_rl.learner.config import LearnerConfig
     from gspo_rl.server.config import ServerSettings
 
@@ -119,15 +114,11 @@ def generate() -> dict[str, Any]:
     }
 
 
-def dump(spec: dict[str, Any]) -> str:
-    return json.dumps(spec, indent=2, sort_keys=False) + "\n"
-
-
 def parameters(section: str) -> list[inspect.Parameter]:
-    """The typer parameters of one section of the stored spec (no model import)."""
+    """The typer parameters of one section of ``generate()``."""
     import typer
 
-    spec = json.loads(SPEC_FILE.read_text())[section]
+    spec = generate()[section]
     params = []
     for flag, opt in spec.items():
         kind = {"bool": bool, "int": int, "float": float, "str": str}[opt["type"]]
@@ -143,8 +134,3 @@ def with_parameters(func: Any, params: list[inspect.Parameter]) -> Any:
     """``func(**params)`` with ``params`` as its signature, which typer reads."""
     func.__signature__ = inspect.Signature(params, return_annotation=None)
     return func
-
-
-if __name__ == "__main__":
-    SPEC_FILE.write_text(dump(generate()))
-    print(f"wrote {SPEC_FILE}")

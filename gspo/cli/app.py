@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from gspo_rl.cli_options import parameters, with_parameters
+from gspo_rl.cli.options import parameters, with_parameters
 
 app = typer.Typer(
     name="gspo",
@@ -46,7 +46,7 @@ def tiny_model(
 
 def serve(**params: Any) -> None:
     """Run the rollout server (HTTP API + engine). Unset flags fall back to GSPO_* env vars."""
-    from gspo_rl.engine_args import serve_flags
+    from gspo_rl.cli.engine_args import serve_flags
 
     try:
         flags = serve_flags(params)
@@ -199,8 +199,8 @@ def up(
     """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
     from pathlib import Path
 
-    from gspo_rl.run_dir import RunDirError
-    from gspo_rl.up import UpConfig, run_up
+    from gspo_rl.launch.run_dir import RunDirError
+    from gspo_rl.launch.up import UpConfig, run_up
 
     cfg = UpConfig(run_dir=Path(run_dir), model=model, redis_url=redis_url, loss=loss,
                    max_steps=max_steps, groups_per_step=groups_per_step,
@@ -219,5 +219,3 @@ def up(
     for line in result.summary(target_reward):
         typer.echo(line)
 
-if __name__ == "__main__":
-    app()

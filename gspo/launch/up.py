@@ -29,8 +29,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from gspo_rl.contract.net import free_port
-from gspo_rl.run_dir import set_aside_previous_run
-from gspo_rl.runlog import (
+from gspo_rl.launch.run_dir import set_aside_previous_run
+from gspo_rl.launch.runlog import (
     ENV_WINDOW,
     JsonlTail,
     moving,
