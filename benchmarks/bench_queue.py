@@ -143,7 +143,7 @@ async def _post_all(port: int, path: bytes, bodies: list[bytes], clients: int) -
 
 
 async def _prepare_groups(url: str, n_groups: int, tokens: int) -> list[str]:
-    from tests.queue_helpers import make_rollout
+    from tests.helpers.queue import make_rollout
 
     client = make_redis(url)
     store = RolloutStore(client)
@@ -284,7 +284,7 @@ def _group_records(n: int, tokens: int) -> list[list[Any]]:
     baseline's payloads are: building them is the sampler's work, not the queue's; packing
     them is the store's, and is timed)."""
     from gspo_rl.contract.queue.schema import member_rollout_id
-    from tests.queue_helpers import make_rollout
+    from tests.helpers.queue import make_rollout
 
     templates = [make_rollout(f"t{i}", "t", tokens, seed=i) for i in range(GROUP)]
     # the ids the sampling path mints (they name their group: no rollout -> group keys)
@@ -294,7 +294,7 @@ def _group_records(n: int, tokens: int) -> list[list[Any]]:
 
 def _ready_payloads(n: int, tokens: int) -> list[bytes]:
     from gspo_rl.contract.queue.schema import ReadyGroup, pack_ready_group
-    from tests.queue_helpers import make_rollout
+    from tests.helpers.queue import make_rollout
 
     rollouts = [make_rollout(f"r{i}", "g", tokens, seed=i) for i in range(GROUP)]
     out = []

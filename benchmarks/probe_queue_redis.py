@@ -45,7 +45,7 @@ from gspo_rl.contract.queue.groups.scripts import CREATE_GROUP, RECORD_ROLLOUTS 
 from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore, make_redis  # noqa: E402
 from gspo_rl.contract.queue.ready.reader import GroupReader  # noqa: E402
 from gspo_rl.contract.queue.schema import RolloutRecord, member_rollout_id, pack_rollout  # noqa: E402
-from tests.queue_helpers import make_rollout  # noqa: E402
+from tests.helpers.queue import make_rollout  # noqa: E402
 
 _PER_ROLLOUT_WRITES = ("    redis.call('RENAME', sk, ARGV[3] .. rid .. ARGV[4])\n"
                        "    redis.call('SET', mk, ARGV[1], 'EX', ARGV[2])\n")

@@ -4,6 +4,6 @@ Redis keys and records (``redis_schema``), the signed server registry (``registr
 broadcast's data plane (``weight_transport``, ``cuda_ipc``), the credit rule the server publishes
 and the learner trains on (``credit``) and the sampling distribution both samplers and the learner
 use (``sampling_dist``). It imports neither ``server`` nor ``learner``
-(tests/integration/test_import_graph.py), so either side can be read and installed without the
+(tests/test_import_graph.py), so either side can be read and installed without the
 other.
 """

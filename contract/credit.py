@@ -50,8 +50,8 @@ user, tool results, template tokens) get 0 and are masked out of the loss anyway
 Arithmetic: doubles, and every mean summed left to right with one rounding per addition
 (``_mean``), not numpy's pairwise order: a defined order that the server's Lua copy of the
 outcome-only rule (``gspo_rl.contract.queue.groups.credit``: groups without turn rewards, published
-by the reward script itself) reproduces bit for bit (``tests/integration/test_credit_lua.py``).
-Change the rule here and there together.
+by the reward script itself) reproduces bit for bit
+(``tests/contract/queue/test_groups_credit.py``). Change the rule here and there together.
 
 Wiring: the server computes the rule once, when a group completes (in the reward script for
 outcome-only groups, ``gspo_rl.contract.queue.groups.finish`` for the others), and publishes both

@@ -29,7 +29,7 @@ step() {  # name, time limit (s), command...
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "   exit $rc (see $OUT/$name.log)"
   return 0
 }
-step tests 600 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/unit
+step tests 600 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/learner
 step suite 900 "$PY" benchmarks/bench_learner.py --suite
 step head 300 "$PY" benchmarks/bench_learner.py --head --tokens 8192 --vocab 151936 --steps 5
 step losses 300 "$PY" benchmarks/bench_losses.py --device cuda

@@ -17,10 +17,10 @@ import pytest
 
 from gspo_rl.contract.net import free_port
 
-if TYPE_CHECKING:  # tests.serving imports this module
+if TYPE_CHECKING:  # tests.helpers.serving imports this module
     import openai
 
-    from tests.serving import RedisKeys, Served
+    from tests.helpers.serving import RedisKeys, Served
 
 
 def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 20.0) -> None:
@@ -159,7 +159,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # ``served`` (or ``client``), which takes precedence over these.
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
-    from tests.serving import running_server
+    from tests.helpers.serving import running_server
 
     with running_server(tiny_model_dir, redis_mod.url) as s:
         yield s
@@ -169,7 +169,7 @@ def served(tiny_model_dir: Path, redis_mod: RedisServer) -> Iterator[Served]:
 def client(served: Served) -> openai.OpenAI:
     import openai
 
-    from tests.serving import API_KEY
+    from tests.helpers.serving import API_KEY
 
     return openai.OpenAI(base_url=served.v1, api_key=API_KEY, max_retries=0, timeout=60)
 
@@ -177,7 +177,7 @@ def client(served: Served) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
     from gspo_rl.contract.queue.schema import Keys
-    from tests.serving import RedisKeys
+    from tests.helpers.serving import RedisKeys
 
     keys = RedisKeys(redis_mod.url, Keys())
     yield keys

@@ -1,6 +1,6 @@
 """``gspo serve``'s flags as ``ServerSettings`` arguments, and ``--vllm-arg key=value``: any
 vLLM engine argument without a flag of its own. Light (no torch): the CLI parses before heavy
-imports, and tests/integration/test_compose.py reads the compose file's commands through the
+imports, and tests/deploy/test_compose.py reads the compose file's commands through the
 same code."""
 
 from __future__ import annotations

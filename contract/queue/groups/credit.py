@@ -11,7 +11,7 @@ Bit for bit the Python rule's numbers: both work in doubles, in the same order o
 (``gspo_rl.contract.credit._mean``: sums left to right, one rounding per addition; then ``x -
 mean``, ``+ 0.0``, ``sqrt(sum(c * c) / G)``, ``c / (sigma + eps)``), and IEEE 754 rounds ``+ - * /``
 and ``sqrt`` correctly on both sides; ``eps`` reaches Lua as Python's ``repr`` (the shortest
-string that reads back to the same double). ``tests/integration/test_credit_lua.py`` checks
+string that reads back to the same double). ``tests/contract/queue/test_groups_credit.py`` checks
 it over thousands of random groups against a real redis-server.
 
 The head is written byte for byte as ``gspo_rl.contract.queue.groups.finish.ready_group_head`` packs

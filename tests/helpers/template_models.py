@@ -1,0 +1,114 @@
+"""Copies of the tiny model that carry real chat templates (tests/data, see its README).
+
+- ``qwen3``: Qwen3-0.6B's template; ``<think>`` / ``</think>`` as added tokens that are *not*
+  special (as in Qwen3's tokenizer); ``<|im_end|>`` ends a turn.
+- ``llama3``: Llama-3.3's template (tools as JSON in the first user message);
+  ``<|begin_of_text|>`` (BOS), ``<|start_header_id|>``, ``<|end_header_id|>``, ``<|eot_id|>``
+  (EOS), ``<|eom_id|>`` and ``<|python_tag|>`` as special tokens.
+
+The tiny tokenizer's vocabulary is full, so the model's embeddings are resized to the new
+tokens (``make_template_model``); the weights stay random and seeded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from tokenizers import AddedToken
+
+from gspo_rl.tiny_model import build_tokenizer, make_tiny_model
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+Family = Literal["qwen3", "llama3"]
+TEMPLATES = {"qwen3": "qwen3_chat_template.jinja", "llama3": "llama3.3_chat_template.jinja"}
+LLAMA3_SPECIAL = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                  "<|eot_id|>", "<|eom_id|>", "<|python_tag|>")
+VOCAB = 1024
+
+
+def template_text(family: Family) -> str:
+    return (DATA / TEMPLATES[family]).read_text()
+
+
+def template_tokenizer(family: Family) -> Any:
+    """The tiny tokenizer with ``family``'s added tokens and chat template."""
+    tok = build_tokenizer(VOCAB)
+    if family == "qwen3":
+        tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t in ("<think>", "</think>")])
+    else:
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIAL],
+                       special_tokens=True)
+        tok.bos_token = "<|begin_of_text|>"
+        tok.eos_token = "<|eot_id|>"
+    tok.chat_template = template_text(family)
+    return tok
+
+
+def make_template_model(path: Path, family: Family, seed: int = 0) -> Path:
+    """A tiny model directory with ``family``'s tokenizer and template (embeddings resized)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    make_tiny_model(path, seed=seed, vocab_size=VOCAB)
+    tok = template_tokenizer(family)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model.resize_token_embeddings(len(tok), mean_resizing=False)
+    for cfg in (model.config, model.generation_config):
+        cfg.eos_token_id = tok.eos_token_id
+        cfg.bos_token_id = tok.bos_token_id if tok.bos_token_id is not None else cfg.bos_token_id
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+def teach_conversation(path: Path, conversation: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None, steps: int = 300) -> None:
+    """Train the model at ``path`` (supervised, on its assistant turns only: from the
+    generation prompt to the end-of-turn token) until it reproduces ``conversation``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gspo_rl.server.rollouts.chat.render import end_token_ids
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+    def render(msgs: list[dict[str, Any]], gen: bool) -> list[int]:
+        return list(tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=gen,
+                                            tokenize=True, return_dict=False))
+
+    ids = render(conversation, False)
+    eot = set(end_token_ids(tok))
+    mask = torch.zeros(len(ids), dtype=torch.bool)
+    for i, msg in enumerate(conversation):
+        if msg["role"] == "assistant":
+            start = len(render(conversation[:i], True))
+            end = next(j for j in range(start, len(ids)) if ids[j] in eot)
+            mask[start:end + 1] = True
+    x = torch.tensor([ids])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            for step in range(steps):
+                if step == steps // 2:  # settle: Adam at 1e-2 hovers around the minimum
+                    for group in opt.param_groups:
+                        group["lr"] = 1e-3
+                logits = model(input_ids=x).logits[0, :-1]
+                loss = torch.nn.functional.cross_entropy(logits[mask[1:]], x[0, 1:][mask[1:]])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if loss.item() < 1e-3:
+                    break
+    finally:
+        torch.set_num_threads(threads)
+    # 5e-3 mean loss: at temperature 0.3 the model then samples the conversation
+    assert loss.item() < 5e-3, f"the tiny model did not learn the conversation: {loss.item()}"
+    model.save_pretrained(path, safe_serialization=True)

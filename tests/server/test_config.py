@@ -1,0 +1,113 @@
+"""Server settings (env, overrides, refusals), the key modes, start-up failure, `gspo serve`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+from pydantic import ValidationError
+
+from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.server.api.app import create_app
+from gspo_rl.server.config import ServerSettings
+from tests.conftest import RedisServer, free_port
+from tests.helpers.serving import API_KEY, MODEL_NAME, running_server, serve_app
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_env_then_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GSPO_MODEL", "/models/Qwen3-0.6B/")
+    monkeypatch.setenv("GSPO_MAX_N", "16")
+    monkeypatch.setenv("GSPO_QUEUE__GROUP_TTL_S", "30")
+    s = ServerSettings()
+    assert (s.model_name, s.max_n, s.queue.group_ttl_s) == ("Qwen3-0.6B", 16, 30.0)
+    s = ServerSettings(max_n=4, queue={"finished_ttl_s": 5}, served_model_name="policy")
+    assert (s.model_name, s.max_n) == ("policy", 4)
+    assert (s.queue.group_ttl_s, s.queue.finished_ttl_s) == (30.0, 5.0)  # merged, not replaced
+
+
+@pytest.mark.parametrize(("kw", "words"), [
+    ({"api_key": "same", "admin_key": "same"}, "must differ"),
+    ({"api_key": "  "}, "api_key is empty"),
+    ({"max_n": 5000}, "max_group_size"),
+    ({"engine": "tgi"}, "engine"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"mystery": 1}, "mystery"),
+])
+def test_refused_settings(kw: dict, words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        ServerSettings(model="/m", **kw)
+
+
+def test_open_server_without_keys(tiny_model_dir: Path, redis_server: RedisServer) -> None:
+    """No keys at all (a local setup): /v1 and /admin are open."""
+    with running_server(tiny_model_dir, redis_server.url, api_key=None, admin_key=None) as s:
+        client = openai.OpenAI(base_url=s.v1, api_key="anything", max_retries=0, timeout=60)
+        r = client.completions.create(model=MODEL_NAME, prompt=[1, 2], max_tokens=2)
+        assert len(r.choices[0].model_extra["token_ids"]) <= 2
+        assert httpx.post(f"{s.url}/admin/resume", timeout=10).status_code == 200
+
+
+def test_admin_closed_with_api_key_but_no_admin_key(tiny_model_dir: Path,
+                                                    redis_server: RedisServer) -> None:
+    with running_server(tiny_model_dir, redis_server.url, admin_key=None) as s:
+        for headers in ({}, {"Authorization": f"Bearer {API_KEY}"}):
+            r = httpx.post(f"{s.url}/admin/pause", headers=headers, timeout=10)
+            assert r.status_code == 403 and "admin key" in r.json()["error"]["message"]
+
+
+def test_start_fails_fast_without_redis(tiny_model_dir: Path) -> None:
+    settings = ServerSettings(model=str(tiny_model_dir),
+                              redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(RuntimeError, match="exited during start-up"), \
+            serve_app(create_app(settings), timeout=60):
+        pass
+
+
+def test_gspo_serve_subprocess(tiny_model_dir: Path, redis_server: RedisServer) -> None:
+    """The console entry point: env + flags, serves the openai client, stops on SIGTERM."""
+    port = free_port()
+    env = {**os.environ, "GSPO_API_KEY": "env-key", "GSPO_MAX_N": "2"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gspo_rl.cli", "serve", "--model", str(tiny_model_dir),
+         "--port", str(port), "--redis-url", redis_server.url, "--served-model-name", "m",
+         "--server-id", "cli-test", "--log-level", "warning"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "gspo serve did not become healthy"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="env-key",
+                               max_retries=0, timeout=60)
+        r = client.chat.completions.create(model="m", messages=[{"role": "user",
+                                                                 "content": "hi"}],
+                                           max_tokens=3, n=2)
+        assert len(r.choices) == 2
+        with pytest.raises(openai.BadRequestError, match="limit of 2"):
+            client.chat.completions.create(model="m", messages=[{"role": "user",
+                                                                 "content": "hi"}], n=3)
+        registry = redis.Redis.from_url(redis_server.url, socket_timeout=5)
+        assert registry.hexists(Keys().servers, "cli-test")  # the heartbeat registered it
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal: -SIGTERM is the exit code
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert not registry.hexists(Keys().servers, "cli-test")  # the lifespan's teardown ran
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
