@@ -47,16 +47,17 @@ from gspo_rl.contract.queue.ready.reader import GroupReader  # noqa: E402
 from gspo_rl.contract.queue.schema import RolloutRecord, member_rollout_id, pack_rollout  # noqa: E402
 from tests.helpers.queue import make_rollout  # noqa: E402
 
-_PER_ROLLOUT_WRITES = ("    redis.call('RENAME', sk, ARGV[3] .. rid .. ARGV[4])\n"
-                       "    redis.call('SET', mk, ARGV[1], 'EX', ARGV[2])\n")
+_PER_ROLLOUT_WRITES = ("    redis.call('RENAME', sk, r_head .. rid .. r_tail)\n"
+                       "    redis.call('SET', mk, group_id, 'EX', record_ttl)\n")
 # record_group's variants: None is the store's own (records straight to their keys and
 # RECORD_NEW_GROUP); the others open the group with CREATE_GROUP and stage the records for a
 # record script, all in one MULTI/EXEC (the sampling path before the direct writes)
 SCRIPTS = {"direct writes (ours)": None,
-           "staged, record script": RECORD_ROLLOUTS,
-           "staged, less per-rollout writes": RECORD_ROLLOUTS.replace(_PER_ROLLOUT_WRITES, ""),
+           "staged, record script": RECORD_ROLLOUTS.source,
+           "staged, less per-rollout writes": RECORD_ROLLOUTS.source.replace(
+               _PER_ROLLOUT_WRITES, ""),
            "staged, no-op script": "return {}"}
-assert SCRIPTS["staged, less per-rollout writes"] != RECORD_ROLLOUTS
+assert SCRIPTS["staged, less per-rollout writes"] != RECORD_ROLLOUTS.source
 
 
 def bytes_in(client: redis.Redis, blobs: list[bytes], mode: str, tag: str, n: int) -> None:
@@ -80,7 +81,7 @@ async def record(url: str, script: str | None, groups: list[list[RolloutRecord]]
     store = RolloutStore(client)
     variant = client.register_script(script) if script is not None else None
     # loaded here: run_script loads only a transaction's last script if Redis lacks it
-    create_sha = await client.script_load(CREATE_GROUP)
+    create_sha = await client.script_load(CREATE_GROUP.source)
     sem = asyncio.Semaphore(32)
 
     async def staged(gid: str, recs: list[RolloutRecord]) -> None:
@@ -89,9 +90,12 @@ async def record(url: str, script: str | None, groups: list[list[RolloutRecord]]
                    b"\x80", store.config.group_ttl_s, store._finished_ttl)
         writes = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX",
                    store._record_ttl) for r in recs]
-        out = await run_script(store._pipe, client, variant,
-                               [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid)],
-                               [gid, store._record_args, *[r.rollout_id for r in recs]],
+        keys, args = RECORD_ROLLOUTS.slots(
+            keys={"group_key": k.group(gid), "rollouts_key": k.group_rollouts(gid),
+                  "rewards_key": k.group_rewards(gid)},
+            args={"group_id": gid}, constants=store._record_args,
+            rest=[r.rollout_id for r in recs])
+        out = await run_script(store._pipe, client, variant, keys, args,
                                before=[opening, *writes])
         assert script == "return {}" or out == [b"created"] * len(recs), out  # recorded
 

@@ -80,7 +80,7 @@ def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
     read synchronously; the learner's own ``training`` is 0 between its steps): sampling at a
     server, open, complete, or published and not yet read by the learner."""
     keys_, args = in_flight_call(keys)
-    f = InFlightFacts.from_reply(client.register_script(IN_FLIGHT_FACTS)(keys_, args))
+    f = InFlightFacts.from_reply(client.register_script(IN_FLIGHT_FACTS.source)(keys_, args))
     return f.open + f.complete + f.undelivered + f.remote_pending
 
 

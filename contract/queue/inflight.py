@@ -45,6 +45,7 @@ import redis.asyncio as aioredis
 
 from gspo_rl.contract.admission import LearnerParams
 from gspo_rl.contract.queue.connection import RedisPipe, run_script
+from gspo_rl.contract.queue.lua import LuaScript
 from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys
 
 log = logging.getLogger(__name__)
@@ -53,38 +54,39 @@ PENDING_TTL_S = 5
 
 
 
-IN_FLIGHT_FACTS = """
--- KEYS: deadlines, complete, ready stream, learner state, admission servers
--- ARGV: the pending keys' prefix, the reading server's id ('' : none), the learner's
---       consumer group
+IN_FLIGHT_FACTS = LuaScript(
+    keys=("deadlines_key", "complete_key", "stream_key", "learner_key", "servers_key"),
+    args=("pending_prefix", "server_id", "consumer_group"),
+    body="""
+-- server_id: the reading server ('': none)
 -- -> {open, complete, stream length, the group's lag (-1: unknown), other servers' pending,
 --     the learner state's HGETALL}; servers whose pending key expired leave the set
-local n_open = redis.call('ZCARD', KEYS[1])
-local n_complete = redis.call('SCARD', KEYS[2])
-local depth = redis.call('XLEN', KEYS[3])
+local n_open = redis.call('ZCARD', deadlines_key)
+local n_complete = redis.call('SCARD', complete_key)
+local depth = redis.call('XLEN', stream_key)
 local lag = -1
-local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[3])  -- no stream yet: an error
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream_key)  -- no stream yet: an error
 if ok then
   for _, g in ipairs(groups) do
     local name, glag = nil, false
     for i = 1, #g, 2 do
       if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'lag' then glag = g[i + 1] end
     end
-    if name == ARGV[3] then
+    if name == consumer_group then
       if glag then lag = glag end  -- a nil lag: Redis cannot say, the stream's length counts
       break
     end
   end
 end
 local remote = 0
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[5])) do
-  if id ~= ARGV[2] then
-    local v = redis.call('GET', ARGV[1] .. id)
-    if v then remote = remote + tonumber(v) else redis.call('SREM', KEYS[5], id) end
+for _, id in ipairs(redis.call('SMEMBERS', servers_key)) do
+  if id ~= server_id then
+    local v = redis.call('GET', pending_prefix .. id)
+    if v then remote = remote + tonumber(v) else redis.call('SREM', servers_key, id) end
   end
 end
-return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', KEYS[4])}
-"""
+return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', learner_key)}
+""")
 """The facts the in-flight count is made of, in one round trip (``gspo_rl.contract.queue.inflight``
 reads it for the gate, ``gspo_rl.learner.target`` to drain); ``in_flight_call`` gives its keys and
 arguments, ``InFlightFacts.from_reply`` reads its reply."""
@@ -93,9 +95,12 @@ arguments, ``InFlightFacts.from_reply`` reads its reply."""
 def in_flight_call(keys: Keys, server_id: str = "") -> tuple[list[str], list[str]]:
     """KEYS and ARGV of ``IN_FLIGHT_FACTS`` for server ``server_id`` (its own pending count is
     left out: its gate knows it exactly; "": every server's counts)."""
-    return ([keys.deadlines, keys.complete, keys.ready_stream, keys.learner_state,
-             keys.admission_servers],
-            [keys.admission_pending(""), server_id, LEARNER_CONSUMER_GROUP])
+    return IN_FLIGHT_FACTS.slots(
+        keys={"deadlines_key": keys.deadlines, "complete_key": keys.complete,
+              "stream_key": keys.ready_stream, "learner_key": keys.learner_state,
+              "servers_key": keys.admission_servers},
+        args={"pending_prefix": keys.admission_pending(""), "server_id": server_id,
+              "consumer_group": LEARNER_CONSUMER_GROUP})
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,7 @@ class InFlightCounter:
         self.keys = keys
         self.server_id = server_id
         self.pipe = pipe
-        self._facts = client.register_script(IN_FLIGHT_FACTS)
+        self._facts = client.register_script(IN_FLIGHT_FACTS.source)
         self._keys, self._args = in_flight_call(keys, server_id)
 
     async def read(self) -> Snapshot:

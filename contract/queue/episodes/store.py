@@ -60,6 +60,7 @@ from gspo_rl.contract.queue.groups.store import (
     RewardsOutcome,
     RolloutStore,
 )
+from gspo_rl.contract.queue.lua import template_args
 from gspo_rl.contract.queue.schema import (
     Keys,
     RolloutRecord,
@@ -160,10 +161,10 @@ class EpisodeStore(RolloutStore):
         self, redis: aioredis.Redis, keys: Keys = Keys(), config: QueueConfig = QueueConfig()
     ) -> None:
         super().__init__(redis, keys, config)
-        self._open = redis.register_script(OPEN_EPISODES)
-        self._load = redis.register_script(LOAD_EPISODE)
-        self._append = redis.register_script(APPEND_TURN)
-        self._close = redis.register_script(CLOSE_EPISODES)
+        self._open = redis.register_script(OPEN_EPISODES.source)
+        self._load = redis.register_script(LOAD_EPISODE.source)
+        self._append = redis.register_script(APPEND_TURN.source)
+        self._close = redis.register_script(CLOSE_EPISODES.source)
         k = keys
         self._ep_tpl = {name: key_template(fn) for name, fn in (
             ("rollout", k.rollout), ("map", k.rollout_group), ("episode", k.episode),
@@ -176,20 +177,28 @@ class EpisodeStore(RolloutStore):
         """Opens a group of ``len(rollout_ids)`` empty episodes."""
         await self.create_group(group_id, len(rollout_ids), metadata)
         t = self._ep_tpl
-        args: list[Any] = [group_id, self._ttl, *t["rollout"], *t["map"], *t["episode"]]
+        episodes: list[Any] = []
         for rid in rollout_ids:
-            args += [rid, pack_rollout(empty_record(rid, group_id, record_metadata))]
-        res = as_str(await self._open(
-            keys=[self.keys.group(group_id), self.keys.group_rollouts(group_id)], args=args))
+            episodes += [rid, pack_rollout(empty_record(rid, group_id, record_metadata))]
+        keys, args = OPEN_EPISODES.slots(
+            keys={"group_key": self.keys.group(group_id),
+                  "rollouts_key": self.keys.group_rollouts(group_id)},
+            args={"group_id": group_id, "rollout_ttl": self._ttl,
+                  **template_args("r", t["rollout"]),
+                  **template_args("m", t["map"]), **template_args("e", t["episode"])},
+            rest=episodes)
+        res = as_str(await self._open(keys=keys, args=args))
         if res != "ok":
             raise StoreError(StoreReason.CONFLICT, res,
                              f"could not open the episodes of group {group_id!r}: {res}")
 
-    async def _in_multi(self, script: AsyncScript, keys: list[str], args: list[Any],
+    async def _in_multi(self, script: AsyncScript, slots: tuple[list[Any], list[Any]],
                         before: Callable[[Any], None] = lambda pipe: None,
                         after: Callable[[Any], None] = lambda pipe: None) -> list[Any]:
-        """``before``, the script, ``after``, in one MULTI/EXEC (the script loaded again if
-        Redis restarted and forgot it). Returns the script's and ``after``'s replies."""
+        """``before``, the script with ``slots`` (its KEYS and ARGV), ``after``, in one
+        MULTI/EXEC (the script loaded again if Redis restarted and forgot it). Returns the
+        script's and ``after``'s replies."""
+        keys, args = slots
         for _ in range(2):
             async with self.redis.pipeline(transaction=True) as pipe:
                 before(pipe)
@@ -209,9 +218,11 @@ class EpisodeStore(RolloutStore):
         """The episode as stored; ``StoreError`` if it cannot take a turn now."""
         k, t = self.keys, self._ep_tpl
         res, raw = await self._in_multi(
-            self._load,
-            [k.episode(rollout_id), k.rollout(rollout_id), k.rollout_group(rollout_id)],
-            [rollout_id, *t["group"], *t["rewards"]],
+            self._load, LOAD_EPISODE.slots(
+                keys={"episode_key": k.episode(rollout_id), "rollout_key": k.rollout(rollout_id),
+                      "mapping_key": k.rollout_group(rollout_id)},
+                args={"rollout_id": rollout_id, **template_args("g", t["group"]),
+                      **template_args("w", t["rewards"])}),
             after=lambda pipe: pipe.get(k.rollout(rollout_id)))
         status = as_str(res[0])
         if status != "ok" or raw is None:
@@ -226,10 +237,12 @@ class EpisodeStore(RolloutStore):
         k, rid, gid = self.keys, episode.rollout_id, episode.group_id
         staging = k.rollout_staging(rid)
         (res,) = await self._in_multi(
-            self._append,
-            [k.episode(rid), k.rollout(rid), k.rollout_group(rid), k.group(gid),
-             k.group_rewards(gid), staging],
-            [rid, episode.n_turns, state.pack(), self._ttl],
+            self._append, APPEND_TURN.slots(
+                keys={"episode_key": k.episode(rid), "rollout_key": k.rollout(rid),
+                      "mapping_key": k.rollout_group(rid), "group_key": k.group(gid),
+                      "rewards_key": k.group_rewards(gid), "staging_key": staging},
+                args={"rollout_id": rid, "n_turns": episode.n_turns, "state": state.pack(),
+                      "rollout_ttl": self._ttl}),
             before=lambda pipe: pipe.set(staging, pack_rollout(record), ex=300))
         if as_str(res) != "ok":
             raise load_error(as_str(res), rid)
@@ -244,10 +257,12 @@ class EpisodeStore(RolloutStore):
         rollout), once every episode among them is closed; raises if any item fails."""
         if not items:
             return []
-        args: list[Any] = [*self._ep_tpl["episode"]]
+        pairs: list[Any] = []
         for it in items:
-            args += [it.rollout_id, -1 if it.turn_rewards is None else len(it.turn_rewards)]
-        statuses = [as_str(s) for s in await self._close(keys=[], args=args)]
+            pairs += [it.rollout_id, -1 if it.turn_rewards is None else len(it.turn_rewards)]
+        keys, args = CLOSE_EPISODES.slots(keys={}, args=template_args("e", self._ep_tpl["episode"]),
+                                          rest=pairs)
+        statuses = [as_str(s) for s in await self._close(keys=keys, args=args)]
         if all(s.startswith("ok:") or s == "not_episode" for s in statuses):
             return [replace(it, n_turns=int(s[3:]) if s.startswith("ok:") else 1)
                     for it, s in zip(items, statuses, strict=True)]

@@ -26,6 +26,7 @@ import msgpack
 import redis.asyncio as aioredis
 
 from gspo_rl.contract.credit import AdvantageConfig, group_credit
+from gspo_rl.contract.queue.groups.rewards import PUBLISH_GROUP
 from gspo_rl.contract.queue.schema import (
     READY_COUNT_FIELD,
     READY_HEAD_FIELD,
@@ -144,13 +145,22 @@ def publish_call(keys: Keys, group_id: str, decision: Decision,
     """KEYS and ARGV of the publish script (``PUBLISH_GROUP``), which carries out
     ``decision`` exactly once: the group must still be ``complete``; publishing XADDs the head
     and moves the rollout records to the entry's ready keys."""
-    return ([keys.group(group_id), keys.group_rollouts(group_id), keys.group_rewards(group_id),
-             keys.complete, keys.counters, keys.ready_stream, keys.finished_rewards],
-            [group_id, decision.mode, decision.reason, finished_ttl,
-             *key_template(keys.rollout), *key_template(keys.rollout_group), decision.head,
-             msgpack.packb(decision.rollout_ids), READY_HEAD_FIELD, READY_COUNT_FIELD,
-             len(decision.rewards), repr(float(sum(decision.rewards))),
-             *key_template(keys.group_records), READY_RECORDS_FIELD, *decision.rollout_ids])
+    (r_head, r_tail), (m_head, m_tail) = key_template(keys.rollout), key_template(
+        keys.rollout_group)
+    b_head, b_tail = key_template(keys.group_records)
+    return PUBLISH_GROUP.slots(
+        keys={"group_key": keys.group(group_id), "rollouts_key": keys.group_rollouts(group_id),
+              "rewards_key": keys.group_rewards(group_id), "complete_key": keys.complete,
+              "counters_key": keys.counters, "stream_key": keys.ready_stream,
+              "finished_key": keys.finished_rewards},
+        args={"group_id": group_id, "mode": decision.mode, "reason": decision.reason,
+              "finished_ttl": finished_ttl, "r_head": r_head, "r_tail": r_tail,
+              "m_head": m_head, "m_tail": m_tail, "head": decision.head,
+              "packed_ids": msgpack.packb(decision.rollout_ids), "head_field": READY_HEAD_FIELD,
+              "ids_field": READY_COUNT_FIELD, "n_rewards": len(decision.rewards),
+              "reward_sum": repr(float(sum(decision.rewards))), "b_head": b_head,
+              "b_tail": b_tail, "records_field": READY_RECORDS_FIELD},
+        rest=decision.rollout_ids)
 
 
 def publish_result(reply: list[Any]) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from gspo_rl.contract.queue.groups.credit import CREDIT_LUA
 from gspo_rl.contract.queue.groups.scripts import COMMON
+from gspo_rl.contract.queue.lua import LuaScript
 
 # end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, partial, now, in_set,
 #           n_rewards, reward_sum):
@@ -87,53 +88,66 @@ local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, 
 end
 """
 
-# KEYS: group, group rollouts, group rewards, complete set, counters, ready stream, finished
-#       rewards (hash: groups, rewards, sum).
-# ARGV: group_id, mode (publish | drop), drop reason, finished_ttl, r_head, r_tail (rollout),
-#       m_head, m_tail (rollout->group), head (the record's bytes before the rollouts), ids
-#       (msgpack list of the rollout ids to publish), head field, ids field, the number of
-#       final rewards and their sum (both 0 for a group without rewards), b_head, b_tail
-#       (the group's records key), records field, then those ids.
+# mode: publish | drop; head: the record's bytes before the rollouts; packed_ids: msgpack
+# list of the rollout ids to publish (also passed one by one as rollout_ids); n_rewards and
+# reward_sum: the final rewards' count and sum (both 0 for a group without rewards);
+# finished_key: the totals' hash (groups, rewards, sum).
 # Ends a complete group exactly once (end_group): anything but 'complete' returns {} (another
 # finisher won, or the group moved on). Returns {'published', stream id} | {'dropped', reason}.
-PUBLISH_GROUP = _END_GROUP + """
-local st = redis.call('HMGET', KEYS[1], 'state', 'partial', 'records', 'members')
+PUBLISH_GROUP = LuaScript(
+    keys=("group_key", "rollouts_key", "rewards_key", "complete_key", "counters_key", "stream_key",
+          "finished_key"),
+    args=("group_id", "mode", "reason", "finished_ttl", "r_head", "r_tail", "m_head", "m_tail",
+          "head", "packed_ids", "head_field", "ids_field", "n_rewards", "reward_sum", "b_head",
+          "b_tail", "records_field"),
+    rest="rollout_ids",
+    helpers=_END_GROUP,
+    body="""
+local st = redis.call('HMGET', group_key, 'state', 'partial', 'records', 'members')
 if st[1] ~= 'complete' then return {} end
-local P = {gk = KEYS[1], lk = KEYS[2], wk = KEYS[3], complete = KEYS[4], counters = KEYS[5],
-  stream = KEYS[6], finished = KEYS[7], ttl = tonumber(ARGV[4]), r_head = ARGV[5],
-  r_tail = ARGV[6], m_head = ARGV[7], m_tail = ARGV[8], head_field = ARGV[11], ids_field = ARGV[12],
-  records_field = ARGV[17], bk = st[3] and (ARGV[15] .. ARGV[1] .. ARGV[16]) or nil,
+local P = {gk = group_key, lk = rollouts_key, wk = rewards_key, complete = complete_key,
+  counters = counters_key, stream = stream_key, finished = finished_key,
+  ttl = tonumber(finished_ttl), r_head = r_head, r_tail = r_tail, m_head = m_head,
+  m_tail = m_tail, head_field = head_field, ids_field = ids_field,
+  records_field = records_field, bk = st[3] and (b_head .. group_id .. b_tail) or nil,
   members = st[4] == '1'}
 local ids = {}
-for i = 18, #ARGV do ids[#ids + 1] = ARGV[i] end
-return end_group(P, ARGV[1], ARGV[2], ARGV[3], ARGV[9], ids, ARGV[10],
-  redis.call('LRANGE', KEYS[2], 0, -1), st[2] == '1', nil, true, tonumber(ARGV[13]), ARGV[14])
-"""
+for i = rollout_ids_at, #ARGV do ids[#ids + 1] = ARGV[i] end
+return end_group(P, group_id, mode, reason, head, ids, packed_ids,
+  redis.call('LRANGE', rollouts_key, 0, -1), st[2] == '1', nil, true, tonumber(n_rewards),
+  reward_sum)
+""")
 
-# KEYS: counters, complete set, deadlines, ready stream, finished rewards.
-# ARGV: m_head, m_tail (rollout->group), g_head, g_tail (group), w_head, w_tail (rewards),
-#       l_head, l_tail (group rollouts), r_head, r_tail (rollout), inline (1: publish the
-#       groups the Lua credit rule covers here), eps, scale (1/0), drop_zero_variance (1/0),
-#       advantage config (msgpack), finished_ttl, head field, ids field, b_head, b_tail
-#       (a group's records key), records field, n, then n pairs (rollout_id, packed reward).
+# Key templates (head .. id .. tail): m rollout->group, g group, w rewards, l group rollouts,
+# r rollout, b a group's records. inline: 1 publishes the groups the Lua credit rule covers
+# here; scale, drop_zero_variance: 1/0; advantage_config: msgpack; pairs: n_pairs pairs
+# (rollout_id, packed reward).
 # All items are checked first; if any fails nothing is written. Returns {statuses, group ids,
 # completed}: status ok | duplicate | unknown_rollout | conflict | closed:<state>; completed
 # has, per group this call completed, {group id, 'published', stream id} or {group id,
 # 'dropped', reason} when it was ended here, else {group id, 'complete', metadata, rollout
 # ids, rewards (flat hash)}: what the Python rule needs, so the caller does not read it back.
-POST_REWARDS = _END_GROUP + CREDIT_LUA + """
-local n = tonumber(ARGV[22])
+POST_REWARDS = LuaScript(
+    keys=("counters_key", "complete_key", "deadlines_key", "stream_key", "finished_key"),
+    args=("m_head", "m_tail", "g_head", "g_tail", "w_head", "w_tail", "l_head", "l_tail", "r_head",
+          "r_tail", "inline", "eps", "scale", "drop_zero_variance", "advantage_config",
+          "finished_ttl", "head_field", "ids_field", "b_head", "b_tail", "records_field",
+          "n_pairs"),
+    rest="pairs",
+    helpers=_END_GROUP + CREDIT_LUA,
+    body="""
+local n = tonumber(n_pairs)
 local statuses, gids = {}, {}
 local all_ok = true
 local mks = {}
-for i = 1, n do mks[i] = ARGV[1] .. ARGV[21 + 2 * i] .. ARGV[2] end
+for i = 1, n do mks[i] = m_head .. ARGV[pairs_at + 2 * i - 2] .. m_tail end
 local owners = redis.call('MGET', unpack(mks))
 -- An id without a mapping may name its group ('<group id>:<index>', a group recorded whole
 -- with such ids: its hash has ``members``); checked below, once the group is read.
 local member = {}
 for i = 1, n do
   if not owners[i] then
-    owners[i], member[i] = member_of(ARGV[21 + 2 * i])
+    owners[i], member[i] = member_of(ARGV[pairs_at + 2 * i - 2])
   end
 end
 -- gid -> {state, size, had (rewards stored before), at (positions of its items), prev
@@ -155,16 +169,16 @@ for i = 1, n do
 end
 for _, gid in ipairs(order) do
   local g = groups[gid]
-  local h = redis.call('HMGET', ARGV[3] .. gid .. ARGV[4], 'state', 'size', 'n_rewarded',
+  local h = redis.call('HMGET', g_head .. gid .. g_tail, 'state', 'size', 'n_rewarded',
     'records', 'members')
   g.state, g.size, g.had = h[1], tonumber(h[2]), tonumber(h[3] or 0)
   g.n_records, g.members = tonumber(h[4] or 0), h[5] == '1'
   local rids = {}
-  for k, i in ipairs(g.at) do rids[k] = ARGV[21 + 2 * i] end
-  g.prev = redis.call('HMGET', ARGV[5] .. gid .. ARGV[6], unpack(rids))
+  for k, i in ipairs(g.at) do rids[k] = ARGV[pairs_at + 2 * i - 2] end
+  g.prev = redis.call('HMGET', w_head .. gid .. w_tail, unpack(rids))
 end
 for i = 1, n do
-  local rid, packed = ARGV[21 + 2 * i], ARGV[22 + 2 * i]
+  local rid, packed = ARGV[pairs_at + 2 * i - 2], ARGV[pairs_at + 2 * i - 1]
   local gid = owners[i]
   local status
   if gid and member[i] and not (groups[gid].members and member[i] < groups[gid].n_records) then
@@ -203,21 +217,21 @@ local function end_here(gid, gk, lk, wk, rids, now, items, n_records, members)
   if not all_mine then vals = redis.call('HMGET', wk, unpack(rids)) end
   local ids, rewards, has_tr, turns = outcome_entries(rids, vals)
   if not ids then return nil end
-  local P = {gk = gk, lk = lk, wk = wk, complete = KEYS[2], counters = KEYS[1],
-    stream = KEYS[4], finished = KEYS[5], ttl = tonumber(ARGV[16]), r_head = ARGV[9],
-    r_tail = ARGV[10], m_head = ARGV[1], m_tail = ARGV[2], head_field = ARGV[17],
-    ids_field = ARGV[18], records_field = ARGV[21],
-    bk = n_records > 0 and (ARGV[19] .. gid .. ARGV[20]) or nil, members = members}
+  local P = {gk = gk, lk = lk, wk = wk, complete = complete_key, counters = counters_key,
+    stream = stream_key, finished = finished_key, ttl = tonumber(finished_ttl), r_head = r_head,
+    r_tail = r_tail, m_head = m_head, m_tail = m_tail, head_field = head_field,
+    ids_field = ids_field, records_field = records_field,
+    bk = n_records > 0 and (b_head .. gid .. b_tail) or nil, members = members}
   local mode, reason, head = 'publish', '', ''
   if #ids == 0 then
     mode, reason = 'drop', 'no_rewards'
   else
-    local adv, signal = outcome_credit(rewards, tonumber(ARGV[12]), ARGV[13] == '1')
-    if ARGV[14] == '1' and not signal then
+    local adv, signal = outcome_credit(rewards, tonumber(eps), scale == '1')
+    if drop_zero_variance == '1' and not signal then
       mode, reason = 'drop', 'zero_variance'
     else
       head = ready_head(gid, redis.call('HGET', gk, 'metadata') or '\\128', now, rewards,
-        adv, has_tr, turns, ARGV[15])
+        adv, has_tr, turns, advantage_config)
     end
   end
   local total = 0.0
@@ -230,7 +244,7 @@ local stored, now = 0, nil
 for _, gid in ipairs(order) do
   local g = groups[gid]
   if #g.items > 0 then
-    local gk, wk = ARGV[3] .. gid .. ARGV[4], ARGV[5] .. gid .. ARGV[6]
+    local gk, wk = g_head .. gid .. g_tail, w_head .. gid .. w_tail
     redis.call('HSET', wk, unpack(g.items))
     if g.had == 0 then  -- the group's first rewards: the hash is new, give it the group's TTL
       redis.call('EXPIREAT', wk, redis.call('EXPIRETIME', gk))
@@ -239,23 +253,23 @@ for _, gid in ipairs(order) do
     local count = redis.call('HINCRBY', gk, 'n_rewarded', #g.items / 2)
     if count >= g.size then
       now = now or now_s()
-      redis.call('ZREM', KEYS[3], gid)
-      local lk = ARGV[7] .. gid .. ARGV[8]
+      redis.call('ZREM', deadlines_key, gid)
+      local lk = l_head .. gid .. l_tail
       local rids = redis.call('LRANGE', lk, 0, -1)
-      local ended = ARGV[11] == '1' and end_here(gid, gk, lk, wk, rids,
+      local ended = inline == '1' and end_here(gid, gk, lk, wk, rids,
         now, g.items, g.n_records, g.members)
       if ended then
         completed[#completed + 1] = {gid, ended[1], ended[2]}
       else
         redis.call('HSET', gk, 'state', 'complete', 'completed_at', tostring(now))
-        redis.call('SADD', KEYS[2], gid)
+        redis.call('SADD', complete_key, gid)
         completed[#completed + 1] = {gid, 'complete', redis.call('HGET', gk, 'metadata'),
           rids, redis.call('HGETALL', wk)}
       end
     end
   end
 end
-if stored > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_stored', stored) end
-if n - stored > 0 then redis.call('HINCRBY', KEYS[1], 'rewards_duplicate', n - stored) end
+if stored > 0 then redis.call('HINCRBY', counters_key, 'rewards_stored', stored) end
+if n - stored > 0 then redis.call('HINCRBY', counters_key, 'rewards_duplicate', n - stored) end
 return {statuses, gids, completed}
-"""
+""")

@@ -26,6 +26,8 @@ finished group are shortened with ``EXPIRE ... LT`` (never extended) to ``finish
 
 from __future__ import annotations
 
+from gspo_rl.contract.queue.lua import LuaScript
+
 # '<group id>:<index>' -> the group id and the index (a rollout id of a group recorded whole
 # with ids that name it, ``gspo_rl.contract.queue.schema.member_rollout_id``), else nil. The caller
 # checks the group (its hash's ``members`` and ``records``).
@@ -79,17 +81,18 @@ local function create_group(gk, dk, ck, gid, size, metadata, group_ttl, finished
 end
 """
 
-# KEYS: group, deadlines, counters. ARGV: group_id, size, metadata, group_ttl, finished_ttl.
 # Returns 1 created, 0 already exists with the same size, -1 exists with another size.
-CREATE_GROUP = COMMON + """
-local created = create_group(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4],
-  ARGV[5])
+CREATE_GROUP = LuaScript(
+    keys=("group_key", "deadlines_key", "counters_key"),
+    args=("group_id", "size", "metadata", "group_ttl", "finished_ttl"),
+    helpers=COMMON,
+    body="""
+local created = create_group(group_key, deadlines_key, counters_key, group_id, size, metadata,
+  group_ttl, finished_ttl)
 return created
-"""
+""")
 
-# KEYS: group, group rollouts, group rewards.
-# ARGV: group_id, record_ttl, r_head, r_tail (rollout), m_head, m_tail (rollout->group),
-#       s_head, s_tail (staging), then the rollout ids.
+# Key templates (head .. id .. tail): r rollout, m rollout->group, s staging.
 # Rollouts of an existing group (the multi-turn episodes' path; a new group's go through
 # RECORD_NEW_GROUP). Runs in one MULTI/EXEC after the plain SETs of each rollout's record to
 # its staging key, each with EX record_ttl: an accepted rollout's staging key is renamed into
@@ -101,16 +104,21 @@ return created
 # group_sealed (a group recorded whole by RECORD_NEW_GROUP) | rollout_rewarded |
 # rollout_in_other_group | group_full | no_data. A rollout may be recorded again (a multi-turn
 # episode grows) until it has a reward.
-RECORD_ROLLOUTS = COMMON + """
-local g = redis.call('HMGET', KEYS[1], 'state', 'size', 'n_rewarded', 'records')
+RECORD_ROLLOUTS = LuaScript(
+    keys=("group_key", "rollouts_key", "rewards_key"),
+    args=("group_id", "record_ttl", "r_head", "r_tail", "m_head", "m_tail", "s_head", "s_tail"),
+    rest="rollout_ids",
+    helpers=COMMON,
+    body="""
+local g = redis.call('HMGET', group_key, 'state', 'size', 'n_rewarded', 'records')
 local state, size, any_reward = g[1], tonumber(g[2]), tonumber(g[3] or 0) > 0
 if g[4] then state = 'sealed' end  -- recorded whole: no rollout is recorded on its own
 local count = nil
 local ids, mks, sks = {}, {}, {}
-for i = 9, #ARGV do
+for i = rollout_ids_at, #ARGV do
   ids[#ids + 1] = ARGV[i]
-  mks[#mks + 1] = ARGV[5] .. ARGV[i] .. ARGV[6]
-  sks[#sks + 1] = ARGV[7] .. ARGV[i] .. ARGV[8]
+  mks[#mks + 1] = m_head .. ARGV[i] .. m_tail
+  sks[#sks + 1] = s_head .. ARGV[i] .. s_tail
 end
 if #ids == 0 then return {} end
 -- One call each for what every rollout needs (a call costs ~1 us of Redis CPU in Lua).
@@ -119,7 +127,7 @@ local all_staged = redis.call('EXISTS', unpack(sks)) == #ids
 -- A record without its mapping is a published one waiting for the learner: never replaced.
 local new_rks = {}
 for i, rid in ipairs(ids) do
-  if not owners[i] then new_rks[#new_rks + 1] = ARGV[3] .. rid .. ARGV[4] end
+  if not owners[i] then new_rks[#new_rks + 1] = r_head .. rid .. r_tail end
 end
 local orphans = #new_rks > 0 and redis.call('EXISTS', unpack(new_rks)) > 0
 local out, pushed, seen = {}, {}, {}
@@ -131,15 +139,15 @@ for i, rid in ipairs(ids) do
   elseif not state then result = 'unknown_group'
   elseif state == 'sealed' then result = 'group_sealed'
   elseif state ~= 'open' then result = 'group_closed'
-  elseif any_reward and redis.call('HEXISTS', KEYS[3], rid) == 1 then
+  elseif any_reward and redis.call('HEXISTS', rewards_key, rid) == 1 then
     result = 'rollout_rewarded'
-  elseif owner and owner ~= ARGV[1] then result = 'rollout_in_other_group'
-  elseif not owner and orphans and redis.call('EXISTS', ARGV[3] .. rid .. ARGV[4]) == 1 then
+  elseif owner and owner ~= group_id then result = 'rollout_in_other_group'
+  elseif not owner and orphans and redis.call('EXISTS', r_head .. rid .. r_tail) == 1 then
     result = 'rollout_in_other_group'
   else
     result = 'updated'
     if not owner then
-      count = count or redis.call('LLEN', KEYS[2])
+      count = count or redis.call('LLEN', rollouts_key)
       if count >= size then
         result = 'group_full'
       else
@@ -151,24 +159,22 @@ for i, rid in ipairs(ids) do
   end
   seen[rid] = true
   if result == 'created' or result == 'updated' then
-    redis.call('RENAME', sk, ARGV[3] .. rid .. ARGV[4])
-    redis.call('SET', mk, ARGV[1], 'EX', ARGV[2])
+    redis.call('RENAME', sk, r_head .. rid .. r_tail)
+    redis.call('SET', mk, group_id, 'EX', record_ttl)
   elseif result ~= 'no_data' then
     redis.call('DEL', sk)
   end
   out[#out + 1] = result
 end
 if #pushed > 0 then
-  redis.call('RPUSH', KEYS[2], unpack(pushed))
-  redis.call('EXPIREAT', KEYS[2], redis.call('EXPIRETIME', KEYS[1]))
+  redis.call('RPUSH', rollouts_key, unpack(pushed))
+  redis.call('EXPIREAT', rollouts_key, redis.call('EXPIRETIME', group_key))
 end
 return out
-"""
+""")
 
-# KEYS: group, group rollouts, deadlines, counters, group records.
-# ARGV: group_id, size, metadata, group_ttl, finished_ttl, record_ttl, m_head, m_tail
-#       (rollout->group), members (1: the ids are '<group_id>:<index>', in order), then the
-#       rollout ids.
+# m: the rollout->group key template; members: 1 when the ids are '<group_id>:<index>', in
+# order.
 # A new group and its rollouts, as the sampling path records them: the group id and the rollout
 # ids were minted for this call (a uuid4 and ids naming it), and the records are one value, the
 # group's records key (a msgpack array in the order of the ids), SET with NX and EX record_ttl
@@ -182,63 +188,72 @@ return out
 # ('group_exists'). Either way a records key the group does not own (no ``records`` in its
 # hash) was written by this call and is deleted again. Returns one status for them all:
 # created | updated | group_exists.
-RECORD_NEW_GROUP = COMMON + """
-local created, group_exp = create_group(KEYS[1], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3],
-  ARGV[4], ARGV[5])
+RECORD_NEW_GROUP = LuaScript(
+    keys=("group_key", "rollouts_key", "deadlines_key", "counters_key", "records_key"),
+    args=("group_id", "size", "metadata", "group_ttl", "finished_ttl", "record_ttl", "m_head",
+          "m_tail", "members"),
+    rest="rollout_ids",
+    helpers=COMMON,
+    body="""
+local created, group_exp = create_group(group_key, deadlines_key, counters_key, group_id, size,
+  metadata, group_ttl, finished_ttl)
 local ids = {}
-for i = 10, #ARGV do ids[#ids + 1] = ARGV[i] end
+for i = rollout_ids_at, #ARGV do ids[#ids + 1] = ARGV[i] end
 if created == 1 then
-  if ARGV[9] ~= '1' then
+  if members ~= '1' then
     for _, rid in ipairs(ids) do
-      redis.call('SET', ARGV[7] .. rid .. ARGV[8], ARGV[1], 'EX', ARGV[6])
+      redis.call('SET', m_head .. rid .. m_tail, group_id, 'EX', record_ttl)
     end
   end
   if #ids > 0 then
-    redis.call('RPUSH', KEYS[2], unpack(ids))
-    redis.call('EXPIREAT', KEYS[2], group_exp)
-    if ARGV[9] == '1' then redis.call('HSET', KEYS[1], 'records', #ids, 'members', 1)
-    else redis.call('HSET', KEYS[1], 'records', #ids) end
+    redis.call('RPUSH', rollouts_key, unpack(ids))
+    redis.call('EXPIREAT', rollouts_key, group_exp)
+    if members == '1' then redis.call('HSET', group_key, 'records', #ids, 'members', 1)
+    else redis.call('HSET', group_key, 'records', #ids) end
   end
   return 'created'
 end
-if not redis.call('HGET', KEYS[1], 'records') then redis.call('DEL', KEYS[5]) end
-local listed = redis.call('LRANGE', KEYS[2], 0, -1)
+if not redis.call('HGET', group_key, 'records') then redis.call('DEL', records_key) end
+local listed = redis.call('LRANGE', rollouts_key, 0, -1)
 local same = created == 0 and #listed == #ids
 for i = 1, #ids do same = same and listed[i] == ids[i] end
 if same then return 'updated' end
 return 'group_exists'
-"""
+""")
 
-# KEYS: deadlines, complete set, counters.
-# ARGV: g_head, g_tail, l_head, l_tail (rollouts list), w_head, w_tail (rewards),
-#       r_head, r_tail, m_head, m_tail, min_rewarded, finished_ttl, limit, b_head, b_tail
-#       (a group's records key).
+# Key templates (head .. id .. tail): g group, l rollouts list, w rewards, r rollout,
+# m rollout->group, b a group's records.
 # Open groups past their deadline: with >= min_rewarded rewards -> 'complete' (partial=1),
 # returned for the caller to publish; otherwise -> 'expired'. Returns the ids to publish.
-EXPIRE_DUE = COMMON + """
+EXPIRE_DUE = LuaScript(
+    keys=("deadlines_key", "complete_key", "counters_key"),
+    args=("g_head", "g_tail", "l_head", "l_tail", "w_head", "w_tail", "r_head", "r_tail", "m_head",
+          "m_tail", "min_rewarded", "finished_ttl", "limit", "b_head", "b_tail"),
+    helpers=COMMON,
+    body="""
 local now = now_s()
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[13]))
+local due = redis.call('ZRANGEBYSCORE', deadlines_key, '-inf', now, 'LIMIT', 0, tonumber(limit))
 local finalise = {}
 for _, gid in ipairs(due) do
-  redis.call('ZREM', KEYS[1], gid)
-  local gk = ARGV[1] .. gid .. ARGV[2]
+  redis.call('ZREM', deadlines_key, gid)
+  local gk = g_head .. gid .. g_tail
   local st = redis.call('HMGET', gk, 'state', 'n_rewarded', 'records', 'members')
   if st[1] == 'open' then
-    if tonumber(st[2]) >= tonumber(ARGV[11]) then
+    if tonumber(st[2]) >= tonumber(min_rewarded) then
       redis.call('HSET', gk, 'state', 'complete', 'partial', 1, 'completed_at', tostring(now))
-      redis.call('SADD', KEYS[2], gid)
-      redis.call('HINCRBY', KEYS[3], 'groups_expired_finalised', 1)
+      redis.call('SADD', complete_key, gid)
+      redis.call('HINCRBY', counters_key, 'groups_expired_finalised', 1)
       finalise[#finalise + 1] = gid
     else
       redis.call('HSET', gk, 'state', 'expired', 'drop_reason', 'expired')
-      redis.call('HINCRBY', KEYS[3], 'groups_expired_dropped', 1)
-      expire_group(gk, ARGV[3] .. gid .. ARGV[4], ARGV[5] .. gid .. ARGV[6],
-        ARGV[7], ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[12]),
-        st[3] and (ARGV[14] .. gid .. ARGV[15]) or nil, st[4] == '1')
+      redis.call('HINCRBY', counters_key, 'groups_expired_dropped', 1)
+      expire_group(gk, l_head .. gid .. l_tail, w_head .. gid .. w_tail,
+        r_head, r_tail, m_head, m_tail, tonumber(finished_ttl),
+        st[3] and (b_head .. gid .. b_tail) or nil, st[4] == '1')
     end
   elseif not st[1] then
-    redis.call('HINCRBY', KEYS[3], 'groups_expired_lost', 1)
+    redis.call('HINCRBY', counters_key, 'groups_expired_lost', 1)
   end
 end
 return finalise
-"""
+""")

@@ -72,7 +72,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.commands.core import AsyncScript
 
-from gspo_rl.contract.queue.connection import RedisPipe, encode_args, pipe_for, run_script
+from gspo_rl.contract.queue.connection import RedisPipe, pipe_for, run_script
 from gspo_rl.contract.queue.errors import StoreError, StoreReason, item_status, record_error
 from gspo_rl.contract.queue.groups.finish import (
     Snapshot,
@@ -96,6 +96,7 @@ from gspo_rl.contract.queue.groups.types import (
     RewardsOutcome,
     pack_reward,
 )
+from gspo_rl.contract.queue.lua import template_args
 from gspo_rl.contract.queue.ready.entry import pack_group_records
 from gspo_rl.contract.queue.schema import (
     READY_COUNT_FIELD,
@@ -139,12 +140,12 @@ class RolloutStore:
         self.redis = redis
         self.keys = keys
         self.config = config
-        self._create = redis.register_script(CREATE_GROUP)
-        self._record = redis.register_script(RECORD_ROLLOUTS)
-        self._record_new = redis.register_script(RECORD_NEW_GROUP)
-        self._rewards = redis.register_script(POST_REWARDS)
-        self._expire = redis.register_script(EXPIRE_DUE)
-        self._publish = redis.register_script(PUBLISH_GROUP)
+        self._create = redis.register_script(CREATE_GROUP.source)
+        self._record = redis.register_script(RECORD_ROLLOUTS.source)
+        self._record_new = redis.register_script(RECORD_NEW_GROUP.source)
+        self._rewards = redis.register_script(POST_REWARDS.source)
+        self._expire = redis.register_script(EXPIRE_DUE.source)
+        self._publish = redis.register_script(PUBLISH_GROUP.source)
         self._pipe = pipe_for(redis)
         k = keys
         self._t_rollout, self._t_map = key_template(k.rollout), key_template(k.rollout_group)
@@ -154,20 +155,23 @@ class RolloutStore:
         self._t_blob = key_template(k.group_records)
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
         adv = config.advantage
-        # the reward script's constant arguments (see POST_REWARDS)
-        # the constant arguments of the hot scripts, encoded once (see POST_REWARDS and
-        # RECORD_ROLLOUTS for their order)
-        self._reward_args = encode_args(
-            *self._t_map, *self._t_group, *self._t_rewards, *self._t_list, *self._t_rollout,
-            1, repr(float(adv.eps)), int(adv.scale), int(config.drop_zero_variance),
-            msgpack.packb(adv.to_dict()), self._finished_ttl, READY_HEAD_FIELD,
-            READY_COUNT_FIELD, *self._t_blob, READY_RECORDS_FIELD)
+        # the constant arguments of the hot scripts, encoded once
+        self._reward_args = POST_REWARDS.constants(
+            **template_args("m", self._t_map), **template_args("g", self._t_group),
+            **template_args("w", self._t_rewards), **template_args("l", self._t_list),
+            **template_args("r", self._t_rollout), inline=1, eps=repr(float(adv.eps)),
+            scale=int(adv.scale), drop_zero_variance=int(config.drop_zero_variance),
+            advantage_config=msgpack.packb(adv.to_dict()), finished_ttl=self._finished_ttl,
+            head_field=READY_HEAD_FIELD, ids_field=READY_COUNT_FIELD,
+            **template_args("b", self._t_blob), records_field=READY_RECORDS_FIELD)
         # a record's TTL from its last write, never less than its group's keys
         self._record_ttl = max(math.ceil(config.rollout_ttl_s),
                                math.ceil(config.group_ttl_s + self._finished_ttl) + 1)
-        self._record_args = encode_args(self._record_ttl, *self._t_rollout, *self._t_map,
-                                        *self._t_staging)
-        self._new_group_args = encode_args(self._record_ttl, *self._t_map)
+        self._record_args = RECORD_ROLLOUTS.constants(
+            record_ttl=self._record_ttl, **template_args("r", self._t_rollout),
+            **template_args("m", self._t_map), **template_args("s", self._t_staging))
+        self._new_group_args = RECORD_NEW_GROUP.constants(
+            record_ttl=self._record_ttl, **template_args("m", self._t_map))
 
     @property
     def pipe(self) -> RedisPipe | None:
@@ -181,9 +185,10 @@ class RolloutStore:
         if self._pipe is not None:
             await self._pipe.aclose()
 
-    async def _run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any],
+    async def _run(self, script: AsyncScript, slots: tuple[list[Any], list[Any]],
                    before: Sequence[tuple[Any, ...]] = ()) -> Any:
-        return await run_script(self._pipe, self.redis, script, keys, args, before)
+        """Runs ``script`` with ``slots`` (``LuaScript.slots``: its KEYS and ARGV)."""
+        return await run_script(self._pipe, self.redis, script, *slots, before)
 
     def _check_size(self, size: int) -> None:
         if not 1 <= size <= self.config.max_group_size:
@@ -196,10 +201,11 @@ class RolloutStore:
         """Opens a group of ``size`` rollouts. Idempotent for the same size (a retried
         request); ``StoreError`` (conflict) if the id exists with another size."""
         self._check_size(size)
-        res = await self._run(
-            self._create, [self.keys.group(group_id), self.keys.deadlines, self.keys.counters],
-            [group_id, size, msgpack.packb(metadata or {}), self.config.group_ttl_s,
-             self._finished_ttl])
+        res = await self._run(self._create, CREATE_GROUP.slots(
+            keys={"group_key": self.keys.group(group_id), "deadlines_key": self.keys.deadlines,
+                  "counters_key": self.keys.counters},
+            args={"group_id": group_id, "size": size, "metadata": msgpack.packb(metadata or {}),
+                  "group_ttl": self.config.group_ttl_s, "finished_ttl": self._finished_ttl}))
         if int(res) < 0:
             raise StoreError(StoreReason.CONFLICT, "group_exists",
                              f"group {group_id!r} exists with another size")
@@ -229,14 +235,18 @@ class RolloutStore:
         k, c = self.keys, self.config
         # ids that name their group (the sampling path's) need no rollout -> group keys
         members = all(rid == member_rollout_id(group_id, i) for i, rid in enumerate(ids))
-        args = [group_id, size, msgpack.packb(metadata or {}), c.group_ttl_s,
-                self._finished_ttl, self._new_group_args, int(members), *ids]
+        slots = RECORD_NEW_GROUP.slots(
+            keys={"group_key": k.group(group_id), "rollouts_key": k.group_rollouts(group_id),
+                  "deadlines_key": k.deadlines, "counters_key": k.counters,
+                  "records_key": k.group_records(group_id)},
+            args={"group_id": group_id, "size": size, "metadata": msgpack.packb(metadata or {}),
+                  "group_ttl": c.group_ttl_s, "finished_ttl": self._finished_ttl,
+                  "members": int(members)},
+            constants=self._new_group_args, rest=ids)
         # NX: a group id in use keeps its records (the script then deletes nothing of theirs)
         writes = [("SET", k.group_records(group_id), pack_group_records(records), "EX",
                    self._record_ttl, "NX")] if records else []
-        res = await self._run(self._record_new,
-                              [k.group(group_id), k.group_rollouts(group_id), k.deadlines,
-                               k.counters, k.group_records(group_id)], args, before=writes)
+        res = await self._run(self._record_new, slots, before=writes)
         if records and (err := record_error(as_str(res), records[0])) is not None:
             raise err
 
@@ -263,13 +273,16 @@ class RolloutStore:
 
     async def _record_group(self, gid: str, recs: list[RolloutRecord]) -> list[Any]:
         k = self.keys
-        keys = [k.group(gid), k.group_rollouts(gid), k.group_rewards(gid)]
-        args: list[Any] = [gid, self._record_args, *[r.rollout_id for r in recs]]
+        slots = RECORD_ROLLOUTS.slots(
+            keys={"group_key": k.group(gid), "rollouts_key": k.group_rollouts(gid),
+                  "rewards_key": k.group_rewards(gid)},
+            args={"group_id": gid}, constants=self._record_args,
+            rest=[r.rollout_id for r in recs])
         # with the record's TTL, which RENAME keeps (a staging key the script never saw, when
         # the transaction failed, expires on its own)
         staged = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX",
                    self._record_ttl) for r in recs]
-        return list(await self._run(self._record, keys, args, before=staged))
+        return list(await self._run(self._record, slots, before=staged))
 
     async def post_rewards(self, items: Sequence[RewardItem]) -> RewardsOutcome:
         """Records rewards, all or nothing (one script checks every item, then writes them);
@@ -287,12 +300,15 @@ class RolloutStore:
                 RewardResult(it.rollout_id,
                              "conflict" if it.rollout_id in in_call_conflict else "not_applied")
                 for it in items], applied=False)
-        args: list[Any] = [self._reward_args, len(packed)]
+        pairs: list[Any] = []
         for rid, p in packed.items():
-            args += [rid, p]
-        statuses, gids, completed = await self._run(
-            self._rewards, [self.keys.counters, self.keys.complete, self.keys.deadlines,
-                            self.keys.ready_stream, self.keys.finished_rewards], args)
+            pairs += [rid, p]
+        k = self.keys
+        statuses, gids, completed = await self._run(self._rewards, POST_REWARDS.slots(
+            keys={"counters_key": k.counters, "complete_key": k.complete,
+                  "deadlines_key": k.deadlines, "stream_key": k.ready_stream,
+                  "finished_key": k.finished_rewards},
+            args={"n_pairs": len(packed)}, constants=self._reward_args, rest=pairs))
         by_rid = {rid: (as_str(st), as_str(g) or None)
                   for rid, st, g in zip(packed, statuses, gids, strict=True)}
         done = {as_str(c[0]) for c in completed}
@@ -325,20 +341,23 @@ class RolloutStore:
             if snapshot is None:
                 return None
         decision = decide_finish(self.config, group_id, snapshot)
-        res = await self._run(self._publish, *publish_call(self.keys, group_id, decision,
-                                                           self._finished_ttl))
+        res = await self._run(self._publish, publish_call(self.keys, group_id, decision,
+                                                          self._finished_ttl))
         return publish_result(res)
 
     async def sweep_once(self) -> dict[str, int]:
         """One pass: expires due groups (publishing those with enough rewards) and publishes
         groups left ``complete`` longer than ``stuck_complete_s``. Returns what it did."""
         c, k = self.config, self.keys
-        due = await self._expire(
-            keys=[k.deadlines, k.complete, k.counters],
-            args=[*self._t_group, *self._t_list, *self._t_rewards, *self._t_rollout,
-                  *self._t_map, c.min_rewarded_to_finalise, self._finished_ttl, c.sweep_limit,
-                  *self._t_blob],
-        )
+        keys, args = EXPIRE_DUE.slots(
+            keys={"deadlines_key": k.deadlines, "complete_key": k.complete,
+                  "counters_key": k.counters},
+            args={**template_args("g", self._t_group), **template_args("l", self._t_list),
+                  **template_args("w", self._t_rewards), **template_args("r", self._t_rollout),
+                  **template_args("m", self._t_map), "min_rewarded": c.min_rewarded_to_finalise,
+                  "finished_ttl": self._finished_ttl, "limit": c.sweep_limit,
+                  **template_args("b", self._t_blob)})
+        due = await self._expire(keys=keys, args=args)
         done = {"expired_finalised": len(due), "stuck_published": 0}
         for gid in due:
             await self.finish_group(as_str(gid))

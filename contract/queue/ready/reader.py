@@ -121,8 +121,8 @@ class GroupReader:
         self._claim_end = self._last_delivered()
         self._held: set[str] = set()  # see ``rearm``
         self._committed: set[str] = set()
-        self._ack_trim = client.register_script(ACK_AND_TRIM)
-        self._deliver_script = client.register_script(DELIVER)
+        self._ack_trim = client.register_script(ACK_AND_TRIM.source)
+        self._deliver_script = client.register_script(DELIVER.source)
         self.keep_trained_s = keep_trained_s
         self._r_tpl = key_template(keys.rollout)
         self._b_tpl = key_template(keys.group_records)
@@ -205,8 +205,11 @@ class GroupReader:
                  count_to: tuple[str, str] | None) -> tuple[list, str]:
         """New entries (``DELIVER``), as redis-py's XREADGROUP gives them, and where a wait for
         more starts (the group's last-delivered id) when there were none."""
-        keys = [self._stream, *(count_to[:1] if count_to else ())]
-        args = [self.group, self.consumer, count, *((count_to[1], have) if count_to else ())]
+        counted = ({"count_field": count_to[1], "delivered": have} if count_to else {})
+        keys, args = DELIVER.slots(
+            keys={"stream_key": self._stream, **({"count_key": count_to[0]} if count_to else {})},
+            args={"consumer_group": self.group, "consumer": self.consumer, "count": count,
+                  **counted})
         raw, since = self._deliver_script(keys=keys, args=args)
         entries = [(eid, dict(zip(flat[::2], flat[1::2], strict=True))) for eid, flat in raw]
         return entries, as_str(since) if since is not None else "0-0"
@@ -304,10 +307,14 @@ class GroupReader:
         self._ack_and_trim(entry_ids)
 
     def _ack_and_trim(self, entry_ids: Sequence[str]) -> int:
-        newly, trimmed = self._ack_trim(
-            keys=[self._stream, self.keys.counters],
-            args=[self.group, *self._r_tpl, READY_COUNT_FIELD, self.keep_trained_s,
-                  *self._b_tpl, READY_RECORDS_FIELD, *entry_ids])
+        (r_head, r_tail), (b_head, b_tail) = self._r_tpl, self._b_tpl
+        keys, args = ACK_AND_TRIM.slots(
+            keys={"stream_key": self._stream, "counters_key": self.keys.counters},
+            args={"consumer_group": self.group, "r_head": r_head, "r_tail": r_tail,
+                  "ids_field": READY_COUNT_FIELD, "keep_s": self.keep_trained_s,
+                  "b_head": b_head, "b_tail": b_tail, "records_field": READY_RECORDS_FIELD},
+            rest=list(entry_ids))
+        newly, trimmed = self._ack_trim(keys=keys, args=args)
         return int(trimmed)
 
     def drop_invalid(self, entry_ids: Sequence[str]) -> None:
