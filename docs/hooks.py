@@ -64,15 +64,21 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 # ------------------------------------------------------------------ configuration
 
 
-def _text(text: str) -> str:
-    """Docstring text as Markdown: RST literals as code, ``<`` outside code as an entity."""
+def _text(text: str, outside_code: dict[str, str] | None = None) -> str:
+    """Docstring text as Markdown: RST literals as code; outside code, ``<`` as an entity
+    and the ``outside_code`` replacements."""
+    swaps = {"<": "&lt;", **(outside_code or {})}
     parts = text.replace("``", "`").split("`")
-    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
+    for i in range(0, len(parts), 2):  # the even parts are outside code spans
+        for old, new in swaps.items():
+            parts[i] = parts[i].replace(old, new)
+    return "`".join(parts)
 
 
 def _cell(text: str) -> str:
-    """One Markdown table cell: a single line, pipes escaped."""
-    return _text(re.sub(r"\s+", " ", text).strip()).replace("|", "\\|")
+    """One Markdown table cell: a single line, pipes escaped outside code spans (inside them
+    the tables extension keeps a pipe in its cell, and would show an escape as written)."""
+    return _text(re.sub(r"\s+", " ", text).strip(), {"|": "\\|"})
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
