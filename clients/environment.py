@@ -1,26 +1,19 @@
 """Environments: where tasks come from, how episodes run, how they are scored.
 
-Two shapes:
-
 - ``SingleTurnEnvironment``: one prompt, ``group_size`` samples through ``POST /v1/rollouts``,
   one score per sample. Implement ``sample_task``, ``prompt`` and ``score``.
-- ``MultiTurnEnvironment``: ``group_size`` episodes opened with ``POST /v1/groups``; each
-  episode talks to the server through the official ``openai`` client, passing its
-  ``rollout_id`` with every chat completion (``session.extra_body``), and returns a reward
-  (plus optional per-turn rewards: one per chat completion of the episode, in order).
-  Implement ``sample_task`` and ``episode``. The server records the tokens the model saw and
-  wrote, turn by turn: send the whole conversation each turn, the assistant messages exactly
-  as returned (see ``server/rollouts/episodes.py``).
+- ``MultiTurnEnvironment``: ``group_size`` episodes opened with ``POST /v1/groups``, each
+  talking to the server through the official ``openai`` client with its ``rollout_id``
+  (``session.extra_body``) and returning a reward (plus optional per-turn rewards: one per
+  chat completion, in order). Implement ``sample_task`` and ``episode``; send the whole
+  conversation each turn, the assistant messages exactly as returned.
 
 ``run_groups`` / ``arun_groups`` drive either shape with bounded concurrency and post the
-rewards. A group whose rewards are all equal carries no learning signal and is dropped by the
-server (``queue.drop_zero_variance``); with ``resample_equal_rewards = k`` on the environment
-its task is played again as a new group, up to ``k`` times (``RunStats.resampled``), when
-the task can yield different rewards on another try.
-
-Errors are never turned into a reward: a group whose episode, sampling or scoring
-raises is retried or abandoned (``gspo_rl.client.failures.FailurePolicy``), counted in ``RunStats``,
-and the run goes on.
+rewards. With ``resample_equal_rewards = k`` a task whose group the server dropped for equal
+rewards is played again as a new group, up to ``k`` times (``RunStats.resampled``). Errors
+are never turned into a reward: a failing group is retried or abandoned
+(``gspo_rl.client.failures.FailurePolicy``), counted in ``RunStats``, and the run goes on.
+Tutorial: docs/environments.md.
 """
 
 from __future__ import annotations

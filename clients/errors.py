@@ -8,21 +8,15 @@ none), ``message`` (the server's human message) and ``body`` (the parsed respons
     ├── ServerUnavailable             unreachable, or 5xx after every retry
     │   └── InternalServerError       a 5xx response (also an APIStatusError)
     └── APIStatusError                any non-2xx response
-        ├── InternalServerError
         └── RequestRejected           a 4xx: retrying the same request will not help
             ├── BadRequestError 400, AuthenticationError 401, PermissionDeniedError 403,
             │   RequestTooLargeError 413, UnprocessableEntityError 422, RateLimitError 429
-            ├── NotFoundError 404     (old name: NotFound)
-            ├── ConflictError 409     (old name: RewardConflict): stored state disagrees
-            │   ├── RewardAlreadySet        code conflict: a different reward is stored
-            │   ├── HistoryMismatch         history_mismatch, history_rewritten
-            │   ├── EpisodeSettingsChanged  tools_changed, temperature_changed, ...
-            │   ├── ConcurrentTurn          concurrent_turn
-            │   └── EpisodeFinished         episode_finished
+            ├── NotFoundError 404 (alias NotFound)
+            ├── ConflictError 409 (alias RewardConflict): RewardAlreadySet,
+            │   HistoryMismatch, EpisodeSettingsChanged, ConcurrentTurn, EpisodeFinished
             └── GroupExpired 410      the group expired or was finalised
 
-``RewardConflict`` and ``NotFound`` stay as aliases of ``ConflictError`` and ``NotFoundError``,
-so ``except RewardConflict`` still catches every 409, as it always did.
+Each subclass's codes: docs/reference/sdk.md.
 """
 
 from __future__ import annotations

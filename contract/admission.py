@@ -2,27 +2,17 @@
 (which hold new groups back): how many groups may be in flight so that none arrives staler
 than the learner accepts.
 
-A group is *in flight* from its admission (a request that starts a group was let through)
-until the learner trains it or it leaves otherwise (dropped for equal rewards, expired, the
-request failed). The learner trains ``groups_per_step`` (G) groups per policy version and
-drops groups older than ``max_staleness`` (S) versions. Groups reach it in about the order they
-were admitted, so a group admitted while ``n`` others are in flight (the learner's current
-batch included) is trained ``ceil((n + 1) / G) - 1`` versions after the current one. Its
-oldest token carries the server's version, which trails the learner's by ``lag`` while a
-push is on its way (or between pushes with ``sync_every`` > 1). So it is trained within the
-bound exactly when::
+A group is *in flight* from its admission until the learner trains it or it leaves otherwise
+(dropped, expired, the request failed). With ``groups_per_step`` G, ``max_staleness`` S and
+``lag`` (how many versions the server trails the learner), a group admitted while ``n`` others
+are in flight is trained within the bound exactly when ``n + 1 <= (S + 1 - lag) * G``
+(AReaL's bounded in-flight rule, with the lag). ``capacity`` is the right-hand side; ``None``
+when the learner keeps everything.
 
-    n + 1 <= (S + 1 - lag) * G          (AReaL's bounded in-flight rule, with the lag)
-
-``capacity`` is the right-hand side; ``None`` when the learner keeps everything
-(``max_staleness`` unset). With no learner published yet, servers use the capacity the
-learner's parameters would give at lag 0 if known, else their own fallback.
-
-The learner publishes, in ``Keys.learner_state`` (a hash, next to ``version`` and ``step``):
-``max_staleness`` (-1: none), ``groups_per_step``, ``training`` (groups of the batch it is
-training now, 0 between steps) and ``finished`` (empty while it trains; once it has met its
-goal, e.g. a target reward (``gspo_rl.learner.target``), why it stops: servers then start no new
-group, 503 ``training_finished``, until a learner publishes an empty ``finished`` again).
+The learner publishes, in ``Keys.learner_state``: ``max_staleness`` (-1: none),
+``groups_per_step``, ``training`` (groups of the batch it is training now) and ``finished``
+(empty while it trains; else why it stopped: servers then start no new group, 503
+``training_finished``). The derivation: docs/design/admission.md.
 """
 
 from __future__ import annotations

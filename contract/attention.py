@@ -4,11 +4,9 @@ learner's padded forwards both use ``masked_sdpa_backends``.
 Both have a padding mask and a new shape nearly every time (the engine's cache grows by a
 column each step and rows join and leave; the learner's padded microbatches change length).
 PyTorch 2.11 picks cuDNN attention for masked bfloat16 SDPA on an H100, and cuDNN builds an
-execution graph, on the CPU, for every shape it has not seen: measured there ~0.13-0.22 s
-per new decode shape and ~1.1 s per new training length (forward + backward), against
-milliseconds with the memory-efficient kernel (BENCHMARKS.md, "On an H100";
-``benchmarks/probe_sdpa_shapes.py``). So on CUDA every backend but cuDNN attention stays
-allowed; the flags are PyTorch's process-wide ones, restored when the context exits.
+execution graph, on the CPU, for every shape it has not seen (measured:
+docs/design/learner-model.md). So on CUDA every backend but cuDNN attention stays allowed;
+the flags are PyTorch's process-wide ones, restored when the context exits.
 """
 
 from __future__ import annotations

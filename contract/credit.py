@@ -1,66 +1,21 @@
 """Per-token advantages for multi-turn episodes (GSPO-token), as pure functions.
 
-The credit rule (``group_credit``), for a group of ``G`` episodes. Episode ``i`` has a final
-reward ``R_i``, ``K_i`` model turns and optional turn rewards ``r_{i,1..K_i}`` (none: all 0).
-The return of turn ``k`` splits into the outcome and the turn rewards still to come:
+The credit rule (``group_credit``), for a group of ``G`` episodes; episode ``i`` has a final
+reward ``R_i``, ``K_i`` model turns and optional turn rewards ``r_{i,1..K_i}`` (none: all 0)::
 
-    G_{i,k} = R_i + T_{i,k},     T_{i,k} = sum_{j >= k} r_{i,j}
-
-Each part is centred against its own baseline:
-
+    T_{i,k} = sum_{j >= k} r_{i,j}
     c_{i,k} = (R_i - mean_i R) + (T_{i,k} - mean_{j in S_k} T_{j,k})
-
-where ``S_k`` is the set of episodes that reach turn ``k``. One scale for the whole group:
-
     sigma^2 = mean_i max_k c_{i,k}^2        A_{i,k} = c_{i,k} / (sigma + eps)
 
-Why this rule (and not the two obvious ones):
+``S_k``: the episodes that reach turn ``k`` (a turn only one reaches: that part is 0). With
+``scale=False`` the advantages are only centred. The sequence advantage (``--loss gspo``) is
+the first turn's. Every token of model turn ``k`` gets ``A_{i,k}``; tokens the model did not
+write get 0. Zero spread is decided exactly, so ``GroupCredit.has_signal`` (the server's
+zero-variance drop) is false exactly when every advantage is 0.
 
-- The outcome is compared over the whole group, as ``group_advantages`` does: without turn
-  rewards ``T = 0``, ``sigma = std(R)`` and every turn gets exactly the sequence advantage, so
-  GSPO-token reduces to GSPO and single-turn rollouts train unchanged.
-- The turn rewards still to come are compared per turn index, among the episodes that reach
-  that turn: a later turn is measured against other episodes' same turn, so a reward earned
-  earlier neither credits nor punishes it. (Normalising every turn's return against whole-
-  episode returns, the previous rule, pushed every turn after a rewarded one down: a group
-  where every episode answered correctly gave the correct final turns negative advantages.)
-  A turn that only one episode reaches has no baseline for its turn rewards: that part is 0.
-- One scale, not one per part or per turn: a 0.1 tool bonus keeps its weight relative to a
-  1.0 outcome (per-part normalisation would blow the bonus up to the outcome's size).
-- ``sigma`` uses each episode's largest deviation, so it is 0 only when every ``c`` is 0,
-  never a division of a non-zero ``c`` by eps (the previous rule divided by eps whenever the
-  whole-episode returns were equal but later turns' returns were not). It bounds every
-  advantage: ``c_{i,k}^2 <= max_k c_{i,k}^2 <= G sigma^2``, so ``|A| <= sqrt(G)``
-  (``sqrt(G - 1)`` without turn rewards, as for ``group_advantages``).
-- Zero spread is decided exactly: a part whose values are all equal is centred to exact
-  zeros (not ``x - mean(x)``, which float rounding can leave at 1e-17). So a group carries
-  no signal exactly when every ``A_{i,k}`` is 0, and ``GroupCredit.has_signal`` is the test
-  the server's zero-variance drop uses: the same quantity the learner trains on.
-
-The sequence advantage (``--loss gspo``) is the first turn's, ``A_i = A_{i,1}``: the return
-of the whole episode against every other episode's. When an episode's turns all get the same
-advantage (no turn rewards, single-turn rollouts, turn rewards only on the last turn of
-episodes of equal length), GSPO-token and GSPO see identical advantages.
-
-With ``scale=False`` the advantages are only centred (``A = c``), as ``group_advantages``.
-
-Every token of model turn ``k`` gets ``A_{i,k}``; tokens the model did not write (system,
-user, tool results, template tokens) get 0 and are masked out of the loss anyway.
-
-Arithmetic: doubles, and every mean summed left to right with one rounding per addition
-(``_mean``), not numpy's pairwise order: a defined order that the server's Lua copy of the
-outcome-only rule (``gspo_rl.contract.queue.groups.credit``: groups without turn rewards, published
-by the reward script itself) reproduces bit for bit
-(``tests/contract/queue/test_groups_credit.py``). Change the rule here and there together.
-
-Wiring: the server computes the rule once, when a group completes (in the reward script for
-outcome-only groups, ``gspo_rl.contract.queue.groups.finish`` for the others), and publishes both
-the sequence and the per-turn advantages;
-``gspo_rl.learner.algorithm.advantages.TurnAdvantages`` spreads the published per-turn advantages
-over each rollout's tokens (it recomputes them only for groups published without them) and is what
-``gspo_rl.learner.algorithm.advantages.advantage_fn_for`` gives the per-token loss kinds; "gspo"
-uses the published sequence advantages. This module is in ``contract`` because both sides apply the
-rule: the server to publish and to drop zero-variance groups, the learner for old records.
+Arithmetic: doubles, every mean summed left to right (``_mean``), which the server's Lua copy
+of the outcome-only rule (``gspo_rl.contract.queue.groups.credit``) reproduces bit for bit:
+change the rule here and there together. Why this rule, and its wiring: docs/design/credit.md.
 """
 
 from __future__ import annotations

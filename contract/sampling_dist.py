@@ -1,39 +1,17 @@
 """The distribution a sampler actually draws from under top-k / top-p, as pure torch functions.
 
 Notation: ``N`` rows (token positions), ``V`` vocabulary. A row's sampling parameters are its
-temperature ``T``, ``top_p`` (1: off) and ``top_k`` (<= 0 or >= V: off).
+temperature ``T``, ``top_p`` (1: off) and ``top_k`` (<= 0 or >= V: off). With truncation on,
+the sampler draws from ``softmax(z / T)`` restricted to a kept set ``K`` and renormalised:
+``log q(y) = z_y / T - logsumexp_{j in K} z_j / T``.
 
-With truncation on, the sampler draws from ``q = softmax(z / T)`` restricted to a kept set
-``K`` and renormalised, so the behaviour log-probability of a token is
-
-    log q(y) = z_y / T - logsumexp_{j in K} z_j / T
-
-and an importance ratio is only unbiased if the learner computes ``pi_theta`` and ``pi_old``
-under the same rule. ``keep_mask`` decides ``K`` exactly as vLLM does
-(``vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p_pytorch``, the CPU path), and the
-transformers engine (``gspo_rl.server.engines.hf.batch``) samples with this same function, so all
-three agree on ties and on the nucleus boundary:
-
-1. Temperature first: both cuts act on ``z / T``.
-2. Top-k keeps every token whose scaled logit is ``>=`` the k-th largest (ties with the k-th
-   are kept, so ``K`` may hold more than k tokens).
-3. Top-p, on what top-k kept: sort ascending, cumulative probability from the least likely
-   token; drop a token when that sum (itself included) is ``<= 1 - top_p``; the most likely
-   token is always kept.
-
-One departure, in the learner only (``sampled_logprobs``): the kept set is ``K`` *plus the
-target token*. At ``theta = theta_old`` this changes nothing (the sampler drew the token, so it
-is in ``K``). After an update a token may fall just outside the new nucleus; its exact
-probability would be 0 (log-prob ``-inf``), which would zero the whole sequence's GSPO ratio
-and leave no gradient. Keeping it gives the log-probability under the nearest distribution
-that can produce the token, finite and smooth in theta. ``K`` itself is a step function of the
-logits: no gradient flows through the choice of ``K``, only through the logits in it.
-
-A limit no implementation removes: a token whose scaled logit (or nucleus mass) sits within
-float rounding of the cut (gaps of ~1e-6) can be kept by the sampler's forward and dropped by
-the learner's (different kernels, batching), or the other way round; the log-probs of that
-position then differ by the token's share of the kept mass. On the tiny model this hit 1 token
-in ~500 at top_k = 20 (0.03 nats); the sequence-level GSPO ratio moved by 1e-4.
+``keep_mask`` decides ``K`` exactly as vLLM does (its CPU path), and the transformers engine
+samples with it: temperature first; top-k keeps every token whose scaled logit is ``>=`` the
+k-th largest (ties kept); top-p, on what top-k kept, drops a token when the cumulative
+probability from the least likely one (itself included) is ``<= 1 - top_p``; the most likely
+token is always kept. The learner (``sampled_logprobs``) keeps ``K`` plus the target token, so
+a token that fell just outside the new nucleus keeps a finite log-probability. Why, and the
+limit no implementation removes: docs/design/sampling-distribution.md.
 """
 
 from __future__ import annotations

@@ -1,49 +1,20 @@
 """The learner process: read groups, train, checkpoint, acknowledge, push weights, log.
 
-Components (each behind a small interface, wired here):
-
-- ``GroupReader`` (``gspo_rl.contract.queue.ready.reader``): batches of ready groups from the Redis
-stream, stale
-  ones dropped and counted; delivered groups stay pending until acknowledged.
-- ``Trainer`` (``gspo_rl.learner.trainer``) on a ``Policy`` (``gspo_rl.learner.model.policy``): one
-step per batch.
-- ``save_checkpoint`` / ``load_latest`` (``gspo_rl.learner.checkpoint``): durable HF-format state.
-- ``WeightSync`` (``gspo_rl.learner.weights.base``): pushes weights to the rollout servers.
-- ``MetricsLogger`` (``gspo_rl.learner.metrics``): terminal, JSONL, TensorBoard.
+Components, wired here: ``GroupReader`` (``gspo_rl.contract.queue.ready.reader``), ``Trainer``
+(``gspo_rl.learner.trainer``) on a ``Policy``, ``save_checkpoint`` / ``load_latest``
+(``gspo_rl.learner.checkpoint``), ``WeightSync`` (``gspo_rl.learner.weights.base``) and
+``MetricsLogger`` (``gspo_rl.learner.metrics``).
 
 One iteration: ``read_batch`` -> ``trainer.step`` -> version += 1 -> every ``sync_every``
 steps push the weights -> every ``save_every`` steps checkpoint, *then* ack the groups trained
 since the previous checkpoint -> publish version, step and the admission parameters to
 ``Keys.learner_state`` (``gspo_rl.learner.published``) -> log.
 
-Exactly-once, relative to the model that survives: a group is acknowledged only after a
-checkpoint that contains its update is durable, and the checkpoint records the ids it covers.
-On ``resume`` the learner loads the newest checkpoint, acks its recorded ids (idempotent: the
-crash may have come before or after the ack), and the reader's first reads redeliver every
-still-pending entry: exactly the groups trained after that checkpoint, whose updates died.
-Without ``save_dir`` groups are acked right after their step (at-most-once on a crash).
-
-Policy versions: the servers start at version 0 with the learner's initial weights; each step
-adds one. On a restart the servers may already hold weights the dead learner pushed after its
-last checkpoint, under versions the new one would reuse. So a restarted learner that finds a
-published version at or above its own moves to ``published + 1``; versions stay monotonic and
-each names one set of weights. The version is published to Redis *before* each push, so the
-published version is never behind the servers'.
-
-Healing (any component may restart): the learner pushes its weights at start, and, every few
-seconds, to the registered servers again when one's heartbeat reports a version older than
-the last push (a restarted server is back at 0: without the push every group it samples would
-be too stale to train, and nothing would ever be pushed), also while it has nothing to train.
-Redis errors are retried with back-off (``gspo_rl.learner.progress.RedisRetry``) for
-``redis_retry_s``, then ``RedisUnavailable`` ends the run (``gspo learn`` exits 75). Every
-state without progress is logged and recorded (``gspo_rl.learner.progress.ProgressMonitor``).
-
-Stopping (signals: ``gspo_rl.learner.run``): SIGINT / SIGTERM finish the current step,
-checkpoint, ack and return; a second signal aborts at once (unacked groups are redelivered on the
-next start). A batch that was being read when the stop request arrived is still trained (it is the
-current step), then checkpointed and acknowledged on exit. With ``target_reward`` the learner also
-stops once the environment's recent groups reach it, after training the groups in flight
-(``gspo_rl.learner.target``).
+Contract: a group is acknowledged only after a durable checkpoint contains its update (without
+``save_dir``: right after its step, at-most-once on a crash); on resume the checkpoint's ids
+are acked and every still-pending entry is redelivered. Policy versions stay monotonic across
+restarts, and the version is published before each push. Healing, Redis retries, signals and
+the target-reward stop: docs/design/learner-loop.md.
 """
 
 from __future__ import annotations

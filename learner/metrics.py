@@ -1,28 +1,13 @@
 """Per-step learner metrics: one terminal line, one JSON line, TensorBoard scalars (optional).
 
-A step record is a flat dict of floats plus a few structured fields:
-
-- ``staleness``: histogram ``{"0": n, "1": m, ...}`` of the trained groups' staleness
-  (policy versions between the group's oldest sampled token and the weights it trains).
-- ``dropped``: totals by reason from the Redis counters hash (``dropped_stale``,
-  ``expired_dropped``, ...); ``dropped_stale_step``: groups the reader dropped this step.
-- ``env_reward``: the environment's mean reward over its last ``target_window`` finished
-  groups, trained or not (``gspo_rl.learner.target``; None until that many finished).
-- ``groups_trained_total``, ``trained_fraction``: groups trained so far (this learner's,
-  checkpoints included) and their share of the finished groups (trained + dropped);
-  ``trained_fraction_with_signal`` leaves equal-reward groups out (``trained_fractions``).
-- ``time_wait_s`` / ``time_compute_s`` / ``time_sync_s``: where the step's wall time went
-  (waiting for data vs computing vs pushing weights); a step record is written before the
-  checkpoint that covers it, which writes its own ``{"event": "checkpoint", ...,
-  "time_checkpoint_s"}`` record.
-- ``stalls``: loop iterations since the previous step that made no progress, by reason
-  (``gspo_rl.learner.progress``; each such state also writes ``{"event": "stall", ...}`` records);
-  ``registry_rejected``: server registrations that did not parse or verify.
-- ``group_ids`` / ``entry_ids``: what was trained (the JSONL is also the audit log of
-  exactly-once training; see ``trained_history``).
-
-TensorBoard is used when ``torch.utils.tensorboard`` imports (it needs the ``tensorboard``
-package, an optional install); otherwise the JSONL is the machine-readable record.
+A step record is a flat dict of floats plus a few structured fields: ``staleness`` (histogram
+of the trained groups' staleness), ``dropped`` (totals by reason) and ``dropped_stale_step``,
+``env_reward``, ``groups_trained_total``, ``trained_fraction`` and
+``trained_fraction_with_signal``, ``time_wait_s`` / ``time_compute_s`` / ``time_sync_s``,
+``stalls`` and ``registry_rejected``, and ``group_ids`` / ``entry_ids`` (the JSONL is also the
+audit log of exactly-once training). Checkpoints and no-progress states write their own
+``{"event": ...}`` records. TensorBoard is used when ``torch.utils.tensorboard`` imports (the
+optional ``tensorboard`` package). Every field explained: docs/design/learner-loop.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Stopping at a target reward: when the environment's recent groups score high enough, the
 task is learned, and sampling more of it is waste (whole groups score alike, carry no signal
-and are dropped; issue 15: 80% of the compose run's groups were trained by step 67, the rest
-equal-reward groups of the solved demo task).
+and are dropped; measured: docs/design/learner-loop.md).
 
 What is measured is what the environment scored, not what the learner trained: the mean
 reward of every group that finished with rewards (published, or dropped for equal rewards),

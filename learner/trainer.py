@@ -1,26 +1,19 @@
 """One training step: a list of ready groups in, AdamW updates and metrics out.
 
-A step is one policy version. Its rollouts are planned by ``gspo_rl.learner.data.batching`` into
-``M`` minibatches; each minibatch is one optimizer step (PPO/GSPO style: several updates per rollout
-batch, the clip band keeping the later ones close to pi_old). Microbatches inside a
-minibatch accumulate gradients, each scaled so the sum is the minibatch's
-seq-mean-token-mean loss (see ``MicroBatch.loss_scale``).
+A step is one policy version. Its rollouts are planned by ``gspo_rl.learner.data.batching``
+into ``M`` minibatches; each minibatch is one optimizer step, its microbatches accumulating
+gradients scaled so that their sum is the minibatch's seq-mean-token-mean loss
+(``MicroBatch.loss_scale``).
 
-pi_old, by ``LearnerConfig.old_logprobs``:
+pi_old, by ``LearnerConfig.old_logprobs``: "behavior", the servers' sampling
+log-probabilities (GSPO paper, section 5.4); or "recompute", pi_prox recomputed here without
+grad at the start of the step, each sequence's loss multiplied by the detached, truncated
+sequence-level weight ``min(exp(mean_t(lp_prox - lp_behavior)), C)`` (decoupled PPO).
 
-- "behavior": the servers' sampling log-probabilities (GSPO paper, section 5.4).
-- "recompute": pi_prox, recomputed here without grad at the start of the step, before any
-  update of this step; each sequence's loss is multiplied by the detached, truncated
-  sequence-level importance weight ``min(exp(mean_t(lp_prox - lp_behavior)), C)`` (decoupled
-  PPO). With ``M = 1`` the ratio is then exactly 1 in the single update.
-
-Safety: a minibatch whose gradient norm is not finite is skipped (counted in
-``skipped_updates``) rather than written into the weights.
-
-Speed (``gspo_rl.learner.model.speed``, decided once here): on CUDA the model runs in bf16 while the
-optimizer steps float32 master weights (``gspo_rl.learner.model.precision``; gradients are moved
-into them after every microbatch), AdamW is fused, microbatches are packed, and gradient
-checkpointing is chosen by size. On the CPU nothing changes: float32, padded, exact.
+A minibatch whose gradient norm is not finite is skipped (``skipped_updates``), never written
+into the weights. Speed (``gspo_rl.learner.model.speed``, decided once here): on CUDA bf16
+weights with float32 masters, fused AdamW, packed microbatches, checkpointing by size; on the
+CPU nothing changes (float32, padded, exact). Design notes: docs/design/learner-loop.md.
 """
 
 from __future__ import annotations

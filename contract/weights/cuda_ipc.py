@@ -1,30 +1,17 @@
 """One-GPU weight passing: a learner and a server on the same GPU exchange CUDA IPC handles.
 
 NCCL refuses two ranks on one device, so a learner and a rollout server sharing a GPU cannot
-form the broadcast group. Instead the learner exports each weight tensor's CUDA allocation as an
-IPC handle and posts the handles, as JSON, to ``POST /admin/weights/update_ipc``. The server (or
-its vLLM worker) opens them on its own device index, copies the tensors into the model (one
-device-to-device copy, no host round trip, no second process group), synchronises its device,
-and only then answers. The learner shares its parameters in place, with no staging copy: on one
-GPU memory is what is short. They are safe to share because the learner is blocked in the push
-until the answer, so no optimizer step can write them while the server reads; afterwards
-``torch.cuda.ipc_collect`` releases the sharing bookkeeping.
+form the broadcast group. Instead the learner exports each weight tensor's CUDA allocation as
+an IPC handle and posts the handles, as JSON, to ``POST /admin/weights/update_ipc``. The
+server (or its vLLM worker) opens them on its own device index, copies the tensors into the
+model, synchronises its device, and only then answers; the learner is blocked in the push
+until then, so no optimizer step writes the shared parameters while the server reads. Only
+numbers and base64 handle bytes cross the wire (no pickle), with the same ``TensorMeta`` list
+as the broadcast.
 
-Why our own handles and not vLLM's IPC weight-transfer engine (``vllm.distributed.
-weight_transfer.ipc_engine``):
-
-- one wire format for both engines: the hf engine opens the handles in the server process, the
-  vLLM engine in its worker, and both load through their existing all-or-nothing paths (the
-  vLLM worker's layerwise reload; the hf engine's checked copy under its step lock);
-- JSON, not pickle: vLLM's HTTP path ships ``reduce_tensor``'s pickled rebuild call, which
-  the receiver must unpickle (code execution for any caller of the route; vLLM guards it with
-  an opt-in flag). Here only numbers and base64 handle bytes cross the wire and the receiver
-  calls ``rebuild_cuda_tensor`` itself;
-- the same ``TensorMeta`` list as the broadcast, so the server's name and shape checks are
-  shared.
-
-The choice of this path is ``gspo_rl.contract.weights.collective.choose_transport`` (same GPU UUID).
-The message format and its encoding are pure and tested on CPU; opening handles needs CUDA.
+The choice of this path is ``gspo_rl.contract.weights.collective.choose_transport`` (same GPU
+UUID). The message format and its encoding are pure and tested on CPU; opening handles needs
+CUDA. Why not vLLM's IPC weight-transfer engine: docs/design/weight-sync.md.
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def _server_device_args(cfg: UpConfig) -> list[str]:
     its weights as CUDA IPC handles (chosen automatically, ``gspo_rl.contract.weights.collective``),
     and vLLM takes only ``gpu_memory_utilization`` of the GPU so that the learner fits. float32
     on every device: the learner uses the servers' log-probabilities as pi_old ("behavior"),
-    exact only when both sides compute in the same dtype (README, "On GPUs")."""
+    exact only when both sides compute in the same dtype (docs/gpus.md)."""
     args = ["--engine", cfg.engine, "--dtype", "float32"]
     if cfg.device is None:
         return args

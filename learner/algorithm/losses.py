@@ -5,22 +5,12 @@ in a group, ``N`` groups. ``logprobs_BT`` are log pi_theta of the tokens that we
 ``old_logprobs_BT`` log pi_old of the same tokens, ``mask_BT`` is 1 on trained tokens.
 
 Every kind is aggregated "seq-mean-token-mean": the token mean inside each sequence, then the
-mean over the sequences that have at least one trained token. Summing over all tokens of the
-batch would weight long sequences more, which with a sequence-level ratio is a known bug.
-
-Departures from a line-by-line transcription of the papers, and why:
-
-1. The gradient is computed in closed form under ``no_grad`` and attached to ``logprobs`` by a
-   small autograd function. Every objective here is a sum of per-token terms whose derivative
-   with respect to each token's log-probability is known; writing it down once keeps one
-   ``[B, T]`` tensor alive for backward instead of a graph of ~10, and makes forward+backward
-   faster than the autograd transcription (see ``benchmarks/bench_losses.py``). The tests check
-   the closed form against autograd of a plain transcription and against finite differences.
-2. Per-token log-ratios are clamped to ``[-max_log_ratio, max_log_ratio]`` before ``exp``;
-   tokens outside the band get no gradient. Masked positions are replaced by 0 before any
-   arithmetic, so ``-inf`` or NaN padding cannot leak into values or gradients.
-3. SAPO has no hard clip: its ``clip_fraction`` is 0 by definition; ``gate_mean`` (the mean
-   slope ``f'(r)``, 1 on-policy) is its health signal instead.
+mean over the sequences that have at least one trained token. The gradient is computed in
+closed form and attached to ``logprobs`` by a small autograd function. Per-token log-ratios
+are clamped to ``[-max_log_ratio, max_log_ratio]`` before ``exp`` (tokens outside the band get
+no gradient); masked positions never reach values or gradients. SAPO has no hard clip: its
+``clip_fraction`` is 0 and ``gate_mean`` is its health signal. Why each departure from the
+papers: docs/reference/losses.md.
 """
 
 from __future__ import annotations

@@ -3,33 +3,19 @@
 Notation: ``B`` rows (rollouts) in a microbatch, ``T`` padded token positions, ``L`` one
 rollout's length. Every per-token array is aligned with ``token_ids``: entry ``t`` belongs to
 token ``t`` (its behavior log-probability scores ``token_ids[t]`` given ``token_ids[:t]``), so
-position 0 is never trained (nothing predicts the first token).
+position 0 is never trained.
 
-Two levels, because they answer different questions:
+- A *minibatch* is one optimizer step: the step's rollouts are dealt into ``M`` minibatches of
+  roughly equal token counts (longest-processing-time-first), whole groups as the units when
+  there are at least ``M`` groups, else single rollouts.
+- A *microbatch* is one forward/backward: a minibatch's rollouts sorted longest first and cut
+  so that ``rows x longest row <= micro_batch_tokens`` (with ``packed``: the sum of lengths),
+  right-padded to their own microbatch's longest row.
 
-- A *minibatch* is one optimizer step. The step's rollouts are dealt into ``M`` minibatches of
-  roughly equal token counts (longest-processing-time-first: each unit goes to the minibatch
-  with the fewest tokens so far). Whole groups are the units when there are at least ``M``
-  groups, so each optimizer step sees every group's zero-mean advantages together (a built-in
-  baseline, lower variance); otherwise single rollouts are. Dealing by size, not sorting into
-  contiguous length buckets, keeps the minibatches alike: one of only long rollouts would get
-  the same step size per sequence as one of many short ones.
-- A *microbatch* is one forward/backward. Within a minibatch the rollouts are sorted by length
-  (longest first) and cut greedily so that ``rows x longest row <= micro_batch_tokens``. Rows
-  are right-padded to the longest row of their own microbatch only. Sorting makes neighbours
-  similar in length, so the padding left is small (``padding_fraction`` in the plan measures
-  it); it is not zero. With ``packed`` (the GPU default, ``gspo_rl.learner.data.packing``) the
-  policy feeds each microbatch as one packed row, the budget counts real tokens (sum of lengths)
-  and no padding goes through the model; the microbatch is still collated padded here.
-
-Loss normalisation: each minibatch's loss is the seq-mean-token-mean over *its* sequences.
-``policy_loss`` averages over the valid sequences of the tensors it is given, so the trainer
-scales each microbatch's loss by ``n_valid(micro) / n_valid(minibatch)``
-(``MicroBatch.loss_scale``); the sum over microbatches is then exactly the minibatch loss.
-
-Advantages: one per rollout from the group (``sequence_advantage``). ``AdvantageFn`` is the hook
-for per-token advantages (multi-turn credit): a function may return an ``[L]`` array instead of
-a float, and the microbatch then carries ``advantages_BT`` (scalars broadcast along the row).
+Each microbatch's loss is scaled by ``n_valid(micro) / n_valid(minibatch)``
+(``MicroBatch.loss_scale``), so the sum over microbatches is the minibatch's loss. Advantages:
+one per rollout (``sequence_advantage``), or per token through an ``AdvantageFn``.
+Why: docs/design/learner-loop.md.
 """
 
 from __future__ import annotations

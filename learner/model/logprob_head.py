@@ -3,24 +3,13 @@
 ``fused_logprobs(hidden_ND, weight_VD, targets_N, chunk_fn, temperature_N)`` returns, for
 each row ``n``, ``chunk_fn((hidden[n] / t[n]) @ weight.T, targets[n])``: by default
 (``LogSoftmaxPick``) the log-probability ``log_softmax(logits / t)[target]`` the rollout
-servers record. The projection
-onto the vocabulary is the largest matrix multiply of a small model and its ``[N, V]`` output
-(float32 for the log-softmax) the largest tensor of a step; here both exist for one chunk of
-rows at a time:
-
-- forward: per chunk, ``logits_CV = hidden_C @ weight.T`` (in the weights' dtype: bf16 on the
-  GPU path), then ``chunk_fn`` in float32; only the ``[N]`` result is kept.
-- backward: per chunk, the logits are recomputed (one extra ``C x D x V`` multiply, cheaper
-  than keeping ``N x V`` values), ``d lp / d logits`` comes from ``chunk_fn.grad_logits``
-  when it has one (the default does) or else from autograd through ``chunk_fn`` on that
-  chunk only, and ``d hidden = g @ weight``, ``d weight += g.T @ hidden`` (accumulated
-  in float32).
-
-``chunk_fn`` is the plug for other per-token distributions (e.g. the truncated top-p/top-k
-sampling distribution): any differentiable ``(logits_CV, targets_C, rows) -> lp_C`` where
-``rows`` is the chunk's ``slice`` of the ``N`` rows, to index per-row parameters.
+servers record. Forward and backward run one chunk of rows at a time (backward recomputes each
+chunk's logits); the weight's gradient accumulates in float32. ``chunk_fn`` is the plug for
+other per-token distributions: any differentiable ``(logits_CV, targets_C, rows) -> lp_C``,
+``rows`` being the chunk's ``slice`` of the ``N`` rows.
 
 Notation: ``N`` rows (tokens), ``D`` hidden size, ``V`` vocabulary, ``C`` rows of one chunk.
+Design notes: docs/design/learner-model.md.
 """
 
 from __future__ import annotations

@@ -3,30 +3,15 @@
 ``token_logprobs`` returns ``logprobs_BT`` aligned with ``tokens_BT``: entry ``t`` (t >= 1) is
 ``log_softmax(logits[t-1] / temperature)[tokens[t]]``, exactly what the rollout servers record
 as behavior log-probabilities; entry 0 is 0. Rows sampled with a top-p / top-k cut get the
-log-probability under the same cut, renormalised (``gspo_rl.contract.sampling_dist``), as the
-servers record it; rows without one take the lean path below unchanged.
+log-probability under the same cut, renormalised (``gspo_rl.contract.sampling_dist``).
 
-Memory: the ``[B, T, V]`` logits are the largest tensor of a step. Three things keep them lean:
-
-1. Only positions from the first trained token on get logits (``logits_to_keep``): prompts
-   shared by a group cost hidden states, not vocabulary projections.
-2. ``_SelectedLogprob`` computes ``x[target] - logsumexp(x)`` with ``x = logits / T`` in row
-   chunks and keeps only the logits (no float32 copy, no scaled copy, no ``[.., V]``
-   log-softmax) for backward, where ``d/dx = onehot - softmax(x)`` is rebuilt chunk by chunk.
-   A plain ``log_softmax(logits.float() / t).gather(..)`` keeps two to three ``[B, T, V]``
-   float32 tensors alive instead of one.
-3. Optional gradient checkpointing and bf16 autocast on CUDA.
-
-When the model has a plain linear output head (``fused_head_weight``), a faster path replaces
-1-2: the decoder's hidden states are taken only at positions whose next token is trained, and
-``gspo_rl.learner.model.logprob_head.fused_logprobs`` projects them onto the vocabulary chunk by
-chunk, so no ``[B, T, V]`` logits exist at all. With ``packing`` the microbatch's sequences go
-through the model as one packed row (``gspo_rl.learner.data.packing``: no padding tokens,
-variable-length attention). FSDP-sharded models keep the logits path (their root parameters are
-gathered only by the root module's forward).
-
-Dropout is switched off: an importance ratio compares the learner's function with the
-sampler's, and the sampler never drops units.
+Memory: logits only from the first trained token on, a chunked selected-log-prob
+(``_SelectedLogprob``) that keeps no float32 copy for backward, and, with a plain linear
+output head (``fused_head_weight``), the fused head (``gspo_rl.learner.model.logprob_head``),
+so that no ``[B, T, V]`` logits exist at all; with ``packing`` a microbatch goes through the
+model as one packed row (``gspo_rl.learner.data.packing``). FSDP-sharded models keep the logits
+path. Dropout is off: an importance ratio compares the learner's function with the sampler's.
+Design notes: docs/design/learner-model.md.
 """
 
 from __future__ import annotations

@@ -5,22 +5,18 @@ Levers and their "auto" rules (``LearnerConfig``: ``param_dtype``, ``packing``,
 ``gradient_checkpointing``, ``compile``):
 
 - bf16 parameters with float32 master weights (``gspo_rl.learner.model.precision``): on CUDA
-(compute
-  capability 8.0 or newer: ``ampere_or_newer``), unless the model is FSDP-sharded (FSDP2
-  keeps its float32 shards). float32 on the CPU (exact) and on older GPUs.
-- Packing (``gspo_rl.learner.data.packing``): on CUDA with bf16 parameters (not under FSDP), with
-  variable-length attention: flash-attention-2 (``cu_seqlens``) when the ``flash_attn``
-  package is installed, else ``gspo_rl.learner.model.varlen`` (PyTorch's bundled FlashAttention-2
-  varlen kernels; flex attention is not used: its Inductor lowering failed on an H100 with torch
-  2.11). Off on the CPU: its attention there is a dense ``N x N`` mask.
-- Fused AdamW (one kernel for all parameters): on CUDA.
-- Gradient checkpointing by size: on when the estimated activations of one microbatch, with
-  the weights, gradients and optimizer state, would exceed 80% of the GPU's memory
-  (``needs_checkpointing``). Never switched on by "auto" on the CPU or under FSDP.
-- ``torch.compile`` of each decoder layer (``dynamic=True``: shapes vary with packing): on
-  CUDA with bf16 parameters (measured 1.2-1.3x tokens/s on an H100); the variable-length
-  attention stays eager (``gspo_rl.learner.model.varlen``); a graph that fails to compile runs
-  eagerly.
+  with compute capability 8.0 or newer (``ampere_or_newer``), unless FSDP-sharded; float32 on
+  the CPU (exact) and on older GPUs.
+- Packing with variable-length attention (flash-attn's when installed, else
+  ``gspo_rl.learner.model.varlen``): on CUDA with bf16 parameters, not under FSDP; off on CPU.
+- Fused AdamW: on CUDA.
+- Gradient checkpointing: on when one microbatch's estimated activations, with the training
+  state, would exceed 80% of the GPU's memory (``needs_checkpointing``); never by "auto" on
+  the CPU or under FSDP.
+- ``torch.compile`` of each decoder layer (``dynamic=True``): on CUDA with bf16 parameters;
+  the varlen attention stays eager; a graph that fails to compile runs eagerly.
+
+Measurements and history: docs/design/learner-model.md.
 """
 
 from __future__ import annotations

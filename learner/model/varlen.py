@@ -1,25 +1,21 @@
 """Variable-length causal attention for packed rows, without the flash-attn package.
 
 The learner packs a microbatch's sequences end to end in one ``[1, N]`` row
-(``gspo_rl.learner.data.packing``); attention must then stay inside each sequence. flash-attn's
-``flash_attention_2`` does that from ``cu_seqlens`` when the package is installed; PyTorch's
-flex attention needs ``torch.compile`` (Inductor), which failed to lower it on an H100 with
-torch 2.11 (``NoValidChoicesError``). PyTorch ships the same FlashAttention-2 kernels for
-its SDPA, with their variable-length entry points (``aten::_flash_attention_forward`` with
-``cum_seq_q``); this module calls those, as ``NAME``, a transformers attention
+(``gspo_rl.learner.data.packing``); attention must then stay inside each sequence. This module
+calls PyTorch's bundled FlashAttention-2 variable-length kernels
+(``aten::_flash_attention_forward`` with ``cum_seq_q``), as ``NAME``, a transformers attention
 implementation:
 
 - CUDA, bf16/fp16: the flash varlen kernels, forward and backward, grouped KV heads as they
-  are (FlashAttention-2 reads them natively).
+  are;
 - elsewhere (the CPU, float32): one causal SDPA per sequence, exact; the tests' reference.
 
-The policy passes ``cu_seq_lens_q`` / ``max_length_q`` (transformers' flash-attention
-keyword names) through the model's forward, with no attention mask (none is built for a row
-without padding). A call without offsets (a padded batch: the policy with packing off, the
-logits path) goes to transformers' sdpa attention with sdpa's mask.
+The policy passes ``cu_seq_lens_q`` / ``max_length_q`` through the model's forward, with no
+attention mask; a call without offsets (a padded batch) goes to transformers' sdpa attention.
 
 Notation: ``N`` packed tokens, ``H`` query heads, ``Hk`` key/value heads, ``D`` head size,
-``S`` sequences (``cu`` holds ``S + 1`` offsets).
+``S`` sequences (``cu`` holds ``S + 1`` offsets). Why not flex attention:
+docs/design/learner-model.md.
 """
 
 from __future__ import annotations

@@ -2,32 +2,19 @@
 
     torchrun --nproc-per-node 2 -m gspo_rl.cli learn --model ... --redis-url ...
 
-Roles. Rank 0 is the learner of ``gspo_rl.learner.loop`` (reader, checkpoints, acks, weight pushes,
+Rank 0 is the learner of ``gspo_rl.learner.loop`` (reader, checkpoints, acks, weight pushes,
 metrics); it tells the other ranks what to do with the typed messages of
-``gspo_rl.learner.parallel.protocol`` (``Train`` after each read, ``Idle`` for an empty one,
-``Gather``, ``Stop``), and ranks > 0 act on them in ``gspo_rl.learner.follower``. This
-module holds only what both sides call: joining the job, the broadcast, the gradient sums, the split
-of the work.
+``gspo_rl.learner.parallel.protocol``, and ranks > 0 act on them in
+``gspo_rl.learner.follower``. This module holds only what both sides call: joining the job,
+the broadcast, the gradient sums, the split of the work.
 
-Work split. Every rank plans the same step (``plan_step`` is deterministic), then takes its
-share of each minibatch's microbatches (longest-processing-time-first by padded tokens, so
-ranks get similar work). Each microbatch's loss is scaled by ``n_valid(micro) /
-n_valid(minibatch)`` over the *whole* minibatch, and gradients are summed (not averaged)
-across ranks: the update is exactly the single-process one, whatever the split (up to the
-order of float additions). Ranks with no microbatch in a minibatch contribute zeros. The same
-summed gradient on every rank and the same optimiser state keep the replicas identical.
-
-Two modes (``LearnerConfig.data_parallel``; "auto": fsdp2 on CUDA, allreduce on CPU):
-
-- "allreduce": every rank keeps a full replica; gradients are summed with one flat all-reduce
-  per optimizer step. Why not ``DistributedDataParallel``: DDP needs the same number of
-  backward passes on every rank, and a minibatch's microbatches do not divide evenly; one
-  flat all-reduce per optimizer step is what DDP would do at the end anyway.
-- "fsdp2": parameters, gradients and optimiser state sharded over the ranks
-  (``gspo_rl.learner.parallel.fsdp``), for models whose training state does not fit one device.
-  Pushes and checkpoints need every rank's shards, so rank 0 sends ``Gather`` before each one and
-  every rank joins the gather (``gspo_rl.learner.follower.export_full``); rank 0 alone
-  pushes and writes.
+Contract: every rank plans the same step and takes its share of each minibatch's
+microbatches; each microbatch's loss is scaled by its share of the *whole* minibatch and
+gradients are summed across ranks, so the update is exactly the single-process one, whatever
+the split (up to the order of float additions). Modes (``LearnerConfig.data_parallel``;
+"auto": fsdp2 on CUDA, allreduce on CPU): "allreduce" (full replicas, one flat all-reduce per
+optimizer step) and "fsdp2" (``gspo_rl.learner.parallel.fsdp``). Why not DDP:
+docs/design/distributed.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """FSDP2 data parallelism for the learner: sharded parameters, gradients and optimiser state.
 
-``LearnerConfig.data_parallel = "fsdp2"`` (the default on CUDA under ``torchrun``) shards
-each decoder layer and the root module with ``torch.distributed.fsdp.fully_shard``, so each
-rank holds ``1/world`` of the float32 weights, gradients and AdamW moments. The loop is the
-one of ``gspo_rl.learner.parallel.distributed`` (rank 0 reads and broadcasts; microbatches split
-across ranks, each scaled by its share of the whole minibatch) with three differences:
+``LearnerConfig.data_parallel = "fsdp2"`` (the default on CUDA under ``torchrun``) shards each
+decoder layer and the root module with ``torch.distributed.fsdp.fully_shard``; the loop is the
+one of ``gspo_rl.learner.parallel.distributed``. Contract: gradients are reduce-scattered as
+plain sums, so the update stays exactly the single-process one; a rank with fewer microbatches
+runs zero-weight passes (``Share.n_pad``), so every rank runs the same number of passes;
+weights leave as full tensors (``gather_full`` into rank 0's CPU host copy, which
+``BroadcastSync`` and ``save_pretrained`` see as an ordinary model).
 
-- Gradients are reduce-scattered by FSDP in every backward, as plain sums (divide factor 1,
-  sum-only collectives: gloo has no pre-multiplied sum), so the update stays exactly the
-  single-process one.
-- FSDP's collectives need every rank to run the same number of forward/backward passes. A
-  rank with fewer microbatches in a minibatch runs zero-weight passes on a real microbatch
-  (``Share.n_pad``): they all-gather and reduce-scatter like the others and add exact zeros.
-- Weights leave as full tensors: before a push or a checkpoint every rank takes part in the
-  gather (``gather_full``), rank 0 copies each parameter into a CPU *host copy* of the model
-  (plain Hugging Face names, tied embeddings still tied), and ``BroadcastSync`` and
-  ``save_pretrained`` see an ordinary model. The host copy costs rank 0 one float32 model of
-  CPU memory; only one parameter is gathered on the device at a time.
-
-Optimiser state in checkpoints: the *full* state dict, keyed by parameter name, gathered to
-rank 0 (``get_optimizer_state_dict(full_state_dict=True, cpu_offload=True)``) and written to
-``trainer_state.pt`` with ``"optimizer_format": "fsdp2-full"``. One file, independent of the
-number of ranks: a checkpoint resumes under any world size, and in either mode (an id-keyed
-state from the all-reduce learner is renamed with ``ids_to_names``; a name-keyed one loads
-into an unsharded model through ``set_optimizer_state_dict``). Every rank reads the file on
-resume and keeps its own shard.
+Checkpoints hold the *full* optimizer state keyed by parameter name (``"optimizer_format":
+"fsdp2-full"``), so a checkpoint resumes under any world size and in either mode. Details:
+docs/design/distributed.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
 """The sending side of the weight broadcast: the learner is rank 0, every live server's engine
 takes the next ranks.
 
-One push:
-1. read the live servers from Redis (heartbeats; only registrations signed with the admin key,
-   ``gspo_rl.contract.queue.registry``), ask each for ``/health`` (a few seconds at most) and leave
-   out those that do not answer; if the set changed since the last push (a restarted server is a new
-   member), or the last push failed, rebuild the group: host a fresh ``TCPStore``, ask every
-   server to join epoch ``e`` over HTTP (admin key) while rank 0 joins too;
-2. post ``/admin/weights/update`` to every server and broadcast the buckets at the same time;
-3. a server whose HTTP call fails or times out is dropped and logged; the group is rebuilt
-   without it and the push retried once, so the live servers end on the new version.
+One push: (1) read the live servers from Redis (only registrations signed with the admin key,
+``gspo_rl.contract.queue.registry``), leave out those whose ``/health`` does not answer, and
+rebuild the group when the set changed or the last push failed (a fresh ``TCPStore``, every
+server asked over HTTP to join epoch ``e``); (2) post ``/admin/weights/update`` to every
+server while broadcasting the buckets; (3) drop a server whose call fails or times out,
+rebuild the group without it and retry once. A server on the learner's own GPU gets CUDA IPC
+handles instead (``/admin/weights/update_ipc``; the choice is
+``gspo_rl.contract.weights.collective.choose_transport``).
 
-A server on the learner's own GPU (same GPU UUID, ``GET /admin/weights/transport``) cannot
-take an NCCL rank next to the learner: it gets CUDA IPC handles of the learner's weights
-instead (``gspo_rl.contract.weights.cuda_ipc``), posted to ``/admin/weights/update_ipc``. The choice
-is ``gspo_rl.contract.weights.collective.choose_transport``; the broadcast group holds the other
-servers.
-
-Every wait is bounded: HTTP calls by ``timeout_s``, collectives by the group's timeout, the
-health check by ``health_timeout_s``. Redis being down fails the push (``ok=False``, reason in
-``error``); it never raises into the training loop.
+Every wait is bounded (HTTP by ``timeout_s``, collectives by the group's timeout, the health
+check by ``health_timeout_s``); Redis being down fails the push (``ok=False``, reason in
+``error``) and never raises into the training loop. Design notes: docs/design/weight-sync.md.
 """
 
 from __future__ import annotations

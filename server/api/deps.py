@@ -9,8 +9,7 @@ the API key.
 
 Every dependency is ``async def`` although none awaits: FastAPI runs a plain ``def``
 dependency in a worker thread, and with the engine's thread holding the GIL each such hop
-waits for a GIL hand-off, several per request (measured at 32 requests in flight: the time
-a request spends in the server outside the engine fell from 39 to 21 ms).
+waits for a GIL hand-off (measured: docs/design/hf-engine.md).
 """
 
 from __future__ import annotations

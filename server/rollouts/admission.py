@@ -1,46 +1,21 @@
 """Admission control: a new group starts only if it can be trained within the learner's
 staleness bound; otherwise the request is held, then refused.
 
-Why the server decides (and not the SDK): every group starts at a server, whatever opened it
-(the SDK's group runners, a plain ``openai`` client, an agent harness), and only the server
-side sees the learner (Redis) and the weights it samples with. An environment may not even
-reach Redis (docker-compose.yml puts it on another network). So the server is the authority,
-and the SDK honours its answer: it waits and retries on the 503 below (``gspo_rl.client.client``)
-without counting a failure. Before this gate, environments ran ahead of the learner and most
-of their groups arrived too stale to train (88% dropped in a compose run).
+The rule (``gspo_rl.contract.admission``): with ``n`` groups in flight (summed over every
+server from facts in Redis, ``gspo_rl.contract.queue.inflight``) a new group is admitted when
+``n + 1 <= (max_staleness + 1 - lag) * groups_per_step``, the learner's published parameters,
+``lag`` the learner's version minus this server's; until a learner has published them the
+bound is ``admission_capacity_without_learner``; a learner without ``max_staleness`` sets none.
 
-The rule (``gspo_rl.contract.admission``): with ``n`` groups in flight
-(``gspo_rl.contract.queue.inflight``: admitted and not yet trained, dropped or expired, summed over
-every server from facts in Redis) a new group is admitted when ``n + 1 <= (max_staleness + 1 - lag)
-* groups_per_step``, the learner's parameters as it published them, ``lag`` the learner's version
-minus this server's. Until a learner has published them the bound is
-``admission_capacity_without_learner``. A learner without ``max_staleness`` sets no bound.
-
-Behaviour at the bound: the request is *held* (it waits in the server, re-checked every
-``POLL_S`` and whenever one of this server's groups leaves) for at most
-``admission_wait_s``, and admitted as soon as the learner advances; after that it is refused
-with 503 ``too_many_groups_in_flight`` and ``Retry-After``. Routes that start a group:
+At the bound the request is held (re-checked every ``POLL_S`` and whenever one of this
+server's groups leaves) for at most ``admission_wait_s``, then refused with 503
+``too_many_groups_in_flight`` and ``Retry-After``. Routes that start a group:
 ``POST /v1/completions``, ``/v1/rollouts``, ``/v1/chat/completions`` without a
-``rollout_id``, ``POST /v1/groups``. Work already accepted (rewards, turns of open episodes) is
-never held. Several servers read the same facts; two admitting at the same instant can
-overshoot the bound by one group each (the count is re-read every ``POLL_S``). Concurrent
-requests share one read of the facts (``AdmissionGate.snapshot``): a burst of 32 costs one
-round of Redis calls, not 32; a read begun before one of this server's groups left is not
-reused, and a request that decides on a read which began before such a release counts the
-released groups again (they left ``local`` and may not be in the read yet: without that, one
-group over the bound, and a stale drop, for every release that fell inside a read).
-
-A learner that has met its goal (``finished`` in its state: e.g. its target reward,
-``gspo_rl.learner.target``) trains no new group: every route that starts one answers 503
-``training_finished`` at once (``Retry-After`` 10 s; the SDK waits and retries, saying why)
-until a learner starts again, with or without admission control.
-
-The ready-queue bound (``max_ready_groups``, 503 ``ready_queue_full``) stays as a coarse,
-independent limit on the stream's length (a learner that stopped acknowledging).
-
-Metrics: ``gspo_groups_in_flight``, ``gspo_admission_bound`` (-1: none),
-``gspo_admission_held`` (requests waiting now), ``gspo_admission_waited_total``,
-``gspo_admission_refused`` (by route), ``gspo_ready_queue_depth``, ``gspo_ready_queue_refused``.
+``rollout_id``, ``POST /v1/groups``; work already accepted is never held. Concurrent requests
+share one read of the facts (``AdmissionGate.snapshot``). A learner that has met its goal
+(``finished`` in its state) makes every such route answer 503 ``training_finished``. The
+ready-queue bound (``max_ready_groups``, 503 ``ready_queue_full``) is an independent limit.
+Why the server decides, and the metrics: docs/design/admission.md.
 """
 
 from __future__ import annotations

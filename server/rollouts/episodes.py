@@ -1,49 +1,21 @@
 """Multi-turn episodes over the chat API: tokens in, tokens out, never re-tokenised.
 
 An agent opens ``G`` episodes of one task (``POST /v1/groups``) and drives each with ordinary
-chat completions that carry the episode's ``rollout_id`` (``extra_body`` of the ``openai``
-client). The server keeps each episode's token trajectory
-(``gspo_rl.contract.queue.episodes.store``):
+chat completions that carry the episode's ``rollout_id``. The server keeps each episode's
+token trajectory (``gspo_rl.contract.queue.episodes.store``): turn 1 renders the messages like
+a single-turn chat call; turn k+1 repeats the whole conversation (the assistant messages as
+the server returned them) plus new messages, and only the tokens that follow the model's turn
+in the new rendering (the end-of-turn marker, the new messages, the generation prompt) are
+appended. Earlier tokens, the model's own sampled ids above all, never change; the engine's
+prompt for the turn is the stored trajectory plus the new tokens.
 
-- Turn 1 renders the request's messages with the chat template, exactly like a single-turn
-  chat call; the model's sampled tokens follow.
-- Turn k+1: the request repeats the whole conversation (earlier messages unchanged, the
-  assistant message as the server returned it: content and tool calls are compared) and adds
-  new messages (user, tool results, ...). The server renders the whole conversation once,
-  takes from that rendering only what follows the model's turn (the template's end-of-turn
-  marker, the new messages, the generation prompt) and appends those tokens to the stored
-  trajectory. Earlier tokens, the model's own sampled ids above all, stay as they are, even
-  where re-tokenising their text would give other ids. The engine's prompt for the turn *is*
-  the stored trajectory plus the new tokens, so the learner trains on the tokens the model
-  saw and wrote.
-
-Where the model's turn ends in the new rendering: the end-of-turn token (EOS or
-``<|im_end|>``-style, ``gspo_rl.server.rollouts.chat.render.end_token_ids``) that closes the
-assistant message, found by counting: the previous request's rendering held ``c`` of them, so the
-model's message ends at the ``c+1``-th. A template that rewrites earlier messages keeps their
-number, so the count holds there too. If the model's last sampled token is that very end-of-turn
-token it is not appended twice; if the model stopped otherwise (length, a stop string, another stop
-token), the template's end-of-turn marker is appended as context.
-
-Rewritten history (prefix mismatch). Some templates render earlier turns differently once the
-conversation grows (Qwen3 drops the reasoning of earlier assistant turns, a changed system
-prompt...). The server detects it: the new rendering must start with the previous request's
-rendering (compared by length and hash). On a mismatch, by ``ServerSettings.
-episode_history_rewrite``:
-
-- ``"append"`` (default): the trajectory keeps what the model actually saw and wrote; only the
-  new messages (as rendered after the model's turn) are appended. The model keeps seeing its
-  own earlier reasoning, so sampling and training stay consistent; the rewrite is counted in
-  the record's ``metadata["history_rewrites"]``.
-- ``"reject"``: 409 ``history_rewritten``, nothing recorded.
-
-Fixed per episode, refused with a 409 when a later turn changes them: the tools (they are part
-of the rendered system prompt) and the temperature (the learner recomputes log-probabilities
-at one temperature per rollout). ``n`` must be 1. Limits: ``max_episode_turns`` model turns,
-and the trajectory plus the new tokens must leave room to generate in the model's context.
-Episodes live as long as their group: a group whose rewards have not all arrived by its
-deadline (``queue.group_ttl_s`` after ``POST /v1/groups``) is finalised or expired, and its
-episodes then take no more turns (410).
+Rewritten history (a template that renders earlier turns differently) follows
+``ServerSettings.episode_history_rewrite``: ``"append"`` (default; counted in
+``metadata["history_rewrites"]``) or ``"reject"`` (409 ``history_rewritten``). Fixed per
+episode (409 when a later turn changes them): the tools and the temperature; ``n`` must be 1.
+Limits: ``max_episode_turns`` model turns, and the model's context. Episodes live as long as
+their group: after its deadline they take no more turns (410). How the model's turn is found
+in the new rendering, and why: docs/design/episodes.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """Incremental streaming of a group: the n samples' progress as SSE chunks, then the record.
 
-``start_stream`` runs the pipeline of a non-streamed request up to the engine: the plan (every
-limit checked), then the n samples (``Engine.generate_stream``, concurrently, seed + i each),
-and it waits for the first progress of any of them before answering. So every error that can
-happen before the first token (validation, limits, admission, an engine that refuses or is
-stopped) is still a JSON 4xx/5xx: no byte of the stream has been sent.
+``start_stream`` runs the pipeline of a non-streamed request up to the engine (the plan, every
+limit checked, then the n samples, concurrently, seed + i each) and waits for the first
+progress of any of them before answering, so every error before the first token is still a
+JSON 4xx/5xx. The stream then sends, as tokens come, one chunk per choice that has new text
+(what each chunk says is the route's ``ChunkView``, ``gspo_rl.server.api.streaming.sse``).
+When every sample has ended, they are recorded exactly as non-streamed ones (``finish``), and
+only then come each choice's final chunk, the usage chunk when asked, and ``[DONE]``.
 
-The stream then sends, as the engine produces tokens, one chunk per choice that has new text
-(choices interleaved in the order their tokens come, as OpenAI does; what is sent is decided by
-the route's ``ChunkView``, ``gspo_rl.server.api.streaming.sse``). When every sample has ended, they
-are recorded exactly as non-streamed ones (``finish``: ``sampling.record_samples`` for a new group,
-the same record in one round trip; ``episodes.commit_turn`` for a turn of an episode), and only
-then come the final chunk of each choice (``finish_reason``, the rest of the text, the RL
-fields ``rollout_id`` etc.), the usage chunk when asked, and ``[DONE]``.
-
-An error after the response has started (the engine died or was shut down, Redis refused the
-record) is sent as one SSE event ``data: {"error": {...}}`` (the JSON body the error has
-elsewhere, the shape vLLM and OpenAI stream), then ``[DONE]``: the ``openai`` client raises
-on it; nothing is recorded. A client that leaves cancels the response's task
-(``gspo_rl.server.api.disconnect``): the samples' tasks are cancelled, which aborts them in the
-engine.
+An error after the response has started is one SSE event ``data: {"error": {...}}``, then
+``[DONE]``; nothing is recorded. A client that leaves cancels the samples' tasks, which aborts
+them in the engine. Design notes: docs/design/streaming.md.
 """
 
 from __future__ import annotations

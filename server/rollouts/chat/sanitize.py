@@ -1,30 +1,18 @@
 """Chat templating to token ids, safe under concurrency, with control tokens in messages
 encoded as plain text.
 
-Control tokens are the tokenizer's *special* tokens (``<|im_end|>``, ``<|eot_id|>``,
-``<|start_header_id|>``...): a message that spells one must not forge a turn boundary. Added
-tokens that are not special (Qwen3's ``<think>`` / ``</think>``) are ordinary vocabulary: a
-model writes them, a user may type them, and they are encoded as the tokens they are.
+Control tokens are the tokenizer's *special* tokens (``<|im_end|>``, ``<|eot_id|>``...): a
+message that spells one must not forge a turn boundary. Added tokens that are not special
+(Qwen3's ``<think>``) are ordinary vocabulary and are encoded as the tokens they are. Method,
+the same as transformers 5.20's ``sanitize_control_tokens=True`` but on every version: wrap
+every special token found in the chosen messages' / tools' strings in private-use markers,
+render the template to text, then encode piece by piece (marked tokens as plain text, the rest
+normally). When no string contains a special token, the ids equal the plain ``tokenize=True``
+path.
 
-Method (the same as ``apply_chat_template(..., sanitize_control_tokens=True)`` of transformers
-5.20, done here on every version so that which tokens count as control tokens does not depend
-on the installed transformers):
-
-1. wrap every special token found in the strings of the chosen messages / tools in
-   private-use markers;
-2. render the template to text;
-3. encode the text piece by piece: marked tokens as plain text, the rest normally (the
-   template's own control tokens stay tokens). A lone marker (a template string method split
-   a pair) is dropped but still separates its neighbours, so they cannot join into a token.
-
-When no string contains a special token, the ids equal the plain ``tokenize=True`` path.
-
-Thread safety: episodes render in a worker-thread pool while the event loop renders small
-chats inline. A fast tokenizer keeps ``encode_special_tokens`` as mutable state of its Rust
-backend, and ``tokenizer(..., split_special_tokens=...)`` flips it on the *shared* object:
-two threads interleaving those flips encode each other's text with the wrong setting (a
-conversation's ``<|im_start|>`` came out as bytes). Here every encode goes through one of two
-private copies of the backend whose settings are fixed at creation and never written again.
+Thread safety: every encode goes through one of two private copies of the tokenizer's backend
+whose settings are fixed at creation and never written again (a shared fast tokenizer's
+special-token setting is mutable state). Details: docs/design/episodes.md.
 """
 
 from __future__ import annotations
