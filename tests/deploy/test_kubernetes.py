@@ -17,7 +17,8 @@ the autoscaler's metric exists and its ceiling follows the admission bound.
 
 Nothing here imports the project's Python packages (their layout is being reorganised): the
 settings' fields are read from the source with ``ast``, the flags from ``gspo COMMAND --help``.
-Only a missing ``kubectl`` skips (the rendering tests; the file checks run anyway).
+A missing ``kubectl`` skips what needs a rendering (the file checks run anyway), a missing
+``gspo`` command the flag check.
 """
 
 from __future__ import annotations
