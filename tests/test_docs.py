@@ -22,12 +22,6 @@ README_MAX_LINES = 250
 README_CODE_COLUMNS = 80
 QUICK_START_COMMANDS = ("bash scripts/up.sh", "bash scripts/test.sh")
 
-# Folders whose module docstrings are not trimmed yet: contract/queue/ is being rewritten on
-# another branch. Remove an entry once its modules pass; the last test fails when an entry
-# holds no module that needs it.
-NOT_YET_TRIMMED = ("contract/queue/",)
-
-
 def _modules() -> list[Path]:
     return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
                   if "__pycache__" not in p.parts)
@@ -38,12 +32,7 @@ def _docstring_lines(path: Path) -> int:
     return len(doc.splitlines()) if doc else 0
 
 
-def _exempt(path: Path) -> bool:
-    rel = path.relative_to(REPO).as_posix()
-    return any(rel.startswith(prefix) for prefix in NOT_YET_TRIMMED)
-
-
-@pytest.mark.parametrize("path", [p for p in _modules() if not _exempt(p)],
+@pytest.mark.parametrize("path", _modules(),
                          ids=lambda p: p.relative_to(REPO).as_posix())
 def test_module_docstring_fits_a_screen(path: Path) -> None:
     n = _docstring_lines(path)
@@ -51,14 +40,6 @@ def test_module_docstring_fits_a_screen(path: Path) -> None:
         f"{path.relative_to(REPO)}: module docstring of {n} lines (at most "
         f"{MAX_DOCSTRING_LINES}); keep what the module is and its contract, move the design "
         "reasoning and measurements to docs/design/ or BENCHMARKS.md")
-
-
-def test_every_exemption_is_still_needed() -> None:
-    for prefix in NOT_YET_TRIMMED:
-        paths = [p for p in _modules() if p.relative_to(REPO).as_posix().startswith(prefix)]
-        assert paths, f"NOT_YET_TRIMMED names {prefix}, which holds no module"
-        assert any(_docstring_lines(p) > MAX_DOCSTRING_LINES for p in paths), (
-            f"every module under {prefix} fits now: remove it from NOT_YET_TRIMMED")
 
 
 def _readme() -> list[str]:

@@ -1,26 +1,14 @@
 """A lean, auto-pipelining Redis connection for the store's hot path (rewards, records,
-publication): what the reward route spends most of its CPU on otherwise.
+publication).
 
-redis-py's asyncio client costs ~100-150 us of CPU per command here (connection pool checkout,
-argument filtering, a timeout context per call, its own reply parsing), against ~20-30 us for
-the same round trip over a bare asyncio protocol with the hiredis parser. This module is that
-protocol: one TCP connection shared by every coroutine of the process; commands are encoded
-into one buffer and written once per event-loop iteration (so 64 concurrent reward posts cost
-Redis one read and one write, not 64), and replies are matched to their callers in order (Redis
-answers a connection's commands in the order it received them). A MULTI ... EXEC block is
-written contiguously, so no other command can land inside it.
-
-Failures: a lost connection fails every command in flight with ``ConnectionError`` and the
-next command reconnects; ``call`` retries a few times with backoff, which is safe because
-every store operation is idempotent (see ``gspo_rl.contract.queue.groups.store.make_redis``). A
-reply that takes longer than ``timeout_s`` fails the connection with ``TimeoutError`` (one watchdog
-timer, not one per command). Error replies become redis-py's exception types (``NoScriptError`` for
-NOSCRIPT, ``BusyLoadingError`` for LOADING, ...: redis-py's own mapping), so callers handle
-both clients alike.
-
-Only for plain TCP (``redis://``) connections; ``RolloutStore`` keeps using redis-py for
-anything else (unix sockets, TLS) and for everything off the hot path.
-"""
+One TCP connection shared by every coroutine of the process: commands are encoded into one
+buffer and written once per event-loop iteration, replies are parsed by hiredis and matched to
+their callers in order; a MULTI ... EXEC block is written contiguously. A lost connection fails
+every command in flight with ``ConnectionError`` and the next one reconnects (``call`` retries
+with backoff: every store operation is idempotent); a reply later than ``timeout_s`` fails the
+connection with ``TimeoutError``. Error replies become redis-py's exception types, so callers
+handle both clients alike. Only for plain TCP (``redis://``); ``RolloutStore`` uses redis-py
+for anything else. Why, with its measurements: docs/design/redis-protocol.md."""
 
 from __future__ import annotations
 

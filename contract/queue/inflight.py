@@ -1,36 +1,12 @@
 """How many groups are in flight, derived from facts in Redis (no counter that could drift).
 
-A group is in flight (``gspo_rl.contract.admission``) from its admission until it is trained or
-leaves. Each stage of its life is something Redis already holds, so the count is their sum,
-read in one round trip (one Lua script, below):
-
-- admitted by a server whose request is still being served (sampling; the group may not be
-  in Redis yet): every server publishes its count to ``Keys.admission_pending(id)`` every
-  ``PUBLISH_EVERY_S`` with a TTL of ``PENDING_TTL_S``; a server that crashed stops counting
-  once its key expires;
-- open, waiting for rewards: the deadlines sorted set (``Keys.deadlines``); an abandoned
-  group counts until it expires;
-- complete, being published: ``Keys.complete``;
-- published, not yet delivered to the learner: the learner consumer group's ``lag`` on the
-  ready stream (its length when no learner has created the group yet);
-- delivered, being trained: the learner's ``training`` field (``Keys.learner_state``), set in
-  the same Lua script that takes the groups from the stream
-  (``gspo_rl.contract.queue.ready.scripts``), so a group leaves the lag and joins ``training`` in
-  one step.
-
-Trained groups waiting for their checkpoint (pending in the stream) are not in flight, nor
-are dropped (equal rewards, stale, invalid) or expired ones: they are in none of these.
-After a restart of anything the count is right again at the next read: a restarted learner
-publishes ``training`` 0, a dead server's pending key expires, and groups redelivered to a
-restarted learner (pending, trained before its last checkpoint died) are not counted: for
-one batch the count is low by at most the groups it retrains.
-
-A read is one Lua script (``IN_FLIGHT_FACTS``, the learner drains with it
-too) in one round trip, through the store's connection (``gspo_rl.contract.queue.connection``) when
-the server has one: the gate reads up to 20 times a second, and the same facts read as six pipelined
-commands through redis-py (``XINFO GROUPS`` parsed into dicts) cost ~0.3 ms of the event loop's
-CPU each (``bench_server_cpu.py``).
-"""
+A group is in flight (``gspo_rl.contract.admission``) from its admission until it is trained
+or leaves; each stage is something Redis already holds (a server's pending requests, open and
+complete groups, the learner's lag on the ready stream, the batch it is training), so the
+count is their sum, read in one round trip (``IN_FLIGHT_FACTS``, which the learner's drain
+reads too). ``InFlightCounter`` reads the facts for a server's admission gate and publishes
+the server's own pending count with a short TTL, so a crashed server stops counting.
+docs/design/redis-protocol.md lists the stages."""
 
 from __future__ import annotations
 

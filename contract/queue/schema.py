@@ -1,86 +1,12 @@
 """Every Redis key name, and the msgpack records stored under them.
 
-Keys (``{p}`` is the configurable prefix, default ``gspo``; every key carries a TTL or is
-trimmed after acknowledgement, so memory stays bounded in a long run):
-
-- ``{p}:rollout:{rollout_id}``: string, one msgpack ``RolloutRecord`` (see ``pack_rollout``)
-  of a rollout recorded on its own (a multi-turn episode's; a sampled group's records share
-  one key, ``{p}:group:{group_id}:records``); without a TTL once its group is published (see
-  the ready stream). A rollout id whose record
-  exists without its ``:group`` mapping (a published record waiting for the learner) is never
-  recorded again.
-- ``{p}:rollout:{rollout_id}:group``: string, the rollout's group id, same TTL as the rollout
-  (lets the reward script find the group without unpacking the record: Redis's Lua msgpack
-  cannot decode the binary arrays). A group recorded whole with ids of the form
-  ``{group_id}:{index}`` (``member_rollout_id``; the sampling path's) has none: the id names
-  its group, and the group's hash says its ids are of that form (``members``).
-- ``{p}:rollout:{rollout_id}:staging``: string, a rollout record on its way in when its id may
-  already be in use (a multi-turn episode recorded again): written with plain ``SET`` and
-  renamed into place by the record script in the same MULTI/EXEC (large values are slow to pass
-  through Lua), so it never outlives the transaction. A new group's records (ids minted for
-  it) are SET straight to their ``rollout`` keys.
-- ``{p}:group:{group_id}``: hash, the group's state: ``size`` (rollouts expected), ``state``
-  (open | complete | published | dropped | expired), ``metadata`` (msgpack), ``created_at``,
-  ``deadline`` (unix seconds after which it expires), ``n_rewarded``; once closed also
-  ``completed_at``, ``partial`` (1: finalised at expiry with the rewarded rollouts it had),
-  ``stream_id`` (published) or ``drop_reason`` (dropped / expired).
-- ``{p}:group:{group_id}:rollouts``: list of rollout ids in the group, in creation order.
-- ``{p}:group:{group_id}:rewards``: hash rollout_id -> msgpack {"reward", "turn_rewards",
-  "n_turns"}.
-- ``{p}:group:{group_id}:records``: string, a msgpack array of the group's rollout records in
-  the order of its ``rollouts`` list (``pack_group_records``): how the sampling path records a
-  group it has sampled whole (``record_group``: one write of its bytes, one key to publish,
-  read and expire instead of one per rollout). The group's hash then has ``records`` (how
-  many), and ``members`` (1) when its rollout ids are ``member_rollout_id``'s; its rollouts
-  are never recorded one by one. Same TTL as a rollout's record, and
-  the same life once published (below).
-- ``{p}:episode:{rollout_id}``: hash, a multi-turn episode's state besides its trajectory
-  (which is the ``{p}:rollout:{rollout_id}`` record, grown by one model turn per chat call):
-  ``group_id``, ``n_turns`` (model turns recorded; the compare-and-set guard of the next one),
-  ``closed`` (1 once a reward was posted: no more turns) and ``state`` (msgpack
-  ``EpisodeState``: digests of the chat history the next request must extend and of the
-  tools, the temperature, the last render's length/digest; deleted at close). Updated with
-  the rollout record in one MULTI/EXEC (``gspo_rl.contract.queue.episodes.store``), same TTL.
-  ``POST /v1/groups`` opens the group, then its ``size`` empty episodes (records without
-  tokens, ``turns == []``) in one script.
-- ``{p}:groups:deadlines``: sorted set group_id -> deadline (for the expiry sweeper).
-- ``{p}:groups:complete``: set of group ids whose last reward arrived but which are not yet
-  published (the finaliser, or the sweeper after a crash, publishes them). Only groups the
-  Python credit rule decides pass through it (turn rewards, groups finalised at their
-  deadline): the reward script publishes an outcome-only group in the call that completes
-  it (``gspo_rl.contract.queue.groups.rewards``).
-- ``{p}:stream:ready``: stream of ready groups, published *by reference*: an entry holds
-  ``head`` (the ``pack_ready_group`` bytes up to the rollouts' array header: group id,
-  metadata, rewards, advantages; a few hundred bytes) and ``rollouts`` (msgpack list of the
-  published rollout ids, in order); their records are the ``{p}:rollout:{rollout_id}`` keys,
-  left where they were written (publishing removes their TTL: they belong to the
-  entry now, and the learner's trim script gives them back a TTL of 600 s when it trims the
-  entry, in the same atomic step, so a trained group's trajectories stay readable a while), and
-  ``head + b"".join(records)`` is exactly ``pack_ready_group``'s bytes (``join_ready_group``;
-  the learner decodes the pieces without joining them:
-  ``gspo_rl.contract.queue.ready.entry.unpack_entry``). An entry of a group recorded whole has a
-  third field, ``records``: the group id, whose ``{p}:group:{group_id}:records`` key holds the
-  records instead (publishing, the trim and the reader then touch that one key;
-  ``gspo_rl.contract.queue.ready.entry``). A rollout's bytes are written once, when sampled, and
-  never copied. An entry with a ``group`` field instead carries the whole record inline (how groups
-  were published before; still read, e.g. by tests and tools that XADD a packed group).
-- ``{p}:counters``: hash of monotonically increasing counters (published, dropped_*, ...).
-- ``{p}:rewards:finished``: hash ``groups``, ``rewards`` (integers) and ``sum`` (a float) over
-  every group that finished with rewards, published or dropped (equal rewards included):
-  what the environment scored, read by the learner's reward target (``gspo_rl.learner.target``).
-- ``{p}:servers``: hash server_id -> signed JSON registration
-  (``gspo_rl.contract.queue.registry``); ``{p}:server:{id}:alive`` heartbeat
-  key with a short TTL.
-- ``{p}:learner:state``: hash, the learner's policy version and step, and its admission
-  parameters (``gspo_rl.contract.admission``).
-- ``{p}:admission:servers``: set of server ids that publish admission counts;
-  ``{p}:admission:pending:{server_id}``: string, requests that server admitted and is still
-  serving (their groups may not be in Redis yet), with a short TTL
-  (``gspo_rl.contract.queue.inflight``).
-
-Numeric arrays travel as little-endian bytes (int32 token ids and versions, float32
-log-probabilities, uint8 masks): packing and unpacking them costs a memcpy, not a Python loop.
-"""
+``Keys`` is the only place in the code base that spells a key (``{p}`` is the configurable
+prefix, default ``gspo``); a Lua script that looks an id up builds its key from a
+``key_template`` (``head .. id .. tail``). The records: ``RolloutRecord`` (one episode's
+trajectory in token space) and ``ReadyGroup`` (a complete group with its rewards and
+advantages, as the learner reads it); numeric arrays travel as little-endian bytes, so packing
+costs a memcpy. Every key carries a TTL or is trimmed after acknowledgement, so memory stays
+bounded in a long run. docs/design/redis-protocol.md lists every key and its life."""
 
 from __future__ import annotations
 

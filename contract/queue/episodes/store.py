@@ -1,37 +1,13 @@
 """Multi-turn episodes in Redis: opened as a group, grown one model turn at a time, closed by
 their reward.
 
-An episode is a rollout whose record (``Keys.rollout``) is the token trajectory so far, plus a
-small hash (``Keys.episode``) with what the next turn must be checked against (see
-``gspo_rl.contract.queue.schema``). Every change is one Lua script
-(``gspo_rl.contract.queue.episodes.scripts``), so it is atomic:
-
-- ``open_episodes``: the group (``RolloutStore.create_group``), then in one script its
-  ``size`` empty rollouts (no tokens, no turns) and their episode hashes. A process that dies
-  between the two leaves a group without rollouts, which expires and is counted as expired.
-- ``load``: one consistent snapshot of an episode (record, state, turn count, group state).
-- ``commit_turn``: replaces the record and the state *only if* the turn count is still the
-  one the turn was built on (compare-and-set), the episode has no reward and its group is
-  open. Two concurrent turns of one episode: the first commits, the second gets a 409.
-
-Large values never pass through Lua (a record through a script's ARGV costs Redis ~20x a plain
-SET, see ``gspo_rl.contract.queue.episodes.scripts``): ``load`` reads the record with a plain GET in
-the same MULTI/EXEC as its checking script, ``commit_turn`` SETs the new record to the rollout's
-staging key and its script renames it into place (or deletes it), in one MULTI/EXEC. The
-episode state is small by design: hashes of the messages, not the messages.
-- ``post_rewards`` (overrides ``RolloutStore.post_rewards``): first closes the rewarded
-  episodes in one script that checks every item (an episode must have at least one model turn,
-  and ``turn_rewards``, when given, one entry per model turn; a rollout that is not an episode
-  at most one) and writes nothing unless all pass; then the plain reward script runs, storing
-  each reward with its rollout's model-turn count (which the credit rule needs). A closed
-  episode takes no more turns (409), so the turn count a reward was validated against can
-  never change afterwards. Closing drops the
-  episode's state; the rest expires with the rollout. An episode is closed by any reward call
-  that passes these checks, even one the reward script then refuses for another item (a
-  reward, posted or attempted, ends the episode; post it again once the call is fixed).
-
-Requires a client with ``decode_responses=False`` (records are binary msgpack).
-"""
+``EpisodeStore`` is ``RolloutStore`` plus ``open_episodes`` (the group and its empty
+rollouts), ``load`` (one consistent snapshot of an episode), ``commit_turn`` (replaces the
+record and the state only if the turn count is still the one the turn was built on: a
+concurrent turn gets a conflict) and ``post_rewards`` (closes the rewarded episodes, checking
+their turn counts, then stores the rewards). Every change is one Lua script
+(``episodes.scripts``); large values never pass through Lua. Requires a client with
+``decode_responses=False``. docs/design/redis-protocol.md has the details."""
 
 from __future__ import annotations
 

@@ -1,28 +1,10 @@
-"""The Lua scripts that open groups, record rollouts and expire groups
-(``gspo_rl.contract.queue.groups.store``); the ones that end a group are in
-``gspo_rl.contract.queue.groups.rewards``, the multi-turn episodes' in
-``gspo_rl.contract.queue.episodes.scripts``. Every multi-key change of a group or an episode is one
-script.
-
-A Lua script runs atomically in Redis, so a reward, its duplicate/conflict check, the group's
-reward count and the open -> complete transition cannot interleave with another process's
-reward for the same group, and publishing (check the state, XADD, mark ``published``) happens
-once however many finishers race.
-
-No large value ever passes through a script's arguments or replies (a 13 kB argument costs
-Redis ~20x a plain SET of it): rollout records are written with plain SETs to a staging key
-and *renamed* into place by the record script; publishing only references them (and removes
-their TTL), so a rollout's bytes are written once, when sampled, and read once, by the
-learner.
-
-Key names are never spelled here: scripts that find a group id inside Redis build its keys
-from ``head .. id .. tail`` templates that ``gspo_rl.contract.queue.groups.store`` derives from
-``Keys``. Because those keys are not declared in ``KEYS``, the scripts need a standalone (or
-managed, non-cluster) Redis; a Redis Cluster would need every key of a group in one hash slot.
-
-Times come from Redis's ``TIME`` so that every server process shares one clock. Keys of a
-finished group are shortened with ``EXPIRE ... LT`` (never extended) to ``finished_ttl``.
-"""
+"""The Lua scripts that open groups, record rollouts and expire groups (``store``); the ones
+that end a group are in ``rewards``, the episodes' in ``gspo_rl.contract.queue.episodes``.
+Every multi-key change of a group is one script, atomic in Redis. No large value passes
+through a script's arguments (records are SET, then renamed into place); times come from
+Redis's ``TIME``; a finished group's keys are shortened with ``EXPIRE ... LT``. Keys found
+inside Redis are built from templates, so the scripts need a standalone (or managed,
+non-cluster) Redis. docs/design/redis-protocol.md says why."""
 
 from __future__ import annotations
 

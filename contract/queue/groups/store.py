@@ -1,63 +1,14 @@
 """A group's life in Redis: created, rollouts recorded, rewarded, completed, published once.
 
-```
-record_group (create + record, x size)--> open --post_rewards (last one)--> published | dropped
-                                               (outcome-only groups: one script, Lua credit rule)
-open --post_rewards (last one, turn rewards)--> complete --finisher (Python rule, publish
-                                                           script)--> published | dropped
-open --deadline, >= min rewarded--> complete (partial)      open --deadline--> expired
-```
-
-The design, for few round trips and one write of the rollout bytes (BENCHMARKS.md, "Reward API
-and Redis queue", has the numbers):
-
-- **Bytes written once, never through Lua.** A new group the sampling path records (ids
-  minted for it: nothing to protect) is one value, its records as a msgpack array (~108 kB
-  for 8 x 1,024 tokens), SET straight to the group's records key: one key to write, publish,
-  read and expire instead of one per rollout. A rollout whose id may already be in use (a
-  multi-turn episode recorded again) has its own key: SET to a staging key and *renamed*
-  into place by the record script. Publishing leaves the records there and only references
-  them: the stream entry is the group's head (rewards, advantages: a few hundred bytes) and
-  the rollout ids, and the records lose their TTL (they are the entry's now); the learner
-  MGETs a batch's records after XREADGROUP, and its trim of the entry gives them back a TTL
-  (``gspo_rl.contract.queue.ready.reader``). Scripts see key names and small values only (a 13 kB
-  script argument costs Redis ~20x a plain SET of it).
-- **Round trips.** The sampling path opens the group and records its rollouts in one
-  MULTI/EXEC (``record_group``). A reward is one script call (``POST_REWARDS``), and the
-  reward that completes a group also ends it in that call: when no episode has turn rewards
-  (single-turn groups, and multi-turn ones rewarded on their outcome), a Lua copy of the
-  outcome-only credit rule (``gspo_rl.contract.queue.groups.credit``, bit for bit
-  ``gspo_rl.contract.credit``'s) computes the advantages, and the script XADDs the head or drops the
-  group (zero variance). So a group of 8 costs the producer 1 + 8 round trips with single-reward
-  posts (1 + 1 when its rewards come in one call), against 8 before the redesign (create, a MULTI,
-  the reward, WATCH, HMGET, MGET, MULTI/XADD/EXEC, HSET of the stream id). A group with turn
-  rewards takes one more: the reward script leaves it ``complete`` and returns its rewards,
-  the general rule runs here (``gspo_rl.contract.queue.groups.finish.decide_finish``) and
-  ``PUBLISH_GROUP`` publishes or drops it.
-- **One connection per process, auto-pipelined** (``gspo_rl.contract.queue.connection``): the hot
-path's
-  commands from every concurrent request go out in one write per event-loop iteration and are
-  parsed by hiredis, ~5x less client CPU per round trip than redis-py's asyncio client.
-
-Exactly once, crash or not: a group leaves ``open`` for good only through the reward script
-(atomically with the last reward), and is published only atomically with the state change
-that ends it: in the reward script itself, or, for a group left ``complete``, by the
-publish script (which checks ``complete``). A process that dies between the reward script
-and the publish script leaves the group in the ``complete`` set, where the sweeper
-(``run_sweeper``) finds and publishes it; racing finishers find it no longer ``complete``
-and do nothing.
-
-Memory stays bounded: an open group's keys expire ``finished_ttl_s`` after its deadline (the
-sweeper acts at the deadline); once a group is published, dropped or expired, its keys, its
-rollout -> group mappings (a sampled group has none: its rollout ids are
-``{group_id}:{index}``, ``member_rollout_id``) and its unpublished rollouts are shortened to
-``finished_ttl_s``
-(long enough for duplicate rewards to get a 200 and late ones a 410); a published group's
-records live, without a TTL, exactly as long as its stream entry: the reader deletes both
-when it trims acknowledged entries.
-
-Requires a client with ``decode_responses=False`` (records are binary msgpack).
-"""
+``RolloutStore`` holds every operation on groups and rollouts: ``record_group`` (a group the
+sampling path sampled whole, one MULTI/EXEC), ``create_group`` and ``record_rollouts`` (the
+episodes' path), ``post_rewards`` (all or nothing; the reward that completes a group publishes
+or drops it in the same script when the Lua credit rule covers it, else the Python rule runs
+and ``PUBLISH_GROUP`` follows), ``sweep_once`` / ``run_sweeper`` (deadlines, and groups left
+``complete`` by a crash) and the reads. A group leaves ``open`` only through the reward script
+and is published only atomically with the state change that ends it, so it is published at
+most once, crash or not. Requires a client with ``decode_responses=False``. The design and its
+measurements: docs/design/redis-protocol.md."""
 
 from __future__ import annotations
 

@@ -1,51 +1,14 @@
 """The learner's side of the ready-group stream: batches of groups, a staleness bound, and
 acknowledgement only after the step that used them is committed.
 
-Exactly-once training across learner crashes (the protocol this reader is built for):
-
-1. ``read_batch`` delivers groups through the consumer group ``learners``; a delivered group
-   stays *pending* (in Redis's pending entries list) until acknowledged.
-2. The learner trains, and at each checkpoint saves the stream ids of the groups trained since
-   the previous checkpoint (the "reader position") *in the checkpoint*, then calls ``ack``.
-3. After a crash, the learner loads the last checkpoint, calls ``ack`` with the ids it saved
-   (a no-op if the crash came after the ack: ``ack`` is idempotent), and reads on. The first
-   ``read_batch`` of a new reader returns every entry still pending in the consumer group
-   (``claim_all_on_start``: they were delivered after the checkpoint, and their updates died
-   with the process), oldest first, before new entries. So every group is in exactly one
-   committed step: none lost, none trained twice. The startup claim stops at the group's
-   last-delivered id as it was when the reader was made: entries this reader delivers itself
-   afterwards have larger ids, so they are never handed out a second time (nor dropped as
-   stale while their step waits for its checkpoint).
-
-Entries left pending by *another* consumer idle longer than ``claim_idle_s`` are claimed as
-well (a second learner replacing a dead one under a new name). Pending entries of this reader
-are never redelivered to it while it runs (they belong to steps not yet checkpointed).
-
-Groups older than ``max_staleness`` policy versions (``current_version - min_version``) are
-acknowledged and dropped on read, and counted (``groups_dropped_stale`` in the counters hash).
-
-After each ``ack`` the stream is trimmed (``XTRIM MINID``) below the oldest entry that some
-consumer group still needs (its oldest pending entry, or the first not yet delivered), so the
-stream holds only unread and in-flight groups. With no consumer group yet, nothing is trimmed:
-groups published before the first learner starts wait for it.
-
-Groups are published by reference (``gspo_rl.contract.queue.schema``,
-``gspo_rl.contract.queue.ready.entry``): an entry carries the group's head (ids, rewards,
-advantages) and its rollout ids, whose records stay where they were written (without a TTL once
-published): one key for a group the sampling path recorded whole, one key per rollout for multi-turn
-episodes. ``read_batch`` fetches the records of every entry of a batch (the entries its XREADGROUP
-calls, or a claim, returned) with one MGET, and decodes the head and the records on their own
-(``unpack_entry``: the same ``ReadyGroup`` as ``unpack_ready_group`` of the joined
-``pack_ready_group`` bytes, without copying them into one buffer). The records leave with their
-entry, never before: the ack, the trim and the records' expiry are one script (``ACK_AND_TRIM``),
-atomic in Redis, so a crash at any point leaves either the entry with its records (read again, or
-trimmed later) or a trimmed entry whose records expire. A trimmed
-group's records stay readable for ``keep_trained_s`` (default 600 s, as a published group's
-records did before: ``GET /v1/groups/{id}?include=tokens`` still shows what was trained),
-then expire; the memory they hold is bounded by that window's groups; an entry another
-consumer group still needs keeps its records. An entry whose records are missing (Redis lost
-them) is unreadable: acked, reported in ``dropped_malformed``, like a corrupt one.
-"""
+``GroupReader.read_batch`` delivers groups through the consumer group ``learners``
+(redelivered pending entries first: after a crash they belong to steps that died with the
+process), drops and acknowledges groups older than ``max_staleness`` versions (counted), and
+fetches a batch's records with one MGET. ``ack`` acknowledges (idempotent) and trims the
+stream below what every consumer group still needs, with the trimmed entries' records, in one
+script (``ACK_AND_TRIM``). With the learner saving the trained ids in its checkpoint before
+acknowledging, every group is in exactly one committed step. docs/design/redis-protocol.md
+tells the protocol in full."""
 
 from __future__ import annotations
 
