@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gspo_rl.server.api.formatting import chat_logprobs, completion_logprobs
 from gspo_rl.server.engines.base import Completion, Partial
 from gspo_rl.server.rollouts.chat.render import TokenTexts
 from gspo_rl.server.rollouts.partial_text import TextStream, remainder, stable_split
 from gspo_rl.server.rollouts.protocol import ChatChoice, CompletionChoice
 from gspo_rl.server.rollouts.sampling import GenerationPlan
+from gspo_rl.server.rollouts.serving.formatting import chat_logprobs, completion_logprobs
 
 
 @dataclass

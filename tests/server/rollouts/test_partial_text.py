@@ -15,7 +15,6 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
 from gspo_rl.server.api.errors import APIError
-from gspo_rl.server.api.formatting import chat_logprobs, completion_logprobs
 from gspo_rl.server.api.streaming.sse import include_usage
 from gspo_rl.server.api.streaming.views import ChatView, CompletionView
 from gspo_rl.server.engines.base import Completion, Partial, SamplingParams
@@ -31,6 +30,7 @@ from gspo_rl.server.rollouts.protocol import (
     ToolCallOut,
 )
 from gspo_rl.server.rollouts.sampling import GenerationPlan
+from gspo_rl.server.rollouts.serving.formatting import chat_logprobs, completion_logprobs
 from gspo_rl.tiny_model import EOS_TOKEN, build_tokenizer
 
 RL: dict[str, Any] = dict(rollout_id="r", prompt_token_ids=[1], policy_version=0)

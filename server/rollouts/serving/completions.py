@@ -1,0 +1,67 @@
+"""Legacy completions below HTTP: the options a request may use, its one prompt as token ids,
+its completions shaped as OpenAI choices."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gspo_rl.server.rollouts.chat.render import off_loop_if_large
+from gspo_rl.server.rollouts.errors import invalid
+from gspo_rl.server.rollouts.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from gspo_rl.server.rollouts.sampling import GroupResult, check_prompt_ids, reject_unsupported
+from gspo_rl.server.rollouts.service import SamplingService
+from gspo_rl.server.rollouts.serving.formatting import completion_logprobs, usage
+
+
+def check_completion_options(body: CompletionRequest) -> int:
+    """Rejects what this server cannot honour; returns the number of top log-probs."""
+    reject_unsupported(presence_penalty=body.presence_penalty,
+                       frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias)
+    if body.echo:
+        raise invalid("echo=true is not supported: the response's prompt_token_ids "
+                      "carry the prompt", code="unsupported_parameter")
+    if body.suffix:
+        raise invalid("suffix is not supported", code="unsupported_parameter")
+    if body.best_of is not None and body.best_of != body.n:
+        raise invalid("best_of is not supported (every sample is returned): omit it or "
+                      "set it equal to n", code="unsupported_parameter")
+    return body.logprobs or 0
+
+
+async def completion_prompt(prompt: Any, tokenizer: Any) -> list[int]:
+    """Token ids of the one prompt: text is tokenised (with the tokenizer's special tokens,
+    e.g. a BOS), token ids are taken as they are."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise invalid(f"got {len(prompt)} prompts: send one prompt per request "
+                          "(n samples of it form one group)", code="batched_prompts")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = await off_loop_if_large(len(prompt), tokenizer.encode, prompt)
+    else:
+        ids = [int(t) for t in prompt]
+    return check_prompt_ids(ids, len(tokenizer))
+
+
+
+
+def completion_response(result: GroupResult, body: CompletionRequest, svc: SamplingService,
+                        top_k: int) -> CompletionResponse:
+    stop_ids = svc.stop_token_ids()
+    choices = [
+        CompletionChoice(
+            index=i, text=svc.text(s.completion, stop_ids),
+            finish_reason=s.completion.finish_reason,
+            logprobs=(completion_logprobs(svc.texts, s.completion, top_k)
+                      if body.logprobs is not None else None),
+            rollout_id=s.rollout_id, token_ids=s.completion.token_ids,
+            prompt_token_ids=result.prompt_token_ids,
+            policy_version=svc.first_version(s.completion),
+            policy_versions=s.completion.policy_versions,
+        )
+        for i, s in enumerate(result.samples)
+    ]
+    return CompletionResponse(id=f"cmpl-{result.group_id}", created=int(time.time()),
+                              model=svc.model_name, choices=choices,
+                              usage=usage(result), group_id=result.group_id)
