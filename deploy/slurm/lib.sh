@@ -27,7 +27,8 @@ gspo_load_config() {
     : "${GSPO_REDIS_CPUS:=1}" "${GSPO_REDIS_MEM:=2000}" "${GSPO_REDIS_DIR:=$GSPO_RUN_DIR/redis}"
     : "${GSPO_ENV:=}" "${GSPO_ENV_ARGS:=}" "${GSPO_ENV_CPUS:=1}" "${GSPO_ENV_MEM:=1000}"
     : "${GSPO_LEARNER_CONFIG:=}" "${GSPO_LEARNER_ARGS:=}" "${GSPO_SERVER_ARGS:=}"
-    : "${GSPO_KEY_PREFIX:=gspo}" "${GSPO_STOP_GRACE_S:=120}" "${GSPO_JOB_NAME:=gspo}"
+    : "${GSPO_KEY_PREFIX:=gspo}" "${GSPO_STOP_GRACE_S:=120}"
+    : "${GSPO_JOB_NAME:=gspo-$(basename "$GSPO_RUN_DIR")}"
     : "${GSPO_MAKE_TINY_MODEL:=0}" "${GSPO_REDIS_SERVER:=redis-server}"
     : "${GSPO_SECRETS_FILE:=$GSPO_RUN_DIR/secrets.env}"
     if (( GSPO_SERVERS % GSPO_SERVER_NODES != 0 )); then
@@ -58,13 +59,28 @@ gspo_ensure_secrets() {
     gspo_log "made the run's secrets: $GSPO_SECRETS_FILE (mode 600)"
 }
 
+# Read the run's secrets into shell variables (not exported): each task exports only what its
+# process needs (gspo_export_secrets), so no secret travels in a job step's environment.
 gspo_load_secrets() {
     [ -f "$GSPO_SECRETS_FILE" ] || gspo_die "no secrets file $GSPO_SECRETS_FILE"
     # shellcheck disable=SC1090
     source "$GSPO_SECRETS_FILE"
-    export GSPO_API_KEY GSPO_ADMIN_KEY
-    # The URL holds the password: environment only (the server and the learner read it).
-    export GSPO_REDIS_URL="redis://:${GSPO_REDIS_PASSWORD}@${GSPO_REDIS_HOST}:${GSPO_REDIS_PORT}/0"
+    # The URL holds the password: a process's environment only (server and learner read it).
+    GSPO_REDIS_URL="redis://:${GSPO_REDIS_PASSWORD}@${GSPO_REDIS_HOST}:${GSPO_REDIS_PORT}/0"
+}
+
+# What each role holds (as in docker-compose.yml): the servers the API key, the admin key and
+# Redis; the learner the admin key and Redis; an environment only the API key; Redis its
+# password, in its config file.
+gspo_export_secrets() {
+    export -n GSPO_API_KEY GSPO_ADMIN_KEY GSPO_REDIS_URL GSPO_REDIS_PASSWORD 2>/dev/null || true
+    case "$1" in
+        server) export GSPO_API_KEY GSPO_ADMIN_KEY GSPO_REDIS_URL ;;
+        learner) export GSPO_ADMIN_KEY GSPO_REDIS_URL ;;
+        env) export GSPO_API_KEY ;;
+        redis) ;;
+        *) gspo_die "no secrets for role $1" ;;
+    esac
 }
 
 # The address Slurm itself reaches NODE at (its NodeAddr; the node's name unless the cluster
@@ -110,7 +126,7 @@ gspo_wait_pid() {
 
 gspo_wait_redis() {
     local timeout=$1
-    GSPO_WAIT_TIMEOUT=$timeout "$GSPO_PY" - <<'EOF'
+    GSPO_REDIS_URL=$GSPO_REDIS_URL GSPO_WAIT_TIMEOUT=$timeout "$GSPO_PY" - <<'EOF'
 import os, sys, time
 import redis
 deadline = time.monotonic() + float(os.environ["GSPO_WAIT_TIMEOUT"])

@@ -42,7 +42,9 @@ else
     nodes=$GSPO_SERVER_NODES; cpus=$s_cpus; mem=$s_mem; gpus=$s_gpus
     name="$GSPO_JOB_NAME-servers"
 fi
-args=(--parsable --job-name="$name" --nodes="$nodes" --ntasks-per-node=1
+# --dependency=singleton: a resubmitted run starts only once the job of the same name (the run's
+# previous one, still stopping) has ended; two learners never share a run's queue.
+args=(--parsable --job-name="$name" --dependency=singleton --nodes="$nodes" --ntasks-per-node=1
       --cpus-per-task="$cpus" --mem="$mem" --output="$GSPO_RUN_DIR/slurm-%j.out"
       --signal="B:TERM@$GSPO_STOP_GRACE_S"
       --export="ALL,GSPO_SLURM_CONFIG=$GSPO_SLURM_CONFIG,GSPO_SLURM_DIR=$here,GSPO_SLURM_ROLE=$role")

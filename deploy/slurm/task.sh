@@ -15,9 +15,12 @@ GSPO_ROLE_NAME="$role${SLURM_PROCID:+ $SLURM_PROCID}"
 source "$GSPO_SLURM_DIR/lib.sh"
 gspo_load_config
 gspo_load_secrets
+gspo_export_secrets "$role"
 : "${GSPO_JOB_DIR:?set by gspo.sbatch}"
-# CPU threads: what Slurm gave this task, unless the caller chose.
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+# CPU threads: what Slurm gave this task (per process), unless the caller chose.
+threads=${SLURM_CPUS_PER_TASK:-1}
+if [ "$role" = learner ]; then threads=$(( threads / GSPO_LEARNER_PROCS_PER_NODE )); fi
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( threads > 0 ? threads : 1 ))}
 
 task_redis() {
     mkdir -p "$GSPO_REDIS_DIR"
