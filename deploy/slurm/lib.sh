@@ -99,9 +99,10 @@ gspo_signal_step() {
     while read -r id sname; do
         if [ "$sname" = "$name" ]; then
             gspo_log "signal $sig to step $id ($name)"
-            # While Slurm itself is cancelling the job, scancel may report an error although
-            # the step got the signal (slurmd's log says): keep going, say what it said.
-            if ! out=$(scancel --signal="$sig" "$id" 2>&1); then
+            # --ctld: through slurmctld, to the step's own nodes (sent directly, Slurm 22.05
+            # also asks the job's other nodes, which answer "Invalid job id"). While Slurm is
+            # cancelling the job itself it may refuse: keep going, say what it said.
+            if ! out=$(scancel --ctld --signal="$sig" "$id" 2>&1); then
                 gspo_log "scancel $id: $out"
             fi
         fi

@@ -6,8 +6,8 @@
 # Stopping: Slurm signals the task process itself (proctrack/cgroup signals a step's tasks,
 # not their children), possibly twice (scancel, then the batch script's trap). Each role passes
 # one SIGTERM on: the learner's to its torchrun workers (rank 0 finishes its step, checkpoints,
-# acknowledges, tells the other ranks to stop; torchrun then exits 0), Redis's only once the
-# learner has exited (so that its last checkpoint's acknowledgements land).
+# acknowledges, tells the other ranks to stop; torchrun then exits 0); Redis's and the run's
+# servers' only once the learner has exited (its last push and acknowledgements land).
 set -euo pipefail
 role=${1:?usage: task.sh redis|server|learner|env}
 GSPO_ROLE_NAME="$role${SLURM_PROCID:+ $SLURM_PROCID}"
@@ -21,6 +21,19 @@ gspo_export_secrets "$role"
 threads=${SLURM_CPUS_PER_TASK:-1}
 if [ "$role" = learner ]; then threads=$(( threads / GSPO_LEARNER_PROCS_PER_NODE )); fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( threads > 0 ? threads : 1 ))}
+
+# On a plain scancel every step is signalled at once. Redis and the job's own servers outlive
+# the learner (up to GSPO_STOP_GRACE_S): its last step's push then reaches live servers (a
+# server that went away mid-push would cost it sync_timeout_s), and its final checkpoint's
+# acknowledgements reach Redis.
+learner_exited() {
+    local waited=0
+    while [ ! -e "$GSPO_JOB_DIR/learner.exited" ] && (( waited < GSPO_STOP_GRACE_S )); do
+        if (( waited % 10 == 0 )); then gspo_log "stopping: waiting for the learner to exit"; fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+}
 
 task_redis() {
     mkdir -p "$GSPO_REDIS_DIR"
@@ -40,16 +53,6 @@ save ""
 daemonize no
 EOF
     )
-    learner_exited() {
-        # On a plain scancel every step is signalled at once: Redis outlives the learner (up to
-        # GSPO_STOP_GRACE_S), so that its final checkpoint is acknowledged and published.
-        local waited=0
-        while [ ! -e "$GSPO_JOB_DIR/learner.exited" ] && (( waited < GSPO_STOP_GRACE_S )); do
-            if (( waited % 10 == 0 )); then gspo_log "stopping: waiting for the learner to exit"; fi
-            sleep 1
-            waited=$((waited + 1))
-        done
-    }
     GSPO_BEFORE_STOP=learner_exited
     gspo_log "redis-server on port $GSPO_REDIS_PORT, append-only file in $GSPO_REDIS_DIR"
     gspo_run_forwarding "$GSPO_REDIS_SERVER" "$conf"
@@ -68,7 +71,10 @@ task_server() {
     # shellcheck disable=SC2206
     args+=($GSPO_SERVER_ARGS)
     gspo_log "server $GSPO_SERVER_ID_PREFIX$idx on $SLURMD_NODENAME: http://$addr:$port"
-    exec "$GSPO_VENV/bin/gspo" "${args[@]}"
+    if [ "${GSPO_SLURM_ROLE:-all}" = all ]; then
+        GSPO_BEFORE_STOP=learner_exited  # the run's own servers; added ones leave at once
+    fi
+    gspo_run_forwarding "$GSPO_VENV/bin/gspo" "${args[@]}"
 }
 
 task_env() {

@@ -13,8 +13,9 @@ the issue asks, through Slurm's commands, HTTP and the run's files only:
 3. a server added mid-run as its own job on the fourth node gets the current weights by the
    end of the first push that started after it registered, and when that job is killed the
    broadcast goes on without it;
-4. ``scancel --batch --signal=TERM`` (what ``--signal=B:TERM@<s>`` does before the time limit)
-   stops it in order, with a checkpoint, and the job completes with exit code 0.
+4. the time limit (shortened with ``scontrol update``) makes Slurm send the batch script the
+   SIGTERM that ``--signal=B:TERM@<s>`` asks for: it stops everything in order, with a
+   checkpoint, and the job completes with exit code 0 before the limit.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def _steps(metrics: Path) -> list[dict[str, Any]]:
 def _latest_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     states = sorted((run_dir / "checkpoints").glob("step-*/learner_state.json"))
     return json.loads(states[-1].read_text()) if states else None
+
+
+def _seconds(hms: str) -> int:
+    """Slurm's [D-]HH:MM:SS (or MM:SS) as seconds."""
+    days, _, rest = hms.rpartition("-")
+    secs = 0
+    for part in rest.split(":"):
+        secs = secs * 60 + int(part)
+    return secs + 86400 * int(days or 0)
+
+
+def _hms(secs: int) -> str:
+    return f"{secs // 3600}:{secs % 3600 // 60:02d}:{secs % 60:02d}"
 
 
 def _health(port: int) -> dict[str, Any] | None:
@@ -141,6 +155,9 @@ def test_slurm_cpu_job_trains_resumes_and_takes_servers_that_come_and_go(tmp_pat
     # all score 1.0 and are dropped for lack of signal: no steps, by design).
     env = {"GSPO_RUN_DIR": str(run_dir), "GSPO_VENV": sys.prefix,
            "GSPO_LEARNER_ARGS": "--device cpu --lr 1e-4",
+           # one group in flight per environment: lean on a shared 2-core machine
+           "GSPO_ENV_ARGS": "--group-size 8 --concurrency 1",
+           "GSPO_STOP_GRACE_S": "120",
            **{k: str(v) for k, v in ports.items()}}
     run = Run(cluster, run_dir, env)
     try:
@@ -174,6 +191,8 @@ def _scenario(cluster: SlurmCluster, run: Run, ports: dict[str, int]) -> None:
         f"{run1[-1]['step']}: it did not checkpoint on SIGTERM")
     stops = [r for r in _records(run.metrics) if r.get("event") == "stop"]
     assert len(stops) == 1 and stops[0]["step"] == run1[-1]["step"], stops
+    # The servers outlived the learner: even a step trained after the signal pushed to both.
+    assert run1[-1]["sync_ok"], run1[-1]
     for port in [ports["GSPO_REDIS_PORT"], *server_ports]:
         assert not port_open(port), f"port {port} still open after job {job1} ended"
     assert any((run.run_dir / "redis").rglob("*.aof")), "Redis wrote no append-only file"
@@ -233,11 +252,17 @@ def _scenario(cluster: SlurmCluster, run: Run, ports: dict[str, int]) -> None:
     print(f"[slurm] added server job {job3}: {state3}; steps went on to "
           f"{after_leave[-1]['step']}", flush=True)
 
-    # ------------------------------------------------------------ 4. the time-limit path
-    cluster.run("scancel", "--batch", "--signal=TERM", job2)
-    state2 = cluster.wait_job_end(job2, cluster.kill_wait_s + 120)
+    # ------------------------------------------------------------ 4. the time limit
+    # submit.sh asked for --signal=B:TERM@GSPO_STOP_GRACE_S (120 s here): shorten the time
+    # limit to 100 s from now, and slurmctld signals the batch script at its next check.
+    ran = _seconds(cluster.job_field(job2, "RunTime") or "0:0")
+    cluster.run("scontrol", "update", f"JobId={job2}", f"TimeLimit={_hms(ran + 100)}")
+    print(f"[slurm] job {job2}: time limit set to {_hms(ran + 100)} (ran {ran}s)", flush=True)
+    state2 = cluster.wait_job_end(job2, 100 + cluster.kill_wait_s + 60)
+    out2 = (run.run_dir / f"slurm-{job2}.out").read_text()
+    assert "stop requested" in out2, out2[-2000:]
     assert state2 == "COMPLETED" and cluster.job_field(job2, "ExitCode") == "0:0", (
-        state2, cluster.job_field(job2, "ExitCode"))
+        state2, cluster.job_field(job2, "ExitCode"), out2[-2000:])
     steps = _steps(run.metrics)
     ckpt2 = _latest_checkpoint(run.run_dir)
     assert ckpt2 is not None and ckpt2["step"] == steps[-1]["step"], (ckpt2, steps[-1])
