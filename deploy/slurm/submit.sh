@@ -6,7 +6,8 @@
 #
 # CONFIG is a bash file of VAR=${VAR:-default} lines (deploy/slurm/cpu.env, gpu.env); the
 # environment overrides it. sbatch options (--time, --partition, --account, --dependency ...)
-# pass through. Prints the job id. docs/deployment/slurm.md explains every variable.
+# pass through. Prints the job id (GSPO_SLURM_DRY_RUN=1: the sbatch command instead, and submits
+# nothing). docs/deployment/slurm.md explains every variable.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 role=all
@@ -42,13 +43,21 @@ else
     nodes=$GSPO_SERVER_NODES; cpus=$s_cpus; mem=$s_mem; gpus=$s_gpus
     name="$GSPO_JOB_NAME-servers"
 fi
-# --dependency=singleton: a resubmitted run starts only once the job of the same name (the run's
-# previous one, still stopping) has ended; two learners never share a run's queue.
-args=(--parsable --job-name="$name" --dependency=singleton --nodes="$nodes" --ntasks-per-node=1
+args=(--parsable --job-name="$name" --nodes="$nodes" --ntasks-per-node=1
       --cpus-per-task="$cpus" --mem="$mem" --output="$GSPO_RUN_DIR/slurm-%j.out"
       --signal="B:TERM@$GSPO_STOP_GRACE_S"
       --export="ALL,GSPO_SLURM_CONFIG=$GSPO_SLURM_CONFIG,GSPO_SLURM_DIR=$here,GSPO_SLURM_ROLE=$role")
+if [ "$role" = all ]; then
+    # A resubmitted run starts only once the job of the same name (the run's previous one,
+    # maybe still stopping) has ended: two learners never share a run's queue.
+    args+=(--dependency=singleton)
+fi
 if (( gpus > 0 )); then
     args+=(--gpus-per-node="$gpus")
+fi
+if [ "${GSPO_SLURM_DRY_RUN:-0}" = 1 ]; then  # print what would be submitted
+    printf '%q ' sbatch "${args[@]}" "$@" "$here/gspo.sbatch"
+    echo
+    exit 0
 fi
 exec sbatch "${args[@]}" "$@" "$here/gspo.sbatch"
