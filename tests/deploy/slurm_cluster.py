@@ -217,16 +217,29 @@ class SlurmCluster:
         self._remove_cgroups()
 
     def _remove_cgroups(self) -> None:
-        """The cgroup directories Slurm made for this cluster's nodes (empty once the jobs
-        ended; a directory that still holds a process stays, and is reported)."""
-        for node in self.nodes:
-            for top in Path("/sys/fs/cgroup").glob(f"*/slurm_{node}"):
-                for d in sorted((p for p in top.rglob("*") if p.is_dir()),
-                                key=lambda p: len(p.parts), reverse=True) + [top]:
+        """The cgroup directories Slurm made for this cluster's nodes: empty once the jobs
+        ended. A process still in one (a job that outlived the wait for it) was started by
+        this cluster's jobs: it is killed by its pid, then the directories are removed."""
+        tops = [t for node in self.nodes for t in Path("/sys/fs/cgroup").glob(f"*/slurm_{node}")]
+        for top in tops:
+            for procs in top.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    for pid in procs.read_text().split():
+                        print(f"[slurm] killing pid {pid} left in {procs.parent}", flush=True)
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
+        for top in tops:
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()),
+                            key=lambda p: len(p.parts), reverse=True) + [top]:
+                for _ in range(20):  # a killed process leaves its cgroup within moments
                     try:
                         d.rmdir()
+                        break
                     except OSError as exc:
-                        print(f"[slurm] left {d}: {exc}", flush=True)
+                        last = exc
+                        time.sleep(0.1)
+                else:
+                    print(f"[slurm] left {d}: {last}", flush=True)
 
     # ---------------------------------------------------------------- commands
 
