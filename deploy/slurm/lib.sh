@@ -100,10 +100,10 @@ gspo_signal_step() {
         if [ "$sname" = "$name" ]; then
             gspo_log "signal $sig to step $id ($name)"
             # --ctld: through slurmctld, to the step's own nodes (sent directly, Slurm 22.05
-            # also asks the job's other nodes, which answer "Invalid job id"). While Slurm is
-            # cancelling the job itself it may refuse: keep going, say what it said.
+            # also asks the job's other nodes, which answer "Invalid job id").
             if ! out=$(scancel --ctld --signal="$sig" "$id" 2>&1); then
-                gspo_log "scancel $id: $out"
+                gspo_log "scancel $id: $out (expected while Slurm cancels the job itself: its" \
+                    "steps have had Slurm's own SIGTERM)"
             fi
         fi
     done < <(squeue --steps --noheader --jobs "$SLURM_JOB_ID" --format '%i %j' 2>/dev/null || true)
