@@ -127,11 +127,16 @@ class Run:
             time.sleep(1)
 
 
+def _secrets(run: Run) -> dict[str, str]:
+    """The run's secrets file (made by its first job, mode 600)."""
+    path = run.run_dir / "secrets.env"
+    assert path.stat().st_mode & 0o777 == 0o600, oct(path.stat().st_mode)
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
 def _redis(run: Run, port: int) -> redis.Redis:
     """A client of the run's Redis, with the password from the run's secrets file."""
-    secrets = dict(line.split("=", 1) for line in
-                   (run.run_dir / "secrets.env").read_text().splitlines() if "=" in line)
-    return redis.Redis(host="127.0.0.1", port=port, password=secrets["GSPO_REDIS_PASSWORD"],
+    return redis.Redis(host="127.0.0.1", port=port, password=_secrets(run)["GSPO_REDIS_PASSWORD"],
                        socket_timeout=10, decode_responses=True)
 
 
@@ -207,9 +212,19 @@ def _scenario(cluster: SlurmCluster, run: Run, ports: dict[str, int]) -> None:
     assert resumed[0]["step"] == ckpt1["step"] + 1, resumed[0]
     assert resumed[0]["version"] > run1[-1]["version"]
     assert resumed[0]["groups_trained_total"] > ckpt1["groups_trained"]
+    # Redis came back from its append-only file: a group trained by the first job is still
+    # there (trained groups are kept keep_trained_s, 600 s), served by the second job's server.
+    api_key = _secrets(run)["GSPO_API_KEY"]
+    first = run1[0]["group_ids"][0]
+    wait_for(lambda: _health(server_ports[0]) is not None, "the second job's first server", 300)
+    r = httpx.get(f"http://127.0.0.1:{server_ports[0]}/v1/groups/{first}", timeout=10,
+                  headers={"Authorization": f"Bearer {api_key}"})
+    assert r.status_code == 200 and r.json()["state"] == "published", (r.status_code, r.text)
 
     # ------------------------------------------------------------ 3. a server joins
     registry = _redis(run, ports["GSPO_REDIS_PORT"])
+    with pytest.raises(redis.AuthenticationError):  # Redis asks for the password
+        redis.Redis(host="127.0.0.1", port=ports["GSPO_REDIS_PORT"], socket_timeout=10).ping()
     extra_port, extra_id = free_port(), "gspo-extra-s0"
     job3 = run.submit("--add-servers", env={
         "GSPO_SERVERS": "1", "GSPO_SERVER_NODES": "1", "GSPO_SERVER_PORT": str(extra_port),
