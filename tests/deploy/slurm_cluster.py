@@ -8,9 +8,9 @@ nodes; with proctrack/cgroup Slurm's cgroup directories are named after the node
 test runs on one machine do not meet. ``stop`` cancels what is still queued, then terminates and
 kills the daemons it started, by pid.
 
-Processes of the jobs are tracked with proctrack/cgroup when the cgroup v1 freezer hierarchy
-is writable (as on the production clusters this targets: a plain ``scancel`` then signals each
-step's task, not its children), else with proctrack/linuxproc (``mode`` says which).
+Processes of the jobs are tracked with proctrack/cgroup (cgroup v1: the freezer hierarchy
+must be writable, ``cgroup_v1_writable``), as on the production clusters this targets: Slurm
+then signals each step's task process, not its children, which deploy/slurm's stop relies on.
 """
 
 from __future__ import annotations
@@ -92,7 +92,6 @@ class SlurmCluster:
         self.name = f"gspo{self.token}"
         self.nodes = [f"g{self.token}n{i}" for i in range(1, nodes + 1)]
         self.cpus, self.mem_mb, self.kill_wait_s = cpus, mem_mb, kill_wait_s
-        self.mode = "cgroup" if cgroup_v1_writable() else "linuxproc"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.conf = root / "etc" / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -140,7 +139,6 @@ class SlurmCluster:
         host = socket.gethostname().split(".")[0]
         user = getpass.getuser()
         ctl_port, node_ports = free_port(), [free_port() for _ in self.nodes]
-        proctrack = "proctrack/cgroup" if self.mode == "cgroup" else "proctrack/linuxproc"
         lines = [
             f"ClusterName={self.name}",
             f"SlurmctldHost={host}(127.0.0.1)",
@@ -157,7 +155,7 @@ class SlurmCluster:
             f"SlurmdPidFile={r / 'spool'}/slurmd-%n.pid",
             f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
             f"SlurmdLogFile={r / 'log'}/slurmd-%n.log",
-            f"ProctrackType={proctrack}",
+            "ProctrackType=proctrack/cgroup",
             "TaskPlugin=task/none",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core_Memory",
