@@ -10,7 +10,9 @@
 
 ``run_groups`` / ``arun_groups`` drive either shape with bounded concurrency and post the
 rewards. With ``resample_equal_rewards = k`` a task whose group the server dropped for equal
-rewards is played again as a new group, up to ``k`` times (``RunStats.resampled``). Errors
+rewards is played again as a new group, up to ``k`` times (``RunStats.resampled``). A finite
+task source (tasks from data) raises ``TasksExhausted`` from ``sample_task``: the run ends
+once the groups in flight finish. Errors
 are never turned into a reward: a failing group is retried or abandoned
 (``gspo_rl.client.failures.FailurePolicy``), counted in ``RunStats``, and the run goes on.
 Tutorial: docs/environments.md.
@@ -29,12 +31,18 @@ from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
 from gspo_rl.client.failures import FailurePolicy, RunStats, record_failure
 
 
+class TasksExhausted(Exception):
+    """Raised by ``sample_task`` when a finite source of tasks is used up."""
+
+
 @dataclass
 class EpisodeResult:
-    """The outcome of one episode: a final reward and, optionally, one reward per model turn."""
+    """The outcome of one episode: a final reward and, optionally, one reward per model turn;
+    ``correct`` (None: unknown) is what an evaluation's pass@k counts."""
 
     reward: float
     turn_rewards: list[float] | None = None
+    correct: bool | None = None
 
 
 @dataclass
@@ -44,10 +52,12 @@ class EpisodeSession:
     ``extra_body`` for every chat completion of the episode."""
 
     base_url: str
-    rollout_id: str
-    group_id: str
+    rollout_id: str | None
+    group_id: str | None
     model: str = "default"
     api_key: str | None = None
+    record: bool = True
+    """False: an evaluation's episode, served unrecorded (no rollout, no group)."""
 
     @property
     def openai_base_url(self) -> str:
@@ -56,6 +66,8 @@ class EpisodeSession:
     @property
     def extra_body(self) -> dict[str, Any]:
         """Pass as ``extra_body=`` to ``client.chat.completions.create``."""
+        if not self.record:
+            return {"record": False}
         return {"rollout_id": self.rollout_id}
 
 
@@ -96,6 +108,10 @@ class SingleTurnEnvironment(abc.ABC):
     @abc.abstractmethod
     def score(self, task: Any, completion: str) -> float:
         """The reward of one completion. Raise on a broken task; never return 0.0 for one."""
+
+    def group_metadata(self, task: Any) -> dict[str, Any]:
+        """Stored with the group and handed to the learner (e.g. a task id). Default: none."""
+        return {}
 
 
 class MultiTurnEnvironment(abc.ABC):
@@ -155,7 +171,8 @@ async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any
     if isinstance(env, SingleTurnEnvironment):
         p = env.prompt(task)
         kwargs: dict[str, Any] = {"prompt": p} if isinstance(p, str) else {"messages": p}
-        group = await client.rollouts(n=env.group_size, **kwargs, **env.sampling)
+        group = await client.rollouts(n=env.group_size, metadata=env.group_metadata(task) or None,
+                                      **kwargs, **env.sampling)
         texts = [r.text for r in group.rollouts]
         rewards = [float(env.score(task, t)) for t in texts]
         posted = await client.post_rewards([{"rollout_id": r.rollout_id, "reward": x}
@@ -244,9 +261,12 @@ async def arun_groups(
                 await gate()
                 if stop.is_set():
                     break
+            try:
+                task = env.sample_task(rng)
+            except TasksExhausted:
+                break
             started += 1
-            outcome = await _play(env, client, env.sample_task(rng), model, failures,
-                                  stats)
+            outcome = await _play(env, client, task, model, failures, stats)
             if outcome is None:
                 continue
             outcomes.append(outcome)
