@@ -284,28 +284,44 @@ async def arun_groups(
     return outcomes
 
 
+Alongside = Callable[[AsyncGSPOClient, asyncio.Event], Awaitable[Any]]
+"""A side task run next to the groups (an evaluation watcher): started with the run's client
+and an event that is set once the groups end; awaited before the run returns."""
+
+
 def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
                api_key: str | None = None, concurrency: int = 4, seed: int = 0,
                model: str | None = None, retry: RetryPolicy = RetryPolicy(),
                on_group: Callable[[GroupOutcome], None] | None = None,
                failures: FailurePolicy = FailurePolicy(),
-               stats: RunStats | None = None) -> list[GroupOutcome]:
-    """Synchronous entry point: runs ``arun_groups`` on a fresh event loop."""
+               stats: RunStats | None = None,
+               alongside: Alongside | None = None) -> list[GroupOutcome]:
+    """Synchronous entry point: runs ``arun_groups`` on a fresh event loop (and
+    ``alongside``, if given, until the groups end)."""
 
     async def main() -> list[GroupOutcome]:
         async with AsyncGSPOClient(base_url, api_key=api_key, retry=retry) as client:
-            return await arun_groups(env, client, num_groups, concurrency=concurrency,
-                                     seed=seed, model=model, on_group=on_group,
-                                     failures=failures, stats=stats)
+            done = asyncio.Event()
+            side = asyncio.create_task(alongside(client, done)) if alongside else None
+            try:
+                return await arun_groups(env, client, num_groups, concurrency=concurrency,
+                                         seed=seed, model=model, on_group=on_group,
+                                         failures=failures, stats=stats)
+            finally:
+                done.set()
+                if side is not None:
+                    await side
 
     return asyncio.run(main())
 
 
 def run_and_print(env: Environment, base_url: str, num_groups: int | None, *,
                   api_key: str | None = None, concurrency: int = 4, seed: int = 0,
-                  failures: FailurePolicy = FailurePolicy()) -> float:
+                  failures: FailurePolicy = FailurePolicy(),
+                  alongside: Alongside | None = None) -> float:
     """``run_groups`` for a terminal: prints each group's mean reward as it finishes, then the
-    mean over all groups and the failure counts, and returns the mean (the examples' and
+    mean over all groups, the failure counts and, for an environment with a ``summary()``
+    (tasks from data), its rewards per source; returns the mean (the examples' and
     ``gspo env``'s entry point)."""
     stats = RunStats()
 
@@ -315,9 +331,12 @@ def run_and_print(env: Environment, base_url: str, num_groups: int | None, *,
     try:
         outcomes = run_groups(env, base_url, num_groups, api_key=api_key,
                               concurrency=concurrency, seed=seed, on_group=report,
-                              failures=failures, stats=stats)
+                              failures=failures, stats=stats, alongside=alongside)
     finally:
         print(stats.summary(), flush=True)
+        for source, s in getattr(env, "summary", dict)().items():
+            print(f"source {source}: {s['samples']:.0f} samples, reward "
+                  f"{s['reward_mean']:.3f}, correct {s['accuracy']:.3f}", flush=True)
     mean = sum(sum(g.rewards) / len(g.rewards) for g in outcomes) / max(1, len(outcomes))
     print(f"mean reward over {len(outcomes)} groups: {mean:.3f}")
     return mean
