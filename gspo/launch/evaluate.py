@@ -82,12 +82,11 @@ def eval_config(run: EvalRun) -> Any:
         raise TaskConfigError(f"invalid eval settings: {exc}") from None
 
 
-async def _evaluate(cfg: Any, url: str, api_key: str | None, post: bool) -> Any:
+async def _evaluate(cfg: Any, env: Any, tasks: list[Any], url: str, api_key: str | None,
+                    post: bool) -> Any:
     from gspo_rl.client.client import AsyncGSPOClient
     from gspo_rl.client.evals import evaluate
-    from gspo_rl.client.tasks import eval_environment
 
-    env, tasks = eval_environment(cfg)
     ev = cfg.eval
     async with AsyncGSPOClient(url, api_key=api_key) as client:
         report = await evaluate(env, client, tasks, name=ev.name, samples=ev.samples, ks=ev.k,
@@ -102,8 +101,15 @@ def run_eval(run: EvalRun) -> Any:
     if (run.model is None) == (run.url is None):
         raise TaskConfigError("give --model (a checkpoint) or --url (a running server)")
     cfg = eval_config(run)
+    from gspo_rl.client.tasks import eval_environment
+
+    try:  # the files are read (and checked) before anything starts
+        env, tasks = eval_environment(cfg)
+    except (OSError, ImportError, ValueError) as exc:
+        raise TaskConfigError(str(exc)) from None
     if run.url is not None:
-        return asyncio.run(_evaluate(cfg, run.url, os.environ.get("GSPO_API_KEY"), run.post))
+        return asyncio.run(_evaluate(cfg, env, tasks, run.url, os.environ.get("GSPO_API_KEY"),
+                                     run.post))
     from gspo_rl.launch.up import Processes, _gspo, _start_redis, _wait_http
 
     model = resolve_model(str(run.model))
@@ -119,6 +125,6 @@ def run_eval(run: EvalRun) -> Any:
                 env={"GSPO_API_KEY": key, "GSPO_ADMIN_KEY": secrets.token_urlsafe(16)})
             url = f"http://127.0.0.1:{port}"
             _wait_http(f"{url}/health", procs, "server", timeout_s=300)
-            return asyncio.run(_evaluate(cfg, url, key, post=False))
+            return asyncio.run(_evaluate(cfg, env, tasks, url, key, post=False))
         finally:
             procs.stop_all()
