@@ -6,8 +6,9 @@ it sees (the baseline) and then whenever the version has moved ``every`` past th
 evaluated, it runs ``evaluate`` (unrecorded requests: the training traffic is neither counted
 nor held back by them) and posts the result to ``POST /v1/evals``, whence the learner logs it
 with its step metrics. Each report also goes to ``on_report`` and, as one JSON line without the
-answers, to ``out``. A failed evaluation (the server restarting) is logged and tried again at
-the next poll; waiting on an unreachable server says so every 30 s.
+answers, to ``out``. A failed evaluation (the server restarting, a verifier raising) is logged
+with its reason and that version is skipped (the next is due ``every`` versions on); waiting
+on an unreachable server says so every 30 s.
 """
 
 from __future__ import annotations
@@ -87,9 +88,11 @@ class EvalWatcher:
                 try:
                     report = await self.run_once(client)
                     self.next_due = report.policy_version + self.every
-                except (GSPOError, httpx.HTTPError, ValueError) as exc:
-                    log.warning("evaluation %s failed (tried again at the next poll): %s",
-                                self.name, exc)
+                except Exception as exc:  # noqa: BLE001 - an evaluation must not end the run
+                    self.next_due = version + self.every
+                    log.warning("evaluation %s at version %d failed (next at version %d): "
+                                "%s: %s", self.name, version, self.next_due,
+                                type(exc).__name__, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll_s)
         return self.reports

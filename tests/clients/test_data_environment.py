@@ -74,7 +74,8 @@ def test_sources_are_played_until_used_up_and_reach_the_learner(
     client.close()
 
 
-def test_retry_with_feedback_episodes(served: Served, tmp_path: Path) -> None:
+def test_retry_with_feedback_episodes(served: Served, tmp_path: Path,
+                                      rkeys: RedisKeys) -> None:
     (tmp_path / "t.jsonl").write_text(rows("t", 1))
     cfg = TaskConfig.model_validate({
         "sources": [{"path": str(tmp_path / "t.jsonl")}], "group_size": 2, "epochs": 1,
@@ -89,6 +90,16 @@ def test_retry_with_feedback_episodes(served: Served, tmp_path: Path) -> None:
     [outcome] = run(main())
     assert len(outcome.rollout_ids) == 2 and len(outcome.rewards) == 2
     assert env.summary()["t"]["samples"] == 2
+    before = rkeys.snapshot()
+
+    async def unrecorded() -> object:  # the same episodes, evaluated: nothing recorded
+        async with AsyncGSPOClient(served.url, api_key=API_KEY) as client:
+            return await evaluate(env, client, env.mixture.sources[0].tasks, samples=2,
+                                  ks=[1, 2])
+
+    report = run(unrecorded())
+    assert report.metrics["samples"] == 2 and rkeys.snapshot() == before
+    assert env.summary()["t"]["samples"] == 2  # an evaluation counts nowhere
 
 
 def test_an_evaluation_is_unrecorded_and_logged_by_the_learner_once(
