@@ -216,8 +216,8 @@ def up(
     groups_per_step: int = typer.Option(4, help="Groups per learner step."),
     group_size: int = typer.Option(None, help="Samples per prompt (G). (default: the task "
                                    "file's; 8 for the alphabet demo)"),
-    tasks: str = typer.Option(None, help="Train on tasks from data: a task file (TOML/YAML, "
-                              "docs/tasks.md), e.g. clients/examples/math/tasks.toml."),
+    tasks: str = typer.Option(None, help="Train on tasks from data: a task file (TOML or "
+                              "YAML; docs/tasks.md)."),
     data: list[str] = typer.Option(None, help="Train on tasks from these data files "
                                    "(JSONL, JSON, Parquet, datasets directory)."),
     verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
