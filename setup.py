@@ -25,4 +25,7 @@ def packages() -> list[str]:
     return out
 
 
-setup(package_dir=FOLDERS, packages=packages())
+# The SDK's example data (tasks from data: clients/examples/math, scripts/make_math_problems.py).
+PACKAGE_DATA = {"gspo_rl.client.examples": ["math/*.jsonl", "math/*.toml"]}
+
+setup(package_dir=FOLDERS, packages=packages(), package_data=PACKAGE_DATA)

@@ -38,9 +38,9 @@ log = logging.getLogger("gspo_rl.client.client")
 
 @dataclass
 class Rollout:
-    """One sampled completion of a group."""
+    """One sampled completion of a group (``rollout_id`` None: not recorded)."""
 
-    rollout_id: str
+    rollout_id: str | None
     text: str
     token_ids: list[int]
     logprobs: list[float]
@@ -50,9 +50,10 @@ class Rollout:
 
 @dataclass
 class RolloutGroup:
-    """The answer to ``POST /v1/rollouts``: ``n`` samples of one prompt."""
+    """The answer to ``POST /v1/rollouts``: ``n`` samples of one prompt (``group_id`` None:
+    sampled with ``record=False``, nothing recorded)."""
 
-    group_id: str
+    group_id: str | None
     rollouts: list[Rollout]
     prompt_token_ids: list[int] = field(default_factory=list)
 
@@ -164,6 +165,15 @@ def _rollouts_body(prompt: str | None, messages: list[dict[str, Any]] | None,
     return body
 
 
+def _eval_body(name: str, policy_version: int, metrics: dict[str, float],
+               metadata: dict[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "policy_version": int(policy_version),
+                            "metrics": {k: float(v) for k, v in metrics.items()}}
+    if metadata:
+        body["metadata"] = metadata
+    return body
+
+
 def _parse(resp: httpx.Response) -> Any:
     try:
         body = resp.json()
@@ -246,6 +256,16 @@ class GSPOClient:
     def group(self, group_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/groups/{group_id}")
 
+    def models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``: the served model (its ``id`` is what requests pass as model)."""
+        return self._request("GET", "/v1/models")["data"]
+
+    def post_eval(self, name: str, policy_version: int, metrics: dict[str, float],
+                  metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``POST /v1/evals``: an evaluation's result, for the learner to log."""
+        return self._request("POST", "/v1/evals",
+                             _eval_body(name, policy_version, metrics, metadata))
+
     def close(self) -> None:
         self.http.close()
 
@@ -306,6 +326,14 @@ class AsyncGSPOClient:
 
     async def group(self, group_id: str) -> dict[str, Any]:
         return await self._request("GET", f"/v1/groups/{group_id}")
+
+    async def models(self) -> list[dict[str, Any]]:
+        return (await self._request("GET", "/v1/models"))["data"]
+
+    async def post_eval(self, name: str, policy_version: int, metrics: dict[str, float],
+                        metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        return await self._request("POST", "/v1/evals",
+                                   _eval_body(name, policy_version, metrics, metadata))
 
     async def aclose(self) -> None:
         await self.http.aclose()

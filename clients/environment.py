@@ -10,7 +10,9 @@
 
 ``run_groups`` / ``arun_groups`` drive either shape with bounded concurrency and post the
 rewards. With ``resample_equal_rewards = k`` a task whose group the server dropped for equal
-rewards is played again as a new group, up to ``k`` times (``RunStats.resampled``). Errors
+rewards is played again as a new group, up to ``k`` times (``RunStats.resampled``). A finite
+task source (tasks from data) raises ``TasksExhausted`` from ``sample_task``: the run ends
+once the groups in flight finish. Errors
 are never turned into a reward: a failing group is retried or abandoned
 (``gspo_rl.client.failures.FailurePolicy``), counted in ``RunStats``, and the run goes on.
 Tutorial: docs/environments.md.
@@ -29,12 +31,18 @@ from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
 from gspo_rl.client.failures import FailurePolicy, RunStats, record_failure
 
 
+class TasksExhausted(Exception):
+    """Raised by ``sample_task`` when a finite source of tasks is used up."""
+
+
 @dataclass
 class EpisodeResult:
-    """The outcome of one episode: a final reward and, optionally, one reward per model turn."""
+    """The outcome of one episode: a final reward and, optionally, one reward per model turn;
+    ``correct`` (None: unknown) is what an evaluation's pass@k counts."""
 
     reward: float
     turn_rewards: list[float] | None = None
+    correct: bool | None = None
 
 
 @dataclass
@@ -44,10 +52,12 @@ class EpisodeSession:
     ``extra_body`` for every chat completion of the episode."""
 
     base_url: str
-    rollout_id: str
-    group_id: str
+    rollout_id: str | None
+    group_id: str | None
     model: str = "default"
     api_key: str | None = None
+    record: bool = True
+    """False: an evaluation's episode, served unrecorded (no rollout, no group)."""
 
     @property
     def openai_base_url(self) -> str:
@@ -56,6 +66,8 @@ class EpisodeSession:
     @property
     def extra_body(self) -> dict[str, Any]:
         """Pass as ``extra_body=`` to ``client.chat.completions.create``."""
+        if not self.record:
+            return {"record": False}
         return {"rollout_id": self.rollout_id}
 
 
@@ -96,6 +108,10 @@ class SingleTurnEnvironment(abc.ABC):
     @abc.abstractmethod
     def score(self, task: Any, completion: str) -> float:
         """The reward of one completion. Raise on a broken task; never return 0.0 for one."""
+
+    def group_metadata(self, task: Any) -> dict[str, Any]:
+        """Stored with the group and handed to the learner (e.g. a task id). Default: none."""
+        return {}
 
 
 class MultiTurnEnvironment(abc.ABC):
@@ -155,7 +171,8 @@ async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any
     if isinstance(env, SingleTurnEnvironment):
         p = env.prompt(task)
         kwargs: dict[str, Any] = {"prompt": p} if isinstance(p, str) else {"messages": p}
-        group = await client.rollouts(n=env.group_size, **kwargs, **env.sampling)
+        group = await client.rollouts(n=env.group_size, metadata=env.group_metadata(task) or None,
+                                      **kwargs, **env.sampling)
         texts = [r.text for r in group.rollouts]
         rewards = [float(env.score(task, t)) for t in texts]
         posted = await client.post_rewards([{"rollout_id": r.rollout_id, "reward": x}
@@ -244,9 +261,12 @@ async def arun_groups(
                 await gate()
                 if stop.is_set():
                     break
+            try:
+                task = env.sample_task(rng)
+            except TasksExhausted:
+                break
             started += 1
-            outcome = await _play(env, client, env.sample_task(rng), model, failures,
-                                  stats)
+            outcome = await _play(env, client, task, model, failures, stats)
             if outcome is None:
                 continue
             outcomes.append(outcome)
@@ -264,28 +284,44 @@ async def arun_groups(
     return outcomes
 
 
+Alongside = Callable[[AsyncGSPOClient, asyncio.Event], Awaitable[Any]]
+"""A side task run next to the groups (an evaluation watcher): started with the run's client
+and an event that is set once the groups end; awaited before the run returns."""
+
+
 def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
                api_key: str | None = None, concurrency: int = 4, seed: int = 0,
                model: str | None = None, retry: RetryPolicy = RetryPolicy(),
                on_group: Callable[[GroupOutcome], None] | None = None,
                failures: FailurePolicy = FailurePolicy(),
-               stats: RunStats | None = None) -> list[GroupOutcome]:
-    """Synchronous entry point: runs ``arun_groups`` on a fresh event loop."""
+               stats: RunStats | None = None,
+               alongside: Alongside | None = None) -> list[GroupOutcome]:
+    """Synchronous entry point: runs ``arun_groups`` on a fresh event loop (and
+    ``alongside``, if given, until the groups end)."""
 
     async def main() -> list[GroupOutcome]:
         async with AsyncGSPOClient(base_url, api_key=api_key, retry=retry) as client:
-            return await arun_groups(env, client, num_groups, concurrency=concurrency,
-                                     seed=seed, model=model, on_group=on_group,
-                                     failures=failures, stats=stats)
+            done = asyncio.Event()
+            side = asyncio.create_task(alongside(client, done)) if alongside else None
+            try:
+                return await arun_groups(env, client, num_groups, concurrency=concurrency,
+                                         seed=seed, model=model, on_group=on_group,
+                                         failures=failures, stats=stats)
+            finally:
+                done.set()
+                if side is not None:
+                    await side
 
     return asyncio.run(main())
 
 
 def run_and_print(env: Environment, base_url: str, num_groups: int | None, *,
                   api_key: str | None = None, concurrency: int = 4, seed: int = 0,
-                  failures: FailurePolicy = FailurePolicy()) -> float:
+                  failures: FailurePolicy = FailurePolicy(),
+                  alongside: Alongside | None = None) -> float:
     """``run_groups`` for a terminal: prints each group's mean reward as it finishes, then the
-    mean over all groups and the failure counts, and returns the mean (the examples' and
+    mean over all groups, the failure counts and, for an environment with a ``summary()``
+    (tasks from data), its rewards per source; returns the mean (the examples' and
     ``gspo env``'s entry point)."""
     stats = RunStats()
 
@@ -295,9 +331,12 @@ def run_and_print(env: Environment, base_url: str, num_groups: int | None, *,
     try:
         outcomes = run_groups(env, base_url, num_groups, api_key=api_key,
                               concurrency=concurrency, seed=seed, on_group=report,
-                              failures=failures, stats=stats)
+                              failures=failures, stats=stats, alongside=alongside)
     finally:
         print(stats.summary(), flush=True)
+        for source, s in getattr(env, "summary", dict)().items():
+            print(f"source {source}: {s['samples']:.0f} samples, reward "
+                  f"{s['reward_mean']:.3f}, correct {s['accuracy']:.3f}", flush=True)
     mean = sum(sum(g.rewards) / len(g.rewards) for g in outcomes) / max(1, len(outcomes))
     print(f"mean reward over {len(outcomes)} groups: {mean:.3f}")
     return mean

@@ -8,7 +8,8 @@ Components, wired here: ``GroupReader`` (``gspo_rl.contract.queue.ready.reader``
 One iteration: ``read_batch`` -> ``trainer.step`` -> version += 1 -> every ``sync_every``
 steps push the weights -> every ``save_every`` steps checkpoint, *then* ack the groups trained
 since the previous checkpoint -> publish version, step and the admission parameters to
-``Keys.learner_state`` (``gspo_rl.learner.published``) -> log.
+``Keys.learner_state`` (``gspo_rl.learner.published``) -> log; then log the evaluation results
+posted since (``gspo_rl.contract.queue.evals``).
 
 Contract: a group is acknowledged only after a durable checkpoint contains its update (without
 ``save_dir``: right after its step, at-most-once on a crash); on resume the checkpoint's ids
@@ -44,6 +45,7 @@ from gspo_rl.learner.metrics import (
     MetricsLogger,
     fates_line,
     group_fates,
+    log_new_evals,
     read_drop_counters,
     step_fields,
 )
@@ -194,6 +196,10 @@ class Learner:
                 if self.target.met:
                     self._finish_at_target()
             self._checkpoint(force=True)
+            try:  # evaluations posted during the last step
+                log_new_evals(self.client, self.keys, self.metrics, self.run_id, self.step)
+            except redis.RedisError as exc:
+                log.warning("evaluation results not logged (still in Redis): %s", exc)
             if self.target.finished:
                 log.warning("stopped at step %d: %s. %s; %s", self.step, self.target.finished,
                             fates_line(self._retrying(lambda: group_fates(
@@ -215,6 +221,7 @@ class Learner:
         try:
             self._heal()
             self.run_step()
+            log_new_evals(self.client, self.keys, self.metrics, self.run_id, self.step)
         except redis.RedisError as exc:
             self.progress.stalled("redis_down", str(exc))
             try:

@@ -4,10 +4,12 @@ A step record is a flat dict of floats plus a few structured fields: ``staleness
 of the trained groups' staleness), ``dropped`` (totals by reason) and ``dropped_stale_step``,
 ``env_reward``, ``groups_trained_total``, ``trained_fraction`` and
 ``trained_fraction_with_signal``, ``time_wait_s`` / ``time_compute_s`` / ``time_sync_s``,
-``stalls`` and ``registry_rejected``, and ``group_ids`` / ``entry_ids`` (the JSONL is also the
-audit log of exactly-once training). Checkpoints and no-progress states write their own
-``{"event": ...}`` records. TensorBoard is used when ``torch.utils.tensorboard`` imports (the
-optional ``tensorboard`` package). Every field explained: docs/design/learner-loop.md.
+``stalls`` and ``registry_rejected``, ``source/<name>/reward_mean`` and ``.../groups`` when
+groups name their task source (tasks from data), and ``group_ids`` / ``entry_ids`` (the JSONL is
+also the audit log of exactly-once training). Checkpoints and no-progress states write their
+own ``{"event": ...}`` records; evaluations ``{"event": "eval"}`` ones (``eval_record``).
+TensorBoard is used when ``torch.utils.tensorboard`` imports (the optional ``tensorboard``
+package). Every field explained: docs/design/learner-loop.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from gspo_rl.contract.queue.evals import mark_logged, read_unlogged
 from gspo_rl.contract.queue.schema import Keys, ReadyGroup, as_str
 
 if TYPE_CHECKING:
@@ -44,6 +47,45 @@ def reward_stats(groups: Sequence[ReadyGroup]) -> dict[str, float]:
     var = sum((r - mean) ** 2 for r in rewards) / len(rewards)
     return {"reward_mean": mean, "reward_std": math.sqrt(var),
             "reward_max": max(rewards), "reward_min": min(rewards)}
+
+
+def source_stats(groups: Sequence[ReadyGroup]) -> dict[str, float]:
+    """Per task source (the group metadata's ``source``, set by tasks from data): the mean
+    reward of its trained groups and how many there were, as flat ``source/<name>/...``."""
+    by: dict[str, list[float]] = {}
+    counts: Counter[str] = Counter()
+    for g in groups:
+        name = g.metadata.get("source") if isinstance(g.metadata, dict) else None
+        if isinstance(name, str) and name:
+            by.setdefault(name, []).extend(float(r) for r in g.rewards)
+            counts[name] += 1
+    out: dict[str, float] = {}
+    for name, rewards in sorted(by.items()):
+        out[f"source/{name}/reward_mean"] = sum(rewards) / max(1, len(rewards))
+        out[f"source/{name}/groups"] = float(counts[name])
+    return out
+
+
+def eval_record(entry_id: str, result: dict[str, Any], run_id: str,
+                step: int) -> dict[str, Any]:
+    """An evaluation result (``gspo_rl.contract.queue.evals``) as a metrics record: flat
+    ``eval/<name>/<metric>`` numbers, the policy version it evaluated, the learner's step."""
+    name = str(result.get("name", "eval"))
+    metrics = result.get("metrics") or {}
+    rec: dict[str, Any] = {"event": "eval", "run_id": run_id, "step": step,
+                           "version": int(result.get("policy_version", -1)), "name": name,
+                           "eval_id": entry_id, "time": float(result.get("time", 0.0))}
+    rec.update({f"eval/{name}/{k}": float(v) for k, v in metrics.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)})
+    return rec
+
+
+def eval_line(rec: dict[str, Any]) -> str:
+    """One terminal line for an evaluation record."""
+    prefix = f"eval/{rec['name']}/"
+    parts = [f"{k.removeprefix(prefix)} {_fmt(v)}" for k, v in rec.items()
+             if k.startswith(prefix) and "/" not in k.removeprefix(prefix)]
+    return f"eval {rec['name']} v{rec['version']} (step {rec['step']}) | " + " | ".join(parts)
 
 
 def read_drop_counters(client: redis.Redis, keys: Keys) -> dict[str, int]:
@@ -168,6 +210,22 @@ class MetricsLogger:
                 log.warning("metrics sink failed: %s", exc)
                 self._warned = True
 
+    def log_eval(self, rec: dict[str, Any]) -> None:
+        """An evaluation record (``eval_record``): JSONL, console, TensorBoard (its scalars
+        at the evaluated policy version)."""
+        try:
+            self.event(rec)
+            if self._console is not None:
+                self._console.print(eval_line(rec), markup=False)
+            if self._tb is not None:
+                for k, v in rec.items():
+                    if k.startswith("eval/"):
+                        self._tb.add_scalar(k, v, int(rec["version"]))
+        except (OSError, ValueError) as exc:
+            if not self._warned:
+                log.warning("metrics sink failed: %s", exc)
+                self._warned = True
+
     def event(self, rec: dict[str, Any]) -> None:
         """A non-step record (run start, resume, stop): JSONL only."""
         if self._jsonl is not None:
@@ -192,6 +250,18 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def log_new_evals(client: redis.Redis, keys: Keys, logger: MetricsLogger, run_id: str,
+                  step: int) -> int:
+    """Logs the evaluation results no learner has logged yet (``gspo_rl.contract.queue.evals``)
+    and moves the cursor past each; returns how many. Raises on Redis errors (the next call
+    logs them)."""
+    entries = read_unlogged(client, keys)
+    for entry_id, result in entries:
+        logger.log_eval(eval_record(entry_id, result, run_id, step))
+        mark_logged(client, keys, entry_id)
+    return len(entries)
 
 
 def _ends_mid_line(path: Path) -> bool:
@@ -230,7 +300,8 @@ def step_fields(batch: Batch, metrics: dict[str, float], times: dict[str, float]
                 dropped: dict[str, int], groups_trained: int, invalid: int) -> dict[str, Any]:
     """The fields of a step's record that describe its batch and the run's group fates."""
     return {
-        "groups": len(batch.groups), **reward_stats(batch.groups), **metrics,
+        "groups": len(batch.groups), **reward_stats(batch.groups),
+        **source_stats(batch.groups), **metrics,
         "time_compute_s": metrics["compute_s"], **times,
         "staleness": staleness_histogram(batch.staleness),
         "dropped": dropped, "dropped_stale_step": batch.dropped_stale,

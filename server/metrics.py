@@ -33,6 +33,9 @@ class ServerMetrics:
         self.rollouts = Counter("gspo_rollouts_recorded", "Rollouts recorded in Redis",
                                 registry=r)
         self.groups = Counter("gspo_groups_created", "Groups created in Redis", registry=r)
+        self.unrecorded = Counter("gspo_unrecorded_requests", "Sampling requests served with "
+                                  "record: false (nothing written to Redis)", ["route"],
+                                  registry=r)
         self.generation_latency = Histogram(
             "gspo_generation_seconds", "Engine time of one request's n samples",
             ["route"], buckets=LATENCY_BUCKETS, registry=r)

@@ -13,7 +13,8 @@ Both sides import it; it imports neither. What lives where:
 - ``ready``: the ready stream's entries and the learner's side of it (delivery, claims,
   acknowledgement and trimming);
 - ``inflight``: the facts the admission bound counts, read in one round trip;
-- ``registry``: the signed registrations and heartbeats of the rollout servers.
+- ``registry``: the signed registrations and heartbeats of the rollout servers;
+- ``evals``: evaluation results, posted through a server, logged by the learner.
 
 docs/concepts.md tells the life of a group across these modules.
 """

@@ -70,6 +70,10 @@ class Keys:
         return f"{self.prefix}:stream:ready"
 
     @property
+    def eval_stream(self) -> str:
+        return f"{self.prefix}:stream:evals"
+
+    @property
     def counters(self) -> str:
         return f"{self.prefix}:counters"
 

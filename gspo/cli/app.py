@@ -138,7 +138,8 @@ app.command()(with_parameters(learn, [_CONFIG, *parameters("learn"), _LEARN_LOG_
 @app.command()
 def env(
     name: str = typer.Argument("alphabet", help="Environment: alphabet | calculator | "
-                               "path/to/module.py:EnvClass | package.module:EnvClass."),
+                               "path/to/module.py:EnvClass | package.module:EnvClass | "
+                               "tasks.toml (tasks from data) | data (with --data)."),
     url: str = typer.Option("http://127.0.0.1:8000", envvar="GSPO_SERVER_URL",
                             help="Rollout server base URL. (env GSPO_SERVER_URL)"),
     groups: int = typer.Option(0, help="Groups to run; 0 runs until stopped."),
@@ -148,26 +149,59 @@ def env(
     seed: int = typer.Option(0, help="Seed of the task sampler."),
     on_error: str = typer.Option("retry", help="A failed group: retry | abandon | raise."),
     max_retries: int = typer.Option(1, help="Retries of a failed group's task (retry)."),
+    data: list[str] = typer.Option(None, help="Tasks from data: a JSONL, JSON or Parquet "
+                                   "file, or a datasets directory (repeatable)."),
+    verifier: str = typer.Option(None, help="With --data: exact | normalized | numeric | "
+                                 "math | regex | json_schema | python. (default: exact)"),
+    eval_data: list[str] = typer.Option(None, help="An eval set (repeatable): run every "
+                                        "--eval-every policy versions, unrecorded."),
+    eval_every: int = typer.Option(None, help="Evaluate every this many policy versions "
+                                   "(default: the task file's, else 10)."),
+    eval_out: str = typer.Option(None, help="Append each evaluation's metrics to this JSONL "
+                                 "file."),
+    evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Run the eval set, if "
+                                  "there is one."),
 ) -> None:
     """Run an environment against a rollout server (reads env GSPO_API_KEY)."""
     import os
+    from pathlib import Path
 
+    from gspo_rl.cli.tasks import is_task_file, task_config, watcher_for
     from gspo_rl.client.environment import run_and_print
     from gspo_rl.client.failures import FailurePolicy
     from gspo_rl.client.loading import BUILTIN, load_environment
 
+    watcher = None
     try:
-        size = group_size if group_size is not None else (8 if name in BUILTIN else None)
-        environment = load_environment(name, size)
+        if name == "data" or is_task_file(name) or data:
+            if name not in ("data", "alphabet") and not is_task_file(name):
+                raise ValueError(f"--data goes with `gspo env data` or a task file, not {name!r}")
+            cfg = task_config(name if is_task_file(name) else None, data, verifier, eval_data,
+                              eval_every, group_size)
+            if cfg is None:
+                raise ValueError("gspo env data needs --data PATH (or name a task file)")
+            from gspo_rl.client.tasks import build_environment
+
+            environment: Any = build_environment(cfg)
+            if evaluate:
+                watcher = watcher_for(cfg, Path(eval_out) if eval_out else None)
+        else:
+            if eval_data or verifier:
+                raise ValueError("--verifier and --eval-data go with tasks from data")
+            size = group_size if group_size is not None else (8 if name in BUILTIN else None)
+            environment = load_environment(name, size)
         policy = FailurePolicy(on_error=on_error, max_retries=max_retries)  # type: ignore[arg-type]
-    except ValueError as exc:
+    except (ValueError, ImportError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
     try:
         run_and_print(environment, url, groups or None, api_key=os.environ.get("GSPO_API_KEY"),
-                      concurrency=concurrency, seed=seed, failures=policy)
+                      concurrency=concurrency, seed=seed, failures=policy,
+                      alongside=watcher.run if watcher is not None else None)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    for report in watcher.reports if watcher is not None else []:
+        typer.echo(report.line())
 
 
 @app.command()
@@ -180,7 +214,15 @@ def up(
     loss: str = typer.Option("gspo", help="gspo | gspo_token | grpo | sapo."),
     max_steps: int = typer.Option(300, help="Most learner steps to train."),
     groups_per_step: int = typer.Option(4, help="Groups per learner step."),
-    group_size: int = typer.Option(8, help="Samples per prompt (G)."),
+    group_size: int = typer.Option(None, help="Samples per prompt (G). (default: the task "
+                                   "file's; 8 for the alphabet demo)"),
+    tasks: str = typer.Option(None, help="Train on tasks from data: a task file (TOML or "
+                              "YAML; docs/tasks.md)."),
+    data: list[str] = typer.Option(None, help="Train on tasks from these data files "
+                                   "(JSONL, JSON, Parquet, datasets directory)."),
+    verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
+    eval_every: int = typer.Option(None, help="Evaluate the task file's eval set every this "
+                                   "many versions (default: the file's)."),
     lr: float = typer.Option(2e-3, help="Learning rate."),
     max_staleness: int = typer.Option(2, help="Drop groups more than K versions old."),
     concurrency: int = typer.Option(4, help="Groups the environment samples at once."),
@@ -196,21 +238,25 @@ def up(
                                    "holds new groups back while as many are in flight as the "
                                    "learner can train within --max-staleness."),
 ) -> None:
-    """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
+    """Start Redis, a rollout server, the learner and the demo environment (or tasks from
+    data, --tasks / --data); train; plot."""
     from pathlib import Path
 
+    from gspo_rl.cli.tasks import TaskConfigError
     from gspo_rl.launch.run_dir import RunDirError
     from gspo_rl.launch.up import UpConfig, run_up
 
     cfg = UpConfig(run_dir=Path(run_dir), model=model, redis_url=redis_url, loss=loss,
                    max_steps=max_steps, groups_per_step=groups_per_step,
-                   group_size=group_size, lr=lr, max_staleness=max_staleness,
+                   group_size=group_size, tasks=tasks, data=list(data or []),
+                   verifier=verifier, eval_every=eval_every, lr=lr,
+                   max_staleness=max_staleness,
                    concurrency=concurrency, minutes=minutes,
                    target_reward=target_reward or None,
                    seed=seed, device=device, engine=engine, admission=admission)
     try:
         result = run_up(cfg)
-    except RunDirError as exc:
+    except (RunDirError, TaskConfigError) as exc:
         typer.echo(f"gspo up: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
@@ -219,3 +265,45 @@ def up(
     for line in result.summary(target_reward):
         typer.echo(line)
 
+
+
+@app.command("eval")
+def eval_(
+    tasks: str = typer.Argument(None, help="A task file: its eval set (else its sources, "
+                                "each task once)."),
+    data: list[str] = typer.Option(None, help="The eval set's data files instead."),
+    verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
+    model: str = typer.Option(None, help="A model directory or a learner's save directory "
+                              "(its newest checkpoint): a server is started on it."),
+    url: str = typer.Option(None, help="A running rollout server instead (reads env "
+                            "GSPO_API_KEY)."),
+    samples: int = typer.Option(None, help="Answers per task (default: the eval set's, 4)."),
+    k: list[int] = typer.Option(None, help="pass@k for this k (repeatable; default: 1 and "
+                                "--samples)."),
+    temperature: float = typer.Option(None, help="Sampling temperature (0: greedy)."),
+    max_tokens: int = typer.Option(None, help="Tokens per answer."),
+    limit: int = typer.Option(None, help="Evaluate only the first N tasks."),
+    out: str = typer.Option("eval_report.json", help="Where the JSON report goes."),
+    post: bool = typer.Option(False, "--post/--no-post", help="With --url: also post the "
+                              "result (POST /v1/evals) for the learner to log."),
+    device: str = typer.Option(None, help="With --model: the server's device."),
+) -> None:
+    """Evaluate a checkpoint or a running server on an eval set: pass@k, mean reward."""
+    from pathlib import Path
+
+    from gspo_rl.cli.tasks import TaskConfigError
+    from gspo_rl.launch.evaluate import EvalRun, run_eval
+
+    try:
+        report = run_eval(EvalRun(tasks=tasks, data=list(data or []), verifier=verifier,
+                                  model=model, url=url, samples=samples, k=list(k or []),
+                                  temperature=temperature, max_tokens=max_tokens, limit=limit,
+                                  post=post, device=device))
+    except TaskConfigError as exc:
+        typer.echo(f"gspo eval: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(report.line())
+    for name, value in report.metrics.items():
+        if "/" in name:
+            typer.echo(f"  {name} {value:.3f}")
+    typer.echo(f"report: {report.write(Path(out))}")

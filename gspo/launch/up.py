@@ -39,6 +39,7 @@ from gspo_rl.launch.runlog import (
     step_records,
     version_curve,
 )
+from gspo_rl.launch.workload import Workload, make_workload
 
 
 class UpConfig(BaseModel):
@@ -56,7 +57,16 @@ class UpConfig(BaseModel):
     loss: Literal["gspo", "gspo_token", "grpo", "sapo"] = "gspo"
     max_steps: int = Field(300, ge=1)
     groups_per_step: int = Field(4, ge=1)
-    group_size: int = Field(8, ge=2)
+    group_size: int | None = Field(None, ge=2)
+    """Samples per task; None: the task file's, 8 for the alphabet demo."""
+    tasks: str | None = None
+    """A task file (tasks from data, ``gspo_rl.client.tasks``); None: the alphabet demo."""
+    data: list[str] = Field(default_factory=list)
+    """Tasks from these data files (instead of, or overriding, the task file's sources)."""
+    verifier: str | None = None
+    """The verifier of ``data`` (default: exact)."""
+    eval_every: int | None = Field(None, ge=1)
+    """Evaluate the task file's eval set every this many versions (default: the file's)."""
     lr: float = Field(2e-3, gt=0)
     max_staleness: int = Field(2, ge=0)
     concurrency: int = Field(4, ge=1)
@@ -90,6 +100,7 @@ class UpResult:
     plot_path: Path | None
     target_reached: bool | None = None  # None: no target was set
     groups: dict[str, int] | None = None  # ``group_counts`` at the end of the run
+    workload: list[str] | None = None  # per-source rewards and evaluations (tasks from data)
 
     def summary(self, target_reward: float) -> list[str]:
         """What ``gspo up`` prints at the end: the reward curve in brief, the target, every
@@ -112,6 +123,7 @@ class UpResult:
             from gspo_rl.learner.metrics import fates_line
 
             lines.append(fates_line(self.groups))
+        lines += self.workload or []
         lines.append(f"metrics: {self.metrics_path}")
         if self.plot_path:
             lines.append(f"reward curve: {self.plot_path}")
@@ -132,6 +144,9 @@ class Processes:
                                 env={**os.environ, **(env or {})}, start_new_session=True)
         self.procs.append((name, proc, log))
         return proc
+
+    def alive(self, name: str) -> bool:
+        return any(n == name and proc.poll() is None for n, proc, _ in self.procs)
 
     def check(self, name: str) -> None:
         for n, proc, _ in self.procs:
@@ -280,15 +295,15 @@ def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
         client.close()
 
 
-async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics: Path,
+async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics: Path,
                  procs: Processes, on_status: Any) -> None:
-    """Run the example environment until the learner finishes (its step cap, or the target
-    reward: ``gspo_rl.learner.target``) or the clock runs out; surface any child's crash at once."""
+    """Run the environment until the learner finishes (its step cap, or the target
+    reward: ``gspo_rl.learner.target``) or the clock runs out; surface any child's crash at
+    once. With an eval set: evaluated every N versions meanwhile, and once more at the end."""
     from gspo_rl.client.client import AsyncGSPOClient
     from gspo_rl.client.environment import arun_groups
-    from gspo_rl.client.examples.alphabet import AlphabetEnvironment
 
-    env = AlphabetEnvironment(group_size=cfg.group_size)
+    env = work.env
     stop = asyncio.Event()
     env_rewards: deque[float] = deque(maxlen=ENV_WINDOW)
     env_log = open(cfg.run_dir / "env_rewards.jsonl", "a")  # noqa: SIM115 (closed below)
@@ -307,6 +322,7 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
         runner = asyncio.create_task(arun_groups(
             env, client, None, concurrency=cfg.concurrency, seed=cfg.seed, stop=stop,
             on_group=on_group))
+        evals = asyncio.create_task(work.watcher.run(client, stop)) if work.watcher else None
         try:
             while True:
                 await asyncio.sleep(0.5)
@@ -329,6 +345,12 @@ async def _drive(cfg: UpConfig, url: str, api_key: str, redis_url: str, metrics:
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(runner, timeout=10)
+            if evals is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(evals, timeout=600)
+        if work.watcher is not None and procs.alive("server"):  # after training, unrecorded
+            on_status({**_status(steps, env_rewards), "final_eval": True})
+            await work.watcher.run_once(client)
 
 
 def run_up(cfg: UpConfig) -> UpResult:
@@ -341,6 +363,8 @@ def run_up(cfg: UpConfig) -> UpResult:
     procs = Processes(cfg.run_dir)
     groups: dict[str, int] | None = None
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    work = make_workload(cfg.tasks, cfg.data, cfg.verifier, cfg.eval_every, cfg.group_size,
+                         cfg.run_dir)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     t0 = time.monotonic()
     metrics = cfg.run_dir / "metrics.jsonl"
@@ -355,10 +379,13 @@ def run_up(cfg: UpConfig) -> UpResult:
             def on_status(s: dict[str, Any]) -> None:
                 info = (f"reward {s['reward']:.2f} (env {s['env_reward']:.2f})  "
                         f"{s['tok_s']:.0f} tok/s  staleness {s['staleness']:.2f}  "
-                        f"trained {s['trained_fraction']:.0%} of finished groups")
+                        f"trained {s['trained_fraction']:.0%} of finished groups"
+                        + work.status())
+                if s.get("final_eval"):
+                    info = "training done: final evaluation" + work.status()
                 progress.update(task, completed=s["step"], info=info)
 
-            asyncio.run(_drive(cfg, url, api_key, redis_url, metrics, procs, on_status))
+            asyncio.run(_drive(cfg, work, url, api_key, metrics, procs, on_status))
         groups = group_counts(redis_url)
     finally:
         procs.stop_all()
@@ -367,7 +394,7 @@ def run_up(cfg: UpConfig) -> UpResult:
     env_records = read_metrics(cfg.run_dir / "env_rewards.jsonl")
     sampled = version_curve(env_records)
     plot = plot_rewards(records, sampled, cfg.run_dir / "reward_curve.png",
-                        f"gspo up: {cfg.loss} on the alphabet task")
+                        f"gspo up: {cfg.loss} on {work.title}")
     rewards = [float(r["reward_mean"]) for r in records if "reward_mean" in r]
     reached = None
     if cfg.target_reward is not None:
@@ -376,4 +403,4 @@ def run_up(cfg: UpConfig) -> UpResult:
             m >= cfg.target_reward for m in moving(env, ENV_WINDOW)[ENV_WINDOW - 1:])
     return UpResult(steps=len(records), rewards=rewards, sampled=sampled,
                     seconds=time.monotonic() - t0, metrics_path=metrics, plot_path=plot,
-                    target_reached=reached, groups=groups)
+                    target_reached=reached, groups=groups, workload=work.summary())

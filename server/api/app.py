@@ -6,7 +6,8 @@ on ``app.state``, in that order, and torn down in reverse. Routes reach it throu
 ``Annotated`` dependencies of ``gspo_rl.server.api.deps``; the sampling routes share one
 ``SamplingService`` (``app.state.sampling``).
 
-Route guards: ``/health`` and ``/metrics`` are open; every ``/v1`` route requires the API key
+Route guards: ``/health`` and ``/metrics`` are open; every ``/v1`` route (``/v1/models`` too,
+as OpenAI and vLLM guard it) requires the API key
 (when one is set); ``/admin`` routes (weights) require the separate admin key.
 
 A dead engine (``Engine.dead_reason``) is watched for (``gspo_rl.server.run``): ``/health``
@@ -24,6 +25,7 @@ import contextlib
 import gc
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -44,9 +46,11 @@ from gspo_rl.server.api.routes import (
     admin,
     chat,
     completions,
+    evals,
     groups,
     health,
     metrics,
+    models,
     rewards,
     rollouts,
 )
@@ -168,6 +172,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.state.settings = settings
     app.state.injected_engine = engine
     app.state.metrics = ServerMetrics()
+    app.state.started_at = int(time.time())  # GET /v1/models' "created"
     app.state.engine_dead = None  # why the engine died, once it has (gspo_rl.server.run)
     app.state.exit_code = 0  # the process's exit status once uvicorn stops (run_server)
     app.state.stop_server = None  # set by run_server: a graceful stop from inside the app
@@ -179,7 +184,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.include_router(health.router)
     app.include_router(metrics.router)
     api_guard = [Depends(require_api_key), Depends(check_request_json)]  # key first
-    for module in (chat, completions, rollouts, rewards, groups):
+    for module in (chat, completions, rollouts, rewards, groups, models, evals):
         app.include_router(module.router, dependencies=api_guard)
     app.include_router(admin.router, dependencies=[Depends(require_admin_key)])
     return app

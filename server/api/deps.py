@@ -115,20 +115,28 @@ async def require_admin_key(settings: SettingsDep, credentials: BearerDep) -> No
 
 async def admit_new_group(request: Request) -> AsyncIterator[None]:
     """Dependency of the routes that start a group (``gspo_rl.server.rollouts.admission``): held
-    until admitted, counted until the request ends. A chat request carrying a ``rollout_id``
-    continues an accepted episode and is let through."""
+    until admitted, counted until the request ends. Let through: a chat request carrying a
+    ``rollout_id`` (it continues an accepted episode) and a request with ``"record": false``
+    (it starts no group: served also when new groups are refused)."""
     gate: AdmissionGate | None = getattr(request.app.state, "admission", None)
-    if gate is None:
+    if gate is None or await _starts_no_group(request):
         yield
         return
-    if request.url.path == "/v1/chat/completions":
-        body = await parsed_body(request)
-        if isinstance(body, dict) and body.get("rollout_id") is not None:
-            yield
-            return
     counted = await gate.admit(request.url.path)
     try:
         yield
     finally:
         if counted:
             await gate.release()
+
+
+async def _starts_no_group(request: Request) -> bool:
+    """An unrecorded request, or one more turn of an episode. Outside chat the body is parsed
+    only when its bytes hold ``"record"`` (parsed once: FastAPI reuses it)."""
+    chat = request.url.path == "/v1/chat/completions"
+    if not chat and b'"record"' not in await request.body():
+        return False
+    body = await parsed_body(request)
+    if not isinstance(body, dict):
+        return False
+    return body.get("record") is False or (chat and body.get("rollout_id") is not None)

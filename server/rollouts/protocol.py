@@ -8,7 +8,8 @@ forbids unknown fields: a typo there would otherwise train on the wrong settings
 
 Every choice carries extension fields for RL: ``token_ids``, ``prompt_token_ids``,
 ``rollout_id``, ``policy_version`` (the version that sampled the first token) and
-``policy_versions`` (one per token: weights can change in the middle of a completion).
+``policy_versions`` (one per token: weights can change in the middle of a completion). A request
+with ``"record": false`` is served and not recorded: its ``group_id`` and ``rollout_id`` are null.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class SamplingFields(BaseModel):
 
     n: int = Field(default=1, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    """0 (greedy) is refused (400): every sample is recorded for training."""
+    """0 (greedy) is refused (400) for a recorded request: greedy tokens come from no
+    distribution the learner could train under. Allowed with ``record: false``."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     """vLLM extension; 0 or -1: off. ``top_p`` / ``top_k`` are recorded with the rollout and
@@ -84,6 +86,11 @@ class SamplingFields(BaseModel):
     """vLLM extension: do not stop at EOS / end of turn (benchmarks, fixed-length rollouts)."""
     metadata: Metadata | None = None
     """Stored with the group in Redis (the environment's task id, answer key, ...)."""
+    record: bool = True
+    """Extension. false: serve the request without recording it (evaluation, inference): no
+    group, no admission, nothing written to Redis, nothing trained; served also after the
+    learner's target (no 503 ``training_finished``). Token ids, log-probabilities and policy
+    versions come back as usual; ``group_id`` and ``rollout_id`` are null."""
 
 
 class ChatCompletionRequest(SamplingFields, _OpenAIBody):
@@ -151,7 +158,8 @@ class Usage(BaseModel):
 class RLFields(BaseModel):
     """The RL extension fields of one choice / rollout."""
 
-    rollout_id: str
+    rollout_id: str | None
+    """The recorded rollout the reward goes to (null: ``record: false``)."""
     token_ids: list[int]
     policy_version: int
     policy_versions: list[int]
@@ -206,7 +214,8 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    group_id: str
+    group_id: str | None
+    """The recorded group (null: ``record: false``)."""
 
 
 class CompletionLogprobs(BaseModel):
@@ -231,7 +240,8 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
-    group_id: str
+    group_id: str | None
+    """The recorded group (null: ``record: false``)."""
 
 
 class RolloutOut(RLFields):
@@ -242,7 +252,8 @@ class RolloutOut(RLFields):
 
 
 class RolloutResponse(BaseModel):
-    group_id: str
+    group_id: str | None
+    """The recorded group (null: ``record: false``)."""
     model: str
     prompt_token_ids: list[int]
     rollouts: list[RolloutOut]

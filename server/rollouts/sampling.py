@@ -10,7 +10,9 @@ Every sampling route runs the same three steps, in this order:
    a 503 and nothing is recorded.
 3. the group and its ``n`` rollouts are written to Redis (``store.record_group``: the group
    opened and its rollouts recorded in one round trip) before the response leaves, so an
-   environment that has a ``rollout_id`` can always post its reward.
+   environment that has a ``rollout_id`` can always post its reward. A plan with
+   ``record=False`` (``"record": false``) skips this step: nothing is written, the samples
+   have no ids (``unrecorded_result``).
 """
 
 from __future__ import annotations
@@ -44,19 +46,21 @@ class GenerationPlan:
     n: int
     metadata: dict[str, Any]
     route: str
+    record: bool = True
+    """False: served, not recorded (``SamplingFields.record``)."""
 
 
 @dataclass
 class Sample:
-    rollout_id: str
+    rollout_id: str | None  # None: not recorded
     completion: Completion
 
 
 @dataclass
 class GroupResult:
-    """One request's samples, recorded in Redis as group ``group_id``."""
+    """One request's samples, recorded in Redis as group ``group_id`` (None: not recorded)."""
 
-    group_id: str
+    group_id: str | None
     prompt_token_ids: list[int]
     samples: list[Sample]
 
@@ -132,11 +136,11 @@ def plan_generation(
     if body.n > settings.max_n:
         raise invalid(f"n {body.n} is over this server's limit of {settings.max_n}",
                       code="n_too_large")
-    if body.temperature == 0:
-        raise invalid("temperature 0 (greedy decoding) is refused: every sample this "
-                      "server returns is recorded for training, and greedy tokens come "
-                      "from no distribution the learner can compute log-probabilities "
-                      "under; send a temperature > 0 (e.g. 1.0, or omit it)",
+    if body.temperature == 0 and body.record:
+        raise invalid("temperature 0 (greedy decoding) is refused for a recorded request: "
+                      "greedy tokens come from no distribution the learner can compute "
+                      "log-probabilities under; send a temperature > 0 (e.g. 1.0, or omit "
+                      "it), or \"record\": false to sample without training (evaluation)",
                       code="temperature_zero")
     if top_logprobs > settings.max_top_logprobs:
         raise invalid(f"top_logprobs {top_logprobs} is over this server's limit of "
@@ -152,7 +156,8 @@ def plan_generation(
         top_logprobs=top_logprobs,
     )
     return GenerationPlan(prompt_token_ids=prompt_token_ids, params=params, n=body.n,
-                          metadata=dict(body.metadata or {}), route=route)
+                          metadata=dict(body.metadata or {}), route=route,
+                          record=body.record)
 
 
 def sample_params(plan: GenerationPlan) -> list[SamplingParams]:
@@ -224,11 +229,25 @@ def rollout_record(group_id: str, sample: Sample, prompt_token_ids: list[int],
 
 async def sample_group(engine: Engine, store: RolloutStore, plan: GenerationPlan,
                        metrics: ServerMetrics, server_id: str) -> GroupResult:
-    """Samples the plan, records the group and its rollouts, returns them."""
+    """Samples the plan, records the group and its rollouts (unless ``plan.record`` is
+    False), returns them."""
     start = time.perf_counter()
     completions = await generate_n(engine, plan)
+    if not plan.record:
+        return unrecorded_result(plan, completions, metrics, started=start)
     return await record_samples(store, plan, completions, metrics, server_id,
                                 group_id=uuid.uuid4().hex, started=start)
+
+
+def unrecorded_result(plan: GenerationPlan, completions: list[Completion],
+                      metrics: ServerMetrics, *, started: float) -> GroupResult:
+    """Finished samples of a ``record: false`` request: no ids, nothing written."""
+    metrics.generation_latency.labels(plan.route).observe(time.perf_counter() - started)
+    metrics.unrecorded.labels(plan.route).inc()
+    result = GroupResult(group_id=None, prompt_token_ids=plan.prompt_token_ids,
+                         samples=[Sample(rollout_id=None, completion=c) for c in completions])
+    metrics.record_usage(plan.route, len(plan.prompt_token_ids), result.completion_tokens)
+    return result
 
 
 async def record_samples(store: RolloutStore, plan: GenerationPlan,

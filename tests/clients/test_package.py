@@ -1,7 +1,8 @@
 """The environment SDK installs and runs without torch: ``clients/`` built as its own
 distribution (``gspo-rl-client``, clients/pyproject.toml) into a fresh venv that does not see
 this environment's packages; there, ``torch`` is not importable, ``clients`` is the installed
-copy, and it posts a reward to a real server (real uvicorn, real Redis)."""
+copy, it posts a reward to a real server (real uvicorn, real Redis), and it reads the example
+tasks from data it ships (JSONL, a numeric verifier: no extra needed)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,14 @@ PROBE = textwrap.dedent("""
             conflict = None
         except RewardAlreadySet as exc:
             conflict = exc.code
+    import pathlib
+    import gspo_rl.client.examples
+    from gspo_rl.client.tasks import TaskConfig, build_environment
+    from gspo_rl.client.verifiers import make_verifier
+    math = pathlib.Path(gspo_rl.client.examples.__file__).parent / "math" / "tasks.toml"
+    tasks = len(build_environment(TaskConfig.load(math)).mixture)
     print(json.dumps({
+        "tasks": tasks, "numeric": make_verifier("numeric")("Answer: 5", "5").correct,
         "file": gspo_rl.client.__file__, "torch": importlib.util.find_spec("torch") is not None,
         "stored": first["stored"], "conflict": conflict,
         "requires": sorted(requires("gspo-rl-client") or []),
@@ -71,6 +79,8 @@ def test_sdk_installs_and_works_without_torch(tmp_path: Path, api: ApiServer) ->
     out = json.loads(_run([py, "-c", PROBE, api.url, rid], tmp_path,
                           timeout=120).splitlines()[-1])
     assert out["torch"] is False
+    assert (out["tasks"], out["numeric"]) == (220, True)  # tasks from data, its example files
     assert Path(out["file"]).is_relative_to(venv)
     assert (out["stored"], out["conflict"]) == (1, "conflict")
-    assert [r.split(">")[0].split("=")[0] for r in out["requires"]] == ["httpx", "openai"]
+    core = [r for r in out["requires"] if "extra ==" not in r]  # the extras: data, math, ...
+    assert [r.split(">")[0].split("=")[0] for r in core] == ["httpx", "openai", "pydantic"]

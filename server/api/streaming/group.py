@@ -37,6 +37,7 @@ from gspo_rl.server.rollouts.sampling import (
     engine_error,
     record_samples,
     sample_params,
+    unrecorded_result,
 )
 from gspo_rl.server.rollouts.service import SamplingService
 
@@ -111,7 +112,7 @@ Finish = Callable[[list[Completion]], Awaitable[Any]]
 
 
 async def start_stream(engine: Engine, plan: GenerationPlan, view: ChunkView, *,
-                       group_id: str, model: str, finish: Finish,
+                       group_id: str | None, model: str, finish: Finish,
                        with_usage: bool) -> StreamingResponse:
     """Starts the samples (errors: JSON), then answers with the SSE stream (module doc)."""
     run = GroupRun(engine, plan)
@@ -120,7 +121,8 @@ async def start_stream(engine: Engine, plan: GenerationPlan, view: ChunkView, *,
     except BaseException:
         await run.close()
         raise
-    head: dict[str, Any] = {"id": f"{view.id_prefix}{group_id}", "object": view.obj,
+    head: dict[str, Any] = {"id": f"{view.id_prefix}{group_id or uuid.uuid4().hex}",
+                            "object": view.obj,
                             "created": int(time.time()), "model": model, "group_id": group_id}
     if with_usage:
         head["usage"] = None
@@ -130,13 +132,16 @@ async def start_stream(engine: Engine, plan: GenerationPlan, view: ChunkView, *,
 async def stream_new_group(svc: SamplingService, plan: GenerationPlan, view: ChunkView,
                            build: Callable[[GroupResult], Any],
                            with_usage: bool) -> StreamingResponse:
-    """A new group, streamed: recorded (``record_samples``) as a non-streamed one would be.
-    ``build``: the non-streamed response object of the recorded group."""
+    """A new group, streamed: recorded (``record_samples``) as a non-streamed one would be,
+    unless ``plan.record`` is False. ``build``: the non-streamed response object."""
     started = time.perf_counter()
-    group_id = uuid.uuid4().hex  # chosen now: every chunk names the group it will be
+    # chosen now: every chunk names the group it will be
+    group_id = uuid.uuid4().hex if plan.record else None
 
     async def finish(completions: list[Completion]) -> Any:
         check_not_aborted(completions)
+        if group_id is None:
+            return build(unrecorded_result(plan, completions, svc.metrics, started=started))
         return build(await record_samples(svc.store, plan, completions, svc.metrics,
                                           svc.settings.server_id, group_id=group_id,
                                           started=started))

@@ -27,13 +27,17 @@ from gspo_rl.server.rollouts.sampling import (
     reject_unsupported,
 )
 from gspo_rl.server.rollouts.service import SamplingService
-from gspo_rl.server.rollouts.serving.formatting import chat_logprobs, usage
+from gspo_rl.server.rollouts.serving.formatting import chat_logprobs, response_id, usage
 
 
 def check_chat_options(body: ChatCompletionRequest) -> tuple[bool, int]:
     """Rejects what this server cannot honour; returns (parse tool calls?, top_logprobs)."""
     reject_unsupported(presence_penalty=body.presence_penalty,
                        frequency_penalty=body.frequency_penalty, logit_bias=body.logit_bias)
+    if body.rollout_id is not None and not body.record:
+        raise invalid("a turn of an episode (rollout_id) is always recorded: drop "
+                      "\"record\": false, or send the conversation without rollout_id to "
+                      "sample it unrecorded", code="invalid_parameter")
     if body.top_logprobs and not body.logprobs:
         raise invalid("top_logprobs needs logprobs=true", code="invalid_parameter")
     fmt = (body.response_format or {}).get("type", "text")
@@ -93,6 +97,6 @@ def chat_response(result: GroupResult, body: ChatCompletionRequest, svc: Samplin
                        parsed_completion(svc.text(s.completion, stop_ids), body, svc.settings,
                                          with_tools), k)
                for i, s in enumerate(result.samples)]
-    return ChatCompletionResponse(id=f"chatcmpl-{result.group_id}", created=int(time.time()),
+    return ChatCompletionResponse(id=response_id("chatcmpl-", result), created=int(time.time()),
                                   model=svc.model_name, choices=choices,
                                   usage=usage(result), group_id=result.group_id)

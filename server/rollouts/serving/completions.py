@@ -11,7 +11,7 @@ from gspo_rl.server.rollouts.errors import invalid
 from gspo_rl.server.rollouts.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from gspo_rl.server.rollouts.sampling import GroupResult, check_prompt_ids, reject_unsupported
 from gspo_rl.server.rollouts.service import SamplingService
-from gspo_rl.server.rollouts.serving.formatting import completion_logprobs, usage
+from gspo_rl.server.rollouts.serving.formatting import completion_logprobs, response_id, usage
 
 
 def check_completion_options(body: CompletionRequest) -> int:
@@ -62,6 +62,6 @@ def completion_response(result: GroupResult, body: CompletionRequest, svc: Sampl
         )
         for i, s in enumerate(result.samples)
     ]
-    return CompletionResponse(id=f"cmpl-{result.group_id}", created=int(time.time()),
+    return CompletionResponse(id=response_id("cmpl-", result), created=int(time.time()),
                               model=svc.model_name, choices=choices,
                               usage=usage(result), group_id=result.group_id)

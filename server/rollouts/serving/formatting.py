@@ -5,6 +5,8 @@ Pure functions of a completion and the tokenizer's token texts: no I/O, no engin
 
 from __future__ import annotations
 
+import uuid
+
 from gspo_rl.server.engines.base import Completion
 from gspo_rl.server.rollouts.chat.render import TokenTexts
 from gspo_rl.server.rollouts.protocol import (
@@ -15,6 +17,11 @@ from gspo_rl.server.rollouts.protocol import (
     Usage,
 )
 from gspo_rl.server.rollouts.sampling import GroupResult
+
+
+def response_id(prefix: str, result: GroupResult) -> str:
+    """The response's ``id``: named after its group, or fresh when nothing was recorded."""
+    return f"{prefix}{result.group_id or uuid.uuid4().hex}"
 
 
 def usage(result: GroupResult) -> Usage:
