@@ -114,6 +114,13 @@ def learn(**params: Any) -> None:
             msg = f"  {exc}"
         typer.echo("invalid learner settings:\n" + msg, err=True)
         raise typer.Exit(2) from exc
+    from gspo_rl.learner.tracking.base import TrackingUnavailable, check_installed
+
+    try:
+        check_installed(cfg.report_to)
+    except TrackingUnavailable as exc:
+        typer.echo(f"gspo learn: {exc}", err=True)
+        raise typer.Exit(2) from exc
     from gspo_rl.learner.progress import RedisUnavailable
     from gspo_rl.learner.run import run_learner
 
@@ -195,6 +202,10 @@ def up(
     admission: bool = typer.Option(True, "--admission/--no-admission", help="The server "
                                    "holds new groups back while as many are in flight as the "
                                    "learner can train within --max-staleness."),
+    report_to: str = typer.Option(None, help="Experiment trackers, comma-separated: "
+                                  "tensorboard, wandb, mlflow (files under RUN_DIR/tracking; "
+                                  "docs/tracking.md)."),
+    run_name: str = typer.Option(None, help="Name of the tracked run."),
 ) -> None:
     """Start Redis, a rollout server, the learner and the demo environment; train; plot."""
     from pathlib import Path
@@ -207,10 +218,13 @@ def up(
                    group_size=group_size, lr=lr, max_staleness=max_staleness,
                    concurrency=concurrency, minutes=minutes,
                    target_reward=target_reward or None,
-                   seed=seed, device=device, engine=engine, admission=admission)
+                   seed=seed, device=device, engine=engine, admission=admission,
+                   report_to=report_to or [], run_name=run_name)
+    from gspo_rl.learner.tracking.base import TrackingUnavailable
+
     try:
         result = run_up(cfg)
-    except RunDirError as exc:
+    except (RunDirError, TrackingUnavailable) as exc:
         typer.echo(f"gspo up: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

@@ -38,7 +38,8 @@ LEARN = {name: name for name in (
         "micro_batch_tokens", "lr", "weight_decay", "grad_clip", "warmup_steps", "save_dir",
         "save_every", "keep_last", "resume", "sync_every", "weight_sync", "max_steps",
         "target_reward", "target_window", "drain_timeout_s", "read_timeout_s", "device",
-        "data_parallel", "seed", "metrics_jsonl", "tensorboard_dir")}
+        "data_parallel", "seed", "metrics_jsonl", "report_to", "run_name", "tracking_project",
+        "tracking_dir")}
 # ``gspo learn`` reads these from the environment itself (LearnerConfig is no settings model).
 LEARN_ENV = {"redis_url": "GSPO_REDIS_URL"}
 _SECRET_NOTE = " Prefer the environment variable: flags show in `ps`."

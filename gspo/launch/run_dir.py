@@ -9,7 +9,8 @@ from pathlib import Path
 
 # what a run writes in its run directory (start_stack, run_up, Processes' logs)
 RUN_FILES = frozenset({"checkpoints", "redis", "model", "metrics.jsonl", "env_rewards.jsonl",
-                       "reward_curve.png", "redis.log", "server.log", "learner.log"})
+                       "reward_curve.png", "redis.log", "server.log", "learner.log",
+                       "tracking"})
 
 
 class RunDirError(ValueError):
