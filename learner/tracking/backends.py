@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -115,8 +114,7 @@ class MlflowBackend:
         from mlflow.entities import Metric
 
         ms = int(time.time() * 1000)
-        batch = [Metric(mlflow_key(k), v, ms, step) for k, v in metrics.items()
-                 if math.isfinite(v)]  # MLflow stores no NaN / inf
+        batch = [Metric(mlflow_key(k), v, ms, step) for k, v in metrics.items()]
         for part in _chunks(batch, 1000):
             self.client.log_batch(self.run_id, metrics=part)
 
