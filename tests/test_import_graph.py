@@ -90,7 +90,7 @@ LAYERS: dict[str, dict[str, int]] = {
                        "config.py": 0, "__init__.py": 0},
     "gspo_rl.learner": {"*.py": 9, "parallel": 2, "algorithm": 2, "model": 1, "weights": 1,
                         "tracking": 1, "data": 0},
-    "gspo_rl.contract": {"queue": 1, "weights": 1, "*.py": 0},
+    "gspo_rl.contract": {"queue": 1, "weights": 1, "chat": 1, "*.py": 0},
 }
 
 
