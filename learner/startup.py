@@ -10,7 +10,13 @@ import redis
 import torch
 
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.learner.checkpoint import Checkpoint, list_checkpoints, load_latest, remove_partial
+from gspo_rl.learner.checkpoint import (
+    Checkpoint,
+    SaveDirError,
+    list_checkpoints,
+    load_latest,
+    remove_partial,
+)
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.tracking.backends import open_tracker
 from gspo_rl.learner.tracking.base import RunInfo, Tracker
@@ -49,11 +55,16 @@ def checkpoint_to_resume(cfg: LearnerConfig) -> Checkpoint | None:
         log.warning("removed a partial checkpoint left by a crash: %s", name)
     if cfg.resume:
         ckpt = load_latest(cfg.save_dir)
+        if ckpt is not None and ckpt.state.kind == "sft":
+            raise SaveDirError(
+                f"save_dir {cfg.save_dir} holds gspo sft checkpoints: start RL from one with "
+                f"--model {ckpt.path} and a new --save-dir (a fresh optimizer at the RL "
+                "learning rate, policy version 0)")
         log.info("resuming from %s", ckpt.path if ckpt else "scratch (no checkpoint)")
         return ckpt
     if list_checkpoints(cfg.save_dir):
-        raise ValueError(f"save_dir {cfg.save_dir} already holds checkpoints: pass "
-                         "--resume to continue from them, or choose another directory")
+        raise SaveDirError(f"save_dir {cfg.save_dir} already holds checkpoints: pass "
+                           "--resume to continue from them, or choose another directory")
     return None
 
 
