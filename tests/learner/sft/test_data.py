@@ -153,3 +153,19 @@ def test_micro_batches_keep_to_the_token_budget() -> None:
     for m in padded + packed:  # padding is never attended nor trained
         assert torch.equal(m.mask_BT > 0, m.attention_BT > 0)
     assert sum(int(m.attention_BT.sum()) for m in padded) == 26
+
+
+def test_the_calculator_demonstrations_lay_out_and_are_right(tmp_path) -> None:
+    from gspo_rl.client.examples.calculator import last_number, safe_eval
+    from gspo_rl.client.examples.calculator_demos import demonstrations
+
+    demos = demonstrations(8)
+    for d in demos:
+        msgs = d["messages"]
+        expression = json.loads(msgs[2]["tool_calls"][0]["function"]["arguments"])["expression"]
+        assert msgs[1]["content"] == f"What is {expression}?"
+        assert last_number(msgs[4]["content"]) == safe_eval(expression)
+    path = tmp_path / "calc.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in demos))
+    laid_out = read_demonstrations(path, Layout(build_tokenizer(1024)))
+    assert len(laid_out) == 8 and all(len(_segments(x)) == 2 for x in laid_out)
