@@ -19,20 +19,25 @@ from typing import Any
 
 
 def _run(kind: str, config: dict[str, Any]) -> Any:
+    """Validate ``config`` with its model (torch-free), then import and call the runner."""
     if kind == "up":
         from gspo_rl.launch.up import UpConfig, run_up
 
         return run_up(UpConfig.model_validate(config))
     if kind == "learn":
         from gspo_rl.learner.config import LearnerConfig
+
+        learner_cfg = LearnerConfig.model_validate(config)
         from gspo_rl.learner.run import run_learner
 
-        return run_learner(LearnerConfig.model_validate(config))
+        return run_learner(learner_cfg)
     if kind == "sft":
         from gspo_rl.learner.sft.config import SFTConfig
+
+        sft_cfg = SFTConfig.model_validate(config)
         from gspo_rl.learner.sft.train import run_sft
 
-        return run_sft(SFTConfig.model_validate(config))
+        return run_sft(sft_cfg)
     raise ValueError(f"unknown run kind {kind!r}")
 
 
