@@ -133,11 +133,14 @@ def _cli_flags() -> dict[str, dict[str, str]]:
     from gspo_rl.cli import options
 
     serve = {**options.SERVE, **options.SERVE_AFTER_VLLM_ARG}
-    flag = {"ServerSettings": {}, "LearnerConfig": {}}
+    flag: dict[str, dict[str, str]] = {"ServerSettings": {}, "LearnerConfig": {},
+                                       "SFTConfig": {}}
     for name, path in serve.items():
         flag["ServerSettings"][path] = "--" + name.replace("_", "-")
     for name, path in options.LEARN.items():
         flag["LearnerConfig"][path] = "--" + name.replace("_", "-")
+    for name, path in options.SFT.items():
+        flag["SFTConfig"][path] = "--" + name.replace("_", "-")
     return flag
 
 

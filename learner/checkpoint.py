@@ -43,6 +43,11 @@ _TOKENIZER_GLOBS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json"
                     "merges.txt", "*.model", "chat_template*")
 
 
+class SaveDirError(ValueError):
+    """A save directory that cannot be trained into as asked (checkpoints of another run, or
+    of another kind of training)."""
+
+
 @dataclass
 class LearnerState:
     """The scalar state of a learner at a checkpoint."""
@@ -52,7 +57,12 @@ class LearnerState:
     entry_ids: list[str] = field(default_factory=list)  # trained since the previous checkpoint
     groups_trained: int = 0
     created_at: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # "kind": "sft" for gspo sft's
+
+    @property
+    def kind(self) -> str:
+        """What wrote the checkpoint: "learn" (RL) or "sft" (the supervised warm start)."""
+        return str(self.extra.get("kind", "learn"))
 
 
 @dataclass

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
 from gspo_rl.learner.algorithm.config import LossConfig
+from gspo_rl.learner.tracking.base import TrackerName, parse_names
 
 OldLogprobsMode = Literal["behavior", "recompute"]
 
@@ -167,10 +168,27 @@ class LearnerConfig(BaseModel):
     # ---------------------------------------------------------------- metrics
     metrics_jsonl: str | None = None
     """Append one JSON line of metrics per step here (default: ``save_dir/metrics.jsonl``)."""
-    tensorboard_dir: str | None = None
-    """Write TensorBoard scalars here when tensorboard is installed."""
     console: bool = True
     """Print one line per step to the terminal."""
+    report_to: list[TrackerName] = Field(default_factory=list)
+    """Experiment trackers that get the run's config and git commit, then every record of the
+    metrics JSONL (steps, stalls, checkpoints, evaluations): any of tensorboard, wandb,
+    mlflow, comma-separated on the command line. Each is an extra (``pip install
+    'gspo-rl[wandb]'``); a missing one stops the start with that hint (docs/tracking.md)."""
+    run_name: str | None = None
+    """Name of the tracked run (W&B, MLflow); ``None``: the tracker picks one."""
+    tracking_project: str | None = None
+    """W&B project and MLflow experiment; ``None``: env WANDB_PROJECT /
+    MLFLOW_EXPERIMENT_NAME, else "gspo-rl"."""
+    tracking_dir: str | None = None
+    """Where trackers write locally (TensorBoard events, W&B's run directories, the MLflow
+    SQLite database unless MLFLOW_TRACKING_URI is set); ``None``: ``tracking`` beside the
+    metrics JSONL (``runs/tracking`` without one)."""
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _tracker_names(cls, v: Any) -> Any:
+        return parse_names(v) if isinstance(v, str | list | tuple) else v
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:
@@ -183,6 +201,13 @@ class LearnerConfig(BaseModel):
         if self.metrics_jsonl is not None:
             return Path(self.metrics_jsonl)
         return None if self.save_dir is None else Path(self.save_dir) / "metrics.jsonl"
+
+    @property
+    def tracking_path(self) -> Path:
+        if self.tracking_dir is not None:
+            return Path(self.tracking_dir)
+        metrics = self.metrics_path
+        return (metrics.parent if metrics is not None else Path("runs")) / "tracking"
 
     @classmethod
     def from_toml(cls, path: str | Path | None = None, **overrides: Any) -> LearnerConfig:

@@ -53,8 +53,14 @@ from gspo_rl.learner.parallel.distributed import DistContext
 from gspo_rl.learner.parallel.protocol import Gather, Idle, Resume, Stop, Train, send
 from gspo_rl.learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
 from gspo_rl.learner.published import publish_state, publish_training, state_fields
-from gspo_rl.learner.startup import build_weight_sync, checkpoint_to_resume, seed_everything
+from gspo_rl.learner.startup import (
+    build_weight_sync,
+    checkpoint_to_resume,
+    open_tracking,
+    seed_everything,
+)
 from gspo_rl.learner.target import TargetStop, continue_hint, drain, groups_in_flight
+from gspo_rl.learner.tracking.base import check_installed
 from gspo_rl.learner.trainer import Trainer
 from gspo_rl.learner.weights.base import NoSync, WeightSync
 
@@ -76,6 +82,7 @@ class Learner:
         advantage_fn: AdvantageFn | None = None,
         dist: DistContext | None = None,
     ) -> None:
+        check_installed(config.report_to)  # before any model load: a missing extra, at once
         self.config = config
         self.dist = dist
         self.run_id = uuid.uuid4().hex[:12]
@@ -99,7 +106,8 @@ class Learner:
         if ckpt is not None:
             self._restore(ckpt)
         self.resumed_from = self.step
-        self.metrics = MetricsLogger(config.metrics_path, config.tensorboard_dir, config.console)
+        self.metrics = MetricsLogger(config.metrics_path, config.console,
+                                     open_tracking(config, self.run_id, self.step), self.step)
         self.progress = ProgressMonitor(self.metrics, run_id=self.run_id)
         self.retry = RedisRetry(config.redis_retry_s)
         self._pushed_version = -1

@@ -1,4 +1,4 @@
-"""Per-step learner metrics: one terminal line, one JSON line, TensorBoard scalars (optional).
+"""Per-step learner metrics: one terminal line, one JSON line, the experiment trackers.
 
 A step record is a flat dict of floats plus a few structured fields: ``staleness`` (histogram
 of the trained groups' staleness), ``dropped`` (totals by reason) and ``dropped_stale_step``,
@@ -7,9 +7,10 @@ of the trained groups' staleness), ``dropped`` (totals by reason) and ``dropped_
 ``stalls`` and ``registry_rejected``, ``source/<name>/reward_mean`` and ``.../groups`` when
 groups name their task source (tasks from data), and ``group_ids`` / ``entry_ids`` (the JSONL is
 also the audit log of exactly-once training). Checkpoints and no-progress states write their
-own ``{"event": ...}`` records; evaluations ``{"event": "eval"}`` ones (``eval_record``).
-TensorBoard is used when ``torch.utils.tensorboard`` imports (the optional ``tensorboard``
-package). Every field explained: docs/design/learner-loop.md.
+own ``{"event": ...}`` records; evaluations ``{"event": "eval"}`` ones (``eval_record``). Every
+record, step or event, also goes to the experiment trackers (``gspo_rl.learner.tracking``), at
+its own ``step`` or else the last step logged. Every field explained:
+docs/design/learner-loop.md.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import redis
 
 from gspo_rl.contract.queue.evals import mark_logged, read_unlogged
 from gspo_rl.contract.queue.schema import Keys, ReadyGroup, as_str
+from gspo_rl.learner.tracking.base import Tracker
 
 if TYPE_CHECKING:
     from gspo_rl.contract.queue.ready.reader import Batch
@@ -168,11 +170,12 @@ def console_line(rec: dict[str, Any]) -> str:
 
 
 class MetricsLogger:
-    """Writes each step record to the enabled sinks. Never raises on a sink failure after
+    """Writes each record to the enabled sinks: the JSONL, the terminal (step records) and
+    the trackers (``tracker``, closed with the logger). Never raises on a sink failure after
     construction: metrics must not stop training (failures are logged once)."""
 
-    def __init__(self, jsonl_path: Path | None = None, tensorboard_dir: str | None = None,
-                 console: bool = True) -> None:
+    def __init__(self, jsonl_path: Path | None = None, console: bool = True,
+                 tracker: Tracker | None = None, first_step: int = 0) -> None:
         self.jsonl_path = jsonl_path
         self._jsonl = None
         if jsonl_path is not None:
@@ -186,70 +189,64 @@ class MetricsLogger:
             from rich.console import Console
 
             self._console = Console(stderr=True, highlight=False, soft_wrap=True)
-        self._tb = None
-        if tensorboard_dir is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(tensorboard_dir)
-            except ImportError:
-                log.warning("tensorboard is not installed: no TensorBoard scalars")
+        self.tracker = tracker
+        self._step = first_step  # the trackers' x axis for records without a step
         self._warned = False
 
     def log(self, rec: dict[str, Any]) -> None:
+        """A step record: the JSONL, one terminal line, the trackers."""
         try:
-            if self._jsonl is not None:
-                self._jsonl.write(json.dumps(rec, default=float) + "\n")
-                self._jsonl.flush()
+            self._write(rec)
             if self._console is not None:
                 self._console.print(console_line(rec), markup=False)
-            if self._tb is not None:
-                self._tensorboard(rec)
         except (OSError, ValueError) as exc:
-            if not self._warned:
-                log.warning("metrics sink failed: %s", exc)
-                self._warned = True
+            self._warn(exc)
+        self._track(rec)
 
     def log_eval(self, rec: dict[str, Any]) -> None:
-        """An evaluation record (``eval_record``): JSONL, console, TensorBoard (its scalars
-        at the evaluated policy version)."""
+        """An evaluation record (``eval_record``): the JSONL, the trackers, one terminal
+        line."""
+        self.event(rec)
         try:
-            self.event(rec)
             if self._console is not None:
                 self._console.print(eval_line(rec), markup=False)
-            if self._tb is not None:
-                for k, v in rec.items():
-                    if k.startswith("eval/"):
-                        self._tb.add_scalar(k, v, int(rec["version"]))
         except (OSError, ValueError) as exc:
-            if not self._warned:
-                log.warning("metrics sink failed: %s", exc)
-                self._warned = True
+            self._warn(exc)
 
     def event(self, rec: dict[str, Any]) -> None:
-        """A non-step record (run start, resume, stop): JSONL only."""
+        """A non-step record (start, stop, stall, checkpoint, evaluation): the JSONL and the
+        trackers."""
+        try:
+            self._write(rec)
+        except (OSError, ValueError) as exc:
+            self._warn(exc)
+        self._track(rec)
+
+    def _write(self, rec: dict[str, Any]) -> None:
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(rec, default=float) + "\n")
             self._jsonl.flush()
 
-    def _tensorboard(self, rec: dict[str, Any]) -> None:
-        assert self._tb is not None
-        step = int(rec["step"])
-        for k, v in rec.items():
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                self._tb.add_scalar(f"learner/{k}", v, step)
-        for k, v in (rec.get("staleness") or {}).items():
-            self._tb.add_scalar(f"staleness/{k}", v, step)
-        for k, v in (rec.get("dropped") or {}).items():
-            self._tb.add_scalar(f"dropped/{k}", v, step)
+    def _track(self, rec: dict[str, Any]) -> None:
+        if self.tracker is None:
+            return
+        step = rec.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            self._step = step
+        self.tracker.log(rec, self._step)
+
+    def _warn(self, exc: Exception) -> None:
+        if not self._warned:
+            log.warning("metrics sink failed: %s", exc)
+            self._warned = True
 
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
 
 
 def log_new_evals(client: redis.Redis, keys: Keys, logger: MetricsLogger, run_id: str,

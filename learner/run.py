@@ -15,6 +15,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Protocol
 
 from gspo_rl.learner.checkpoint import LearnerState
 from gspo_rl.learner.config import LearnerConfig
@@ -26,8 +27,18 @@ from gspo_rl.learner.weights.base import WeightSync
 log = logging.getLogger(__name__)
 
 
+class Stoppable(Protocol):
+    """A training loop that stops after its current step when asked (``Learner``, and
+    ``gspo sft``'s loop)."""
+
+    @property
+    def stop_requested(self) -> bool: ...
+
+    def request_stop(self) -> None: ...
+
+
 @contextmanager
-def graceful_signals(learner: Learner) -> Iterator[None]:
+def graceful_signals(learner: Stoppable) -> Iterator[None]:
     """SIGINT/SIGTERM request a graceful stop of ``learner``; a second one aborts
     (``KeyboardInterrupt``). The previous handlers are restored on exit."""
     def handler(signum: int, frame: FrameType | None) -> None:

@@ -1,5 +1,5 @@
 """Start-up pieces of the learner process: the weight sync it pushes with, the seeds, the
-checkpoint it resumes from (``gspo_rl.learner.loop`` wires them)."""
+checkpoint it resumes from, the experiment trackers (``gspo_rl.learner.loop`` wires them)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,17 @@ import redis
 import torch
 
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.learner.checkpoint import Checkpoint, list_checkpoints, load_latest, remove_partial
+from gspo_rl.learner.checkpoint import (
+    Checkpoint,
+    SaveDirError,
+    list_checkpoints,
+    load_latest,
+    remove_partial,
+)
 from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.tracking.backends import open_tracker
+from gspo_rl.learner.tracking.base import RunInfo, Tracker
+from gspo_rl.learner.tracking.run_info import code_tags
 from gspo_rl.learner.weights.base import NoSync, WeightSync
 
 log = logging.getLogger("gspo_rl.learner.loop")
@@ -46,9 +55,27 @@ def checkpoint_to_resume(cfg: LearnerConfig) -> Checkpoint | None:
         log.warning("removed a partial checkpoint left by a crash: %s", name)
     if cfg.resume:
         ckpt = load_latest(cfg.save_dir)
+        if ckpt is not None and ckpt.state.kind == "sft":
+            raise SaveDirError(
+                f"save_dir {cfg.save_dir} holds gspo sft checkpoints: start RL from one with "
+                f"--model {ckpt.path} and a new --save-dir (a fresh optimizer at the RL "
+                "learning rate, policy version 0)")
         log.info("resuming from %s", ckpt.path if ckpt else "scratch (no checkpoint)")
         return ckpt
     if list_checkpoints(cfg.save_dir):
-        raise ValueError(f"save_dir {cfg.save_dir} already holds checkpoints: pass "
-                         "--resume to continue from them, or choose another directory")
+        raise SaveDirError(f"save_dir {cfg.save_dir} already holds checkpoints: pass "
+                           "--resume to continue from them, or choose another directory")
     return None
+
+
+def open_tracking(cfg: LearnerConfig, run_id: str, first_step: int,
+                  kind: str = "learn") -> Tracker | None:
+    """The trackers of ``cfg.report_to`` (None without any), told the run's config (the
+    admin key left out), its git commit and where it resumed from."""
+    if not cfg.report_to:
+        return None
+    tags = {**code_tags(), "kind": kind, "learner_run_id": run_id,
+            "resumed_from": str(first_step)}
+    return open_tracker(cfg.report_to, RunInfo(
+        directory=cfg.tracking_path, config=cfg.model_dump(mode="json", exclude={"admin_key"}),
+        tags=tags, name=cfg.run_name, project=cfg.tracking_project, first_step=first_step))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -72,6 +72,7 @@ class Trainer:
         self, policy: Policy, config: LearnerConfig,
         advantage_fn: AdvantageFn | None = None,
         dist: DistContext | None = None,
+        lr_lambda: Callable[[int], float] | None = None,
     ) -> None:
         # None: per-token credit (gspo_rl.learner.algorithm.advantages) for the per-token kinds,
         # sequence advantages for gspo. Every data-parallel rank builds its trainer this way.
@@ -93,8 +94,10 @@ class Trainer:
             params, lr=config.lr, betas=config.betas, eps=config.adam_eps,
             weight_decay=config.weight_decay, **fused)
         warmup = config.warmup_steps
+        # lr_lambda: the learning rate's factor at optimizer step k (default: linear warm-up)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
+            self.optimizer, lr_lambda or (lambda k: min(1.0, (k + 1) / warmup) if warmup
+                                          else 1.0))
         self._token_keys = [k for k in _TOKEN_WEIGHTED
                             if k != "gate_mean" or config.loss.kind == "sapo"]
 
@@ -248,27 +251,37 @@ class Trainer:
             old = m.old_BT if m.old_BT is not None else d["behavior"]
             out = policy_loss(lp, old, d["advantages"], d["mask"], self.config.loss,
                               is_weights=m.is_weights_B)
-            (out.loss * m.loss_scale).backward()
-            if self.master is not None:
-                self.master.accumulate_grads()
+            self.backward(out.loss * m.loss_scale)
             _accumulate(acc, out.metrics, m.loss_scale)
         if self.dist is not None and not self.sharded:  # FSDP reduced them in backward
             self.dist.sum_grads(self.params)
         acc = self._sum(acc)
         if acc["num_sequences"] == 0:
             return {}
+        acc["grad_norm"] = grad_norm = self.clip_and_step()
+        if not math.isfinite(grad_norm):
+            acc["skipped"] = 1.0
+        return acc
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate ``loss``'s gradient (into the float32 masters with bf16 parameters)."""
+        loss.backward()
+        if self.master is not None:
+            self.master.accumulate_grads()
+
+    def clip_and_step(self) -> float:
+        """Clip the accumulated gradient to ``grad_clip`` and take one optimizer and schedule
+        step, unless its norm is not finite (the update is then skipped, never written into
+        the weights); clears the gradient. Returns the norm before clipping."""
         clip = self.config.grad_clip if self.config.grad_clip is not None else math.inf
         grad_norm = grad_norm_value(torch.nn.utils.clip_grad_norm_(self.params, clip))
-        acc["grad_norm"] = grad_norm
         if math.isfinite(grad_norm):
             self.optimizer.step()
             self.scheduler.step()
             if self.master is not None:
                 self.master.copy_to_model()
-        else:
-            acc["skipped"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
-        return acc
+        return grad_norm
 
     @staticmethod
     def _combine(per_mb: list[dict[str, float]]) -> dict[str, float]:

@@ -129,7 +129,7 @@ class ServerSettings(BaseSettings):
     """Chat templating encodes special tokens (``<|im_end|>``, ``<|eot_id|>``...) found inside
     message contents and tool definitions as plain text, so a user message cannot forge a
     turn boundary (env ``GSPO_SANITIZE_CONTROL_TOKENS``). Added tokens that are not special
-    (Qwen3's ``<think>``) always pass as tokens (``gspo_rl.server.rollouts.chat.sanitize``)."""
+    (Qwen3's ``<think>``) always pass as tokens (``gspo_rl.contract.chat.sanitize``)."""
 
     tool_call_parser: ToolParserName = "hermes"
     """How tool calls are read from a completion (vLLM's names): hermes (Qwen2.5/Qwen3

@@ -114,6 +114,14 @@ def learn(**params: Any) -> None:
             msg = f"  {exc}"
         typer.echo("invalid learner settings:\n" + msg, err=True)
         raise typer.Exit(2) from exc
+    from gspo_rl.learner.tracking.base import TrackingUnavailable, check_installed
+
+    try:
+        check_installed(cfg.report_to)
+    except TrackingUnavailable as exc:
+        typer.echo(f"gspo learn: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    from gspo_rl.learner.checkpoint import SaveDirError
     from gspo_rl.learner.progress import RedisUnavailable
     from gspo_rl.learner.run import run_learner
 
@@ -122,6 +130,9 @@ def learn(**params: Any) -> None:
     except RedisUnavailable as exc:  # EX_TEMPFAIL: a supervisor restarts it (compose does)
         typer.echo(f"learner stopped: {exc}", err=True)
         raise typer.Exit(75) from exc
+    except SaveDirError as exc:
+        typer.echo(f"gspo learn: {exc}", err=True)
+        raise typer.Exit(2) from exc
     if state is not None:  # None: a data-parallel rank > 0 (rank 0 reports)
         typer.echo(f"stopped at step {state.step}, policy version {state.version}", err=True)
 
@@ -133,6 +144,52 @@ _CONFIG = inspect.Parameter(
 _LEARN_LOG_LEVEL = inspect.Parameter("log_level", inspect.Parameter.KEYWORD_ONLY, annotation=str,
                                      default=typer.Option("info", help="Python logging level."))
 app.command()(with_parameters(learn, [_CONFIG, *parameters("learn"), _LEARN_LOG_LEVEL]))
+
+
+def sft(**params: Any) -> None:
+    """Supervised warm start on chat demonstrations (JSONL of messages; the loss on the
+    assistant tokens), saved as checkpoints `gspo learn --model` and `gspo serve --model`
+    take (docs/sft.md)."""
+    flags = {k: v for k, v in params.items() if k not in ("config", "log_level")}
+    import logging
+
+    logging.basicConfig(level=params["log_level"].upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pydantic import ValidationError
+
+    from gspo_rl.learner.sft.config import SFTConfig
+    from gspo_rl.learner.tracking.base import TrackingUnavailable, check_installed
+
+    try:
+        cfg = SFTConfig.from_toml(params["config"], **flags)
+        check_installed(cfg.report_to)
+    except (ValidationError, OSError, ValueError, TrackingUnavailable) as exc:
+        msg = "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
+                        for e in exc.errors()) if isinstance(exc, ValidationError) else f"  {exc}"
+        typer.echo("gspo sft: invalid settings:\n" + msg, err=True)
+        raise typer.Exit(2) from exc
+    from gspo_rl.learner.checkpoint import SaveDirError
+    from gspo_rl.learner.sft.data import DemonstrationError
+    from gspo_rl.learner.sft.train import run_sft
+
+    try:
+        result = run_sft(cfg)
+    except (DemonstrationError, SaveDirError) as exc:
+        typer.echo(f"gspo sft: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if result.checkpoint is None:
+        typer.echo(f"nothing trained (step {result.steps} of the run)", err=True)
+        return
+    typer.echo(f"trained {result.steps} steps; the model: {result.checkpoint}\n"
+               f"RL from it: gspo learn --model {result.checkpoint} --save-dir <new dir> ..."
+               f"\n     serve it: gspo serve --model {result.checkpoint} ...")
+
+
+_SFT_CONFIG = inspect.Parameter(
+    "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+    default=typer.Option(None, "--config", help="TOML file of SFTConfig fields; flags "
+                         "override it."))
+app.command()(with_parameters(sft, [_SFT_CONFIG, *parameters("sft"), _LEARN_LOG_LEVEL]))
 
 
 @app.command()
@@ -237,6 +294,10 @@ def up(
     admission: bool = typer.Option(True, "--admission/--no-admission", help="The server "
                                    "holds new groups back while as many are in flight as the "
                                    "learner can train within --max-staleness."),
+    report_to: str = typer.Option(None, help="Experiment trackers, comma-separated: "
+                                  "tensorboard, wandb, mlflow (files under RUN_DIR/tracking; "
+                                  "docs/tracking.md)."),
+    run_name: str = typer.Option(None, help="Name of the tracked run."),
 ) -> None:
     """Start Redis, a rollout server, the learner and the demo environment (or tasks from
     data, --tasks / --data); train; plot."""
@@ -253,10 +314,13 @@ def up(
                    max_staleness=max_staleness,
                    concurrency=concurrency, minutes=minutes,
                    target_reward=target_reward or None,
-                   seed=seed, device=device, engine=engine, admission=admission)
+                   seed=seed, device=device, engine=engine, admission=admission,
+                   report_to=report_to or [], run_name=run_name)
+    from gspo_rl.learner.tracking.base import TrackingUnavailable
+
     try:
         result = run_up(cfg)
-    except (RunDirError, TaskConfigError) as exc:
+    except (RunDirError, TaskConfigError, TrackingUnavailable) as exc:
         typer.echo(f"gspo up: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

@@ -1,10 +1,11 @@
-"""``gspo serve`` and ``gspo learn`` options, derived from the config models at run time.
+"""``gspo serve``, ``gspo learn`` and ``gspo sft`` options, derived from the config models at
+run time.
 
-Each option is a field of ``ServerSettings`` or ``LearnerConfig`` (``SERVE`` and ``LEARN``
-map an option to its field's dotted path); its type, help text (the field's docstring) and
-default come from the model, so the CLI cannot drift from the fields. The models import
-without torch, FastAPI or Redis (tests/cli/test_options.py holds that), so reading them costs
-the CLI a fraction of a second.
+Each option is a field of ``ServerSettings``, ``LearnerConfig`` or ``SFTConfig`` (``SERVE``,
+``LEARN`` and ``SFT`` map an option to its field's dotted path); its type, help text (the
+field's docstring) and default come from the model, so the CLI cannot drift from the fields.
+The models import without torch, FastAPI or Redis (tests/cli/test_options.py holds that), so
+reading them costs the CLI a fraction of a second.
 
 Every option defaults to None ("not passed"): an unset flag leaves the value to the TOML file,
 the GSPO_* environment and the field's default, in that model's precedence.
@@ -38,7 +39,14 @@ LEARN = {name: name for name in (
         "micro_batch_tokens", "lr", "weight_decay", "grad_clip", "warmup_steps", "save_dir",
         "save_every", "keep_last", "resume", "sync_every", "weight_sync", "max_steps",
         "target_reward", "target_window", "drain_timeout_s", "read_timeout_s", "device",
-        "data_parallel", "seed", "metrics_jsonl", "tensorboard_dir")}
+        "data_parallel", "seed", "metrics_jsonl", "report_to", "run_name", "tracking_project",
+        "tracking_dir")}
+SFT = {name: name for name in (
+    "model", "data", "save_dir", "epochs", "max_steps", "batch_size", "micro_batch_tokens",
+    "max_length", "shuffle", "chat_template_kwargs", "sanitize_control_tokens", "lr",
+    "lr_schedule", "warmup_steps", "weight_decay", "grad_clip", "device", "param_dtype",
+    "packing", "seed", "save_every", "keep_last", "resume", "metrics_jsonl", "report_to",
+    "run_name", "tracking_project", "tracking_dir")}
 # ``gspo learn`` reads these from the environment itself (LearnerConfig is no settings model).
 LEARN_ENV = {"redis_url": "GSPO_REDIS_URL"}
 _SECRET_NOTE = " Prefer the environment variable: flags show in `ps`."
@@ -105,12 +113,14 @@ def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
 def generate() -> dict[str, Any]:
     """What the CLI's options are, from the models."""
     from gspo_rl.learner.config import LearnerConfig
+    from gspo_rl.learner.sft.config import SFTConfig
     from gspo_rl.server.config import ServerSettings
 
     return {
         "serve": _options(ServerSettings, SERVE, "GSPO_"),
         "serve_after_vllm_arg": _options(ServerSettings, SERVE_AFTER_VLLM_ARG, "GSPO_"),
         "learn": _options(LearnerConfig, LEARN, None, LEARN_ENV),
+        "sft": _options(SFTConfig, SFT, None),
     }
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 # what a run writes in its run directory (start_stack, run_up, Processes' logs)
 RUN_FILES = frozenset({"checkpoints", "redis", "model", "metrics.jsonl", "env_rewards.jsonl",
-                       "evals.jsonl",
-                       "reward_curve.png", "redis.log", "server.log", "learner.log"})
+                       "evals.jsonl", "reward_curve.png", "redis.log", "server.log",
+                       "learner.log", "tracking"})
 
 
 class RunDirError(ValueError):

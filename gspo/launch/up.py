@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gspo_rl.contract.net import free_port
 from gspo_rl.launch.run_dir import set_aside_previous_run
@@ -40,6 +40,7 @@ from gspo_rl.launch.runlog import (
     version_curve,
 )
 from gspo_rl.launch.workload import Workload, make_workload
+from gspo_rl.learner.tracking.base import TrackerName, check_installed, parse_names
 
 
 class UpConfig(BaseModel):
@@ -87,7 +88,19 @@ class UpConfig(BaseModel):
     """The server's admission control (``gspo_rl.server.rollouts.admission``): new groups wait while
     as many are in flight as the learner can train within ``max_staleness``. False: the
     environment runs ahead unbounded (for comparison: stale groups are dropped)."""
+    report_to: list[TrackerName] = Field(default_factory=list)
+    """Experiment trackers the learner reports to (tensorboard, wandb, mlflow; the learner's
+    ``report_to``), writing locally under ``run_dir/tracking``."""
+    run_name: str | None = None
+    """Name of the tracked run; None: the tracker picks one."""
+    tracking_project: str | None = None
+    """W&B project and MLflow experiment; None: theirs from the environment, else "gspo-rl"."""
     extra_learn_args: list[str] = Field(default_factory=list)
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _tracker_names(cls, v: Any) -> Any:
+        return parse_names(v) if isinstance(v, str | list | tuple) else v
 
 
 @dataclass
@@ -221,6 +234,16 @@ def _server_device_args(cfg: UpConfig) -> list[str]:
     return [*args, "--device", cfg.device]
 
 
+def _tracking_args(cfg: UpConfig) -> list[str]:
+    """The learner's tracking flags: its trackers write under ``run_dir/tracking``."""
+    if not cfg.report_to:
+        return []
+    return ["--report-to", ",".join(cfg.report_to), "--tracking-dir",
+            str(cfg.run_dir / "tracking"),
+            *(["--run-name", cfg.run_name] if cfg.run_name else []),
+            *(["--tracking-project", cfg.tracking_project] if cfg.tracking_project else [])]
+
+
 def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     """Redis, model, server, learner. Returns (server URL, api key, redis URL, metrics)."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
@@ -254,7 +277,8 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         "--save-dir", str(cfg.run_dir / "checkpoints"), "--metrics-jsonl", str(metrics),
         "--weight-sync", "broadcast", "--seed", str(cfg.seed),
         *(["--target-reward", str(cfg.target_reward)] if cfg.target_reward else []),
-        *(["--device", cfg.device] if cfg.device else []), *cfg.extra_learn_args),
+        *(["--device", cfg.device] if cfg.device else []), *_tracking_args(cfg),
+        *cfg.extra_learn_args),
         env=keys_env)
     _wait_http(f"{url}/health", procs, "server", timeout_s=120)
     return url, api_key, redis_url, metrics
@@ -357,6 +381,7 @@ def run_up(cfg: UpConfig) -> UpResult:
     """Start everything, train, stop everything (also on Ctrl-C / SIGTERM), plot."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    check_installed(cfg.report_to)  # TrackingUnavailable before anything starts
     if (previous := set_aside_previous_run(cfg.run_dir)) is not None:
         print(f"the earlier run in {cfg.run_dir} was moved to {previous}; this one starts "
               "from scratch", flush=True)

@@ -31,6 +31,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
+from gspo_rl.contract.chat.sanitize import warm as warm_chat_encoders
 from gspo_rl.contract.gc_freeze import freeze_startup_objects
 from gspo_rl.contract.queue.episodes.store import EpisodeStore
 from gspo_rl.contract.queue.groups.store import make_redis
@@ -59,7 +60,6 @@ from gspo_rl.server.engines.base import Engine
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.admission import AdmissionGate
 from gspo_rl.server.rollouts.chat.render import TokenTexts
-from gspo_rl.server.rollouts.chat.sanitize import warm as warm_chat_encoders
 from gspo_rl.server.rollouts.service import SamplingService
 from gspo_rl.server.run import watch_engine
 

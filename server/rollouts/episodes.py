@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from gspo_rl.contract.chat.messages import end_token_ids
+from gspo_rl.contract.chat.turns import after_turn, count_eot
 from gspo_rl.contract.queue.episodes.store import Episode, EpisodeState, EpisodeStore
 from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.contract.queue.schema import RolloutRecord
@@ -39,7 +41,6 @@ from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.chat.render import (
     completion_text,
-    end_token_ids,
     render_chat_prompt,
     template_messages,
 )
@@ -134,13 +135,9 @@ def new_turn_tokens(full: list[int], state: EpisodeState, eot_ids: tuple[int, ..
     and whether that rendering extends the previous one (False: history was rewritten)."""
     extends = (len(full) >= state.render_len
                and ids_hash(full[:state.render_len]) == state.render_hash)
-    eot = set(eot_ids)
-    seen = 0
-    for j, t in enumerate(full):
-        if t in eot:
-            if seen == state.eot_count:  # the end of the model's turn
-                return (full[j + 1:] if t == last_token else full[j:]), extends
-            seen += 1
+    new = after_turn(full, state.eot_count, set(eot_ids), last_token)
+    if new is not None:
+        return new, extends
     raise invalid("the chat template's rendering has no end-of-turn token after the "
                   "assistant turn, so the new messages cannot be located: this template "
                   "is not supported for multi-turn episodes",
@@ -303,7 +300,7 @@ async def commit_turn(
         assistant=produced_message(parsed.content, [(t.name, t.arguments) for t in parsed.calls]),
         tools=digest(turn.tools), temperature=turn.temperature, render_len=len(turn.full),
         render_hash=ids_hash(turn.full),
-        eot_count=sum(1 for t in turn.full if t in set(turn.stop_ids)),
+        eot_count=count_eot(turn.full, set(turn.stop_ids)),
         history_rewrites=rewrites)
     meta = {"server_id": settings.server_id, "route": ROUTE, "history_rewrites": rewrites}
     await episode_store(store).commit_turn(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gspo_rl.contract.chat.messages import end_token_ids
 from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Completion, Engine
@@ -21,7 +22,6 @@ from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.chat.render import (
     TokenTexts,
     completion_text,
-    end_token_ids,
     sequence_decoder,
 )
 from gspo_rl.server.rollouts.episodes import PlannedTurn, commit_turn, episode_turn, plan_turn
@@ -62,7 +62,7 @@ class SamplingService:
         check_model(requested, self.settings, self.model_name)
 
     def stop_token_ids(self) -> tuple[int, ...]:
-        """EOS and end-of-turn ids (``gspo_rl.server.rollouts.chat.render.end_token_ids``)."""
+        """EOS and end-of-turn ids (``gspo_rl.contract.chat.messages.end_token_ids``)."""
         return self._stop_ids
 
     def plan(self, body: SamplingFields, prompt_ids: list[int], *, max_tokens: int | None,

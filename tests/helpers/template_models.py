@@ -72,7 +72,7 @@ def teach_conversation(path: Path, conversation: list[dict[str, Any]],
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gspo_rl.server.rollouts.chat.render import end_token_ids
+    from gspo_rl.contract.chat.messages import end_token_ids
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -1,2 +1,3 @@
-"""Messages to tokens and back: rendering through the chat template (``render``), safe under
-concurrency and with control tokens in messages encoded as text (``sanitize``)."""
+"""Messages to tokens and back for the HTTP API (``render``), over the templating the learner
+shares (``gspo_rl.contract.chat``: concurrency-safe rendering with control tokens in messages
+encoded as text)."""

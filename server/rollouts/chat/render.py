@@ -26,15 +26,15 @@ from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 
+from gspo_rl.contract.chat.messages import ContentError
+from gspo_rl.contract.chat.messages import template_messages as _template_messages
+from gspo_rl.contract.chat.sanitize import ALL_ROLES, chat_ids, check_template_kwargs
 from gspo_rl.server.engines.base import Completion
-from gspo_rl.server.rollouts.chat.sanitize import ALL_ROLES, chat_ids, check_template_kwargs
 from gspo_rl.server.rollouts.errors import invalid
 
 T = TypeVar("T")
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 TOOL_CALL_OPEN = "<tool_call>"
-# Chat turns end at these tokens when the tokenizer has them (Qwen: <|im_end|>), besides EOS.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>")
 
 
 INLINE_CHARS = 16_384
@@ -70,56 +70,13 @@ class ParsedToolCall:
     arguments: str
 
 
-def _content_text(content: Any) -> str | None:
-    """OpenAI content: a string, None, or a list of parts of which only text is supported."""
-    if content is None or isinstance(content, str):
-        return content
-    texts = []
-    for part in content:
-        part_type = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
-        text = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
-        if part_type != "text" or text is None:
-            raise invalid(f"unsupported content part type {part_type!r}: this server "
-                          "serves a text model, send parts of type 'text'",
-                          code="unsupported_content")
-        texts.append(text)
-    return "".join(texts)
-
-
-def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
-    """An assistant tool call as templates expect it: ``arguments`` as an object when the
-    wire string is a JSON object (Qwen-style templates ``tojson`` it; a string would be
-    encoded twice), otherwise unchanged."""
-    fn = dict(call.get("function") or {})
-    args = fn.get("arguments")
-    if isinstance(args, str):
-        try:
-            parsed = json.loads(args)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            fn["arguments"] = parsed
-    return {**call, "function": fn}
-
-
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI messages (as dicts) -> the dicts chat templates read."""
-    out = []
-    for m in messages:
-        content = _content_text(m.get("content"))
-        if content is None and m["role"] == "assistant":
-            # OpenAI sends null content beside tool calls; real templates (Qwen3's) call
-            # string methods on it.
-            content = ""
-        msg: dict[str, Any] = {"role": "system" if m["role"] == "developer" else m["role"],
-                               "content": content}
-        for key in ("name", "tool_call_id", "reasoning_content"):
-            if m.get(key) is not None:
-                msg[key] = m[key]
-        if m.get("tool_calls"):
-            msg["tool_calls"] = [_template_tool_call(c) for c in m["tool_calls"]]
-        out.append(msg)
-    return out
+    """OpenAI messages (as dicts) -> the dicts chat templates read
+    (``gspo_rl.contract.chat.messages``); a non-text content part is a 400."""
+    try:
+        return _template_messages(messages)
+    except ContentError as exc:
+        raise invalid(str(exc), code="unsupported_content") from exc
 
 
 def render_chat_prompt(
@@ -134,7 +91,7 @@ def render_chat_prompt(
     """Prompt token ids of a chat: the template with its generation prompt, tokenised as
     ``apply_chat_template(..., tokenize=True)`` does. With ``sanitize_control_tokens``, a
     special token inside a message or tool definition is encoded as text, so a user cannot
-    forge a turn boundary (``gspo_rl.server.rollouts.chat.sanitize``; non-special added tokens such
+    forge a turn boundary (``gspo_rl.contract.chat.sanitize``; non-special added tokens such
     as ``<think>`` stay tokens). ``text_roles``: roles sanitized even when that is off (episodes:
     the assistant's own earlier messages, whose rendering only has to keep turn boundaries
     countable). ``template_kwargs``: extra template variables (``enable_thinking``...)."""
@@ -157,16 +114,6 @@ def render_chat_prompt(
         raise invalid(f"cannot render the messages: {exc}",
                       code="control_token_in_content") from exc
     return [int(t) for t in ids]
-
-
-def end_token_ids(tokenizer: Any) -> tuple[int, ...]:
-    """EOS and end-of-turn ids: where an assistant turn (or a completion) ends. End-of-turn
-    markers are always added tokens: looking them up there avoids building the whole
-    vocabulary dict (150k entries for Qwen) on every request."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    added = tokenizer.get_added_vocab()
-    ids.update(added[t] for t in END_OF_TURN_TOKENS if t in added)
-    return tuple(sorted(ids))
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedToolCall]]:

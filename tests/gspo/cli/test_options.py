@@ -30,7 +30,8 @@ LEARN_FLAGS = [
     "--warmup-steps", "--save-dir", "--save-every", "--keep-last", "--resume", "--sync-every",
     "--weight-sync", "--max-steps", "--target-reward", "--target-window",
     "--drain-timeout-s", "--read-timeout-s", "--device", "--data-parallel", "--seed",
-    "--metrics-jsonl", "--tensorboard-dir", "--log-level"]
+    "--metrics-jsonl", "--report-to", "--run-name", "--tracking-project", "--tracking-dir",
+    "--log-level"]
 
 
 def test_the_config_models_import_without_torch_fastapi_or_redis() -> None:

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
+from gspo_rl.contract.chat.messages import end_token_ids
 from gspo_rl.server.api.errors import api_error_of
-from gspo_rl.server.rollouts.chat.render import end_token_ids, render_chat_prompt, sequence_decoder
+from gspo_rl.server.rollouts.chat.render import render_chat_prompt, sequence_decoder
 from gspo_rl.server.rollouts.errors import RolloutError
 from gspo_rl.tiny_model import build_tokenizer
 from tests.helpers.template_models import template_tokenizer

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from gspo_rl.contract.chat.messages import end_token_ids
 from gspo_rl.server.api.errors import api_error_of
 from gspo_rl.server.engines.base import Completion
 from gspo_rl.server.rollouts.chat.render import (
     TokenTexts,
     completion_text,
-    end_token_ids,
     parse_tool_calls,
     render_chat_prompt,
     template_messages,

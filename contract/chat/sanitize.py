@@ -116,12 +116,13 @@ def _encode_piece(enc: _Encoders, piece: str, as_text: bool) -> list[int]:
     return enc.encode(piece, as_text)
 
 
-def encode_marked(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of a chat rendered from marked inputs (see the module docstring)."""
+def encode_marked(tokenizer: Any, text: str, middle: bool = False) -> list[int]:
+    """Token ids of a chat rendered from marked inputs (see the module docstring).
+    ``middle``: ``text`` continues a chat (no SentencePiece prefix space at its start)."""
     enc = encoders(tokenizer)
     markers = re.compile(f"{START}({enc.pattern.pattern}){END}|[{START}{END}]")
     pieces = markers.split(text)  # [text, marked token | None, text, ...]
-    ids = enc.encode(pieces[0])
+    ids = _encode_piece(enc, pieces[0], False) if middle and pieces[0] else enc.encode(pieces[0])
     for i, piece in enumerate(pieces[1:], start=1):
         if not piece:
             continue
@@ -143,6 +144,22 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     return kwargs
 
 
+def chat_text(tokenizer: Any, messages: list[dict[str, Any]],
+              tools: list[dict[str, Any]] | None, *,
+              sanitize_roles: Collection[str] = ALL_ROLES, sanitize_tools: bool = True,
+              template_kwargs: dict[str, Any] | None = None,
+              add_generation_prompt: bool = True) -> str:
+    """The template's rendering of a chat as marked text (``encode_marked`` encodes it): the
+    special tokens inside the messages of ``sanitize_roles`` (and the tools, if
+    ``sanitize_tools``) wrapped in markers."""
+    enc = encoders(tokenizer)
+    msgs = [mark(m, enc.pattern) if m.get("role") in sanitize_roles else m for m in messages]
+    return tokenizer.apply_chat_template(
+        msgs, tools=mark(tools, enc.pattern) if sanitize_tools else tools,
+        add_generation_prompt=add_generation_prompt, tokenize=False,
+        **check_template_kwargs(template_kwargs))
+
+
 def chat_ids(tokenizer: Any, messages: list[dict[str, Any]],
              tools: list[dict[str, Any]] | None, *, sanitize_roles: Collection[str] = ALL_ROLES,
              sanitize_tools: bool = True,
@@ -150,9 +167,6 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, Any]],
     """``apply_chat_template(..., add_generation_prompt=True, tokenize=True)`` with the
     special tokens inside the messages of ``sanitize_roles`` (and the tools, if
     ``sanitize_tools``) encoded as text. Thread-safe (see the module docstring)."""
-    enc = encoders(tokenizer)
-    msgs = [mark(m, enc.pattern) if m.get("role") in sanitize_roles else m for m in messages]
-    text = tokenizer.apply_chat_template(
-        msgs, tools=mark(tools, enc.pattern) if sanitize_tools else tools,
-        add_generation_prompt=True, tokenize=False, **check_template_kwargs(template_kwargs))
-    return encode_marked(tokenizer, text)
+    return encode_marked(tokenizer, chat_text(
+        tokenizer, messages, tools, sanitize_roles=sanitize_roles,
+        sanitize_tools=sanitize_tools, template_kwargs=template_kwargs))
