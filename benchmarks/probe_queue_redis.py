@@ -86,13 +86,14 @@ async def record(url: str, script: str | None, groups: list[list[RolloutRecord]]
 
     async def staged(gid: str, recs: list[RolloutRecord]) -> None:
         k = store.keys
-        opening = ("EVALSHA", create_sha, 3, k.group(gid), k.deadlines, k.counters, gid, GROUP,
-                   b"\x80", store.config.group_ttl_s, store._finished_ttl)
+        opening = ("EVALSHA", create_sha, 4, k.group(gid), k.deadlines, k.group_activity,
+                   k.counters, gid, GROUP, b"\x80", store.config.group_ttl_s,
+                   store._finished_ttl, store.config.group_idle_s)
         writes = [("SET", k.rollout_staging(r.rollout_id), pack_rollout(r), "EX",
                    store._record_ttl) for r in recs]
         keys, args = RECORD_ROLLOUTS.slots(
             keys={"group_key": k.group(gid), "rollouts_key": k.group_rollouts(gid),
-                  "rewards_key": k.group_rewards(gid)},
+                  "rewards_key": k.group_rewards(gid), "active_key": k.group_activity},
             args={"group_id": gid}, constants=store._record_args,
             rest=[r.rollout_id for r in recs])
         out = await run_script(store._pipe, client, variant, keys, args,

@@ -1,39 +1,28 @@
 """HTTP clients for the rollout server's native routes (rollouts, groups, rewards).
 
 Chat completions go through the official ``openai`` client (see clients/examples); these
-clients cover what the OpenAI API has no word for. Retries: connection errors, timeouts and
-502/503/504 are retried with exponential backoff; 4xx never are. A 503 that holds a new group
-back (``too_many_groups_in_flight``: the learner is behind, ``gspo_rl.server.rollouts.admission``;
-or ``ready_queue_full``; ``training_finished``: the learner met its goal, a warning says so once a
-minute) is backpressure, not a failure: it is retried after the server's
-``Retry-After`` for as long as ``RetryPolicy.admission_patience_s`` allows (default: as long
-as it takes), without using up ``attempts``. Rewards are idempotent on
-the server (the same reward again is a 200 that changes nothing), so a retried reward post
-whose first attempt did land is harmless.
+clients cover what the OpenAI API has no word for. Retries (``gspo_rl.client.retry``):
+connection errors, timeouts and 502/503/504 are retried with exponential backoff; 4xx never
+are; a 503 that holds a new group back is waited out (admission). Rewards and abandoning a
+group are idempotent on the server (the same reward again is a 200 that changes nothing), so
+they are retried through a server restart (``RetryPolicy.outage_patience_s``): a reward lost
+to a restart would leave its group open, holding admission capacity, until its deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
-import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
-from gspo_rl.client.errors import ServerUnavailable, error_for_status
+from gspo_rl.client.retry import Attempts, Outcome, RetryPolicy, after_attempt
 
-_RETRY_STATUS = {502, 503, 504}
-ADMISSION_CODES = frozenset({"too_many_groups_in_flight", "ready_queue_full",
-                             "training_finished"})
-FINISHED_CODE = "training_finished"
-FINISHED_WARN_EVERY_S = 60.0
-_MAX_RETRY_AFTER_S = 30.0
-log = logging.getLogger("gspo_rl.client.client")
+__all__ = ["AsyncGSPOClient", "GSPOClient", "RetryPolicy", "Rollout", "RolloutGroup"]
 
 
 @dataclass
@@ -66,75 +55,6 @@ class RolloutGroup:
                     for r in d["rollouts"]]
         return cls(group_id=d["group_id"], rollouts=rollouts,
                    prompt_token_ids=d.get("prompt_token_ids", []))
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with jitter; ``attempts`` includes the first try."""
-
-    attempts: int = 5
-    base_delay_s: float = 0.2
-    max_delay_s: float = 5.0
-    admission_patience_s: float | None = None
-    """How long to keep retrying a request the server holds back for admission (503
-    ``too_many_groups_in_flight`` / ``ready_queue_full``); None: as long as it takes."""
-
-    def delays(self) -> Iterator[float]:
-        for i in range(self.attempts - 1):
-            yield min(self.max_delay_s, self.base_delay_s * 2**i) * (0.5 + random.random())
-
-
-class _Attempts:
-    """The retry state of one request: backoff delays for failures, a clock for admission."""
-
-    def __init__(self, policy: RetryPolicy) -> None:
-        self.policy = policy
-        self.delays = policy.delays()
-        self.started = time.monotonic()
-        self.held = 0
-
-    def admission_delay(self, resp: httpx.Response) -> float | None:
-        """The wait before retrying a 503 that held a new group back; None: not such a 503,
-        or out of patience."""
-        if resp.status_code != 503:
-            return None
-        try:
-            code = resp.json()["error"]["code"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        patience = self.policy.admission_patience_s
-        if code not in ADMISSION_CODES or (
-                patience is not None and time.monotonic() - self.started > patience):
-            return None
-        self.held += 1
-        if code == FINISHED_CODE:
-            _warn_finished(_error_message(resp))
-        elif self.held % 10 == 1:
-            log.info("server holds new groups back (%s): retrying", code)
-        try:
-            after = float(resp.headers.get("Retry-After", "1"))
-        except ValueError:
-            after = 1.0
-        return min(_MAX_RETRY_AFTER_S, max(0.05, after)) * (0.75 + 0.5 * random.random())
-
-
-_finished_warned_at = -math.inf
-
-
-def _warn_finished(message: str) -> None:
-    """Once a minute per process, whatever the number of requests waiting."""
-    global _finished_warned_at
-    now = time.monotonic()
-    if now - _finished_warned_at >= FINISHED_WARN_EVERY_S:
-        _finished_warned_at = now
-        log.warning("%s: waiting for a learner to start again", message)
-
-
-def _error_message(resp: httpx.Response) -> str:
-    try:
-        return str(resp.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:200]
 
 
 def _reward_items(rewards: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -174,40 +94,6 @@ def _eval_body(name: str, policy_version: int, metrics: dict[str, float],
     return body
 
 
-def _parse(resp: httpx.Response) -> Any:
-    try:
-        body = resp.json()
-    except ValueError:
-        body = resp.text
-    if resp.status_code >= 400:
-        raise error_for_status(resp.status_code, body)
-    return body
-
-
-_Outcome = httpx.Response | httpx.TransportError
-
-
-def _after_attempt(outcome: _Outcome, attempts: _Attempts,
-                   what: str) -> tuple[Any, float | None]:
-    """The retry policy, shared by the sync and async clients: ``(body, None)`` when the
-    attempt is final (a 4xx raises its error), ``(None, delay)`` to wait and try again (an
-    admission 503 while patience lasts; a 502/503/504 or a transport error while the
-    backoff delays last), ``ServerUnavailable`` after."""
-    if isinstance(outcome, httpx.Response):
-        if outcome.status_code not in _RETRY_STATUS:
-            return _parse(outcome), None
-        held = attempts.admission_delay(outcome)
-        if held is not None:
-            return None, held
-        err: Exception = error_for_status(outcome.status_code, outcome.text)
-    else:
-        err = outcome
-    delay = next(attempts.delays, None)
-    if delay is None:
-        raise ServerUnavailable(f"{what} failed after retries: {err}") from err
-    return None, delay
-
-
 class GSPOClient:
     """Synchronous client. ``api_key`` is the server's ``/v1`` Bearer key, if it has one."""
 
@@ -218,14 +104,15 @@ class GSPOClient:
         self.retry = retry
         self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
 
-    def _request(self, method: str, path: str, json: Any = None) -> Any:
-        attempts = _Attempts(self.retry)
+    def _request(self, method: str, path: str, json: Any = None,
+                 patient: bool = False) -> Any:
+        attempts = Attempts(self.retry, f"{method} {path}", patient)
         while True:
             try:
-                outcome: _Outcome = self.http.request(method, path, json=json)
+                outcome: Outcome = self.http.request(method, path, json=json)
             except httpx.TransportError as exc:
                 outcome = exc
-            body, delay = _after_attempt(outcome, attempts, f"{method} {path}")
+            body, delay = after_attempt(outcome, attempts)
             if delay is None:
                 return body
             time.sleep(delay)
@@ -250,8 +137,16 @@ class GSPOClient:
                                    "turn_rewards": turn_rewards}])
 
     def post_rewards(self, rewards: Sequence[dict[str, Any]]) -> Any:
-        """Post several rewards in one call; safe to retry (idempotent on the server)."""
-        return self._request("POST", "/v1/rewards", _reward_items(rewards))
+        """Post several rewards in one call; idempotent on the server, so retried through a
+        server restart (``RetryPolicy.outage_patience_s``)."""
+        return self._request("POST", "/v1/rewards", _reward_items(rewards), patient=True)
+
+    def abandon_group(self, group_id: str) -> dict[str, Any]:
+        """Give a group up (``POST /v1/groups/{id}/abandon``): it stops holding admission
+        capacity at once, published with the rewards it has when it has enough of them, else
+        dropped. Idempotent; retried through a server restart."""
+        return self._request("POST", f"/v1/groups/{quote(group_id, safe='')}/abandon",
+                             patient=True)
 
     def group(self, group_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/groups/{group_id}")
@@ -289,14 +184,15 @@ class AsyncGSPOClient:
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s,
                                       limits=limits)
 
-    async def _request(self, method: str, path: str, json: Any = None) -> Any:
-        attempts = _Attempts(self.retry)
+    async def _request(self, method: str, path: str, json: Any = None,
+                       patient: bool = False) -> Any:
+        attempts = Attempts(self.retry, f"{method} {path}", patient)
         while True:
             try:
-                outcome: _Outcome = await self.http.request(method, path, json=json)
+                outcome: Outcome = await self.http.request(method, path, json=json)
             except httpx.TransportError as exc:
                 outcome = exc
-            body, delay = _after_attempt(outcome, attempts, f"{method} {path}")
+            body, delay = after_attempt(outcome, attempts)
             if delay is None:
                 return body
             await asyncio.sleep(delay)
@@ -317,7 +213,12 @@ class AsyncGSPOClient:
                                    {"size": size, "metadata": metadata or {}})
 
     async def post_rewards(self, rewards: Sequence[dict[str, Any]]) -> Any:
-        return await self._request("POST", "/v1/rewards", _reward_items(rewards))
+        return await self._request("POST", "/v1/rewards", _reward_items(rewards),
+                                   patient=True)
+
+    async def abandon_group(self, group_id: str) -> dict[str, Any]:
+        return await self._request("POST", f"/v1/groups/{quote(group_id, safe='')}/abandon",
+                                   patient=True)
 
     async def post_reward(self, rollout_id: str, reward: float,
                           turn_rewards: Sequence[float] | None = None) -> Any:

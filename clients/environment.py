@@ -12,8 +12,9 @@
 rewards. With ``resample_equal_rewards = k`` a task whose group the server dropped for equal
 rewards is played again as a new group, up to ``k`` times (``RunStats.resampled``). A finite
 task source (tasks from data) raises ``TasksExhausted`` from ``sample_task``: the run ends
-once the groups in flight finish. Errors
-are never turned into a reward: a failing group is retried or abandoned
+once the groups in flight finish. Errors are never turned into a reward: a failing group is
+given up on the server at once (``give_up``: it holds no admission capacity), then its task
+retried or abandoned
 (``gspo_rl.client.failures.FailurePolicy``), counted in ``RunStats``, and the run goes on.
 Tutorial: docs/environments.md.
 """
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
-from gspo_rl.client.failures import FailurePolicy, RunStats, record_failure
+from gspo_rl.client.errors import ServerUnavailable
+from gspo_rl.client.failures import FailurePolicy, RunStats, log, record_failure
 
 
 class TasksExhausted(Exception):
@@ -173,15 +175,28 @@ async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any
         kwargs: dict[str, Any] = {"prompt": p} if isinstance(p, str) else {"messages": p}
         group = await client.rollouts(n=env.group_size, metadata=env.group_metadata(task) or None,
                                       **kwargs, **env.sampling)
-        texts = [r.text for r in group.rollouts]
-        rewards = [float(env.score(task, t)) for t in texts]
-        posted = await client.post_rewards([{"rollout_id": r.rollout_id, "reward": x}
-                                            for r, x in zip(group.rollouts, rewards,
-                                                            strict=True)])
+        try:
+            texts = [r.text for r in group.rollouts]
+            rewards = [float(env.score(task, t)) for t in texts]
+            posted = await client.post_rewards([{"rollout_id": r.rollout_id, "reward": x}
+                                                for r, x in zip(group.rollouts, rewards,
+                                                                strict=True)])
+        except Exception as exc:
+            await give_up(client, group.group_id, exc)
+            raise
         return GroupOutcome(group_id=group.group_id, rewards=rewards, task=task, texts=texts,
                             versions=[r.policy_version for r in group.rollouts]), posted
     model = model or await served_model(client)
     opened = await client.open_group(env.group_size, env.group_metadata(task))
+    try:
+        return await _play_episodes(env, client, task, model, opened)
+    except Exception as exc:
+        await give_up(client, opened["group_id"], exc)
+        raise
+
+
+async def _play_episodes(env: MultiTurnEnvironment, client: AsyncGSPOClient, task: Any,
+                         model: str, opened: dict[str, Any]) -> tuple[GroupOutcome, Any]:
     sessions = [EpisodeSession(base_url=client.base_url, rollout_id=rid,
                                group_id=opened["group_id"], model=model, api_key=client.api_key)
                 for rid in opened["rollout_ids"]]
@@ -193,6 +208,23 @@ async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any
     return GroupOutcome(group_id=opened["group_id"], rewards=[o.reward for o in outcomes],
                         task=task, rollout_ids=[s.rollout_id for s in sessions],
                         turn_rewards=[o.turn_rewards for o in outcomes]), posted
+
+
+async def give_up(client: AsyncGSPOClient, group_id: str, why: Exception) -> None:
+    """A group whose episode, scoring or reward post failed will get no more rewards: give it
+    up on the server (``abandon_group``) so that it stops holding admission capacity now, not
+    at its deadline. Not when the server stayed unreachable through the client's whole
+    outage patience (it cannot hear it; the group's idle time releases it there)."""
+    if isinstance(why, ServerUnavailable):
+        log.warning("group %s left open: the server is unreachable (%s); it stops counting "
+                    "as in flight once idle (group_idle_s) and expires at its deadline",
+                    group_id, why)
+        return
+    try:
+        await client.abandon_group(group_id)
+    except Exception as exc:  # noqa: BLE001 - the group's own failure is what propagates
+        log.warning("could not abandon group %s (%s): it stays open until it is idle "
+                    "(group_idle_s) or its deadline", group_id, exc)
 
 
 async def _play(env: Environment, client: AsyncGSPOClient, task: Any, model: str | None,

@@ -10,10 +10,13 @@ and an error must never become a reward. So, by ``FailurePolicy.on_error``:
 - ``"abandon"``: drop the group at once;
 - ``"raise"``: stop the run with the error (the old behaviour; for debugging).
 
-An abandoned group posts no reward: its episodes stay unrewarded and the server expires the
-group at its deadline (``queue.group_ttl_s``), counted there as expired. Every failure is
-logged (WARNING) and counted in ``RunStats``; ``max_consecutive_failures`` groups failing in
-a row stop the run anyway: that is a broken environment or server, not a bad episode.
+A failed group posts no reward: the SDK gives it up on the server
+(``POST /v1/groups/{id}/abandon``: published with the rewards it has when it has enough,
+else dropped, counted there as ``abandoned``), so it holds no admission capacity while the
+task is retried (a server it cannot reach releases it once idle, ``queue.group_idle_s``).
+Every failure is logged (WARNING) and counted in ``RunStats``; ``max_consecutive_failures``
+groups failing in a row stop the run anyway: that is a broken environment or server, not a
+bad episode.
 """
 
 from __future__ import annotations

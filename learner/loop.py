@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import redis
 import torch
 
-from gspo_rl.contract.admission import FIELD_TRAINING
+from gspo_rl.contract.admission import FIELD_TRAINING, capacity
 from gspo_rl.contract.gc_freeze import freeze_startup_objects
 from gspo_rl.contract.queue.ready.reader import Batch, GroupReader
 from gspo_rl.contract.queue.schema import Keys
@@ -51,7 +51,12 @@ from gspo_rl.learner.metrics import (
 )
 from gspo_rl.learner.parallel.distributed import DistContext
 from gspo_rl.learner.parallel.protocol import Gather, Idle, Resume, Stop, Train, send
-from gspo_rl.learner.progress import ProgressMonitor, RedisRetry, RedisUnavailable
+from gspo_rl.learner.progress import (
+    ProgressMonitor,
+    RedisRetry,
+    RedisUnavailable,
+    no_groups_detail,
+)
 from gspo_rl.learner.published import publish_state, publish_training, state_fields
 from gspo_rl.learner.startup import (
     build_weight_sync,
@@ -59,7 +64,13 @@ from gspo_rl.learner.startup import (
     open_tracking,
     seed_everything,
 )
-from gspo_rl.learner.target import TargetStop, continue_hint, drain, groups_in_flight
+from gspo_rl.learner.target import (
+    TargetStop,
+    continue_hint,
+    drain,
+    groups_in_flight,
+    read_in_flight,
+)
 from gspo_rl.learner.tracking.base import check_installed
 from gspo_rl.learner.trainer import Trainer
 from gspo_rl.learner.weights.base import NoSync, WeightSync
@@ -287,7 +298,7 @@ class Learner:
                                       f"{self.config.max_staleness} versions (learner at "
                                       f"{self.version}) dropped, none to train")
             else:
-                self.progress.stalled("no_groups", "the ready stream is empty")
+                self.progress.stalled("no_groups", self._no_groups_detail)
             return None
         publish_training(self.client, self.keys, len(batch.groups))  # still in flight
         metrics = self.trainer.step(batch.groups)
@@ -305,6 +316,15 @@ class Learner:
         self._checkpoint(force=False)
         self._publish_state()
         return rec
+
+    def _no_groups_detail(self) -> str:
+        """Why no group arrives (``gspo_rl.learner.progress.no_groups_detail``)."""
+        try:
+            facts = read_in_flight(self.client, self.keys)
+        except redis.RedisError as exc:
+            return f"the ready stream is empty (the groups in flight could not be read: {exc})"
+        return no_groups_detail(facts, capacity(self.config.max_staleness,
+                                                self.config.groups_per_step))
 
     def _screen(self, batch: Batch) -> int:
         """Drop (ack and count) groups that can never be trained (``split_invalid``)."""

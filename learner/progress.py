@@ -4,8 +4,10 @@
 
 - ``redis_down``: Redis does not answer (the loop retries with back-off, see ``RedisRetry``);
 - ``all_stale``: every group read was older than ``max_staleness`` and dropped;
-- ``no_groups``: the ready stream is empty (no environment is producing, or none reaches a
-  server);
+- ``no_groups``: the ready stream is empty; the detail says why (``no_groups_detail``): the
+  groups in flight and what they are made of (open ones waiting for rewards, idle ones), and
+  whether they hold the servers' admission bound (servers then start no new group), or that
+  nothing is in flight (no environment is producing, or none reaches a server);
 - ``no_servers``: weight sync is on and no live, verified server is registered;
 - ``servers_behind``: a live server serves an older policy than the learner pushed (it
   restarted), and pushing to it again failed.
@@ -20,8 +22,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+from gspo_rl.contract.queue.inflight import InFlightFacts
 from gspo_rl.learner.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
@@ -44,8 +48,9 @@ class ProgressMonitor:
         self._last_warned: dict[str, float] = {}
         self.counts: Counter[str] = Counter()  # since the last step record
 
-    def stalled(self, reason: str, detail: str) -> None:
-        """The loop made no progress this iteration, because of ``reason``."""
+    def stalled(self, reason: str, detail: str | Callable[[], str]) -> None:
+        """The loop made no progress this iteration, because of ``reason``; ``detail`` (or
+        what it returns: computed only when a warning is due) says more."""
         if reason not in STALL_REASONS:
             raise ValueError(f"unknown stall reason {reason!r}")
         now = time.monotonic()
@@ -54,6 +59,8 @@ class ProgressMonitor:
         if now - self._last_warned.get(reason, -float("inf")) < self.interval_s:
             return
         self._last_warned[reason] = now
+        if callable(detail):
+            detail = detail()
         log.warning("no training progress (%s) for %.0f s: %s", reason, now - start, detail)
         self.metrics.event({"event": "stall", "run_id": self.run_id, "reason": reason,
                             "detail": detail, "for_s": round(now - start, 3),
@@ -74,6 +81,22 @@ class ProgressMonitor:
             self.clear(reason)
         counts, self.counts = dict(self.counts), Counter()
         return {"stalls": counts}
+
+
+def no_groups_detail(facts: InFlightFacts, bound: int | None) -> str:
+    """Why the ready stream is empty, from the in-flight facts and the learner's admission
+    bound (``gspo_rl.contract.admission.capacity`` at lag 0; None: no bound)."""
+    n = facts.open + facts.complete + facts.undelivered + facts.remote_pending
+    text = f"the ready stream is empty; {n} groups in flight ({facts.describe()})"
+    if bound is not None and n >= bound:
+        return (text + f": at the admission bound of {bound}, the servers start no new group "
+                "until these end (their rewards posted, abandoned, idle for group_idle_s, or "
+                "expired at their deadline)")
+    if n > 0:
+        return text + ": waiting for their rewards"
+    if facts.idle:
+        return text + ": the open groups are idle (their environment stopped posting)"
+    return text + ": no environment is sampling (none runs, or none reaches a server)"
 
 
 class RedisRetry:

@@ -74,12 +74,17 @@ class RewardWindow:
         return (now.sum - start.sum) / n if n > 0 else None
 
 
-def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
-    """Groups started and not yet trained or dropped (``gspo_rl.contract.queue.inflight``'s count,
-    read synchronously; the learner's own ``training`` is 0 between its steps): sampling at a
-    server, open, complete, or published and not yet read by the learner."""
+def read_in_flight(client: redis.Redis, keys: Keys) -> InFlightFacts:
+    """The in-flight facts (``gspo_rl.contract.queue.inflight``), read synchronously."""
     keys_, args = in_flight_call(keys)
-    f = InFlightFacts.from_reply(client.register_script(IN_FLIGHT_FACTS.source)(keys_, args))
+    return InFlightFacts.from_reply(client.register_script(IN_FLIGHT_FACTS.source)(keys_, args))
+
+
+def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
+    """Groups started and not yet trained or dropped (``gspo_rl.contract.queue.inflight``'s count;
+    the learner's own ``training`` is 0 between its steps): sampling at a server, open (with
+    recent activity), complete, or published and not yet read by the learner."""
+    f = read_in_flight(client, keys)
     return f.open + f.complete + f.undelivered + f.remote_pending
 
 

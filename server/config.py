@@ -8,6 +8,7 @@ touched: an admin key equal to the API key would let every environment push weig
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from pathlib import Path
@@ -23,6 +24,17 @@ EngineKind = Literal["hf", "vllm"]
 ToolParserName = Literal["hermes", "llama3_json", "mistral", "qwen3_coder", "none"]
 ReasoningParserName = Literal["none", "qwen3", "deepseek_r1"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server on this machine ("localhost", 127.0.0.0/8,
+    ::1); 0.0.0.0, "::", "", other addresses and host names do not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _default_server_id() -> str:
@@ -67,7 +79,8 @@ class ServerSettings(BaseSettings):
 
     # ---------------------------------------------------------------- network and auth
     host: str = "127.0.0.1"
-    """Interface uvicorn binds to. 0.0.0.0 exposes the server: set an API key then."""
+    """Interface uvicorn binds to. Any other than loopback (0.0.0.0, a LAN address, a host
+    name) needs ``api_key`` (or ``insecure_no_auth``): the server refuses to start without."""
     port: int = Field(default=8000, ge=0, le=65535)
     """TCP port uvicorn listens on (0: any free port)."""
     keep_alive_s: float = Field(default=30.0, gt=0)
@@ -79,6 +92,10 @@ class ServerSettings(BaseSettings):
     admin_key: SecretStr | None = None
     """Separate Bearer token for weight-update and admin routes (the learner holds it). None:
     admin routes are open only if ``api_key`` is None too (a local, single-user setup)."""
+    insecure_no_auth: bool = False
+    """Listen beyond loopback without an API key: anyone who reaches the port may sample,
+    post rewards and (without ``admin_key``) replace the weights. Only for a trusted network;
+    the server says so at start (WARNING) and in ``/health`` (``warnings``)."""
     advertise_url: str | None = None
     """Base URL the learner uses to reach this server (registered in Redis); None:
     ``http://{host}:{port}`` (the host's name when bound to all interfaces)."""
@@ -166,7 +183,24 @@ class ServerSettings(BaseSettings):
         for name, key in (("api_key", self.api_key), ("admin_key", self.admin_key)):
             if key is not None and not key.get_secret_value().strip():
                 raise ValueError(f"{name} is empty: leave it unset to disable it")
+        if self.api_key is None and not is_loopback(self.host) and not self.insecure_no_auth:
+            raise ValueError(
+                f"host {self.host!r} is reachable beyond this machine and no api_key is set: "
+                "anyone could sample, post rewards and replace the weights. Set "
+                "GSPO_API_KEY and GSPO_ADMIN_KEY, listen on 127.0.0.1, or pass "
+                "--insecure-no-auth (GSPO_INSECURE_NO_AUTH=1) on a trusted network")
         return self
+
+    @property
+    def security_warnings(self) -> list[str]:
+        """What a person must know about this server's exposure (logged at start, in
+        ``/health``): empty unless ``insecure_no_auth`` opened it beyond loopback."""
+        if self.api_key is not None or is_loopback(self.host):
+            return []
+        admin = "admin routes need the admin key" if self.admin_key is not None else \
+            "admin routes (weight updates) are open too"
+        return [f"insecure_no_auth: listening on {self.host}:{self.port} with no API key: "
+                f"anyone who reaches it may sample and post rewards; {admin}"]
 
     @property
     def model_name(self) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 START, END = "\U000f0000", "\U000f0001"
 ALL_ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
-_TEMPLATE_ARGS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
+TEMPLATE_ARGS = frozenset({"conversation", "messages", "tools", "documents", "chat_template",
                             "add_generation_prompt", "continue_final_message", "tokenize",
                             "padding", "truncation", "max_length", "return_tensors",
                             "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
@@ -138,7 +138,7 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """``chat_template_kwargs`` as the template's extra variables; the names that
     ``apply_chat_template`` itself takes are refused (ValueError)."""
     kwargs = dict(kwargs or {})
-    clash = sorted(set(kwargs) & _TEMPLATE_ARGS)
+    clash = sorted(set(kwargs) & TEMPLATE_ARGS)
     if clash:
         raise ValueError(f"chat_template_kwargs may not set {clash}: the server sets them")
     return kwargs

@@ -1,11 +1,13 @@
 """How many groups are in flight, derived from facts in Redis (no counter that could drift).
 
 A group is in flight (``gspo_rl.contract.admission``) from its admission until it is trained
-or leaves; each stage is something Redis already holds (a server's pending requests, open and
-complete groups, the learner's lag on the ready stream, the batch it is training), so the
-count is their sum, read in one round trip (``IN_FLIGHT_FACTS``, which the learner's drain
-reads too). ``InFlightCounter`` reads the facts for a server's admission gate and publishes
-the server's own pending count with a short TTL, so a crashed server stops counting.
+or leaves; each stage is something Redis already holds (a server's pending requests, open
+groups with activity within ``group_idle_s`` (``Keys.group_activity``), complete groups, the
+learner's lag on the ready stream, the batch it is training), so the count is their sum, read
+in one round trip (``IN_FLIGHT_FACTS``, which the learner's drain reads too); open groups
+without recent activity are reported as idle, not counted. ``InFlightCounter`` reads the
+facts for a server's admission gate and publishes the server's own pending count with a short
+TTL, so a crashed server stops counting.
 docs/design/redis-protocol.md lists the stages."""
 
 from __future__ import annotations
@@ -31,13 +33,19 @@ PENDING_TTL_S = 5
 
 
 IN_FLIGHT_FACTS = LuaScript(
-    keys=("deadlines_key", "complete_key", "stream_key", "learner_key", "servers_key"),
+    keys=("deadlines_key", "active_key", "complete_key", "stream_key", "learner_key",
+          "servers_key"),
     args=("pending_prefix", "server_id", "consumer_group"),
     body="""
 -- server_id: the reading server ('': none)
--- -> {open, complete, stream length, the group's lag (-1: unknown), other servers' pending,
---     the learner state's HGETALL}; servers whose pending key expired leave the set
-local n_open = redis.call('ZCARD', deadlines_key)
+-- -> {open and active, complete, stream length, the group's lag (-1: unknown), other servers'
+--     pending, the learner state's HGETALL, open but idle}; servers whose pending key expired
+--     leave the set. An open group counts until its activity's score (last activity + the
+--     recording server's group_idle_s) has passed; then it is idle: open, not counted.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local n_open = redis.call('ZCOUNT', active_key, '(' .. string.format('%.6f', now), '+inf')
+local n_idle = math.max(0, redis.call('ZCARD', deadlines_key) - n_open)
 local n_complete = redis.call('SCARD', complete_key)
 local depth = redis.call('XLEN', stream_key)
 local lag = -1
@@ -61,7 +69,7 @@ for _, id in ipairs(redis.call('SMEMBERS', servers_key)) do
     if v then remote = remote + tonumber(v) else redis.call('SREM', servers_key, id) end
   end
 end
-return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', learner_key)}
+return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', learner_key), n_idle}
 """)
 """The facts the in-flight count is made of, in one round trip (``gspo_rl.contract.queue.inflight``
 reads it for the gate, ``gspo_rl.learner.target`` to drain); ``in_flight_call`` gives its keys and
@@ -72,7 +80,8 @@ def in_flight_call(keys: Keys, server_id: str = "") -> tuple[list[str], list[str
     """KEYS and ARGV of ``IN_FLIGHT_FACTS`` for server ``server_id`` (its own pending count is
     left out: its gate knows it exactly; "": every server's counts)."""
     return IN_FLIGHT_FACTS.slots(
-        keys={"deadlines_key": keys.deadlines, "complete_key": keys.complete,
+        keys={"deadlines_key": keys.deadlines, "active_key": keys.group_activity,
+              "complete_key": keys.complete,
               "stream_key": keys.ready_stream, "learner_key": keys.learner_state,
               "servers_key": keys.admission_servers},
         args={"pending_prefix": keys.admission_pending(""), "server_id": server_id,
@@ -81,7 +90,9 @@ def in_flight_call(keys: Keys, server_id: str = "") -> tuple[list[str], list[str
 
 @dataclass(frozen=True)
 class InFlightFacts:
-    """One reply of ``IN_FLIGHT_FACTS``. ``undelivered``: published groups the learner has
+    """One reply of ``IN_FLIGHT_FACTS``. ``open``: open groups with recent activity (they
+    count); ``idle``: open groups without (they do not: their environment or server lost
+    them, or they wait long for rewards). ``undelivered``: published groups the learner has
     not read, its consumer group's lag on the ready stream (the stream's length when there is
     no such group or Redis cannot say)."""
 
@@ -91,16 +102,28 @@ class InFlightFacts:
     remote_pending: int
     ready_depth: int
     learner: LearnerParams
+    idle: int = 0
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> InFlightFacts:
-        n_open, n_complete, depth, lag, remote, state = reply
+        n_open, n_complete, depth, lag, remote, state, n_idle = reply
         depth, lag = int(depth), int(lag)
         return cls(open=int(n_open), complete=int(n_complete),
                    undelivered=depth if lag < 0 else lag, remote_pending=int(remote),
                    ready_depth=depth,
                    learner=LearnerParams.from_hash(dict(zip(state[::2], state[1::2],
-                                                            strict=True))))
+                                                            strict=True))),
+                   idle=int(n_idle))
+
+    def describe(self) -> str:
+        """What the count is made of, for a person: "3 open, 1 complete, ..."; the idle groups
+        are named although they do not count."""
+        parts = [f"{self.open} open", f"{self.complete} complete",
+                 f"{self.undelivered} published unread", f"{self.learner.training} training",
+                 f"{self.remote_pending} being sampled"]
+        idle = (f"; {self.idle} open but idle (no activity for group_idle_s: not counted, "
+                "they expire at their deadline)" if self.idle else "")
+        return ", ".join(parts) + idle
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,12 @@ class Keys:
         return f"{self.prefix}:groups:deadlines"
 
     @property
+    def group_activity(self) -> str:
+        """Open groups -> until when they count as in flight (their last activity plus the
+        recording server's ``QueueConfig.group_idle_s``)."""
+        return f"{self.prefix}:groups:active"
+
+    @property
     def complete(self) -> str:
         return f"{self.prefix}:groups:complete"
 

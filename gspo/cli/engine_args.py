@@ -32,10 +32,16 @@ def parse_engine_args(pairs: Sequence[str]) -> dict[str, Any]:
 def serve_flags(params: dict[str, Any]) -> dict[str, Any]:
     """``ServerSettings`` keyword arguments from ``gspo serve``'s parsed flags: unset flags
     are left out (env vars and defaults apply), the nested and parsed ones are built."""
-    skip = ("log_level", "group_ttl_s", "vllm_arg")
+    from gspo_rl.cli.options import SERVE_AFTER_VLLM_ARG
+
+    queue = {flag: path.split(".", 1)[1] for flag, path in SERVE_AFTER_VLLM_ARG.items()
+             if path.startswith("queue.")}
+    skip = ("log_level", "vllm_arg", *queue)
     flags = {k: v for k, v in params.items() if v is not None and k not in skip}
-    if params.get("group_ttl_s") is not None:
-        flags["queue"] = {"group_ttl_s": params["group_ttl_s"]}
+    nested = {field: params[flag] for flag, field in queue.items()
+              if params.get(flag) is not None}
+    if nested:
+        flags["queue"] = nested
     if params.get("vllm_arg"):
         flags["vllm_args"] = parse_engine_args(params["vllm_arg"])
     return flags

@@ -24,13 +24,14 @@ from typing import Any
 
 SERVE = {name: name for name in (
     "model", "engine", "served_model_name", "host", "port", "redis_url", "key_prefix",
-    "api_key", "admin_key", "device", "max_batch_size", "dtype", "max_model_len",
-    "tensor_parallel_size", "gpu_memory_utilization", "enforce_eager")}
+    "api_key", "admin_key", "insecure_no_auth", "device", "max_batch_size", "dtype",
+    "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "enforce_eager")}
 SERVE_AFTER_VLLM_ARG = {name: name for name in (
     "max_n", "max_tokens", "max_body_bytes", "max_ready_groups", "admission",
     "admission_wait_s", "admission_capacity_without_learner", "max_episode_turns",
     "episode_history_rewrite", "tool_call_parser", "reasoning_parser")} | {
-    "group_ttl_s": "queue.group_ttl_s", "server_id": "server_id",
+    "group_ttl_s": "queue.group_ttl_s", "group_idle_s": "queue.group_idle_s",
+    "server_id": "server_id",
     "advertise_url": "advertise_url"}
 LEARN = {name: name for name in (
     "model", "redis_url", "key_prefix", "consumer")} | {"loss": "loss.kind"} | {

@@ -6,9 +6,10 @@ on ``app.state``, in that order, and torn down in reverse. Routes reach it throu
 ``Annotated`` dependencies of ``gspo_rl.server.api.deps``; the sampling routes share one
 ``SamplingService`` (``app.state.sampling``).
 
-Route guards: ``/health`` and ``/metrics`` are open; every ``/v1`` route (``/v1/models`` too,
-as OpenAI and vLLM guard it) requires the API key
-(when one is set); ``/admin`` routes (weights) require the separate admin key.
+Route guards (``gspo_rl.server.api.auth``): ``/health`` and ``/metrics`` are open; every
+``/v1`` route (``/v1/models`` too, as OpenAI and vLLM guard it) requires the API key (when one
+is set); ``/admin`` routes (weights) require the separate admin key; both are checked before a
+request's body is read.
 
 A dead engine (``Engine.dead_reason``) is watched for (``gspo_rl.server.run``): ``/health``
 turns 503, and the server stops with a non-zero exit status so that it is restarted.
@@ -38,10 +39,12 @@ from gspo_rl.contract.queue.groups.store import make_redis
 from gspo_rl.contract.queue.inflight import InFlightCounter
 from gspo_rl.contract.queue.registry import ServerInfo, heartbeat_loop
 from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.server.api.auth import BearerAuthMiddleware
 from gspo_rl.server.api.deps import require_admin_key, require_api_key
 from gspo_rl.server.api.disconnect import CancelOnDisconnectMiddleware
 from gspo_rl.server.api.errors import install_error_handlers
 from gspo_rl.server.api.limits import check_request_json
+from gspo_rl.server.api.openapi import install_openapi
 from gspo_rl.server.api.request_metrics import RequestMetricsMiddleware
 from gspo_rl.server.api.routes import (
     admin,
@@ -150,6 +153,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             redis, keys, info, admin_key=admin_key, version=lambda: engine.policy_version)))
         log.info("serving %s (%s engine) as %r", engine.model_path, engine.name,
                  settings.model_name)
+        for warning in settings.security_warnings:
+            log.warning("INSECURE: %s", warning)
         freeze_startup_objects()
         yield
     finally:
@@ -180,6 +185,8 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
         CancelOnDisconnectMiddleware, paths=SAMPLING_PATHS,
         on_disconnect=lambda path: app.state.metrics.disconnected.labels(path).inc())
     install_error_handlers(app, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(BearerAuthMiddleware, settings=settings,  # before a body byte is read
+                       routes=app.router.routes)
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)  # outermost
     app.include_router(health.router)
     app.include_router(metrics.router)
@@ -187,4 +194,5 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     for module in (chat, completions, rollouts, rewards, groups, models, evals):
         app.include_router(module.router, dependencies=api_guard)
     app.include_router(admin.router, dependencies=[Depends(require_admin_key)])
+    install_openapi(app, settings)  # the document says what this server accepts
     return app

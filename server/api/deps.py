@@ -1,11 +1,9 @@
 """FastAPI dependencies: what a route may ask for, all taken from ``app.state`` (created in the
 app's lifespan, never lazily), and the two keys that guard the routes.
 
-Two keys, two roles: ``api_key`` lets environments sample and post rewards (every ``/v1``
-route); ``admin_key`` lets the learner replace the weights (``/admin``). Keys are compared in
-constant time. With no ``admin_key`` configured, admin routes are open only when the API key
-is unset too (a local single-user setup); otherwise they are closed, never open to holders of
-the API key.
+The keys (``gspo_rl.server.api.auth``) are checked before a body is read, by
+``BearerAuthMiddleware``; ``require_api_key`` / ``require_admin_key`` check them again through
+``HTTPBearer``, which is what puts the security scheme in the OpenAPI document.
 
 Every dependency is ``async def`` although none awaits: FastAPI runs a plain ``def``
 dependency in a worker thread, and with the engine's thread holding the GIL each such hop
@@ -14,18 +12,16 @@ waits for a GIL hand-off (measured: docs/design/hf-engine.md).
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import SecretStr
 from redis.asyncio import Redis
 
 from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.server.api.errors import APIError
+from gspo_rl.server.api.auth import Guard, key_error
 from gspo_rl.server.api.limits import parsed_body
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Engine
@@ -86,31 +82,21 @@ OptionalTokenizerDep = Annotated[Any | None, Depends(get_optional_tokenizer)]
 MetricsDep = Annotated[ServerMetrics, Depends(get_metrics)]
 
 
-def _check_bearer(credentials: HTTPAuthorizationCredentials | None, key: SecretStr,
-                  what: str) -> None:
-    challenge = {"WWW-Authenticate": "Bearer"}
-    if credentials is None:
-        raise APIError(401, f"missing {what}: send the header 'Authorization: Bearer <key>'",
-                       code="missing_api_key", headers=challenge)
-    if not secrets.compare_digest(credentials.credentials.encode(),
-                                  key.get_secret_value().encode()):
-        raise APIError(401, f"invalid {what}", code="invalid_api_key", headers=challenge)
+def _check(settings: ServerSettings, guard: Guard,
+           credentials: HTTPAuthorizationCredentials | None) -> None:
+    error = key_error(settings, guard, None if credentials is None else credentials.credentials)
+    if error is not None:
+        raise error
 
 
 async def require_api_key(settings: SettingsDep, credentials: BearerDep) -> None:
     """Guards every ``/v1`` route when ``api_key`` is set."""
-    if settings.api_key is not None:
-        _check_bearer(credentials, settings.api_key, "API key")
+    _check(settings, "api", credentials)
 
 
 async def require_admin_key(settings: SettingsDep, credentials: BearerDep) -> None:
     """Guards weight-update and admin routes with the separate admin key."""
-    if settings.admin_key is not None:
-        _check_bearer(credentials, settings.admin_key, "admin key")
-    elif settings.api_key is not None:
-        raise APIError(403, "admin routes are disabled: this server has an API key but no "
-                            "admin key (set GSPO_ADMIN_KEY / --admin-key)",
-                       code="admin_disabled")
+    _check(settings, "admin", credentials)
 
 
 async def admit_new_group(request: Request) -> AsyncIterator[None]:

@@ -159,13 +159,19 @@ class AdmissionGate:
     def _refuse(self, snap: Snapshot, route: str) -> RolloutError:
         self.metrics.admission_refused.labels(route).inc()
         bound = self.bound(snap)
-        self._warn(f"{snap.others + self.local} groups in flight (bound {bound}, learner at "
-                   f"version {snap.learner.version}): refusing new groups on {route} after "
-                   f"holding them {self.wait_s:g} s")
+        made_of = f"{snap.describe()}, {self.local} being sampled here"
+        lag = snap.learner.version - (self.server_version() or 0)
+        if snap.learner.known and lag > 0:  # the bound shrinks with the lag
+            made_of += (f"; this server is {lag} version(s) behind the learner: the bound "
+                        "grows back when the learner's weights arrive here")
+        self._warn(f"{snap.others + self.local} groups in flight ({made_of}; bound {bound}, "
+                   f"learner at version {snap.learner.version}): refusing new groups on "
+                   f"{route} after holding them {self.wait_s:g} s, until these groups end "
+                   "(trained, rewards posted, abandoned, or idle for group_idle_s)")
         return unavailable(
-            f"{snap.others + self.local} groups are in flight, at the bound of {bound} "
-            "that the learner's staleness limit allows; this request waited "
-            f"{self.wait_s:g} s for the learner to advance (admission_wait_s): retry",
+            f"{snap.others + self.local} groups are in flight ({made_of}), at the bound of "
+            f"{bound} that the learner's staleness limit allows; this request waited "
+            f"{self.wait_s:g} s for them to end (admission_wait_s): retry",
             code="too_many_groups_in_flight", retry_after_s=ADMISSION_RETRY_AFTER_S)
 
     def _check_finished(self, snap: Snapshot, route: str) -> None:

@@ -1,6 +1,7 @@
 """Bounds on what a request may carry that the rollout layer checks: metadata values msgpack
-stores and the learner reads back unchanged, a group's size, chat messages that need content;
-and the JSON walk both this layer and the HTTP layer's body check use. Pure: no I/O, no HTTP
+stores and the learner reads back unchanged (and their schema), a group's size, the stop
+strings, the lowest temperature; and the JSON walk both this layer and the HTTP layer's body
+check use. Pure: no I/O, no HTTP
 (refusals are ``RolloutError``; ``check_metadata`` raises ``ValueError`` inside validation)."""
 
 from __future__ import annotations
@@ -10,14 +11,30 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import msgpack
-from pydantic import AfterValidator
+from pydantic import AfterValidator, WithJsonSchema
 
-from gspo_rl.server.rollouts.errors import Problem, RolloutError, invalid
+from gspo_rl.server.rollouts.errors import Problem, RolloutError
 
+MAX_STOP_STRINGS = 16
+MIN_TEMPERATURE = 1e-3
+"""Lower: greedy, or so close to it that logits / temperature overflow (5e-324 sampled a token
+with a NaN log-probability, recorded for training): refused."""
 MAX_METADATA_DEPTH = 16
 MAX_METADATA_BYTES = 64 * 1024
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-CONTENT_REQUIRED = ("system", "developer", "user", "tool")
+METADATA_VALUE = "MetadataValue"
+LOCAL_REF = "x-component"
+"""A reference to a component of the OpenAPI document by name, written so that pydantic does
+not try to resolve it (``gspo_rl.server.api.openapi`` turns it into a ``$ref``)."""
+METADATA_VALUE_SCHEMA: dict[str, Any] = {"anyOf": [
+    {"type": "null"}, {"type": "boolean"}, {"type": "string"},
+    {"type": "number", "minimum": INT64_MIN, "exclusiveMaximum": 2**63},
+    {"type": "array", "items": {LOCAL_REF: METADATA_VALUE}},
+    {"type": "object", "additionalProperties": {LOCAL_REF: METADATA_VALUE}},
+], "description": "A metadata value: JSON, numbers in [-2^63, 2^63) (msgpack stores them and "
+   "the learner reads them back unchanged), nested at most 16 levels, 64 KiB packed in all."}
+"""The schema of a metadata value, a component of the OpenAPI document
+(``gspo_rl.server.api.openapi`` adds it; ``Metadata`` refers to it)."""
 
 
 def _bad_string(s: str) -> bool:
@@ -68,8 +85,10 @@ def _metadata_problem(value: Any, depth: int) -> str | None:
         return None
     if isinstance(value, int):
         return None if INT64_MIN <= value <= INT64_MAX else f"integer {value} is outside int64"
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"number {value} is not finite"
+    if isinstance(value, float):  # the same range as an integer's: the schema's "number"
+        if not math.isfinite(value):
+            return f"number {value} is not finite"
+        return None if INT64_MIN <= value < 2**63 else f"number {value} is outside int64"
     if isinstance(value, str):
         return "a string is not valid UTF-8 text" if _bad_string(value) else None
     kids = _children(value)
@@ -98,7 +117,8 @@ def check_metadata(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata)]
+Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata), WithJsonSchema({
+    "type": "object", "additionalProperties": {LOCAL_REF: METADATA_VALUE}})]
 
 
 def check_group_size(size: int, max_group_size: int) -> None:
@@ -107,11 +127,3 @@ def check_group_size(size: int, max_group_size: int) -> None:
     if size > max_group_size:
         raise RolloutError(Problem.UNPROCESSABLE, f"size {size} is over this server's "
                            f"max_group_size of {max_group_size}", code="group_too_large")
-
-
-def check_chat_messages(messages: Sequence[Any]) -> None:
-    """400 for a message whose role needs ``content`` but has none (``ChatMessage`` objects)."""
-    for i, m in enumerate(messages):
-        if m.role in CONTENT_REQUIRED and m.content is None:
-            raise invalid(f"messages[{i}] ({m.role}) has no content: {m.role} messages "
-                          "need it (use \"\" for an empty one)", code="missing_content")

@@ -4,7 +4,10 @@ OpenAI bodies ignore unknown fields (clients send many; vLLM does the same) but 
 known ones whose meaning this server would silently change (non-zero penalties, ``echo``;
 ``stream: true`` is served by ``gspo_rl.server.api.streaming.sse``); the checks that need the engine
 or the settings live in ``gspo_rl.server.rollouts.sampling``. The native ``/v1/rollouts`` body
-forbids unknown fields: a typo there would otherwise train on the wrong settings.
+forbids unknown fields: a typo there would otherwise train on the wrong settings. Types are
+strict (``"n": "2"`` is a 422, not 2), and each schema says what those checks refuse
+(``gspo_rl.server.rollouts.fields``), so the OpenAPI document says exactly what the server
+accepts.
 
 Every choice carries extension fields for RL: ``token_ids``, ``prompt_token_ids``,
 ``rollout_id``, ``policy_version`` (the version that sampled the first token) and
@@ -14,21 +17,34 @@ with ``"record": false`` is served and not recorded: its ``group_id`` and ``roll
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
-from gspo_rl.server.rollouts.limits import Metadata
+from gspo_rl.contract.chat.sanitize import TEMPLATE_ARGS
+from gspo_rl.server.rollouts.fields import Int, doc_only, int_in, not_null
+from gspo_rl.server.rollouts.limits import MAX_STOP_STRINGS, MIN_TEMPERATURE, Metadata
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class _OpenAIBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 # ---------------------------------------------------------------------------- chat input
+def _text_part_only(schema: dict[str, Any]) -> None:
+    schema["properties"]["type"] = {"const": "text", "type": "string", "title": "Type"}
+    schema["properties"]["text"] = {"type": "string", "title": "Text"}
+    schema["required"] = ["type", "text"]
+
+
 class ContentPart(_OpenAIBody):
+    """A part of a message's content: only text (the schema says so; a part of another type
+    is refused with a 400 that says this server serves a text model)."""
+
+    model_config = ConfigDict(json_schema_extra=_text_part_only)
+
     type: str
     text: str | None = None
 
@@ -44,8 +60,7 @@ class ToolCallIn(_OpenAIBody):
     function: FunctionCallIn
 
 
-class ChatMessage(_OpenAIBody):
-    role: Role
+class _Message(_OpenAIBody):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
@@ -53,6 +68,41 @@ class ChatMessage(_OpenAIBody):
     reasoning_content: str | None = None
     """An assistant message's reasoning as a reasoning parser returned it (templates such as
     Qwen3's read it)."""
+
+
+Content = str | list[ContentPart]
+
+
+class SystemMessage(_Message):
+    role: Literal["system"]
+    content: Content
+
+
+class DeveloperMessage(_Message):
+    role: Literal["developer"]
+    content: Content
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+    content: Content
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    content: Content
+    """The tool's answer (use "" for an empty one)."""
+
+
+class AssistantMessageIn(_Message):
+    """An earlier assistant turn: ``content`` may be null beside ``tool_calls``."""
+
+    role: Literal["assistant"]
+
+
+ChatMessage = Annotated[SystemMessage | DeveloperMessage | UserMessage | ToolMessage
+                        | AssistantMessageIn, Field(discriminator="role")]
+"""One chat message, by its role: every role but the assistant's needs ``content``."""
 
 
 class FunctionDef(_OpenAIBody):
@@ -68,19 +118,26 @@ class Tool(_OpenAIBody):
 
 
 class SamplingFields(BaseModel):
-    """Fields every sampling route shares. None: the server's default."""
+    """Fields every sampling route shares. None: the server's default. ``n``, ``max_tokens``
+    and the top log-probs are bounded by the server's settings (its ``/openapi.json`` says
+    by how much: ``gspo_rl.server.api.openapi``)."""
 
-    n: int = Field(default=1, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    """0 (greedy) is refused (400) for a recorded request: greedy tokens come from no
-    distribution the learner could train under. Allowed with ``record: false``."""
+    model_config = ConfigDict(strict=True)
+
+    n: int_in(ge=1) = 1
+    temperature: Annotated[float | None, doc_only(minimum=MIN_TEMPERATURE)] = Field(
+        default=None, ge=0.0, le=2.0)
+    """At least 0.001 for a recorded request: 0 (greedy) is refused (400), greedy tokens come
+    from no distribution the learner could train under. Any value with ``record: false``."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int_in(ge=-1) | None = None
     """vLLM extension; 0 or -1: off. ``top_p`` / ``top_k`` are recorded with the rollout and
     the learner trains under the same truncated distribution."""
-    max_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63 - 2**16)
+    max_tokens: int_in(ge=1) | None = None
+    stop: Annotated[str | list[str] | None, doc_only(
+        minLength=1, maxItems=MAX_STOP_STRINGS, items={"type": "string", "minLength": 1})] = None
+    """At most 16 strings, none empty."""
+    seed: int_in(ge=-(2**63), lt=2**63 - 2**16) | None = None
     """With n > 1, sample i uses seed + i: n copies of one sample would carry no signal."""
     ignore_eos: bool = False
     """vLLM extension: do not stop at EOS / end of turn (benchmarks, fixed-length rollouts)."""
@@ -93,23 +150,44 @@ class SamplingFields(BaseModel):
     versions come back as usual; ``group_id`` and ``rollout_id`` are null."""
 
 
+# What the rollout layer refuses of the OpenAI options, as schema keywords (doc_only).
+_NO_PENALTY = doc_only(minimum=0, maximum=0)
+_NO_LOGIT_BIAS = doc_only(maxProperties=0)
+_STREAM_OPTIONS = doc_only(properties={"include_usage": {"type": "boolean"}})
+_TOP_LOGPROBS_NEED_LOGPROBS = {
+    "if": {"required": ["top_logprobs"],
+           "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
+
+
 class ChatCompletionRequest(SamplingFields, _OpenAIBody):
+    model_config = ConfigDict(json_schema_extra=_TOP_LOGPROBS_NEED_LOGPROBS)
+
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int_in(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)
+    top_logprobs: int_in(ge=0) | None = None
+    """Needs ``logprobs: true``."""
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Annotated[str | dict[str, Any] | None,
+                           doc_only(enum=["auto", "none", None])] = None
+    """"auto" or "none": the server does not constrain decoding."""
     parallel_tool_calls: bool | None = None
     stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: Annotated[dict[str, Any] | None, _STREAM_OPTIONS] = None
     user: str | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    presence_penalty: Annotated[float | None, _NO_PENALTY] = 0.0
+    """Only 0: a penalty would change the sampled distribution away from the policy's."""
+    frequency_penalty: Annotated[float | None, _NO_PENALTY] = 0.0
+    """Only 0 (see ``presence_penalty``)."""
+    logit_bias: Annotated[dict[str, float] | None, _NO_LOGIT_BIAS] = None
+    """Not supported: omit it (or send {})."""
+    response_format: Annotated[dict[str, Any] | None, doc_only(
+        properties={"type": {"const": "text"}})] = None
+    """Only ``{"type": "text"}``."""
+    chat_template_kwargs: Annotated[dict[str, Any] | None, doc_only(
+        propertyNames={"not": {"enum": sorted(TEMPLATE_ARGS)}})] = None
     """vLLM extension: extra variables for the chat template (``{"enable_thinking": false}``
     for Qwen3)."""
     rollout_id: str | None = Field(default=None, min_length=1, max_length=256)
@@ -118,34 +196,66 @@ class ChatCompletionRequest(SamplingFields, _OpenAIBody):
     the openai client as ``extra_body={"rollout_id": ...}``."""
 
 
+TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+"""A prompt as token ids: at least one, each in the vocabulary (a running server's
+``/openapi.json`` gives the vocabulary's size as ``maximum``)."""
+_ONE_PROMPT = WithJsonSchema({"anyOf": [
+    {"type": "string", "minLength": 1},
+    TOKEN_IDS_SCHEMA,
+    {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+    {"type": "array", "items": TOKEN_IDS_SCHEMA, "minItems": 1, "maxItems": 1}]})
+
+
 class CompletionRequest(SamplingFields, _OpenAIBody):
     model: str
-    prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0)
-    echo: bool | None = False
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: Annotated[str | list[Int] | list[str] | list[list[Int]], _ONE_PROMPT]
+    """One prompt (text or token ids, not empty; a list of one prompt is one prompt):
+    ``n`` samples of it form one group."""
+    logprobs: int_in(ge=0) | None = None
+    echo: Annotated[bool | None, doc_only(enum=[False, None])] = False
+    """Not supported: the response's ``prompt_token_ids`` carry the prompt."""
+    suffix: Annotated[str | None, doc_only(maxLength=0)] = None
+    """Not supported."""
+    best_of: Annotated[Int | None, doc_only(enum=[1, None])] = None
+    """Only 1 (every sample is returned)."""
     stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: Annotated[dict[str, Any] | None, _STREAM_OPTIONS] = None
     user: str | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Annotated[float | None, _NO_PENALTY] = 0.0
+    frequency_penalty: Annotated[float | None, _NO_PENALTY] = 0.0
+    logit_bias: Annotated[dict[str, float] | None, _NO_LOGIT_BIAS] = None
+
+
+_PROMPT_FORMS = ("prompt", "messages", "prompt_token_ids")
+_ONE_PROMPT_FORM = {"oneOf": [{"required": [name]} for name in _PROMPT_FORMS],
+                    "dependentRequired": {"tools": ["messages"]}}
 
 
 class RolloutRequest(SamplingFields):
     """A group of ``n`` samples of one prompt, given as exactly one of ``prompt`` (raw text),
     ``messages`` (chat, templated with ``tools``) or ``prompt_token_ids``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ONE_PROMPT_FORM)
 
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    prompt_token_ids: list[int] | None = None
-    tools: list[Tool] | None = None
-    top_logprobs: int = Field(default=0, ge=0)
+    prompt: Annotated[str | None, WithJsonSchema({"type": "string", "minLength": 1})] = None
+    messages: Annotated[list[ChatMessage] | None, not_null(minItems=1)] = None
+    prompt_token_ids: Annotated[list[Int] | None, WithJsonSchema(TOKEN_IDS_SCHEMA)] = None
+    tools: Annotated[list[Tool] | None, not_null()] = None
+    """Only with ``messages`` (the chat template renders them)."""
+    top_logprobs: int_in(ge=0) = 0
     """Also return the k most likely tokens at each step."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null_prompt(cls, data: Any) -> Any:
+        """A prompt form or ``tools`` sent as null is refused (omit it): the schema makes
+        exactly one form required, and a null would count as given."""
+        if isinstance(data, dict):
+            nulls = [k for k in (*_PROMPT_FORMS, "tools") if k in data and data[k] is None]
+            if nulls:
+                raise ValueError(f"{', '.join(nulls)}: null is not a value here, omit it")
+        return data
 
 
 # ---------------------------------------------------------------------------- outputs

@@ -32,9 +32,8 @@ from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.errors import invalid, not_found, unavailable
+from gspo_rl.server.rollouts.limits import MAX_STOP_STRINGS, MIN_TEMPERATURE
 from gspo_rl.server.rollouts.protocol import SamplingFields
-
-MAX_STOP_STRINGS = 16
 
 
 @dataclass(frozen=True)
@@ -136,12 +135,17 @@ def plan_generation(
     if body.n > settings.max_n:
         raise invalid(f"n {body.n} is over this server's limit of {settings.max_n}",
                       code="n_too_large")
-    if body.temperature == 0 and body.record:
-        raise invalid("temperature 0 (greedy decoding) is refused for a recorded request: "
-                      "greedy tokens come from no distribution the learner can compute "
-                      "log-probabilities under; send a temperature > 0 (e.g. 1.0, or omit "
-                      "it), or \"record\": false to sample without training (evaluation)",
-                      code="temperature_zero")
+    for name in ("max_tokens", "max_completion_tokens"):  # both, whichever one is used
+        value = getattr(body, name, None)
+        if value is not None and value > settings.max_tokens:
+            raise invalid(f"{name} {value} is over this server's limit of "
+                          f"{settings.max_tokens}", code="max_tokens_too_large")
+    if body.temperature is not None and body.temperature < MIN_TEMPERATURE and body.record:
+        raise invalid(f"temperature {body.temperature:g} (greedy decoding, or as good as) is "
+                      "refused for a recorded request: greedy tokens come from no distribution "
+                      "the learner can compute log-probabilities under; send a temperature >= "
+                      f"{MIN_TEMPERATURE:g} (e.g. 1.0, or omit it), or \"record\": false to "
+                      "sample without training (evaluation)", code="temperature_zero")
     if top_logprobs > settings.max_top_logprobs:
         raise invalid(f"top_logprobs {top_logprobs} is over this server's limit of "
                       f"{settings.max_top_logprobs}", code="top_logprobs_too_large")

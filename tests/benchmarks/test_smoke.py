@@ -52,6 +52,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "bench_weight_sync.py": (["--models", "tiny", "--servers", "1", "--repeats", "1"],
                              ["ratio"]),
     "bench_limits.py": (["--ids", "1000", "--repeat", "1"], ["check/parse"]),
+    "bench_auth_flood.py": (["--senders", "1", "--mib", "0.2", "--posts", "5", "--rounds", "1"],
+                            ["ratio before/now"]),
     "bench_admission.py": (["--minutes", "0.1", "--configs", "demo"],
                            ["trained fraction on", "ratio on/off"]),
     "bench_async.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",

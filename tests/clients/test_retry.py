@@ -1,18 +1,23 @@
-"""The SDK's one retry policy (``gspo_rl.client.client._after_attempt``), driven by both clients
+"""The SDK's one retry policy (``gspo_rl.client.retry.after_attempt``), driven by both clients
 against a real HTTP server that answers 503 a set number of times before 200."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+import gspo_rl.client.retry as retry_module
 from gspo_rl.client.client import AsyncGSPOClient, GSPOClient, RetryPolicy
 from gspo_rl.client.errors import ServerUnavailable
+from gspo_rl.client.retry import Throttle
+from gspo_rl.contract.net import free_port
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.002)
 
@@ -84,3 +89,66 @@ def test_both_clients_give_up_after_the_policy_attempts(flaky: str) -> None:
     with pytest.raises(ServerUnavailable):
         asyncio.run(run())
     assert _Flaky.calls == FAST.attempts
+
+
+class _Rewards(BaseHTTPRequestHandler):
+    posts = 0
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        type(self).posts += 1
+        self.rfile.read(int(self.headers["Content-Length"]))
+        data = json.dumps({"results": [], "stored": 1, "duplicates": 0}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_reward_post_rides_out_a_server_restart(caplog: pytest.LogCaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rewards are idempotent: while nothing listens (a server restarting), the post is tried
+    again past ``attempts``, saying so, and lands once a server answers. A request that is not
+    patient (sampling) gives up after ``attempts`` as before."""
+    monkeypatch.setattr(retry_module, "OUTAGE_SAID", Throttle())
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    policy = RetryPolicy(attempts=2, base_delay_s=0.05, max_delay_s=0.1, outage_patience_s=60)
+    with GSPOClient(url, retry=policy, timeout_s=5) as c, pytest.raises(ServerUnavailable):
+        c.rollouts(prompt="a", n=1)
+    servers: list[ThreadingHTTPServer] = []
+
+    def start_later() -> None:
+        time.sleep(1.5)
+        servers.append(ThreadingHTTPServer(("127.0.0.1", port), _Rewards))
+        servers[0].serve_forever()
+
+    threading.Thread(target=start_later, daemon=True).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gspo_rl.client.client"), \
+                GSPOClient(url, retry=policy, timeout_s=5) as c:
+            assert c.post_reward("r1", 1.0)["stored"] == 1
+        assert _Rewards.posts == 1
+        said = [r.getMessage() for r in caplog.records]
+        assert any("POST /v1/rewards" in m and "has not answered" in m for m in said), said
+    finally:
+        if servers:
+            servers[0].shutdown()
+            servers[0].server_close()
+
+
+def test_a_reward_post_gives_up_after_its_outage_patience() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    policy = RetryPolicy(attempts=1, base_delay_s=0.05, max_delay_s=0.1, outage_patience_s=0.5)
+
+    async def run() -> None:
+        async with AsyncGSPOClient(url, retry=policy, timeout_s=5) as c:
+            await c.post_reward("r1", 1.0)
+
+    t0 = time.monotonic()
+    with pytest.raises(ServerUnavailable, match="POST /v1/rewards"):
+        asyncio.run(run())
+    assert time.monotonic() - t0 < 30  # bounded: it did not retry forever

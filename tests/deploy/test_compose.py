@@ -410,21 +410,32 @@ def test_redis_keeps_its_append_only_file_on_a_volume(doc: dict[str, Any]) -> No
     name = redis_service(doc["services"])
     redis = doc["services"][name]
     assert not redis.get("profiles"), "Redis runs in every profile"
-    conf_path = redis["command"][1]
-    conf = repo_file_for(redis, conf_path)
-    assert conf == REPO / "docker" / "redis.conf" and redis["command"][0] == "redis-server"
-    assert re.search(r"^appendonly yes$", conf.read_text(), re.M)
+    assert redis["command"][0] == "sh"
+    assert repo_file_for(redis, redis["command"][1]) == REDIS_START
+    assert repo_file_for(redis, REDIS_CONF_IN_CONTAINER) == REPO / "docker" / "redis.conf"
+    assert f'"${{GSPO_REDIS_CONF:-{REDIS_CONF_IN_CONTAINER}}}"' in REDIS_START.read_text()
+    assert re.search(r"^appendonly yes$", (REPO / "docker" / "redis.conf").read_text(), re.M)
     data = mount_for(redis, "/data")
     assert data is not None and data.type == "volume" and data.source in doc["volumes"]
+    # The config holding the password is written to a tmpfs, not to the data volume.
+    assert "/run/redis" in redis["tmpfs"]
     # The probe authenticates (REDISCLI_AUTH) and fails on NOAUTH (redis-cli exits 0 on it).
     assert redis["healthcheck"]["test"] == ["CMD-SHELL", "redis-cli ping | grep -q PONG"]
-    assert redis["environment"]["REDISCLI_AUTH"] == redis_password(redis)
+    assert redis_password(redis)
+
+
+REDIS_START = REPO / "docker" / "redis-start.sh"
+REDIS_CONF_IN_CONTAINER = "/usr/local/etc/redis/redis.conf"
 
 
 def redis_password(redis_svc: dict[str, Any]) -> str:
-    cmd = redis_svc["command"]
-    assert "--requirepass" in cmd, "Redis must require a password"
-    return cmd[cmd.index("--requirepass") + 1]
+    """The password Redis is started with: from the environment (REDISCLI_AUTH, which
+    docker/redis-start.sh writes into its config), never from its command line."""
+    password = redis_svc["environment"]["REDISCLI_AUTH"]
+    assert password, "Redis must require a password"
+    assert not any(password in str(a) for a in redis_svc["command"]), \
+        "the password must not be an argument (`ps`, `docker inspect`)"
+    return password
 
 
 @for_each_profile
@@ -436,7 +447,7 @@ def test_redis_has_a_password_only_the_server_and_the_learner_hold(
     redis_name = redis_service(services)
     redis_svc = services[redis_name]
     password = redis_password(redis_svc)
-    assert required_variable(raw["services"][redis_name]["command"][-1]) == \
+    assert required_variable(raw["services"][redis_name]["environment"]["REDISCLI_AUTH"]) == \
         "GSPO_REDIS_PASSWORD", "the password comes from .env, required"
     conf = (REPO / "docker" / "redis.conf").read_text()
     assert re.search(r"^protected-mode yes$", conf, re.M)
@@ -457,22 +468,28 @@ def test_redis_has_a_password_only_the_server_and_the_learner_hold(
     assert set(server["networks"]) & set(env["networks"]), "the environment reaches the server"
 
 
+def _start_redis(password: str, run_dir: Path, *flags: str) -> subprocess.Popen:
+    env = {"PATH": os.environ["PATH"], "REDISCLI_AUTH": password,
+           "GSPO_REDIS_CONF": str(REPO / "docker" / "redis.conf"),
+           "GSPO_REDIS_RUN_DIR": str(run_dir)}
+    return subprocess.Popen(["sh", str(REDIS_START), *flags], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
 def test_shipped_redis_refuses_clients_without_the_password(doc: dict[str, Any],
                                                             tmp_path: Path) -> None:
-    """redis-server run as the compose file runs it (its conf and --requirepass), on a free
-    loopback port: no password, no access; the server's URL gets in."""
+    """redis-server started as the compose file starts it (docker/redis-start.sh with the
+    password in REDISCLI_AUTH), on a free loopback port: no password, no access; the server's
+    URL gets in; the password is in no process's command line, only in a file only its owner
+    reads."""
     import redis as redis_py
 
     from tests.conftest import free_port, wait_for_port
 
-    redis_svc = doc["services"][redis_service(doc["services"])]
-    assert redis_password(redis_svc)
+    password = redis_password(doc["services"][redis_service(doc["services"])])
     port = free_port()
-    exe = shutil.which("redis-server")
-    assert exe is not None
-    args = [exe, str(REPO / "docker" / "redis.conf"), *redis_svc["command"][2:],
-            "--port", str(port), "--dir", str(tmp_path)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert shutil.which("redis-server") is not None
+    proc = _start_redis(password, tmp_path / "run", "--port", str(port), "--dir", str(tmp_path))
     try:
         wait_for_port(port, proc)
         with pytest.raises(redis_py.AuthenticationError):
@@ -481,10 +498,23 @@ def test_shipped_redis_refuses_clients_without_the_password(doc: dict[str, Any],
         u = urlsplit(server_url)
         assert redis_py.Redis.from_url(
             server_url.replace(f"@{u.hostname}:{u.port}", f"@127.0.0.1:{port}")).ping()
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()  # exec'd: redis-server
+        assert b"redis-server" in cmdline and password.encode() not in cmdline
+        conf = tmp_path / "run" / "redis.conf"
+        assert conf.stat().st_mode & 0o077 == 0, "the config with the password: owner only"
+        assert f"requirepass {password}" in conf.read_text()
     finally:
         proc.terminate()
         proc.wait(timeout=10)
 
+
+@pytest.mark.parametrize("password", ["", "p@ss", "a b", "x/y"])
+def test_redis_start_refuses_a_password_the_urls_cannot_carry(password: str,
+                                                              tmp_path: Path) -> None:
+    proc = _start_redis(password, tmp_path / "run")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and b"URL-safe" in err
+    assert not (tmp_path / "run" / "redis.conf").exists()
 
 
 def test_cpu_learner_stops_at_the_demo_target_and_is_not_restarted(

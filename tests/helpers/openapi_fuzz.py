@@ -1,5 +1,6 @@
 """Hypothesis strategies from the server's OpenAPI document, plus hostile values, and a small
-checker of responses against the document (schemathesis is not a dependency of this project).
+checker of responses against the document (schemathesis, in test_openapi_exact, checks the
+document's own promises; these add the hostile values it does not send).
 
 ``body_strategy(doc, schema)`` draws JSON bodies that mostly follow ``schema`` (so requests
 get past validation and reach the routes' own code) and, at any node, sometimes a hostile

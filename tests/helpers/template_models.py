@@ -66,7 +66,7 @@ def make_template_model(path: Path, family: Family, seed: int = 0) -> Path:
 
 
 def teach_conversation(path: Path, conversation: list[dict[str, Any]],
-                       tools: list[dict[str, Any]] | None, steps: int = 300) -> None:
+                       tools: list[dict[str, Any]] | None, steps: int = 600) -> None:
     """Train the model at ``path`` (supervised, on its assistant turns only: from the
     generation prompt to the end-of-turn token) until it reproduces ``conversation``."""
     import torch
@@ -96,15 +96,16 @@ def teach_conversation(path: Path, conversation: list[dict[str, Any]],
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-            for step in range(steps):
-                if step == steps // 2:  # settle: Adam at 1e-2 hovers around the minimum
-                    for group in opt.param_groups:
-                        group["lr"] = 1e-3
+            # cosine from 1e-2 down: Adam at 1e-2 hovers around the minimum, and where it
+            # lands differs between CPUs (their kernels round differently)
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=1e-5)
+            for _ in range(steps):
                 logits = model(input_ids=x).logits[0, :-1]
                 loss = torch.nn.functional.cross_entropy(logits[mask[1:]], x[0, 1:][mask[1:]])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                sched.step()
                 if loss.item() < 1e-3:
                     break
     finally:

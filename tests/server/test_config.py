@@ -42,10 +42,47 @@ def test_env_then_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"engine": "tgi"}, "engine"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"mystery": 1}, "mystery"),
+    ({"host": "0.0.0.0"}, "insecure-no-auth"),
+    ({"host": "0.0.0.0", "admin_key": "a"}, "no api_key"),
+    ({"host": "10.1.2.3"}, "beyond this machine"),
+    ({"host": "gpu-box"}, "beyond this machine"),
 ])
 def test_refused_settings(kw: dict, words: str) -> None:
     with pytest.raises(ValidationError, match=words):
         ServerSettings(model="/m", **kw)
+
+
+@pytest.mark.parametrize("kw", [
+    {"host": "127.0.0.1"}, {"host": "127.0.0.2"}, {"host": "::1"}, {"host": "localhost"},
+    {"host": "0.0.0.0", "api_key": "k"}, {"host": "0.0.0.0", "insecure_no_auth": True}])
+def test_listening_beyond_loopback_needs_a_key_or_the_insecure_flag(kw: dict) -> None:
+    s = ServerSettings(model="/m", **kw)
+    insecure = s.api_key is None and s.host == "0.0.0.0"
+    assert bool(s.security_warnings) == insecure
+
+
+def test_insecure_no_auth_says_so(tiny_model_dir: Path, redis_server: RedisServer,
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Told --insecure-no-auth, the server starts, and says so at start and in /health.
+    (uvicorn binds loopback here, whatever the settings say: the test exposes nothing.)"""
+    with caplog.at_level("WARNING", logger="gspo_rl.server.api.app"), running_server(
+            tiny_model_dir, redis_server.url, api_key=None, admin_key=None, host="0.0.0.0",
+            insecure_no_auth=True) as s:
+        health = httpx.get(f"{s.url}/health", timeout=10).json()
+    assert any("insecure_no_auth" in w and "admin routes" in w for w in health["warnings"])
+    assert any("INSECURE" in r.getMessage() for r in caplog.records)
+
+
+def test_gspo_serve_refuses_an_open_port_without_keys(tiny_model_dir: Path) -> None:
+    """`gspo serve --host 0.0.0.0` with no key stops before it loads anything, and says how
+    to fix it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GSPO_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "gspo_rl.cli", "serve", "--model", str(tiny_model_dir),
+         "--host", "0.0.0.0", "--port", str(free_port())],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "--insecure-no-auth" in out.stderr and "GSPO_API_KEY" in out.stderr, out.stderr
 
 
 def test_open_server_without_keys(tiny_model_dir: Path, redis_server: RedisServer) -> None:

@@ -76,8 +76,9 @@ return {'ok', gid, ep[2], ep[4] or ''}
 # place when accepted, deleted otherwise. Returns ok | unknown | finished | group_gone |
 # group_closed | concurrent_turn | no_data.
 APPEND_TURN = LuaScript(
-    keys=("episode_key", "rollout_key", "mapping_key", "group_key", "rewards_key", "staging_key"),
-    args=("rollout_id", "n_turns", "state", "rollout_ttl"),
+    keys=("episode_key", "rollout_key", "mapping_key", "group_key", "rewards_key", "staging_key",
+          "active_key"),
+    args=("rollout_id", "n_turns", "state", "rollout_ttl", "idle_s"),
     helpers=_NOW,
     body="""
 local function refuse(why)
@@ -100,6 +101,8 @@ redis.call('EXPIREAT', rollout_key, exp)
 redis.call('SET', mapping_key, ep[1], 'EXAT', exp)
 redis.call('HSET', episode_key, 'n_turns', tonumber(n_turns) + 1, 'state', state)
 redis.call('EXPIREAT', episode_key, exp)
+-- a turn is activity: the group counts as in flight idle_s more seconds (XX: while open)
+redis.call('ZADD', active_key, 'XX', now + tonumber(idle_s), ep[1])
 return 'ok'
 """)
 

@@ -216,9 +216,10 @@ class EpisodeStore(RolloutStore):
             self._append, APPEND_TURN.slots(
                 keys={"episode_key": k.episode(rid), "rollout_key": k.rollout(rid),
                       "mapping_key": k.rollout_group(rid), "group_key": k.group(gid),
-                      "rewards_key": k.group_rewards(gid), "staging_key": staging},
+                      "rewards_key": k.group_rewards(gid), "staging_key": staging,
+                      "active_key": k.group_activity},
                 args={"rollout_id": rid, "n_turns": episode.n_turns, "state": state.pack(),
-                      "rollout_ttl": self._ttl}),
+                      "rollout_ttl": self._ttl, "idle_s": self.config.group_idle_s}),
             before=lambda pipe: pipe.set(staging, pack_rollout(record), ex=300))
         if as_str(res) != "ok":
             raise load_error(as_str(res), rid)
@@ -246,20 +247,20 @@ class EpisodeStore(RolloutStore):
 
 
 def _close_error(items: Sequence[RewardItem], statuses: list[str]) -> StoreError:
-    """The first failing item decides the reason (invalid: wrong count, conflict: empty
-    episode); the
-    details list every item, as the rewards route does for its own failures."""
+    """The first failing item decides the error: a conflict with what is stored (the
+    episode's turn count, an empty episode: 409); the details list every item, as the rewards
+    route does for its own failures."""
     results = []
     first: tuple[StoreReason, str, str] | None = None
     for i, (it, st) in enumerate(zip(items, statuses, strict=True)):
         if st.startswith("turns:"):
             n = int(st.split(":", 1)[1])
             got = len(it.turn_rewards or [])
-            code, reason = "turn_count_mismatch", StoreReason.INVALID
+            code, reason = "turn_count_mismatch", StoreReason.CONFLICT
             why = (f"{got} turn_rewards for an episode with {n} model turn(s): send one per "
                    "model turn, in order, or none")
         elif st == "single_turn":
-            code, reason = "turn_count_mismatch", StoreReason.INVALID
+            code, reason = "turn_count_mismatch", StoreReason.CONFLICT
             why = (f"{len(it.turn_rewards or [])} turn_rewards for a rollout that is not a "
                    "multi-turn episode: a single-turn rollout has one model turn, send at "
                    "most one turn reward")

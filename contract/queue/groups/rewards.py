@@ -128,10 +128,11 @@ return end_group(P, group_id, mode, reason, head, ids, packed_ids,
 # 'dropped', reason} when it was ended here, else {group id, 'complete', metadata, rollout
 # ids, rewards (flat hash)}: what the Python rule needs, so the caller does not read it back.
 POST_REWARDS = LuaScript(
-    keys=("counters_key", "complete_key", "deadlines_key", "stream_key", "finished_key"),
+    keys=("counters_key", "complete_key", "deadlines_key", "stream_key", "finished_key",
+          "active_key"),
     args=("m_head", "m_tail", "g_head", "g_tail", "w_head", "w_tail", "l_head", "l_tail", "r_head",
           "r_tail", "inline", "eps", "scale", "drop_zero_variance", "advantage_config",
-          "finished_ttl", "head_field", "ids_field", "b_head", "b_tail", "records_field",
+          "finished_ttl", "idle_s", "head_field", "ids_field", "b_head", "b_tail", "records_field",
           "n_pairs"),
     rest="pairs",
     helpers=_END_GROUP + CREDIT_LUA,
@@ -254,6 +255,7 @@ for _, gid in ipairs(order) do
     if count >= g.size then
       now = now or now_s()
       redis.call('ZREM', deadlines_key, gid)
+      redis.call('ZREM', active_key, gid)
       local lk = l_head .. gid .. l_tail
       local rids = redis.call('LRANGE', lk, 0, -1)
       local ended = inline == '1' and end_here(gid, gk, lk, wk, rids,
@@ -266,6 +268,8 @@ for _, gid in ipairs(order) do
         completed[#completed + 1] = {gid, 'complete', redis.call('HGET', gk, 'metadata'),
           rids, redis.call('HGETALL', wk)}
       end
+    else
+      touch(active_key, gid, idle_s)
     end
   end
 end

@@ -27,6 +27,11 @@ local function now_s()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
+-- An open group had activity: it counts as in flight for idle_s more seconds (XX: only a
+-- group still listed, i.e. open).
+local function touch(ak, gid, idle_s)
+  redis.call('ZADD', ak, 'XX', now_s() + tonumber(idle_s), gid)
+end
 local function shorten(key, ttl)
   redis.call('EXPIRE', key, ttl, 'LT')
 end
@@ -44,9 +49,10 @@ local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl,
   shorten(rolk, ttl)
   shorten(rewk, ttl)
 end
--- Opens a group (see CREATE_GROUP). Returns 1 created, 0 already exists with the same size,
--- -1 exists with another size; and, when created, the expiry of the group's keys.
-local function create_group(gk, dk, ck, gid, size, metadata, group_ttl, finished_ttl)
+-- Opens a group (see CREATE_GROUP), listed by its deadline (dk) and by until when it counts
+-- as in flight without activity (ak, idle_s). Returns 1 created, 0 already exists with the
+-- same size, -1 exists with another size; and, when created, the expiry of the group's keys.
+local function create_group(gk, dk, ak, ck, gid, size, metadata, group_ttl, finished_ttl, idle_s)
   if redis.call('EXISTS', gk) == 1 then
     if redis.call('HGET', gk, 'size') == size then return 0 end
     return -1
@@ -58,6 +64,7 @@ local function create_group(gk, dk, ck, gid, size, metadata, group_ttl, finished
     'created_at', tostring(now), 'deadline', tostring(deadline), 'n_rewarded', 0)
   redis.call('EXPIREAT', gk, group_exp)
   redis.call('ZADD', dk, deadline, gid)
+  redis.call('ZADD', ak, now + tonumber(idle_s), gid)
   redis.call('HINCRBY', ck, 'groups_created', 1)
   return 1, group_exp
 end
@@ -65,12 +72,12 @@ end
 
 # Returns 1 created, 0 already exists with the same size, -1 exists with another size.
 CREATE_GROUP = LuaScript(
-    keys=("group_key", "deadlines_key", "counters_key"),
-    args=("group_id", "size", "metadata", "group_ttl", "finished_ttl"),
+    keys=("group_key", "deadlines_key", "active_key", "counters_key"),
+    args=("group_id", "size", "metadata", "group_ttl", "finished_ttl", "idle_s"),
     helpers=COMMON,
     body="""
-local created = create_group(group_key, deadlines_key, counters_key, group_id, size, metadata,
-  group_ttl, finished_ttl)
+local created = create_group(group_key, deadlines_key, active_key, counters_key, group_id, size,
+  metadata, group_ttl, finished_ttl, idle_s)
 return created
 """)
 
@@ -87,8 +94,9 @@ return created
 # rollout_in_other_group | group_full | no_data. A rollout may be recorded again (a multi-turn
 # episode grows) until it has a reward.
 RECORD_ROLLOUTS = LuaScript(
-    keys=("group_key", "rollouts_key", "rewards_key"),
-    args=("group_id", "record_ttl", "r_head", "r_tail", "m_head", "m_tail", "s_head", "s_tail"),
+    keys=("group_key", "rollouts_key", "rewards_key", "active_key"),
+    args=("group_id", "record_ttl", "r_head", "r_tail", "m_head", "m_tail", "s_head", "s_tail",
+          "idle_s"),
     rest="rollout_ids",
     helpers=COMMON,
     body="""
@@ -112,7 +120,7 @@ for i, rid in ipairs(ids) do
   if not owners[i] then new_rks[#new_rks + 1] = r_head .. rid .. r_tail end
 end
 local orphans = #new_rks > 0 and redis.call('EXISTS', unpack(new_rks)) > 0
-local out, pushed, seen = {}, {}, {}
+local out, pushed, seen, recorded = {}, {}, {}, false
 for i, rid in ipairs(ids) do
   local mk, sk, owner = mks[i], sks[i], owners[i]
   local result
@@ -143,6 +151,7 @@ for i, rid in ipairs(ids) do
   if result == 'created' or result == 'updated' then
     redis.call('RENAME', sk, r_head .. rid .. r_tail)
     redis.call('SET', mk, group_id, 'EX', record_ttl)
+    recorded = true
   elseif result ~= 'no_data' then
     redis.call('DEL', sk)
   end
@@ -152,6 +161,7 @@ if #pushed > 0 then
   redis.call('RPUSH', rollouts_key, unpack(pushed))
   redis.call('EXPIREAT', rollouts_key, redis.call('EXPIRETIME', group_key))
 end
+if recorded then touch(active_key, group_id, idle_s) end
 return out
 """)
 
@@ -171,14 +181,15 @@ return out
 # hash) was written by this call and is deleted again. Returns one status for them all:
 # created | updated | group_exists.
 RECORD_NEW_GROUP = LuaScript(
-    keys=("group_key", "rollouts_key", "deadlines_key", "counters_key", "records_key"),
-    args=("group_id", "size", "metadata", "group_ttl", "finished_ttl", "record_ttl", "m_head",
-          "m_tail", "members"),
+    keys=("group_key", "rollouts_key", "deadlines_key", "active_key", "counters_key",
+          "records_key"),
+    args=("group_id", "size", "metadata", "group_ttl", "finished_ttl", "idle_s", "record_ttl",
+          "m_head", "m_tail", "members"),
     rest="rollout_ids",
     helpers=COMMON,
     body="""
-local created, group_exp = create_group(group_key, deadlines_key, counters_key, group_id, size,
-  metadata, group_ttl, finished_ttl)
+local created, group_exp = create_group(group_key, deadlines_key, active_key, counters_key,
+  group_id, size, metadata, group_ttl, finished_ttl, idle_s)
 local ids = {}
 for i = rollout_ids_at, #ARGV do ids[#ids + 1] = ARGV[i] end
 if created == 1 then
@@ -204,38 +215,65 @@ return 'group_exists'
 """)
 
 # Key templates (head .. id .. tail): g group, l rollouts list, w rewards, r rollout,
-# m rollout->group, b a group's records.
-# Open groups past their deadline: with >= min_rewarded rewards -> 'complete' (partial=1),
-# returned for the caller to publish; otherwise -> 'expired'. Returns the ids to publish.
+# m rollout->group, b a group's records. The start of the bodies of EXPIRE_DUE and
+# ABANDON_GROUP (it reads their slots): end_open(gid, now, why) ends an open group now, as its
+# deadline does (why 'expired') or its environment giving it up does (why 'abandoned'): with
+# >= min_rewarded rewards -> 'complete' (partial=1, in the complete set, for the caller to
+# publish); otherwise -> 'expired' (drop_reason why, its keys shortened). It leaves the
+# deadlines and the activity sets either way. Returns 'complete' | 'expired' | the state of a
+# group that was no longer open | 'gone' (no such group: counted lost when it expired).
+_END_OPEN = """
+local function end_open(gid, now, why)
+  redis.call('ZREM', deadlines_key, gid)
+  redis.call('ZREM', active_key, gid)
+  local gk = g_head .. gid .. g_tail
+  local st = redis.call('HMGET', gk, 'state', 'n_rewarded', 'records', 'members')
+  if not st[1] then
+    if why == 'expired' then redis.call('HINCRBY', counters_key, 'groups_expired_lost', 1) end
+    return 'gone'
+  end
+  if st[1] ~= 'open' then return st[1] end
+  if tonumber(st[2]) >= tonumber(min_rewarded) then
+    redis.call('HSET', gk, 'state', 'complete', 'partial', 1, 'completed_at', tostring(now))
+    redis.call('SADD', complete_key, gid)
+    redis.call('HINCRBY', counters_key, 'groups_' .. why .. '_finalised', 1)
+    return 'complete'
+  end
+  redis.call('HSET', gk, 'state', 'expired', 'drop_reason', why)
+  redis.call('HINCRBY', counters_key, 'groups_' .. why .. '_dropped', 1)
+  expire_group(gk, l_head .. gid .. l_tail, w_head .. gid .. w_tail,
+    r_head, r_tail, m_head, m_tail, tonumber(finished_ttl),
+    st[3] and (b_head .. gid .. b_tail) or nil, st[4] == '1')
+  return 'expired'
+end
+"""
+_END_OPEN_KEYS = ("deadlines_key", "active_key", "complete_key", "counters_key")
+_END_OPEN_ARGS = ("g_head", "g_tail", "l_head", "l_tail", "w_head", "w_tail", "r_head", "r_tail",
+                  "m_head", "m_tail", "min_rewarded", "finished_ttl", "b_head", "b_tail")
+
+# Open groups past their deadline, ended (end_open, 'expired'), at most limit per call.
+# Returns the ids of those left complete, for the caller to publish.
 EXPIRE_DUE = LuaScript(
-    keys=("deadlines_key", "complete_key", "counters_key"),
-    args=("g_head", "g_tail", "l_head", "l_tail", "w_head", "w_tail", "r_head", "r_tail", "m_head",
-          "m_tail", "min_rewarded", "finished_ttl", "limit", "b_head", "b_tail"),
+    keys=_END_OPEN_KEYS,
+    args=(*_END_OPEN_ARGS, "limit"),
     helpers=COMMON,
-    body="""
+    body=_END_OPEN + """
 local now = now_s()
 local due = redis.call('ZRANGEBYSCORE', deadlines_key, '-inf', now, 'LIMIT', 0, tonumber(limit))
 local finalise = {}
 for _, gid in ipairs(due) do
-  redis.call('ZREM', deadlines_key, gid)
-  local gk = g_head .. gid .. g_tail
-  local st = redis.call('HMGET', gk, 'state', 'n_rewarded', 'records', 'members')
-  if st[1] == 'open' then
-    if tonumber(st[2]) >= tonumber(min_rewarded) then
-      redis.call('HSET', gk, 'state', 'complete', 'partial', 1, 'completed_at', tostring(now))
-      redis.call('SADD', complete_key, gid)
-      redis.call('HINCRBY', counters_key, 'groups_expired_finalised', 1)
-      finalise[#finalise + 1] = gid
-    else
-      redis.call('HSET', gk, 'state', 'expired', 'drop_reason', 'expired')
-      redis.call('HINCRBY', counters_key, 'groups_expired_dropped', 1)
-      expire_group(gk, l_head .. gid .. l_tail, w_head .. gid .. w_tail,
-        r_head, r_tail, m_head, m_tail, tonumber(finished_ttl),
-        st[3] and (b_head .. gid .. b_tail) or nil, st[4] == '1')
-    end
-  elseif not st[1] then
-    redis.call('HINCRBY', counters_key, 'groups_expired_lost', 1)
-  end
+  if end_open(gid, now, 'expired') == 'complete' then finalise[#finalise + 1] = gid end
 end
 return finalise
+""")
+
+# An environment gives group_id up (POST /v1/groups/{id}/abandon): end_open now, 'abandoned',
+# whatever its deadline. Returns end_open's answer (a group already ended: its state, as it
+# was; idempotent).
+ABANDON_GROUP = LuaScript(
+    keys=_END_OPEN_KEYS,
+    args=(*_END_OPEN_ARGS, "group_id"),
+    helpers=COMMON,
+    body=_END_OPEN + """
+return end_open(group_id, now_s(), 'abandoned')
 """)

@@ -34,6 +34,7 @@ from gspo_rl.contract.queue.groups.finish import (
 )
 from gspo_rl.contract.queue.groups.rewards import POST_REWARDS, PUBLISH_GROUP
 from gspo_rl.contract.queue.groups.scripts import (
+    ABANDON_GROUP,
     CREATE_GROUP,
     EXPIRE_DUE,
     RECORD_NEW_GROUP,
@@ -47,7 +48,7 @@ from gspo_rl.contract.queue.groups.types import (
     RewardsOutcome,
     pack_reward,
 )
-from gspo_rl.contract.queue.lua import template_args
+from gspo_rl.contract.queue.lua import LuaScript, template_args
 from gspo_rl.contract.queue.ready.entry import pack_group_records
 from gspo_rl.contract.queue.schema import (
     READY_COUNT_FIELD,
@@ -96,6 +97,7 @@ class RolloutStore:
         self._record_new = redis.register_script(RECORD_NEW_GROUP.source)
         self._rewards = redis.register_script(POST_REWARDS.source)
         self._expire = redis.register_script(EXPIRE_DUE.source)
+        self._abandon = redis.register_script(ABANDON_GROUP.source)
         self._publish = redis.register_script(PUBLISH_GROUP.source)
         self._pipe = pipe_for(redis)
         k = keys
@@ -113,14 +115,15 @@ class RolloutStore:
             **template_args("r", self._t_rollout), inline=1, eps=repr(float(adv.eps)),
             scale=int(adv.scale), drop_zero_variance=int(config.drop_zero_variance),
             advantage_config=msgpack.packb(adv.to_dict()), finished_ttl=self._finished_ttl,
-            head_field=READY_HEAD_FIELD, ids_field=READY_COUNT_FIELD,
+            idle_s=config.group_idle_s, head_field=READY_HEAD_FIELD, ids_field=READY_COUNT_FIELD,
             **template_args("b", self._t_blob), records_field=READY_RECORDS_FIELD)
         # a record's TTL from its last write, never less than its group's keys
         self._record_ttl = max(math.ceil(config.rollout_ttl_s),
                                math.ceil(config.group_ttl_s + self._finished_ttl) + 1)
         self._record_args = RECORD_ROLLOUTS.constants(
             record_ttl=self._record_ttl, **template_args("r", self._t_rollout),
-            **template_args("m", self._t_map), **template_args("s", self._t_staging))
+            **template_args("m", self._t_map), **template_args("s", self._t_staging),
+            idle_s=config.group_idle_s)
         self._new_group_args = RECORD_NEW_GROUP.constants(
             record_ttl=self._record_ttl, **template_args("m", self._t_map))
 
@@ -154,9 +157,10 @@ class RolloutStore:
         self._check_size(size)
         res = await self._run(self._create, CREATE_GROUP.slots(
             keys={"group_key": self.keys.group(group_id), "deadlines_key": self.keys.deadlines,
-                  "counters_key": self.keys.counters},
+                  "active_key": self.keys.group_activity, "counters_key": self.keys.counters},
             args={"group_id": group_id, "size": size, "metadata": msgpack.packb(metadata or {}),
-                  "group_ttl": self.config.group_ttl_s, "finished_ttl": self._finished_ttl}))
+                  "group_ttl": self.config.group_ttl_s, "finished_ttl": self._finished_ttl,
+                  "idle_s": self.config.group_idle_s}))
         if int(res) < 0:
             raise StoreError(StoreReason.CONFLICT, "group_exists",
                              f"group {group_id!r} exists with another size")
@@ -188,11 +192,11 @@ class RolloutStore:
         members = all(rid == member_rollout_id(group_id, i) for i, rid in enumerate(ids))
         slots = RECORD_NEW_GROUP.slots(
             keys={"group_key": k.group(group_id), "rollouts_key": k.group_rollouts(group_id),
-                  "deadlines_key": k.deadlines, "counters_key": k.counters,
-                  "records_key": k.group_records(group_id)},
+                  "deadlines_key": k.deadlines, "active_key": k.group_activity,
+                  "counters_key": k.counters, "records_key": k.group_records(group_id)},
             args={"group_id": group_id, "size": size, "metadata": msgpack.packb(metadata or {}),
                   "group_ttl": c.group_ttl_s, "finished_ttl": self._finished_ttl,
-                  "members": int(members)},
+                  "idle_s": c.group_idle_s, "members": int(members)},
             constants=self._new_group_args, rest=ids)
         # NX: a group id in use keeps its records (the script then deletes nothing of theirs)
         writes = [("SET", k.group_records(group_id), pack_group_records(records), "EX",
@@ -226,7 +230,7 @@ class RolloutStore:
         k = self.keys
         slots = RECORD_ROLLOUTS.slots(
             keys={"group_key": k.group(gid), "rollouts_key": k.group_rollouts(gid),
-                  "rewards_key": k.group_rewards(gid)},
+                  "rewards_key": k.group_rewards(gid), "active_key": k.group_activity},
             args={"group_id": gid}, constants=self._record_args,
             rest=[r.rollout_id for r in recs])
         # with the record's TTL, which RENAME keeps (a staging key the script never saw, when
@@ -258,7 +262,7 @@ class RolloutStore:
         statuses, gids, completed = await self._run(self._rewards, POST_REWARDS.slots(
             keys={"counters_key": k.counters, "complete_key": k.complete,
                   "deadlines_key": k.deadlines, "stream_key": k.ready_stream,
-                  "finished_key": k.finished_rewards},
+                  "finished_key": k.finished_rewards, "active_key": k.group_activity},
             args={"n_pairs": len(packed)}, constants=self._reward_args, rest=pairs))
         by_rid = {rid: (as_str(st), as_str(g) or None)
                   for rid, st, g in zip(packed, statuses, gids, strict=True)}
@@ -274,7 +278,7 @@ class RolloutStore:
                 await self._finish_safely(as_str(c[0]), Snapshot.from_script(c[2], c[3], c[4]))
         return RewardsOutcome(results, applied)
 
-    async def _finish_safely(self, group_id: str, snapshot: Snapshot) -> None:
+    async def _finish_safely(self, group_id: str, snapshot: Snapshot | None) -> None:
         """Publishes a group whose rewards are stored; on a Redis error the group stays in the
         ``complete`` set for the sweeper: the rewards are safe, so the caller still gets 2xx."""
         try:
@@ -296,18 +300,40 @@ class RolloutStore:
                                                           self._finished_ttl))
         return publish_result(res)
 
+    def _end_open_slots(self, script: LuaScript, **last: Any) -> tuple[list[Any], list[Any]]:
+        """KEYS and ARGV of ``EXPIRE_DUE`` / ``ABANDON_GROUP`` (``last``: their own argument)."""
+        k = self.keys
+        return script.slots(
+            keys={"deadlines_key": k.deadlines, "active_key": k.group_activity,
+                  "complete_key": k.complete, "counters_key": k.counters},
+            args={**template_args("g", self._t_group), **template_args("l", self._t_list),
+                  **template_args("w", self._t_rewards), **template_args("r", self._t_rollout),
+                  **template_args("m", self._t_map),
+                  "min_rewarded": self.config.min_rewarded_to_finalise,
+                  "finished_ttl": self._finished_ttl, **template_args("b", self._t_blob),
+                  **last})
+
+    async def abandon_group(self, group_id: str) -> str | None:
+        """Ends an open group now, as its deadline would (``ABANDON_GROUP``): published with
+        its rewards when it has ``min_rewarded_to_finalise`` of them (partial), else dropped
+        (state ``expired``, drop_reason ``abandoned``); either way it stops counting as in
+        flight at once. Returns the group's state after (an ended group's as it was: calling
+        again is harmless); None for an unknown group."""
+        keys, args = self._end_open_slots(ABANDON_GROUP, group_id=group_id)
+        state = as_str(await self._abandon(keys=keys, args=args))
+        if state == "gone":
+            return None
+        if state == "complete":
+            await self._finish_safely(group_id, None)
+            view = await self.get_group(group_id)
+            return view.state if view is not None else state
+        return state
+
     async def sweep_once(self) -> dict[str, int]:
         """One pass: expires due groups (publishing those with enough rewards) and publishes
         groups left ``complete`` longer than ``stuck_complete_s``. Returns what it did."""
         c, k = self.config, self.keys
-        keys, args = EXPIRE_DUE.slots(
-            keys={"deadlines_key": k.deadlines, "complete_key": k.complete,
-                  "counters_key": k.counters},
-            args={**template_args("g", self._t_group), **template_args("l", self._t_list),
-                  **template_args("w", self._t_rewards), **template_args("r", self._t_rollout),
-                  **template_args("m", self._t_map), "min_rewarded": c.min_rewarded_to_finalise,
-                  "finished_ttl": self._finished_ttl, "limit": c.sweep_limit,
-                  **template_args("b", self._t_blob)})
+        keys, args = self._end_open_slots(EXPIRE_DUE, limit=c.sweep_limit)
         due = await self._expire(keys=keys, args=args)
         done = {"expired_finalised": len(due), "stuck_published": 0}
         for gid in due:

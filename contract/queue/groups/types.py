@@ -20,6 +20,11 @@ class QueueConfig(BaseModel):
 
     group_ttl_s: float = Field(default=600.0, gt=0)
     """Seconds after its creation a group that is not complete expires."""
+    group_idle_s: float = Field(default=120.0, gt=0)
+    """An open group with no activity (created, a turn recorded, a reward stored) for this long
+    stops counting as in flight for admission (``gspo_rl.contract.queue.inflight``), although
+    it stays open until its deadline: a group its environment or its server lost holds
+    admission capacity this long at most, not ``group_ttl_s``."""
     min_rewarded_to_finalise: int = Field(default=2, ge=1)
     """At expiry, a group with at least this many rewarded rollouts is published with them
     (partial); one with fewer is dropped (counted as ``groups_expired_dropped``)."""

@@ -21,7 +21,6 @@ from gspo_rl.server.api.streaming.group import start_stream, stream_new_group
 from gspo_rl.server.api.streaming.sse import SSE_RESPONSE_DOC, include_usage
 from gspo_rl.server.api.streaming.views import ChatView
 from gspo_rl.server.engines.base import Completion
-from gspo_rl.server.rollouts.limits import check_chat_messages
 from gspo_rl.server.rollouts.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -50,9 +49,8 @@ async def chat_completions(body: ChatCompletionRequest,
     With ``stream: true`` the turns are sent as server-sent events as they are generated,
     and recorded before their final chunks (``gspo_rl.server.api.streaming.sse``)."""
     svc.check_model(body.model)
-    check_chat_messages(body.messages)
     with_tools, top_k = check_chat_options(body)
-    with_usage = include_usage(body.stream_options) if body.stream else False
+    with_usage = include_usage(body.stream_options) and bool(body.stream)  # checked either way
     if body.stream:
         return await stream_chat(body, svc, with_tools, top_k, with_usage)
     if body.rollout_id is not None:  # one more turn of a multi-turn episode

@@ -36,7 +36,7 @@ async def completions(body: CompletionRequest,
     generated, and recorded before their final chunks (``gspo_rl.server.api.streaming.sse``)."""
     svc.check_model(body.model)
     top_k = check_completion_options(body)
-    with_usage = include_usage(body.stream_options) if body.stream else False
+    with_usage = include_usage(body.stream_options) and bool(body.stream)  # checked either way
     prompt_ids = await completion_prompt(body.prompt, svc.tokenizer)
     if body.stream:
         plan = svc.plan(body, prompt_ids, max_tokens=body.max_tokens, top_logprobs=top_k,

@@ -1,10 +1,12 @@
 """``/v1/groups``: open a group of multi-turn episodes; a group's state, its rollouts and
-which of them have rewards.
+which of them have rewards; give a group up.
 
 ``POST /v1/groups {"size": G, "metadata": {...}}`` opens G empty episodes of one task and
 returns their ``rollout_id``s; each episode is then driven with chat completions carrying its
 ``rollout_id`` (``gspo_rl.server.rollouts.episodes``) and ends with its reward (``POST
-/v1/rewards``).
+/v1/rewards``). ``POST /v1/groups/{id}/abandon`` ends an open group now (any group: sampled
+or of episodes): an environment that will post no more rewards for it releases the admission
+capacity it holds at once instead of at its deadline.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from gspo_rl.server.api.deps import (
     MetricsDep,
@@ -24,6 +26,7 @@ from gspo_rl.server.api.deps import (
 from gspo_rl.server.api.error_docs import V1_POST, error_responses
 from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.rollouts.episodes import open_episode_group
+from gspo_rl.server.rollouts.fields import int_in
 from gspo_rl.server.rollouts.limits import Metadata, check_group_size
 from gspo_rl.server.rollouts.trajectory import TrajectoryOut, load_trajectories
 
@@ -31,9 +34,9 @@ from gspo_rl.server.rollouts.trajectory import TrajectoryOut, load_trajectories
 class OpenGroupIn(BaseModel):
     """A group of ``size`` multi-turn episodes of one task."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    size: int = Field(ge=1)
+    size: int_in(ge=1)
     """Episodes in the group (G); at most the queue's ``max_group_size``."""
     metadata: Metadata | None = None
     """Stored with the group and handed to the learner (task id, answer key, ...)."""
@@ -75,6 +78,14 @@ class GroupOut(BaseModel):
     rollouts: list[GroupRolloutOut]
 
 
+class AbandonOut(BaseModel):
+    group_id: str
+    state: Literal["published", "expired", "dropped", "complete"]
+    """After the call: published (it had ``min_rewarded_to_finalise`` rewards: published with
+    them, partial) | expired (fewer: dropped, drop_reason "abandoned") | an ended group's
+    state as it was (abandoning again changes nothing) | complete (being published)."""
+
+
 router = APIRouter(tags=["groups"])
 
 
@@ -91,6 +102,20 @@ async def open_group(body: OpenGroupIn, store: StoreDep, settings: SettingsDep,
     metrics.groups.inc()
     metrics.rollouts.inc(len(rollout_ids))
     return OpenGroupOut(group_id=group_id, rollout_ids=rollout_ids)
+
+
+@router.post("/v1/groups/{group_id}/abandon", response_model=AbandonOut,
+             responses=error_responses(*V1_POST, 404))
+async def abandon_group(group_id: Annotated[str, Path(min_length=1, max_length=256)],
+                        store: StoreDep) -> AbandonOut:
+    """Gives a group up: it stops counting as in flight at once and ends as at its deadline
+    (published with its rewards when it has enough of them, else dropped). Idempotent. 404
+    for an unknown group, or one whose records have expired."""
+    state = await store.abandon_group(group_id)
+    if state is None:
+        raise APIError(404, f"unknown group {group_id!r} (never created, or expired)",
+                       code="unknown_group")
+    return AbandonOut(group_id=group_id, state=state)  # type: ignore[arg-type]
 
 
 # exclude_unset: ``trajectory`` appears only with ?include=tokens (every other field is set).

@@ -39,6 +39,9 @@ class HealthResponse(BaseModel):
     waiting: int
     engine_error: str | None = None
     """Why the engine died ("status": "dead"): the server is stopping and exits non-zero."""
+    warnings: list[str] = []
+    """What a person must know about this server: e.g. ``insecure_no_auth`` (it listens
+    beyond loopback with no API key)."""
 
 
 @router.get("/health", response_model=HealthResponse,
@@ -56,7 +59,7 @@ async def health(settings: SettingsDep, engine: EngineDep, redis: RedisDep,
         model=settings.model_name, model_path=engine.model_path,
         policy_version=engine.policy_version, server_id=settings.server_id,
         redis=redis_state, running=stats.running,
-        waiting=stats.waiting, engine_error=dead,
+        waiting=stats.waiting, engine_error=dead, warnings=settings.security_warnings,
     )
     return JSONResponse(body.model_dump(), status_code=200 if redis_ok and not dead else 503)
 

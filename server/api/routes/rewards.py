@@ -44,7 +44,7 @@ FiniteFloat = Annotated[
 class RewardIn(BaseModel):
     """A reward for one rollout."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     rollout_id: str = Field(min_length=1, max_length=256)
     """The id the server returned with the rollout."""

@@ -27,7 +27,12 @@ from gspo_rl.server.api.errors import APIError
 SSE_RESPONSE_DOC: dict[int | str, dict[str, Any]] = {200: {
     "description": "The response; with stream=true, server-sent events of chunk objects "
                    "(chat.completion.chunk / text_completion) ending with `data: [DONE]`",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+    "content": {"text/event-stream": {"schema": {
+        "type": "object", "required": ["data"],
+        "properties": {"data": {"type": "string", "description": "A chunk object as JSON, or "
+                                "[DONE] (the last event); an error object as JSON if the "
+                                "stream fails after it started"}},
+        "description": "One server-sent event (OpenAPI 3.1: the schema of each event)"}}}}}
 """The SSE variant of the 200 response, for the OpenAPI document."""
 
 

@@ -23,9 +23,9 @@ def check_completion_options(body: CompletionRequest) -> int:
                       "carry the prompt", code="unsupported_parameter")
     if body.suffix:
         raise invalid("suffix is not supported", code="unsupported_parameter")
-    if body.best_of is not None and body.best_of != body.n:
+    if body.best_of not in (None, 1):
         raise invalid("best_of is not supported (every sample is returned): omit it or "
-                      "set it equal to n", code="unsupported_parameter")
+                      "send 1", code="unsupported_parameter")
     return body.logprobs or 0
 
 

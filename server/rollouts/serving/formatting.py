@@ -1,6 +1,9 @@
 """Engine completions -> the JSON shapes of the sampling routes (log-probabilities, usage).
 
-Pure functions of a completion and the tokenizer's token texts: no I/O, no engine.
+Pure functions of a completion and the tokenizer's token texts: no I/O, no engine. A
+log-probability is shown no lower than ``LOGPROB_FLOOR`` (vLLM's convention): an alternative
+outside the ``top_p`` / ``top_k`` cut is -inf, which JSON cannot carry (it became a null,
+against the response schema). The recorded trajectory keeps the engine's values.
 """
 
 from __future__ import annotations
@@ -18,6 +21,17 @@ from gspo_rl.server.rollouts.protocol import (
 )
 from gspo_rl.server.rollouts.sampling import GroupResult
 
+LOGPROB_FLOOR = -9999.0
+
+
+def shown(logprob: float) -> float:
+    """A log-probability as a response shows it: -inf (and NaN) as ``LOGPROB_FLOOR``."""
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def shown_all(logprobs: list[float]) -> list[float]:
+    return [shown(x) for x in logprobs]
+
 
 def response_id(prefix: str, result: GroupResult) -> str:
     """The response's ``id``: named after its group, or fresh when nothing was recorded."""
@@ -34,7 +48,7 @@ def top_logprobs(texts: TokenTexts, pairs: list[tuple[int, float]], k: int) -> l
     out = []
     for token_id, logprob in pairs[:k]:
         text, raw = texts.get(token_id)
-        out.append(TopLogprob(token=text, logprob=logprob, bytes=list(raw)))
+        out.append(TopLogprob(token=text, logprob=shown(logprob), bytes=list(raw)))
     return out
 
 
@@ -47,7 +61,7 @@ def chat_logprobs(texts: TokenTexts, c: Completion, k: int) -> ChoiceLogprobs:
     content = []
     for j, (token_id, logprob) in enumerate(zip(c.token_ids, c.logprobs, strict=True)):
         text, raw = texts.get(token_id)
-        content.append(TokenLogprob(token=text, logprob=logprob, bytes=list(raw),
+        content.append(TokenLogprob(token=text, logprob=shown(logprob), bytes=list(raw),
                                     top_logprobs=top_logprobs(texts, _tops(c, j), k)))
     return ChoiceLogprobs(content=content)
 
@@ -62,8 +76,9 @@ def completion_logprobs(texts: TokenTexts, c: Completion, k: int) -> CompletionL
         pos += len(t)
     tops = None
     if k > 0:
-        tops = [{texts.text(t): lp for t, lp in _tops(c, j)[:k]} for j in range(len(tokens))]
-    return CompletionLogprobs(tokens=tokens, token_logprobs=list(c.logprobs),
+        tops = [{texts.text(t): shown(lp) for t, lp in _tops(c, j)[:k]}
+                for j in range(len(tokens))]
+    return CompletionLogprobs(tokens=tokens, token_logprobs=shown_all(c.logprobs),
                               top_logprobs=tops, text_offset=offsets)
 
 

@@ -8,11 +8,10 @@ from typing import Any
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.rollouts.chat.render import approx_chars, off_loop_if_large, render_chat_prompt
 from gspo_rl.server.rollouts.errors import invalid
-from gspo_rl.server.rollouts.limits import check_chat_messages
 from gspo_rl.server.rollouts.protocol import RolloutOut, RolloutRequest, RolloutResponse
 from gspo_rl.server.rollouts.sampling import GroupResult, check_prompt_ids
 from gspo_rl.server.rollouts.service import SamplingService
-from gspo_rl.server.rollouts.serving.formatting import rollout_top_logprobs, usage
+from gspo_rl.server.rollouts.serving.formatting import rollout_top_logprobs, shown_all, usage
 
 
 async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
@@ -22,13 +21,12 @@ async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
     if len(given) != 1:
         raise invalid("send exactly one of prompt, messages, prompt_token_ids (got "
                       f"{', '.join(given) or 'none'})", code="invalid_prompt")
-    if body.tools and body.messages is None:
+    if "tools" in body.model_fields_set and body.messages is None:
         raise invalid("tools need messages (they are rendered by the chat template)",
                       code="invalid_prompt")
     if body.messages is not None:
         if not body.messages:
             raise invalid("messages is empty", code="empty_prompt")
-        check_chat_messages(body.messages)
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         ids = await off_loop_if_large(approx_chars([messages, tools]), render_chat_prompt,
@@ -46,7 +44,7 @@ def rollout_response(result: GroupResult, body: RolloutRequest,
     out = [
         RolloutOut(
             rollout_id=s.rollout_id, text=svc.text(s.completion, stop_ids),
-            token_ids=s.completion.token_ids, logprobs=s.completion.logprobs,
+            token_ids=s.completion.token_ids, logprobs=shown_all(s.completion.logprobs),
             policy_version=svc.first_version(s.completion),
             policy_versions=s.completion.policy_versions,
             finish_reason=s.completion.finish_reason,

@@ -42,7 +42,12 @@ def test_one_read_counts_every_stage(redis_server: RedisServer, tiny_model_dir,
     assert (empty.others, empty.undelivered, empty.ready_depth) == (0, 0, 0)
     assert not empty.learner.known
 
-    r.zadd(KEYS.deadlines, {"g1": 1.0, "g2": 2.0})  # open
+    import time
+
+    r.zadd(KEYS.deadlines, {"g1": 1.0, "g2": 2.0, "g4": 3.0})  # open
+    # g1, g2 had activity lately; g4's last activity is older than group_idle_s: idle
+    r.zadd(KEYS.group_activity, {"g1": time.time() + 60, "g2": time.time() + 60,
+                                 "g4": time.time() - 1})
     r.sadd(KEYS.complete, "g3")  # complete
     for i in range(5):
         r.xadd(KEYS.ready_stream, {"g": f"r{i}"})
@@ -61,6 +66,7 @@ def test_one_read_counts_every_stage(redis_server: RedisServer, tiny_model_dir,
 
     snap = asyncio.run(_read(url, through_pipe))
     assert (snap.open, snap.complete, snap.undelivered, snap.ready_depth) == (2, 1, 3, 5)
+    assert snap.idle == 1 and "1 open but idle" in snap.describe()
     assert snap.remote_pending == 4  # "me" is the gate's own (local), "gone" counts nothing
     assert (snap.learner.version, snap.learner.training, snap.learner.max_staleness,
             snap.learner.groups_per_step) == (7, 2, 2, 4)
@@ -83,6 +89,7 @@ def test_a_read_after_redis_forgot_its_scripts(redis_server: RedisServer,
             first = await counter.read()
             await client.script_flush()
             await client.zadd(KEYS.deadlines, {"g1": 1.0})
+            await client.zadd(KEYS.group_activity, {"g1": 2e9})
             return first, await counter.read()
         finally:
             if pipe is not None:

@@ -17,12 +17,14 @@ from gspo_rl.server.config import ServerSettings
 
 SERVE_FLAGS = [
     "--model", "--engine", "--served-model-name", "--host", "--port", "--redis-url",
-    "--key-prefix", "--api-key", "--admin-key", "--device", "--max-batch-size", "--dtype",
-    "--max-model-len", "--tensor-parallel-size", "--gpu-memory-utilization", "--enforce-eager",
+    "--key-prefix", "--api-key", "--admin-key", "--insecure-no-auth", "--device",
+    "--max-batch-size", "--dtype", "--max-model-len", "--tensor-parallel-size",
+    "--gpu-memory-utilization", "--enforce-eager",
     "--vllm-arg", "--max-n", "--max-tokens", "--max-body-bytes", "--max-ready-groups",
     "--admission", "--admission-wait-s", "--admission-capacity-without-learner",
     "--max-episode-turns", "--episode-history-rewrite", "--tool-call-parser",
-    "--reasoning-parser", "--group-ttl-s", "--server-id", "--advertise-url", "--log-level"]
+    "--reasoning-parser", "--group-ttl-s", "--group-idle-s", "--server-id", "--advertise-url",
+    "--log-level"]
 LEARN_FLAGS = [
     "--config", "--model", "--redis-url", "--key-prefix", "--consumer", "--loss",
     "--old-logprobs", "--is-weight-cap", "--max-staleness", "--groups-per-step",

@@ -57,11 +57,12 @@ CASES: list[tuple[str, str, int, str]] = [
      "invalid_string"),
     (ROLLOUTS, '{"prompt":"\\ud800","max_tokens":2}', 400, "invalid_string"),
     (GROUPS, '{"size":2,"metadata":{"\\ud800":1}}', 400, "invalid_string"),
-    # messages whose role needs content (a TypeError in the chat template, a 500)
-    (CHAT, chat_raw('[{"role":"system"},{"role":"user","content":"x"}]'), 400,
-     "missing_content"),
-    (CHAT, chat_raw('[{"role":"user"}]'), 400, "missing_content"),
-    (ROLLOUTS, '{"messages":[{"role":"tool"}],"max_tokens":2}', 400, "missing_content"),
+    # messages whose role needs content (a TypeError in the chat template, a 500; the
+    # message models require it: a 422 naming the field)
+    (CHAT, chat_raw('[{"role":"system"},{"role":"user","content":"x"}]'), 422,
+     "invalid_value"),
+    (CHAT, chat_raw('[{"role":"user"}]'), 422, "invalid_value"),
+    (ROLLOUTS, '{"messages":[{"role":"tool"}],"max_tokens":2}', 422, "invalid_value"),
     # nesting: the whole body, and metadata's own tighter bound
     (COMPLETIONS, comp(deep(600)), 400, "too_deep"),
     (GROUPS, group(deep(600)), 400, "too_deep"),

@@ -19,6 +19,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("post", "/v1/rewards"): V1_POST | {"404", "409", "410"},
     ("post", "/v1/groups"): V1_POST | {"501"},
     ("get", "/v1/groups/{group_id}"): {"200", "401", "404", "422", "503"},
+    ("post", "/v1/groups/{group_id}/abandon"): V1_POST | {"404"},
     ("post", "/admin/weights/update"): {"200", "400", "401", "403", "409", "413", "422", "504"},
     ("post", "/admin/weights/join"): {"200", "400", "401", "403", "413", "422", "504"},
     ("post", "/admin/pause"): {"200", "401", "403"},

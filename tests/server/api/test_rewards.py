@@ -272,3 +272,29 @@ def test_redis_down_is_503_never_2xx(redis_server: RedisServer) -> None:
         assert_error(post(api, {"rollout_id": ids[0], "reward": 1.0}), 404, "unknown_rollout")
     finally:
         api.close()
+
+
+def test_abandon_ends_a_group_at_once_over_http(api: ApiServer, r: redis.Redis) -> None:
+    """``POST /v1/groups/{id}/abandon`` (and the SDK's ``abandon_group``): the group leaves
+    the in-flight count now; with enough rewards it is published with them, else dropped;
+    again is harmless; an unknown group is a 404."""
+    from gspo_rl.client.client import GSPOClient
+    from gspo_rl.client.errors import NotFoundError
+
+    empty = api.run(open_group(api.store, "ab-empty", 3))
+    half = api.run(open_group(api.store, "ab-half", 3))
+    assert post(api, [{"rollout_id": half[0], "reward": 1.0},
+                      {"rollout_id": half[1], "reward": 0.0}]).status_code == 200
+    assert r.zcard(KEYS.group_activity) == 2
+    with GSPOClient(api.url) as client:
+        assert client.abandon_group("ab-empty") == {"group_id": "ab-empty", "state": "expired"}
+        assert client.abandon_group("ab-half")["state"] == "published"
+        assert client.abandon_group("ab-empty")["state"] == "expired"  # again: the same
+        assert client.group("ab-empty")["drop_reason"] == "abandoned"
+        assert client.group("ab-half")["partial"] is True
+        with pytest.raises(NotFoundError):
+            client.abandon_group("no-such-group")
+    assert r.zcard(KEYS.group_activity) == r.zcard(KEYS.deadlines) == 0
+    assert len(stream_groups(r)) == 1
+    late = post(api, {"rollout_id": empty[0], "reward": 1.0})
+    assert_error(late, 410)

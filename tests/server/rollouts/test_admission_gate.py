@@ -128,11 +128,13 @@ def test_a_group_released_while_a_read_is_on_its_way_is_still_counted(
         await asyncio.wait_for(counter.read_made.wait(), 10)  # C's read: no group in Redis
         client = aioredis.Redis.from_url(url)
         await client.zadd(KEYS.deadlines, {"group-b": 1e12})  # B's group is recorded, open
+        await client.zadd(KEYS.group_activity, {"group-b": 1e12})  # (and active)
         await gate.release()  # and B's request ends
         counter.go.set()
         await asyncio.sleep(0.3)
         assert not c.done() and metrics.admission_held._value.get() == 1
         await client.zrem(KEYS.deadlines, "group-b")  # B's group is trained: C may start
+        await client.zrem(KEYS.group_activity, "group-b")
         assert await asyncio.wait_for(c, 10) is True and gate.local == 1
         await client.aclose()
     asyncio.run(go())

@@ -235,7 +235,7 @@ def test_bad_turns_are_refused_and_change_nothing(
     # Rewards: turn_rewards must have one entry per model turn.
     snapshot = episode_keys(r, rid)
     resp = reward(served, {"rollout_id": rid, "reward": 1.0, "turn_rewards": [0.5]})
-    assert resp.status_code == 422 and resp.json()["error"]["code"] == "turn_count_mismatch"
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "turn_count_mismatch"
     assert f"1 turn_rewards for an episode with {MAX_TURNS} model turn" in resp.text
     assert episode_keys(r, rid) == snapshot
     assert not r.hexists(KEYS.group_rewards(g["group_id"]), rid)
@@ -267,7 +267,7 @@ def test_malformed_turn_rewards_and_temperature_zero_are_refused(
     for bad in ([0.5, 0.5], [0.0, 0.0, 1.0]):
         resp = reward(served, [{"rollout_id": rids[0], "reward": 1.0, "turn_rewards": bad},
                                {"rollout_id": rids[1], "reward": 0.0}])
-        assert resp.status_code == 422, resp.text
+        assert resp.status_code == 409, resp.text  # the rollout's stored turns decide
         err = resp.json()["error"]
         assert err["code"] == "turn_count_mismatch" and "at most one" in err["message"]
         assert not r.exists(KEYS.group_rewards(gid))  # nothing of the call was stored
