@@ -96,6 +96,10 @@ class UpConfig(BaseModel):
     tracking_project: str | None = None
     """W&B project and MLflow experiment; None: theirs from the environment, else "gspo-rl"."""
     extra_learn_args: list[str] = Field(default_factory=list)
+    cpus: dict[str, list[int]] = Field(default_factory=dict)
+    """Pin child processes to CPU cores by name ("server", "learner", "redis"), their torch
+    threads to as many (``OMP_NUM_THREADS``): each side gets its own cores, as on separate
+    devices (``benchmarks/bench_async.py``). Empty (default): no pinning."""
 
     @field_validator("report_to", mode="before")
     @classmethod
@@ -146,15 +150,23 @@ class UpResult:
 class Processes:
     """Child processes with their logs; ``stop_all`` terminates, then kills, in reverse."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, cpus: dict[str, list[int]] | None = None) -> None:
         self.log_dir = log_dir
+        self.cpus = cpus or {}
         self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None
               ) -> subprocess.Popen[bytes]:
+        """Start ``name``; pinned to ``self.cpus[name]`` (set in the child before exec, so
+        every thread it makes inherits it) with as many torch threads, when given."""
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop_all)
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
+        cpus = self.cpus.get(name)
+        env = {**os.environ, **(env or {})}
+        if cpus:
+            env["OMP_NUM_THREADS"] = str(len(cpus))
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=pin)
         self.procs.append((name, proc, log))
         return proc
 
@@ -385,7 +397,7 @@ def run_up(cfg: UpConfig) -> UpResult:
     if (previous := set_aside_previous_run(cfg.run_dir)) is not None:
         print(f"the earlier run in {cfg.run_dir} was moved to {previous}; this one starts "
               "from scratch", flush=True)
-    procs = Processes(cfg.run_dir)
+    procs = Processes(cfg.run_dir, cfg.cpus)
     groups: dict[str, int] | None = None
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     work = make_workload(cfg.tasks, cfg.data, cfg.verifier, cfg.eval_every, cfg.group_size,
