@@ -3,38 +3,24 @@
     .venv/bin/python benchmarks/bench_async.py [--task demo|letters] [--seeds 0,1,2,3,4]
         [--async-staleness 2] [--pin on|off] [--threshold T] [--max-steps N] [--minutes M]
     .venv/bin/python benchmarks/bench_async.py --sweep [--staleness 2,4,8]
-        [--losses gspo,grpo,sapo] [--task demo] [--seeds 0,1,2]
+        [--losses gspo,grpo,sapo] [--task letters] [--seeds 0,1,2]
 
-Every run is the whole `gspo up` stack (Redis, one hf rollout server, the learner with the
-weight broadcast after every step, the environment) with the same seed and settings; only the
-staleness bound differs:
+Each run is the whole `gspo up` stack; the modes differ only in the staleness bound: sync
+``--max-staleness 0``, async ``--max-staleness K`` (the learner's default ``--old-logprobs
+auto``: behaviour log-probs in sync, the decoupled objective in async). ``--pin on``: the server
+and Redis get one half of the usable cores, the learner the other, in both modes (as two
+devices would; ``UpConfig.cpus``); the environment (this process) is not pinned. The
+environment keeps ``(K + 1) x groups_per_step`` groups going in both modes, so that the bound
+binds. The modes alternate which runs first. Tasks: "demo" (alphabet, target 0.8) and
+"letters" (``benchmarks/tasks/letters.toml``, target 0.7, a longer curve). A run stops at the
+target (moving mean of the last 32 sampled groups), ``--max-steps`` or ``--minutes``.
 
-- sync: ``--max-staleness 0``: every trained group was sampled by the weights being trained;
-  the server admits one step's worth of groups, so sampling and training take turns;
-- async: ``--max-staleness K``: sampling runs up to K versions ahead of the learner, so they
-  overlap; the learner's default ``--old-logprobs auto`` trains with the decoupled objective.
-
-Fairness (``--pin on``, the default): the server (with Redis) and the learner each get their
-own half of the cores this process may use (``os.sched_setaffinity`` in each child before it
-starts, ``OMP_NUM_THREADS`` to match; ``UpConfig.cpus``), in both modes, as two devices would:
-sync's idle side can no longer lend its core to the other. The environment (this process) is
-not pinned. The modes alternate which runs first from seed to seed.
-
-Tasks: "demo" (the alphabet task: 2 prompts, 4 tokens, target 0.8) and "letters"
-(``benchmarks/tasks/letters.toml``: 10 prompts, 16 tokens, three words from a range of 7
-letters, partial credit; target 0.7), a longer learning curve. Each run stops once the
-moving average of the last 32 sampled groups reaches the target (or at ``--max-steps`` /
-``--minutes``): past it most groups have equal rewards and the learner waits for the few with a
-signal, so figures measured after it say how early the task was solved, not how fast the
-system trains.
-
-Per run: wall time from the first sampled group to the target, final sampled reward, trained
-fraction of the finished groups, mean staleness, mean clip fraction, the mean fraction of
-importance weights at the cap, trained tokens/s. Printed: the median and spread (min..max) of
-sync time / async time over the seeds where both reached the target, and of the trained
-tokens/s ratio. ``--sweep`` trains async only, at each staleness bound for each loss, and prints
-time to target and clip fraction per (loss, bound): which loss degrades least as data gets
-staler. ``--out FILE`` writes every run's figures as JSON.
+Per run: time from the first sampled group to the target, final sampled reward, trained
+fraction of the finished groups, mean staleness, clip fraction, fraction of importance weights
+at the cap, trained tokens/s. Printed: median and spread of sync time / async time (seeds where
+both reached the target) and of the throughput ratio. ``--sweep``: async only, each loss at each
+bound (time to target, clip fraction). ``--out FILE``: every run as JSON. Why each choice:
+BENCHMARKS.md, "Asynchronous vs synchronous, each side on its own cores".
 """
 
 from __future__ import annotations
@@ -103,13 +89,17 @@ def figures(run_dir: Path, metrics: Path, threshold: float, groups: dict[str, in
 
 
 def run(name: str, staleness: int, loss: str, seed: int, args: argparse.Namespace,
-        root: Path) -> dict[str, float]:
+        root: Path, bound: int | None = None) -> dict[str, float]:
+    """One ``gspo up`` run; ``bound``: the staleness bound that sizes the environment's
+    concurrency (default: this run's)."""
     task = TASKS[args.task]
     extra = [] if args.old_logprobs == "auto" else ["--old-logprobs", args.old_logprobs]
+    concurrency = args.concurrency or (
+        (staleness if bound is None else bound) + 1) * args.groups_per_step
     cfg = UpConfig(run_dir=root / name, max_steps=args.max_steps, max_staleness=staleness,
                    groups_per_step=args.groups_per_step, lr=args.lr, minutes=args.minutes,
                    seed=seed, loss=loss, target_reward=args.threshold, tasks=task["tasks"],
-                   concurrency=args.concurrency, cpus=args.cpus, extra_learn_args=extra)
+                   concurrency=concurrency, cpus=args.cpus, extra_learn_args=extra)
     t0 = time.monotonic()
     result = run_up(cfg)
     out = figures(cfg.run_dir, result.metrics_path, args.threshold, result.groups)
@@ -148,7 +138,8 @@ def compare(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         modes = [("sync", 0), ("async", args.async_staleness)]
         row: dict[str, dict[str, float]] = {}
         for mode, staleness in modes if i % 2 == 0 else modes[::-1]:
-            row[mode] = run(f"{mode}-{seed}", staleness, args.loss, seed, args, root)
+            row[mode] = run(f"{mode}-{seed}", staleness, args.loss, seed, args, root,
+                            bound=args.async_staleness)
             print(line(f"seed {seed} {mode} (S={staleness})", row[mode]), flush=True)
         rows[str(seed)] = row
     ttt = [ratio(r["sync"]["time_to_target_s"], r["async"]["time_to_target_s"])
@@ -201,7 +192,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--max-steps", type=int, help="default: the task's")
     ap.add_argument("--minutes", type=float, help="per run (default: the task's)")
     ap.add_argument("--groups-per-step", type=int, default=4)
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=0,
+                    help="groups the environment samples at once; 0 (default): as many as "
+                         "the (async) staleness bound admits, (S + 1) x groups per step, so "
+                         "that the bound binds (the same in both modes)")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--sweep", action="store_true", help="async only, staleness x losses")
     ap.add_argument("--staleness", default="2,4,8", help="--sweep's bounds")
