@@ -122,6 +122,9 @@ class Learner:
         self.progress = ProgressMonitor(self.metrics, run_id=self.run_id)
         self.retry = RedisRetry(config.redis_retry_s)
         self._pushed_version = -1
+        if hasattr(self.sync, "on_stall"):  # a push's long waits: stall records, WARNINGs
+            self.sync.on_stall = lambda detail: self.progress.stalled(
+                "weight_push", detail, every_s=0.0)  # paced by the push
         key = config.admin_key.get_secret_value() if config.admin_key else None
         self.healer = None if isinstance(self.sync, NoSync) else ServerHealer(
             self.client, self.keys, key, self.progress, _HEAL_INTERVAL_S)
@@ -352,7 +355,10 @@ class Learner:
 
     def _push_ok(self) -> bool:
         self._publish_state()
-        report = self.sync.push(self._export(with_optimizer=False)[0], self.version)
+        try:
+            report = self.sync.push(self._export(with_optimizer=False)[0], self.version)
+        finally:
+            self.progress.clear("weight_push")
         if not report.ok:
             log.warning("weight push of version %d did not reach every server", self.version)
         self._last_sync_ok = bool(report.ok)
