@@ -372,7 +372,7 @@ class Learner:
         self._last_sync_ok = bool(report.ok)
         self._pushed_version = self.version
         if self.healer is not None:
-            self.healer.pushed()
+            self.healer.pushed(getattr(report, "rejected", None))
         return self._last_sync_ok
 
     def _checkpoint(self, force: bool) -> float:
