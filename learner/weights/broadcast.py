@@ -11,8 +11,11 @@ handles instead (``/admin/weights/update_ipc``; the choice is
 ``gspo_rl.contract.weights.collective.choose_transport``).
 
 Every wait is bounded (HTTP by ``timeout_s``, collectives by the group's timeout, the health
-check by ``health_timeout_s``); Redis being down fails the push (``ok=False``, reason in
-``error``) and never raises into the training loop. Design notes: docs/design/weight-sync.md.
+check by ``health_timeout_s``) and ends early when a server's reply says its side failed
+(``gspo_rl.learner.weights.replies``; the group is then abandoned); a wait past a few seconds
+is reported through ``on_stall`` while it lasts. Redis being down fails the push
+(``ok=False``, reason in ``error``) and never raises into the training loop. Design notes:
+docs/design/weight-sync.md.
 """
 
 from __future__ import annotations
@@ -302,11 +305,17 @@ class BroadcastSync:
         return replies.collect(self.timeout_s + 15)
 
     def _abandon(self) -> None:
-        """Leave the current group; kept alive until its abandoned collective has timed out
-        (dropping a group with work pending would block on it)."""
+        """Leave the current group. NCCL: aborted (its kernels would spin on the GPU until
+        the watchdog's timeout). Gloo: kept alive until its abandoned collective has timed
+        out (gloo's abort does not end it, and dropping the group would block on it)."""
         now = time.monotonic()
         self._abandoned = [(t, pg) for t, pg in self._abandoned if t > now]
-        if self.pg is not None:
+        if self.pg is not None and self.backend == "nccl":
+            try:
+                self.pg.abort()
+            except Exception as exc:  # noqa: BLE001 - best effort: the group is left anyway
+                log.warning("aborting weight group epoch %d: %s", self.epoch, exc)
+        elif self.pg is not None:
             self._abandoned.append((now + self.timeout_s + 5, self.pg))
         self.pg, self.members = None, []
 
