@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
@@ -224,8 +225,8 @@ def host_store(master_addr: str, master_port: int, timeout_s: float) -> dist.TCP
 
 
 Poll = Callable[[], None]
-"""Called every few milliseconds while a bucket is on its way; raising abandons the broadcast
-(the caller keeps the group alive until its own timeout ends the abandoned work)."""
+"""Called every 20 ms while a bucket is on its way (its completion wakes the wait at once);
+raising abandons the broadcast (the caller then disposes of the group)."""
 
 
 def _broadcast(pg: dist.ProcessGroup, buf: torch.Tensor, timeout_s: float,
@@ -235,13 +236,13 @@ def _broadcast(pg: dist.ProcessGroup, buf: torch.Tensor, timeout_s: float,
     opts.timeout = datetime.timedelta(seconds=timeout_s)
     work = pg.broadcast([buf], opts)
     if poll is not None:  # wait in slices: the other side's failure ends the wait at once
-        deadline, pause = time.monotonic() + timeout_s, 0.0005
-        while not work.is_completed():
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _: done.set())  # wakes the wait at once
+        deadline = time.monotonic() + timeout_s
+        while not done.wait(0.02):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"weight broadcast did not finish within {timeout_s}s")
             poll()
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
     if not work.wait(datetime.timedelta(seconds=timeout_s)):
         raise TimeoutError(f"weight broadcast did not finish within {timeout_s}s")
 
