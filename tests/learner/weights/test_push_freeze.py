@@ -11,9 +11,9 @@ server had left and waited out its whole timeout (30 s here) before it read that
 it reads the reply as it arrives, abandons the broadcast, rebuilds the group and loads
 version 2 within seconds of its continuation.
 
-Server frozen: a real ``gspo serve`` process is stopped as the learner posts its update; the
-push waits on it, reporting a stall every second (the pace is shortened for the test), and
-the server loads the version as soon as it continues.
+Server stuck (the same case seen from the other side, in process: no second server process):
+the server's receive starts 3 s late; the push waits on it, reporting a stall every second
+(the pace is shortened for the test), and loads the version as soon as the server takes part.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from transformers import AutoModelForCausalLM
 import gspo_rl.learner.weights.replies as replies_module
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.weights.broadcast import BroadcastSync
-from tests.conftest import free_port
 from tests.helpers.serving import ADMIN_KEY, API_KEY, running_server
 from tests.learner.weights.test_broadcast import _perturb, _wait_registered
 
@@ -127,48 +126,38 @@ def test_a_learner_frozen_mid_transfer_costs_seconds_past_its_freeze(tiny_model_
     assert continued and reports[1]["at"] - continued[0] < TIMEOUT_S / 3, (reports, log)
 
 
-@pytest.mark.slow
-def test_a_frozen_server_is_a_stall_while_it_lasts(tiny_model_dir, redis_url, tmp_path,
-                                                    monkeypatch):
+def test_a_stuck_server_is_a_stall_while_it_lasts(tiny_model_dir, redis_url, monkeypatch):
     monkeypatch.setattr(replies_module, "STALL_AFTER_S", 1.0)
     monkeypatch.setattr(replies_module, "EVERY_S", 1.0)
     client = redis.Redis.from_url(redis_url)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "server.log", "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "gspo_rl.cli", "serve", "--model", str(tiny_model_dir),
-             "--port", str(port), "--redis-url", redis_url, "--server-id", "frozen",
-             "--device", "cpu"], cwd=REPO, env=_env(), stdout=out, stderr=subprocess.STDOUT)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    sync = BroadcastSync(client, Keys(), admin_key=ADMIN_KEY, timeout_s=TIMEOUT_S)
-    stalls: list[tuple[float, str]] = []
-    sync.on_stall = lambda detail: stalls.append((time.monotonic(), detail))
-    try:
-        _wait_registered(client, 1, timeout=90)
-        assert sync.push(model, 1).ok
-        _perturb(model, seed=4)
-        post, frozen_at = sync.http.post, []
+    with running_server(tiny_model_dir, redis_url) as served:
+        _wait_registered(client, 1)
+        engine = served.app.state.engine
+        receive = engine.receive_weights
+        stuck_at: list[float] = []
 
-        def freezing_post(url, **kw):  # the server stops as the transfer starts
-            if url.endswith("/admin/weights/update"):
-                os.kill(server.pid, signal.SIGSTOP)
-                frozen_at.append(time.monotonic())
-                threading.Timer(FREEZE_S, os.kill, (server.pid, signal.SIGCONT)).start()
-            return post(url, **kw)
+        async def stuck_receive(req, timeout_s):
+            if req.version == 2:  # stuck before its part of the broadcast
+                stuck_at.append(time.monotonic())
+                await asyncio.sleep(FREEZE_S)
+            return await receive(req, timeout_s)
 
-        sync.http.post = freezing_post
-        report = sync.push(model, 2)
-        done = time.monotonic()
-        assert report.ok and report.servers == ["frozen"], report
-        assert httpx.get(f"{url}/health").json()["policy_version"] == 2
-    finally:
-        sync.close()
-        os.kill(server.pid, signal.SIGCONT)
-        server.terminate()
-        server.wait(30)
+        engine.receive_weights = stuck_receive
+        sync = BroadcastSync(client, Keys(), admin_key=ADMIN_KEY, timeout_s=TIMEOUT_S)
+        stalls: list[tuple[float, str]] = []
+        sync.on_stall = lambda detail: stalls.append((time.monotonic(), detail))
+        try:
+            assert sync.push(model, 1).ok
+            _perturb(model, seed=4)
+            report = sync.push(model, 2)
+            done = time.monotonic()
+        finally:
+            sync.close()
+        assert report.ok and report.servers == ["test-server"], report
+        assert httpx.get(f"{served.url}/health").json()["policy_version"] == 2
     # Said while it lasted: a stall each second past the first, naming the silent server.
-    during = [d for t, d in stalls if t < frozen_at[0] + FREEZE_S]
-    assert during and all("no reply yet from frozen" in d for d in during), stalls
-    assert "weight push of version 2" in during[0]
-    assert done - frozen_at[0] < FREEZE_S + TIMEOUT_S / 3, done - frozen_at[0]
+    during = [d for t, d in stalls if t < stuck_at[0] + FREEZE_S]
+    assert during and all("no reply yet from test-server" in d for d in during), stalls
+    assert "weight push of version 2: broadcasting the buckets" in during[0]
+    assert done - stuck_at[0] < FREEZE_S + TIMEOUT_S / 3, done - stuck_at[0]
