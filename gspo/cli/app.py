@@ -218,47 +218,26 @@ def env(
                                  "file."),
     evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Run the eval set, if "
                                   "there is one."),
+    out: str = typer.Option(None, help="Append every finished group (task, rewards, "
+                            "transcripts) to this JSONL file."),
+    summary_every: float = typer.Option(10.0, help="Seconds between live summary lines."),
 ) -> None:
     """Run an environment against a rollout server (reads env GSPO_API_KEY)."""
-    import os
-    from pathlib import Path
+    from gspo_rl.cli.env_run import EnvRun, EnvRunError, run_env
 
-    from gspo_rl.cli.tasks import is_task_file, task_config, watcher_for
-    from gspo_rl.client.environment import run_and_print
-    from gspo_rl.client.failures import FailurePolicy
-    from gspo_rl.client.loading import BUILTIN, load_environment
-
-    watcher = None
     try:
-        if name == "data" or is_task_file(name) or data:
-            if name not in ("data", "alphabet") and not is_task_file(name):
-                raise ValueError(f"--data goes with `gspo env data` or a task file, not {name!r}")
-            cfg = task_config(name if is_task_file(name) else None, data, verifier, eval_data,
-                              eval_every, group_size)
-            if cfg is None:
-                raise ValueError("gspo env data needs --data PATH (or name a task file)")
-            from gspo_rl.client.tasks import build_environment
-
-            environment: Any = build_environment(cfg)
-            if evaluate:
-                watcher = watcher_for(cfg, Path(eval_out) if eval_out else None)
-        else:
-            if eval_data or verifier:
-                raise ValueError("--verifier and --eval-data go with tasks from data")
-            size = group_size if group_size is not None else (8 if name in BUILTIN else None)
-            environment = load_environment(name, size)
-        policy = FailurePolicy(on_error=on_error, max_retries=max_retries)  # type: ignore[arg-type]
-    except (ValueError, ImportError) as exc:
+        lines = run_env(EnvRun(
+            name=name, url=url, groups=groups, group_size=group_size, concurrency=concurrency,
+            seed=seed, on_error=on_error, max_retries=max_retries, data=list(data or []),
+            verifier=verifier, eval_data=list(eval_data or []), eval_every=eval_every,
+            eval_out=eval_out, evaluate=evaluate, out=out, summary_every_s=summary_every))
+    except EnvRunError as exc:
         typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from exc
-    try:
-        run_and_print(environment, url, groups or None, api_key=os.environ.get("GSPO_API_KEY"),
-                      concurrency=concurrency, seed=seed, failures=policy,
-                      alongside=watcher.run if watcher is not None else None)
+        raise typer.Exit(exc.code) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    for report in watcher.reports if watcher is not None else []:
-        typer.echo(report.line())
+    for line in lines:
+        typer.echo(line)
 
 
 @app.command()
