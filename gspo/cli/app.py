@@ -14,7 +14,27 @@ app = typer.Typer(
     help="gspo-rl: asynchronous GSPO reinforcement learning for language models.",
     no_args_is_help=True,
     add_completion=False,
+    # click's plain help: wrapped to the terminal, never cut (rich's tables cut long flag
+    # names and words with an ellipsis at 80 columns)
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from gspo_rl import __version__
+
+        typer.echo(f"gspo-rl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the installed version and exit."),
+) -> None:
+    """gspo-rl: asynchronous GSPO reinforcement learning for language models."""
 
 
 @app.command()
