@@ -16,7 +16,7 @@ from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.server.config import ServerSettings
 
 SERVE_FLAGS = [
-    "--model", "--engine", "--served-model-name", "--host", "--port", "--redis-url",
+    "--config", "--model", "--engine", "--served-model-name", "--host", "--port", "--redis-url",
     "--key-prefix", "--api-key", "--admin-key", "--insecure-no-auth", "--device",
     "--max-batch-size", "--dtype", "--max-model-len", "--tensor-parallel-size",
     "--gpu-memory-utilization", "--enforce-eager",
