@@ -17,11 +17,12 @@ _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/:@\s]*:)[^@/\s]+@")
 
 def configure_logging(level: str | int = "INFO") -> None:
     """The root logger at ``level`` with ``LOG_FORMAT``; the HTTP client libraries at
-    WARNING (their failures still show, and everything at ``level="debug"``)."""
+    WARNING (their failures still show), unless ``level`` is DEBUG (then everything)."""
     numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     logging.basicConfig(level=numeric, format=LOG_FORMAT)
     for name in QUIET:
-        logging.getLogger(name).setLevel(max(logging.WARNING, int(numeric)))
+        logging.getLogger(name).setLevel(
+            numeric if int(numeric) <= logging.DEBUG else max(logging.WARNING, int(numeric)))
 
 
 def redact(text: str) -> str:

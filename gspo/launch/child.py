@@ -56,8 +56,10 @@ def main() -> int:
         result_path.write_text(json.dumps({"interrupted": True}))
         return 130
     body = dataclasses.asdict(out) if dataclasses.is_dataclass(out) else None
-    result_path.write_text(json.dumps({"interrupted": False, "result": body}, default=str))
-    return 0
+    interrupted = bool(getattr(out, "interrupted", False))  # run_up stopped by the signal
+    result_path.write_text(json.dumps({"interrupted": interrupted, "result": body},
+                                      default=str))
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":
