@@ -328,9 +328,11 @@ def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
                on_group: Callable[[GroupOutcome], None] | None = None,
                failures: FailurePolicy = FailurePolicy(),
                stats: RunStats | None = None,
-               alongside: Alongside | None = None) -> list[GroupOutcome]:
+               alongside: Alongside | None = None,
+               stop: asyncio.Event | None = None) -> list[GroupOutcome]:
     """Synchronous entry point: runs ``arun_groups`` on a fresh event loop (and
-    ``alongside``, if given, until the groups end)."""
+    ``alongside``, if given, until the groups end); ``stop`` (set from ``on_group``, say)
+    starts no new group."""
 
     async def main() -> list[GroupOutcome]:
         async with AsyncGSPOClient(base_url, api_key=api_key, retry=retry) as client:
@@ -339,7 +341,7 @@ def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
             try:
                 return await arun_groups(env, client, num_groups, concurrency=concurrency,
                                          seed=seed, model=model, on_group=on_group,
-                                         failures=failures, stats=stats)
+                                         stop=stop, failures=failures, stats=stats)
             finally:
                 done.set()
                 if side is not None:

@@ -142,24 +142,33 @@ def run_and_print(env: Environment, base_url: str, num_groups: int | None, *,
                   api_key: str | None = None, concurrency: int = 4, seed: int = 0,
                   failures: FailurePolicy = FailurePolicy(),
                   alongside: Alongside | None = None, out: Path | None = None,
-                  summary_every_s: float = 10.0) -> float:
+                  summary_every_s: float = 10.0, target_reward: float | None = None) -> float:
     """``run_groups`` for a terminal: a live summary (``LiveSummary``), every group's
     transcripts and rewards in ``out`` (``TranscriptLog``; None: none), then the mean over
     all groups, the failure counts and, for an environment with a ``summary()`` (tasks from
-    data), its rewards per source; returns the mean."""
+    data), its rewards per source; returns the mean. With ``target_reward``: no new group
+    once the last ``ENV_WINDOW`` groups average it (the task is learned: sampling it further
+    only yields equal-reward groups, which train nothing)."""
     stats = RunStats()
     live = LiveSummary(stats, summary_every_s)
     transcripts = TranscriptLog(out) if out is not None else None
+    stop = asyncio.Event()
 
     def on_group(g: GroupOutcome) -> None:
         live.on_group(g)
         if transcripts is not None:
             transcripts.add(g)
+        if target_reward and not stop.is_set() and len(live.recent) == ENV_WINDOW \
+                and sum(live.recent) / ENV_WINDOW >= target_reward:
+            print(f"target reward {target_reward:g} reached: the last {ENV_WINDOW} groups "
+                  f"average {sum(live.recent) / ENV_WINDOW:.3f}; starting no new group",
+                  flush=True)
+            stop.set()
 
     try:
         outcomes = run_groups(env, base_url, num_groups, api_key=api_key,
                               concurrency=concurrency, seed=seed, on_group=on_group,
-                              failures=failures, stats=stats,
+                              failures=failures, stats=stats, stop=stop,
                               alongside=alongside_all(
                                   alongside, transcripts.run if transcripts else None))
     finally:

@@ -250,6 +250,9 @@ def env(
     out: str = typer.Option(None, help="Append every finished group (task, rewards, "
                             "transcripts) to this JSONL file."),
     summary_every: float = typer.Option(10.0, help="Seconds between live summary lines."),
+    target_reward: float = typer.Option(None, help="Start no new group once the last 32 "
+                                        "average this reward (the task is learned); 0 or "
+                                        "unset: never."),
 ) -> None:
     """Run an environment against a rollout server (reads env GSPO_API_KEY)."""
     from gspo_rl.cli.env_run import EnvRun, EnvRunError, run_env
@@ -259,7 +262,8 @@ def env(
             name=name, url=url, groups=groups, group_size=group_size, concurrency=concurrency,
             seed=seed, on_error=on_error, max_retries=max_retries, data=list(data or []),
             verifier=verifier, eval_data=list(eval_data or []), eval_every=eval_every,
-            eval_out=eval_out, evaluate=evaluate, out=out, summary_every_s=summary_every))
+            eval_out=eval_out, evaluate=evaluate, out=out, summary_every_s=summary_every,
+            target_reward=target_reward))
     except EnvRunError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(exc.code) from None
@@ -322,13 +326,12 @@ def up(
 
     from gspo_rl.cli.tasks import TaskConfigError
     from gspo_rl.launch.run_dir import RunDirError
-    from gspo_rl.launch.up import UpConfig, run_up
+    from gspo_rl.launch.up import UP_DEFAULTS, UpConfig, run_up
 
     flags.pop("config")
     flags["data"] = list(data) if data else None
     try:
-        cfg = UpConfig.from_toml(config, defaults={"run_dir": "runs/up", "target_reward": 0.8},
-                                 **flags)
+        cfg = UpConfig.from_toml(config, defaults=UP_DEFAULTS, **flags)
     except (ValidationError, OSError, ValueError) as exc:
         typer.echo("gspo up: invalid settings:\n" + settings_errors(exc), err=True)
         raise typer.Exit(2) from None

@@ -39,6 +39,7 @@ class EnvRun:
     evaluate: bool = True
     out: str | None = None
     summary_every_s: float = 10.0
+    target_reward: float | None = None
 
 
 def build(run: EnvRun) -> tuple[Any, Any]:
@@ -116,7 +117,8 @@ def run_env(run: EnvRun) -> list[str]:
                       concurrency=run.concurrency, seed=run.seed, failures=policy,
                       alongside=watcher.run if watcher is not None else None,
                       out=Path(run.out) if run.out else None,
-                      summary_every_s=run.summary_every_s)
+                      summary_every_s=run.summary_every_s,
+                      target_reward=run.target_reward or None)
     except GSPOError as exc:
         raise EnvRunError(f"gspo env: stopped: {type(exc).__name__}: {exc}") from None
     return [report.line() for report in watcher.reports] if watcher is not None else []

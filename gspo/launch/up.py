@@ -38,6 +38,9 @@ from gspo_rl.launch.runlog import (
 from gspo_rl.launch.workload import Workload, make_workload
 from gspo_rl.learner.tracking.base import TrackerName, check_installed, parse_names
 
+UP_DEFAULTS: dict[str, Any] = {"run_dir": "runs/up", "target_reward": 0.8}
+"""Where ``gspo up`` (the command) differs from ``UpConfig``'s own defaults."""
+
 
 class UpConfig(BaseModel):
     """Settings of one ``gspo up`` run (the CLI's flags). A pydantic model like

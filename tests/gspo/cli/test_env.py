@@ -42,6 +42,14 @@ class CountEnv(SingleTurnEnvironment):
 not_an_env = 3
 
 
+class Solved(CountEnv):
+    group_size = 2
+    sampling = {"temperature": 1.0, "max_tokens": 2}
+
+    def score(self, task: int, completion: str) -> float:
+        return 1.0
+
+
 class TwoTurns(MultiTurnEnvironment):
     group_size = 2
 
@@ -99,6 +107,21 @@ def test_gspo_env_runs_a_module_file_and_keeps_transcripts(
         assert ep["turn_rewards"] == [0.5, 0.0] and len(ep["turns"]) == 2
         assert "say a word" in ep["turns"][0]["context"]
         assert "another one" in ep["turns"][1]["context"]
+
+
+def test_a_learned_task_stops_sampling_at_the_target(tmp_path: Path, tiny_model_dir: Path,
+                                                     redis_server: RedisServer) -> None:
+    """--groups 0 (until stopped) with --target-reward: no new group once the last 32
+    average the target; the run ends by itself, exit 0."""
+    module = tmp_path / "my_env.py"
+    module.write_text(MY_ENV)
+    with running_server(tiny_model_dir, redis_server.url) as s:
+        r = _gspo_env(f"{module}:Solved", "--url", s.url, "--groups", "0",
+                      "--target-reward", "0.9")
+    assert r.returncode == 0, r.stderr
+    assert "target reward 0.9 reached: the last 32 groups average 1.000" in r.stdout
+    done = int(re.search(r"mean reward over (\d+) groups: 1.000", r.stdout).group(1))
+    assert 32 <= done <= 32 + 4  # the groups in flight when it stopped (--concurrency 4)
 
 
 def test_an_unreachable_server_is_one_line() -> None:
