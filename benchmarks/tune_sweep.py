@@ -1,6 +1,6 @@
 """One knob at a time on the demo task: learning rate, group size, clip band, staleness.
 
-    .venv/bin/python benchmarks/tune_sweep.py [--minutes 4] [--target 0.8]
+    .venv/bin/python benchmarks/tune_sweep.py [--minutes 4] [--target 0.8] [--seed 0]
         [--variants baseline,lr=5e-4,lr=1e-2,group_size=4,group_size=16,clip=3,clip=0.3,
                     max_staleness=0,max_staleness=4,seed=1]
 
@@ -9,7 +9,8 @@ GSPO, lr 2e-3, G=8, 4 groups per step, max staleness 2, the GSPO clip band 3e-4/
 one setting changed, trained through the whole ``gspo up`` stack from the same seed until the
 last 32 sampled groups average ``--target`` or ``--minutes`` run out, one after the other in
 this run. ``clip=K`` scales both clip half-widths by K. ``seed=1`` is the baseline with another
-seed: how far two runs differ by chance alone. Printed per variant: wall time and learner
+seed: how far two runs differ by chance alone; ``--seed`` sets every variant's seed (the model,
+the tasks, the learner). Printed per variant: wall time and learner
 steps until the target (by the reward of every sampled group), the reward of the last 32
 groups, the mean clip fraction, the share of finished groups trained, and the time ratio to
 the baseline measured in this run (docs/tuning.md reads them).
@@ -34,10 +35,11 @@ DEFAULT_VARIANTS = ("baseline,lr=5e-4,lr=1e-2,group_size=4,group_size=16,clip=3,
 GSPO_CLIP = (3e-4, 4e-4)  # gspo_rl.learner.algorithm.config: GSPO's defaults
 
 
-def variant_config(name: str, root: Path, minutes: float, target: float) -> UpConfig:
+def variant_config(name: str, root: Path, minutes: float, target: float,
+                   seed: int = 0) -> UpConfig:
     """The baseline with the one change ``name`` ("baseline", "lr=5e-4", "clip=3", ...)."""
     base: dict[str, Any] = {"run_dir": root / name.replace("=", "_"), "minutes": minutes,
-                            "target_reward": target, "max_steps": 1000}
+                            "target_reward": target, "max_steps": 1000, "seed": seed}
     if name == "baseline":
         return UpConfig(**base)
     key, _, raw = name.partition("=")
@@ -48,7 +50,7 @@ def variant_config(name: str, root: Path, minutes: float, target: float) -> UpCo
         return UpConfig(**base, extra_learn_args=["--config", str(toml)])
     if key not in ("lr", "group_size", "max_staleness", "seed", "groups_per_step"):
         raise SystemExit(f"unknown variant {name!r}")
-    return UpConfig(**base, **{key: float(raw) if key == "lr" else int(raw)})
+    return UpConfig(**{**base, key: float(raw) if key == "lr" else int(raw)})
 
 
 def measure(cfg: UpConfig) -> dict[str, float]:
@@ -73,12 +75,13 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=4.0)
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     names = [n for n in args.variants.split(",") if n]
     if "baseline" not in names:
         names.insert(0, "baseline")
     root = Path(tempfile.mkdtemp(prefix="tune-sweep-"))
-    rows = {name: measure(variant_config(name, root, args.minutes, args.target))
+    rows = {name: measure(variant_config(name, root, args.minutes, args.target, args.seed))
             for name in names}
     base = rows["baseline"]["time_s"]
     print(f"\n{'variant':16} {'to target (s)':>13} {'steps':>6} {'last 32':>8} "
@@ -88,7 +91,7 @@ def main() -> None:
         reached = f"{r['time_s']:13.0f}" if r["reached"] else f"{'not reached':>13}"
         print(f"{name:16} {reached} {r['steps']:6.0f} {r['final']:8.2f} {r['clip']:9.4f} "
               f"{r['trained']:8.0%} {ratio:23.2f}")
-    print(f"(target: the last 32 sampled groups average {args.target}; "
+    print(f"(seed {args.seed}; target: the last 32 sampled groups average {args.target}; "
           f"limit {args.minutes:g} min per variant; runs in {root})")
 
 
