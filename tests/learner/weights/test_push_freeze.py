@@ -161,3 +161,31 @@ def test_a_stuck_server_is_a_stall_while_it_lasts(tiny_model_dir, redis_url, mon
     assert during and all("no reply yet from test-server" in d for d in during), stalls
     assert "weight push of version 2: broadcasting the buckets" in during[0]
     assert done - stuck_at[0] < FREEZE_S + TIMEOUT_S / 3, done - stuck_at[0]
+
+
+def test_a_server_that_fails_to_join_is_dropped_at_once(tiny_model_dir, redis_url):
+    """Two servers; one answers its join with a 504 at once (it cannot reach the learner's
+    store, say). The group can never form: the push stops waiting for it at that reply, drops
+    that server and loads the other, instead of waiting out the group's timeout three times
+    (a server that answers /health was never dropped)."""
+    client = redis.Redis.from_url(redis_url)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with running_server(tiny_model_dir, redis_url) as good, \
+            running_server(tiny_model_dir, redis_url, server_id="cut-off") as cut_off:
+        _wait_registered(client, 2)
+
+        async def refuse(req):
+            raise RuntimeError("cannot reach the learner's store")
+
+        cut_off.app.state.engine.join_weight_group = refuse
+        # Short: the other server's join of the abandoned group waits it out (and the
+        # server's shutdown waits for that request).
+        sync = BroadcastSync(client, Keys(), admin_key=ADMIN_KEY, timeout_s=6)
+        try:
+            report = sync.push(model, 1)
+        finally:
+            sync.close()
+        assert report.ok and report.servers == ["test-server"] and report.dropped == [
+            "cut-off"], report
+        assert report.seconds < 6, report  # less than one wait for the group
+        assert httpx.get(f"{good.url}/health").json()["policy_version"] == 1
