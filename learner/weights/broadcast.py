@@ -123,6 +123,7 @@ class BroadcastSync:
         self._transports: dict[tuple[str, str], list[str]] = {}  # (id, url) -> device ids
         self._abandoned: list[tuple[float, dist.ProcessGroup]] = []  # (keep until, group)
         self._version = 0  # of the push under way
+        self._join_refused: list[str] = []  # ids whose join failed in the last rebuild
         self.on_stall: StallFn = _warn_stall
         """Told, every few seconds while a wait of the push lasts, what it waits for (the
         learner records a ``stall``; by default a WARNING)."""
@@ -156,7 +157,10 @@ class BroadcastSync:
         except Exception as exc:
             log.warning("weight group epoch %d failed to form: %s", self.epoch, exc)
             pg = None
-        joined = replies.collect(self.timeout_s + 15)  # always: the log says who failed
+        # Always collected (the log says who failed); once the group has failed, the joins
+        # still waiting on it are not waited for: they end on their own timeout.
+        joined = replies.collect(self.timeout_s + 15 if pg is not None else 0.0)
+        self._join_refused = replies.failed()
         if pg is None or not joined:
             return False
         self.pg, self.members = pg, list(servers)
@@ -242,8 +246,9 @@ class BroadcastSync:
             if self.pg is None or [s.member() for s in group] != [
                     m.member() for m in self.members]:
                 report.rebuilt = True
-                if not self._rebuild(group):
-                    self._drop(self._unresponsive(group), excluded, report)
+                if not self._rebuild(group):  # drop who refused to join, or does not answer
+                    bad = self._join_refused + self._unresponsive(group)
+                    self._drop(list(dict.fromkeys(bad)), excluded, report)
                     continue
             ipc_failed = self._send_ipc(named, version, ipc, device)
             sent = not self.members or self._send(named, version, report, device)

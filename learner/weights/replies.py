@@ -61,6 +61,11 @@ class Replies:
                 return f"server {s.server_id} ({s.url}) failed to {self.what}: {err}"
         return None
 
+    def failed(self) -> list[str]:
+        """Ids of the servers whose reply has arrived and is a failure."""
+        return [s.server_id for s, fut in self.futures
+                if fut.done() and reply_error(fut) is not None]
+
     def poll(self, activity: str) -> None:
         """While a collective runs: raise ``PushFailed`` on a failed reply, report a stall."""
         if (why := self.failure()) is not None:
@@ -100,8 +105,9 @@ class Replies:
                               return_when=FIRST_COMPLETED)
             self.report(f"waiting for the servers to {self.what}")
         ok = True
+        silent = f"no reply within {timeout_s:g} s" if timeout_s > 0 else "no reply yet"
         for s, fut in self.futures:
-            err = reply_error(fut) if fut.done() else f"no reply within {timeout_s:g} s"
+            err = reply_error(fut) if fut.done() else silent
             if err is not None:
                 log.warning("server %s (%s) failed to %s: %s", s.server_id, s.url, self.what,
                             err)

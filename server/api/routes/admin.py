@@ -49,7 +49,7 @@ async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
     try:
         await asyncio.wait_for(engine.join_weight_group(req), timeout=req.timeout_s + 5)
     except (TimeoutError, RuntimeError) as exc:
-        engine.leave_weight_group()
+        engine.leave_weight_group(req.epoch)  # not a newer group joined meanwhile
         why = str(exc) or (f"the group did not form within {req.timeout_s:g} s: every rank "
                            f"must reach {req.master_addr}:{req.master_port} and each other")
         raise APIError(504, f"could not join weight group epoch {req.epoch}: {why}",
@@ -67,7 +67,7 @@ async def update(req: UpdateBody, engine: EngineDep, request: Request) -> Versio
         await updates.track(req.version, req.timeout_s, asyncio.wait_for(
             engine.receive_weights(req, req.timeout_s), timeout=req.timeout_s + 5))
     except (TimeoutError, RuntimeError) as exc:
-        engine.leave_weight_group()  # the group is broken: the learner rebuilds it
+        engine.leave_weight_group(req.epoch)  # the group is broken: the learner rebuilds it
         log.warning("weight update %s failed: %s", req.version, exc)
         raise APIError(504, f"weight update to version {req.version} failed: {exc}",
                        "weight_sync_error") from exc

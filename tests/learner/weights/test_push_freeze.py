@@ -3,7 +3,7 @@ says so while it lasts (issue 35).
 
 Learner frozen: a real learner process (``BroadcastSync`` in a child) pushes to a real server
 (hf engine, uvicorn in this process); when the server starts receiving version 2 the test
-stops the learner, and the server's receive fails meanwhile (after 1.5 s, with the message
+stops the learner, and the server's receive fails meanwhile (after 1 s, with the message
 the issue's server logged, ``Operation timed out!``), answering 504 with its side of the group
 still open, as in the issue (where it closes, the learner's broadcast fails on the closed
 connection, fast either way). Before, the learner, continued, broadcast on into a group the
@@ -95,7 +95,7 @@ def test_a_learner_frozen_mid_transfer_costs_seconds_past_its_freeze(tiny_model_
                 os.kill(proc[0].pid, signal.SIGSTOP)
                 threading.Timer(FREEZE_S, unfreeze).start()
                 held.append(engine._weight_pg)  # its side stays open: see the docstring
-                await asyncio.sleep(1.5)
+                await asyncio.sleep(1.0)
                 raise RuntimeError("Operation timed out!")  # while the learner is frozen
             return await receive(req, timeout_s)
 
@@ -161,3 +161,31 @@ def test_a_stuck_server_is_a_stall_while_it_lasts(tiny_model_dir, redis_url, mon
     assert during and all("no reply yet from test-server" in d for d in during), stalls
     assert "weight push of version 2: broadcasting the buckets" in during[0]
     assert done - stuck_at[0] < FREEZE_S + TIMEOUT_S / 3, done - stuck_at[0]
+
+
+def test_a_server_that_fails_to_join_is_dropped_at_once(tiny_model_dir, redis_url):
+    """Two servers; one answers its join with a 504 at once (it cannot reach the learner's
+    store, say). The group can never form: the push stops waiting for it at that reply, drops
+    that server and loads the other, instead of waiting out the group's timeout three times
+    (a server that answers /health was never dropped)."""
+    client = redis.Redis.from_url(redis_url)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with running_server(tiny_model_dir, redis_url) as good, \
+            running_server(tiny_model_dir, redis_url, server_id="cut-off") as cut_off:
+        _wait_registered(client, 2)
+
+        async def refuse(req):
+            raise RuntimeError("cannot reach the learner's store")
+
+        cut_off.app.state.engine.join_weight_group = refuse
+        # Short: the other server's join of the abandoned group waits it out (and the
+        # server's shutdown waits for that request).
+        sync = BroadcastSync(client, Keys(), admin_key=ADMIN_KEY, timeout_s=6)
+        try:
+            report = sync.push(model, 1)
+        finally:
+            sync.close()
+        assert report.ok and report.servers == ["test-server"] and report.dropped == [
+            "cut-off"], report
+        assert report.seconds < 6, report  # less than one wait for the group
+        assert httpx.get(f"{good.url}/health").json()["policy_version"] == 1

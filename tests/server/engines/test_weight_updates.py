@@ -42,3 +42,18 @@ def test_an_update_under_way_warns_and_a_failed_one_is_described(caplog) -> None
     warnings = [r.getMessage() for r in caplog.records]
     assert warnings and all("waiting for the learner's weights" in w for w in warnings)
     assert "gives up after 60 s" in warnings[0]
+
+
+def test_a_late_failure_of_an_abandoned_join_leaves_the_newer_group_alone(served) -> None:
+    """The learner moves on as soon as one server fails to join; another server's join of
+    that epoch fails later, after it joined the next one: that failure must not drop it."""
+    engine = served.app.state.engine
+    group = object()
+    engine._weight_pg, engine._weight_epoch = group, 5
+    try:
+        engine.leave_weight_group(4)  # the abandoned epoch's join gives up
+        assert engine._weight_pg is group and engine._weight_epoch == 5
+        engine.leave_weight_group(5)
+        assert engine._weight_pg is None and engine._weight_epoch is None
+    finally:
+        engine.leave_weight_group()
