@@ -148,8 +148,11 @@ class GSPOClient:
         return self._request("POST", f"/v1/groups/{quote(group_id, safe='')}/abandon",
                              patient=True)
 
-    def group(self, group_id: str) -> dict[str, Any]:
-        return self._request("GET", f"/v1/groups/{group_id}")
+    def group(self, group_id: str, include: str | None = None) -> dict[str, Any]:
+        """``GET /v1/groups/{id}``: its state and rewards; ``include="tokens"``: also each
+        rollout's trajectory (tokens, turns with their text, advantages once published)."""
+        query = f"?include={include}" if include else ""
+        return self._request("GET", f"/v1/groups/{quote(group_id, safe='')}{query}")
 
     def models(self) -> list[dict[str, Any]]:
         """``GET /v1/models``: the served model (its ``id`` is what requests pass as model)."""
@@ -225,8 +228,9 @@ class AsyncGSPOClient:
         return await self.post_rewards([{"rollout_id": rollout_id, "reward": reward,
                                          "turn_rewards": turn_rewards}])
 
-    async def group(self, group_id: str) -> dict[str, Any]:
-        return await self._request("GET", f"/v1/groups/{group_id}")
+    async def group(self, group_id: str, include: str | None = None) -> dict[str, Any]:
+        query = f"?include={include}" if include else ""
+        return await self._request("GET", f"/v1/groups/{quote(group_id, safe='')}{query}")
 
     async def models(self) -> list[dict[str, Any]]:
         return (await self._request("GET", "/v1/models"))["data"]

@@ -82,6 +82,7 @@ class GroupOutcome:
     rewards: list[float]
     task: Any = None
     texts: list[str] = field(default_factory=list)
+    prompt: Any = None  # single-turn: the prompt string or chat messages sampled
     rollout_ids: list[str] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # policy version of each sample
     turn_rewards: list[list[float] | None] = field(default_factory=list)
@@ -185,7 +186,7 @@ async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any
             await give_up(client, group.group_id, exc)
             raise
         return GroupOutcome(group_id=group.group_id, rewards=rewards, task=task, texts=texts,
-                            versions=[r.policy_version for r in group.rollouts]), posted
+                            prompt=p, versions=[r.policy_version for r in group.rollouts]), posted
     model = model or await served_model(client)
     opened = await client.open_group(env.group_size, env.group_metadata(task))
     try:
@@ -327,9 +328,11 @@ def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
                on_group: Callable[[GroupOutcome], None] | None = None,
                failures: FailurePolicy = FailurePolicy(),
                stats: RunStats | None = None,
-               alongside: Alongside | None = None) -> list[GroupOutcome]:
+               alongside: Alongside | None = None,
+               stop: asyncio.Event | None = None) -> list[GroupOutcome]:
     """Synchronous entry point: runs ``arun_groups`` on a fresh event loop (and
-    ``alongside``, if given, until the groups end)."""
+    ``alongside``, if given, until the groups end); ``stop`` (set from ``on_group``, say)
+    starts no new group."""
 
     async def main() -> list[GroupOutcome]:
         async with AsyncGSPOClient(base_url, api_key=api_key, retry=retry) as client:
@@ -338,37 +341,10 @@ def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
             try:
                 return await arun_groups(env, client, num_groups, concurrency=concurrency,
                                          seed=seed, model=model, on_group=on_group,
-                                         failures=failures, stats=stats)
+                                         stop=stop, failures=failures, stats=stats)
             finally:
                 done.set()
                 if side is not None:
                     await side
 
     return asyncio.run(main())
-
-
-def run_and_print(env: Environment, base_url: str, num_groups: int | None, *,
-                  api_key: str | None = None, concurrency: int = 4, seed: int = 0,
-                  failures: FailurePolicy = FailurePolicy(),
-                  alongside: Alongside | None = None) -> float:
-    """``run_groups`` for a terminal: prints each group's mean reward as it finishes, then the
-    mean over all groups, the failure counts and, for an environment with a ``summary()``
-    (tasks from data), its rewards per source; returns the mean (the examples' and
-    ``gspo env``'s entry point)."""
-    stats = RunStats()
-
-    def report(g: GroupOutcome) -> None:
-        print(f"{g.group_id} reward {sum(g.rewards) / len(g.rewards):.3f}", flush=True)
-
-    try:
-        outcomes = run_groups(env, base_url, num_groups, api_key=api_key,
-                              concurrency=concurrency, seed=seed, on_group=report,
-                              failures=failures, stats=stats, alongside=alongside)
-    finally:
-        print(stats.summary(), flush=True)
-        for source, s in getattr(env, "summary", dict)().items():
-            print(f"source {source}: {s['samples']:.0f} samples, reward "
-                  f"{s['reward_mean']:.3f}, correct {s['accuracy']:.3f}", flush=True)
-    mean = sum(sum(g.rewards) / len(g.rewards) for g in outcomes) / max(1, len(outcomes))
-    print(f"mean reward over {len(outcomes)} groups: {mean:.3f}")
-    return mean

@@ -153,6 +153,10 @@ class LearnerConfig(BaseModel):
     groups are acknowledged right after training (at-least-once is then lost on a crash)."""
     save_every: int = Field(default=50, ge=1)
     """Checkpoint every k steps (and on a graceful stop); acks follow each checkpoint."""
+    save_every_s: float | None = Field(default=120.0, gt=0.0)
+    """Also checkpoint when this many seconds have passed since the last one (None: by
+    steps only). Bounds what a crash costs: the unsaved steps' groups are redelivered and
+    trained again, but only those sampled within ``max_staleness`` of the checkpoint."""
     keep_last: int = Field(default=3, ge=1)
     """Checkpoints kept on disk; older ones are deleted after a new one is durable."""
     resume: bool = False

@@ -1,6 +1,7 @@
 """The rollout server's settings: one pydantic-settings class, from env vars and CLI flags.
 
-Precedence, lowest first: field defaults, ``GSPO_*`` environment variables (``GSPO_API_KEY``,
+Precedence, lowest first: field defaults, a TOML file (``gspo serve --config``,
+``ServerSettings.from_toml``), ``GSPO_*`` environment variables (``GSPO_API_KEY``,
 ``GSPO_REDIS_URL``, ...), keyword arguments (the ``gspo serve`` flags a user actually passed).
 Unsafe or inconsistent values fail at construction, before a model is loaded or Redis is
 touched: an admin key equal to the API key would let every environment push weights.
@@ -217,3 +218,29 @@ class ServerSettings(BaseSettings):
         else:
             on_gpu = self.device.startswith("cuda") if self.device else cuda_available
         return "bfloat16" if on_gpu else "float32"
+
+    @classmethod
+    def from_toml(cls, path: str | Path | None = None, **flags: Any) -> ServerSettings:
+        """``gspo serve --config``: the settings with the TOML file at ``path`` (field names;
+        ``[queue]`` for the queue's) below the ``GSPO_*`` environment and the ``flags``:
+        defaults < file < environment < flags. An unknown name in the file is an error, as
+        an unknown flag is. Without a path: ``cls(**flags)``."""
+        if path is None:
+            return cls(**flags)
+        if not Path(path).is_file():
+            raise ValueError(f"no such config file: {path}")
+        from pydantic_settings import PydanticBaseSettingsSource, TomlConfigSettingsSource
+
+        class FromFile(cls):  # type: ignore[valid-type,misc]
+            @classmethod
+            def settings_customise_sources(
+                cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                env_settings: PydanticBaseSettingsSource,
+                dotenv_settings: PydanticBaseSettingsSource,
+                file_secret_settings: PydanticBaseSettingsSource,
+            ) -> tuple[PydanticBaseSettingsSource, ...]:
+                return (init_settings, env_settings,
+                        TomlConfigSettingsSource(settings_cls, toml_file=Path(path)))
+
+        # the plain class again (picklable, its own name), from the merged values
+        return cls.model_validate(dict(FromFile(**flags)))

@@ -17,7 +17,8 @@ import argparse
 import random
 from dataclasses import dataclass
 
-from gspo_rl.client.environment import SingleTurnEnvironment, run_and_print
+from gspo_rl.client.environment import SingleTurnEnvironment
+from gspo_rl.client.runlog import run_and_print
 
 HALVES = {"a to m": "abcdefghijklm", "n to z": "nopqrstuvwxyz"}
 

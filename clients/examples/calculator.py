@@ -34,8 +34,8 @@ from gspo_rl.client.environment import (
     EpisodeResult,
     EpisodeSession,
     MultiTurnEnvironment,
-    run_and_print,
 )
+from gspo_rl.client.runlog import run_and_print
 
 try:
     from openai import AsyncOpenAI

@@ -14,7 +14,27 @@ app = typer.Typer(
     help="gspo-rl: asynchronous GSPO reinforcement learning for language models.",
     no_args_is_help=True,
     add_completion=False,
+    # click's plain help: wrapped to the terminal, never cut (rich's tables cut long flag
+    # names and words with an ellipsis at 80 columns)
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from gspo_rl import __version__
+
+        typer.echo(f"gspo-rl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the installed version and exit."),
+) -> None:
+    """gspo-rl: asynchronous GSPO reinforcement learning for language models."""
 
 
 @app.command()
@@ -45,7 +65,8 @@ def tiny_model(
 
 
 def serve(**params: Any) -> None:
-    """Run the rollout server (HTTP API + engine). Unset flags fall back to GSPO_* env vars."""
+    """Run the rollout server (HTTP API + engine). Unset flags fall back to GSPO_* env vars,
+    then to the --config file."""
     from gspo_rl.cli.engine_args import serve_flags
 
     try:
@@ -58,13 +79,15 @@ def serve(**params: Any) -> None:
     from gspo_rl.server.config import ServerSettings
 
     try:
-        settings = ServerSettings(**flags)
-    except ValidationError as exc:
+        settings = ServerSettings.from_toml(params["config"], **flags)
+    except (ValidationError, OSError, ValueError) as exc:
         # Not str(exc): it would echo the input values, keys included.
-        lines = [f"  {'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}"
-                 for e in exc.errors()]
-        typer.echo("invalid server settings:\n" + "\n".join(lines), err=True)
+        typer.echo("invalid server settings:\n" + settings_errors(exc), err=True)
         raise typer.Exit(2) from exc
+    from gspo_rl.logs import configure_logging, log_config
+
+    configure_logging(params["log_level"])
+    log_config("gspo serve", settings)
     from gspo_rl.server.api.app import create_app
     from gspo_rl.server.run import run_server
 
@@ -83,7 +106,12 @@ _VLLM_ARG = inspect.Parameter(
                          "--vllm-arg swap_space=8."))
 _SERVE_LOG_LEVEL = inspect.Parameter("log_level", inspect.Parameter.KEYWORD_ONLY, annotation=str,
                                      default=typer.Option("info", help="uvicorn log level."))
-app.command()(with_parameters(serve, [*parameters("serve"), _VLLM_ARG,
+_SERVE_CONFIG = inspect.Parameter(
+    "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+    default=typer.Option(None, "--config", help="TOML file of server settings "
+                         "(ServerSettings fields, [queue] for its own); GSPO_* env vars and "
+                         "flags override it."))
+app.command()(with_parameters(serve, [_SERVE_CONFIG, *parameters("serve"), _VLLM_ARG,
                                       *parameters("serve_after_vllm_arg"), _SERVE_LOG_LEVEL]))
 
 
@@ -91,15 +119,15 @@ def learn(**params: Any) -> None:
     """Run the learner: train on ready groups from Redis, checkpoint, push weights."""
     flags = {k: v for k, v in params.items() if k not in ("config", "log_level")}
     config, log_level = params["config"], params["log_level"]
-    import logging
     import os
 
     if os.environ.get("GSPO_ADMIN_KEY"):
         flags["admin_key"] = os.environ["GSPO_ADMIN_KEY"]
     if params["redis_url"] is None and os.environ.get("GSPO_REDIS_URL"):  # it may hold the password
         flags["redis_url"] = os.environ["GSPO_REDIS_URL"]
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gspo_rl.logs import configure_logging, log_config
+
+    configure_logging(log_level)
     from pydantic import ValidationError
 
     from gspo_rl.learner.config import LearnerConfig
@@ -121,6 +149,7 @@ def learn(**params: Any) -> None:
     except TrackingUnavailable as exc:
         typer.echo(f"gspo learn: {exc}", err=True)
         raise typer.Exit(2) from exc
+    log_config("gspo learn", cfg)
     from gspo_rl.learner.checkpoint import SaveDirError
     from gspo_rl.learner.progress import RedisUnavailable
     from gspo_rl.learner.run import run_learner
@@ -151,10 +180,9 @@ def sft(**params: Any) -> None:
     assistant tokens), saved as checkpoints `gspo learn --model` and `gspo serve --model`
     take (docs/sft.md)."""
     flags = {k: v for k, v in params.items() if k not in ("config", "log_level")}
-    import logging
+    from gspo_rl.logs import configure_logging, log_config
 
-    logging.basicConfig(level=params["log_level"].upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(params["log_level"])
     from pydantic import ValidationError
 
     from gspo_rl.learner.sft.config import SFTConfig
@@ -168,6 +196,7 @@ def sft(**params: Any) -> None:
                         for e in exc.errors()) if isinstance(exc, ValidationError) else f"  {exc}"
         typer.echo("gspo sft: invalid settings:\n" + msg, err=True)
         raise typer.Exit(2) from exc
+    log_config("gspo sft", cfg)
     from gspo_rl.learner.checkpoint import SaveDirError
     from gspo_rl.learner.sft.data import DemonstrationError
     from gspo_rl.learner.sft.train import run_sft
@@ -218,59 +247,45 @@ def env(
                                  "file."),
     evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Run the eval set, if "
                                   "there is one."),
+    out: str = typer.Option(None, help="Append every finished group (task, rewards, "
+                            "transcripts) to this JSONL file."),
+    summary_every: float = typer.Option(10.0, help="Seconds between live summary lines."),
+    target_reward: float = typer.Option(None, help="Start no new group once the last 32 "
+                                        "average this reward (the task is learned); 0 or "
+                                        "unset: never."),
 ) -> None:
     """Run an environment against a rollout server (reads env GSPO_API_KEY)."""
-    import os
-    from pathlib import Path
+    from gspo_rl.cli.env_run import EnvRun, EnvRunError, run_env
 
-    from gspo_rl.cli.tasks import is_task_file, task_config, watcher_for
-    from gspo_rl.client.environment import run_and_print
-    from gspo_rl.client.failures import FailurePolicy
-    from gspo_rl.client.loading import BUILTIN, load_environment
-
-    watcher = None
     try:
-        if name == "data" or is_task_file(name) or data:
-            if name not in ("data", "alphabet") and not is_task_file(name):
-                raise ValueError(f"--data goes with `gspo env data` or a task file, not {name!r}")
-            cfg = task_config(name if is_task_file(name) else None, data, verifier, eval_data,
-                              eval_every, group_size)
-            if cfg is None:
-                raise ValueError("gspo env data needs --data PATH (or name a task file)")
-            from gspo_rl.client.tasks import build_environment
-
-            environment: Any = build_environment(cfg)
-            if evaluate:
-                watcher = watcher_for(cfg, Path(eval_out) if eval_out else None)
-        else:
-            if eval_data or verifier:
-                raise ValueError("--verifier and --eval-data go with tasks from data")
-            size = group_size if group_size is not None else (8 if name in BUILTIN else None)
-            environment = load_environment(name, size)
-        policy = FailurePolicy(on_error=on_error, max_retries=max_retries)  # type: ignore[arg-type]
-    except (ValueError, ImportError) as exc:
+        lines = run_env(EnvRun(
+            name=name, url=url, groups=groups, group_size=group_size, concurrency=concurrency,
+            seed=seed, on_error=on_error, max_retries=max_retries, data=list(data or []),
+            verifier=verifier, eval_data=list(eval_data or []), eval_every=eval_every,
+            eval_out=eval_out, evaluate=evaluate, out=out, summary_every_s=summary_every,
+            target_reward=target_reward))
+    except EnvRunError as exc:
         typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from exc
-    try:
-        run_and_print(environment, url, groups or None, api_key=os.environ.get("GSPO_API_KEY"),
-                      concurrency=concurrency, seed=seed, failures=policy,
-                      alongside=watcher.run if watcher is not None else None)
+        raise typer.Exit(exc.code) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    for report in watcher.reports if watcher is not None else []:
-        typer.echo(report.line())
+    for line in lines:
+        typer.echo(line)
 
 
 @app.command()
 def up(
-    run_dir: str = typer.Option("runs/up", help="Where metrics, checkpoints, logs and the "
-                                "reward-curve PNG go."),
+    config: str = typer.Option(None, "--config", help="TOML file of UpConfig fields (these "
+                               "flags' names with underscores; docs/reference/"
+                               "configuration.md); flags override it."),
+    run_dir: str = typer.Option(None, help="Where metrics, checkpoints, logs and the "
+                                "reward-curve PNG go. (default: runs/up)"),
     model: str = typer.Option(None, help="Model directory (default: a tiny local model)."),
     redis_url: str = typer.Option(None, envvar="REDIS_URL",
                                   help="Use this Redis (default: start one). (env REDIS_URL)"),
-    loss: str = typer.Option("gspo", help="gspo | gspo_token | grpo | sapo."),
-    max_steps: int = typer.Option(300, help="Most learner steps to train."),
-    groups_per_step: int = typer.Option(4, help="Groups per learner step."),
+    loss: str = typer.Option(None, help="gspo | gspo_token | grpo | sapo. (default: gspo)"),
+    max_steps: int = typer.Option(None, help="Most learner steps to train. (default: 300)"),
+    groups_per_step: int = typer.Option(None, help="Groups per learner step. (default: 4)"),
     group_size: int = typer.Option(None, help="Samples per prompt (G). (default: the task "
                                    "file's; 8 for the alphabet demo)"),
     tasks: str = typer.Option(None, help="Train on tasks from data: a task file (TOML or "
@@ -280,20 +295,25 @@ def up(
     verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
     eval_every: int = typer.Option(None, help="Evaluate the task file's eval set every this "
                                    "many versions (default: the file's)."),
-    lr: float = typer.Option(2e-3, help="Learning rate."),
-    max_staleness: int = typer.Option(2, help="Drop groups more than K versions old."),
-    concurrency: int = typer.Option(4, help="Groups the environment samples at once."),
-    minutes: float = typer.Option(10.0, help="Wall-clock limit."),
-    target_reward: float = typer.Option(0.8, help="Stop once the mean reward of the last 32 "
-                                        "sampled groups reaches this (0: never)."),
-    seed: int = typer.Option(0, help="Seed of the tiny model, the tasks and the learner."),
+    lr: float = typer.Option(None, help="Learning rate (docs/tuning.md). (default: 2e-3, for "
+                             "the tiny demo model)"),
+    max_staleness: int = typer.Option(None, help="Drop groups more than K versions old. "
+                                      "(default: 2)"),
+    concurrency: int = typer.Option(None, help="Groups the environment samples at once. "
+                                    "(default: 4)"),
+    minutes: float = typer.Option(None, help="Wall-clock limit. (default: 10)"),
+    target_reward: float = typer.Option(None, help="Stop once the mean reward of the last 32 "
+                                        "sampled groups reaches this (0: never). "
+                                        "(default: 0.8)"),
+    seed: int = typer.Option(None, help="Seed of the tiny model, the tasks and the learner. "
+                             "(default: 0)"),
     device: str = typer.Option(None, help="Device of the server and the learner: cpu | cuda "
                                "| cuda:N. One GPU: weights pass as CUDA IPC handles. "
                                "(default: each picks, CUDA when available)"),
-    engine: str = typer.Option("hf", help="Rollout engine: hf | vllm."),
-    admission: bool = typer.Option(True, "--admission/--no-admission", help="The server "
+    engine: str = typer.Option(None, help="Rollout engine: hf | vllm. (default: hf)"),
+    admission: bool = typer.Option(None, "--admission/--no-admission", help="The server "
                                    "holds new groups back while as many are in flight as the "
-                                   "learner can train within --max-staleness."),
+                                   "learner can train within --max-staleness. (default: on)"),
     report_to: str = typer.Option(None, help="Experiment trackers, comma-separated: "
                                   "tensorboard, wandb, mlflow (files under RUN_DIR/tracking; "
                                   "docs/tracking.md)."),
@@ -301,21 +321,20 @@ def up(
 ) -> None:
     """Start Redis, a rollout server, the learner and the demo environment (or tasks from
     data, --tasks / --data); train; plot."""
-    from pathlib import Path
+    flags = dict(locals())
+    from pydantic import ValidationError
 
     from gspo_rl.cli.tasks import TaskConfigError
     from gspo_rl.launch.run_dir import RunDirError
-    from gspo_rl.launch.up import UpConfig, run_up
+    from gspo_rl.launch.up import UP_DEFAULTS, UpConfig, run_up
 
-    cfg = UpConfig(run_dir=Path(run_dir), model=model, redis_url=redis_url, loss=loss,
-                   max_steps=max_steps, groups_per_step=groups_per_step,
-                   group_size=group_size, tasks=tasks, data=list(data or []),
-                   verifier=verifier, eval_every=eval_every, lr=lr,
-                   max_staleness=max_staleness,
-                   concurrency=concurrency, minutes=minutes,
-                   target_reward=target_reward or None,
-                   seed=seed, device=device, engine=engine, admission=admission,
-                   report_to=report_to or [], run_name=run_name)
+    flags.pop("config")
+    flags["data"] = list(data) if data else None
+    try:
+        cfg = UpConfig.from_toml(config, defaults=UP_DEFAULTS, **flags)
+    except (ValidationError, OSError, ValueError) as exc:
+        typer.echo("gspo up: invalid settings:\n" + settings_errors(exc), err=True)
+        raise typer.Exit(2) from None
     from gspo_rl.learner.tracking.base import TrackingUnavailable
 
     try:
@@ -324,11 +343,23 @@ def up(
         typer.echo(f"gspo up: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        typer.echo("interrupted: every process stopped", err=True)
+        typer.echo("interrupted again: every process killed", err=True)
         raise typer.Exit(130) from None
-    for line in result.summary(target_reward):
+    for line in result.summary(cfg.target_reward or 0.0):
         typer.echo(line)
+    if result.interrupted:
+        raise typer.Exit(130)
 
+
+def settings_errors(exc: Exception) -> str:
+    """A settings error, one line per problem (pydantic's without the input values: they may
+    hold keys)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}"
+                         for e in exc.errors())
+    return f"  {exc}"
 
 
 @app.command("eval")

@@ -36,7 +36,7 @@ def serve_flags(params: dict[str, Any]) -> dict[str, Any]:
 
     queue = {flag: path.split(".", 1)[1] for flag, path in SERVE_AFTER_VLLM_ARG.items()
              if path.startswith("queue.")}
-    skip = ("log_level", "vllm_arg", *queue)
+    skip = ("log_level", "vllm_arg", "config", *queue)
     flags = {k: v for k, v in params.items() if v is not None and k not in skip}
     nested = {field: params[flag] for flag, field in queue.items()
               if params.get(flag) is not None}

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
+
+from gspo_rl.logs import configure_logging, log_config
 
 
 def _run(kind: str, config: dict[str, Any]) -> Any:
@@ -23,11 +24,14 @@ def _run(kind: str, config: dict[str, Any]) -> Any:
     if kind == "up":
         from gspo_rl.launch.up import UpConfig, run_up
 
-        return run_up(UpConfig.model_validate(config))
+        up_cfg = UpConfig.model_validate(config)
+        log_config("up", up_cfg)
+        return run_up(up_cfg)
     if kind == "learn":
         from gspo_rl.learner.config import LearnerConfig
 
         learner_cfg = LearnerConfig.model_validate(config)
+        log_config("learn", learner_cfg)
         from gspo_rl.learner.run import run_learner
 
         return run_learner(learner_cfg)
@@ -35,6 +39,7 @@ def _run(kind: str, config: dict[str, Any]) -> Any:
         from gspo_rl.learner.sft.config import SFTConfig
 
         sft_cfg = SFTConfig.model_validate(config)
+        log_config("sft", sft_cfg)
         from gspo_rl.learner.sft.train import run_sft
 
         return run_sft(sft_cfg)
@@ -43,8 +48,7 @@ def _run(kind: str, config: dict[str, Any]) -> Any:
 
 def main() -> int:
     request = json.loads(sys.stdin.read())
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging("INFO")
     result_path = Path(request["result"])
     try:
         out = _run(request["kind"], request["config"])
@@ -52,8 +56,10 @@ def main() -> int:
         result_path.write_text(json.dumps({"interrupted": True}))
         return 130
     body = dataclasses.asdict(out) if dataclasses.is_dataclass(out) else None
-    result_path.write_text(json.dumps({"interrupted": False, "result": body}, default=str))
-    return 0
+    interrupted = bool(getattr(out, "interrupted", False))  # run_up stopped by the signal
+    result_path.write_text(json.dumps({"interrupted": interrupted, "result": body},
+                                      default=str))
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":

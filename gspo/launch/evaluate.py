@@ -110,21 +110,21 @@ def run_eval(run: EvalRun) -> Any:
     if run.url is not None:
         return asyncio.run(_evaluate(cfg, env, tasks, run.url, os.environ.get("GSPO_API_KEY"),
                                      run.post))
-    from gspo_rl.launch.up import Processes, _gspo, _start_redis, _wait_http
+    from gspo_rl.launch.processes import Processes, gspo_command, start_redis, wait_http
 
     model = resolve_model(str(run.model))
     with tempfile.TemporaryDirectory(prefix="gspo-eval-") as tmp:
         procs = Processes(Path(tmp))
         try:
-            redis_url = _start_redis(procs, Path(tmp))
+            redis_url = start_redis(procs, Path(tmp))
             port, key = free_port(), secrets.token_urlsafe(16)
-            procs.start("server", _gspo(
+            procs.start("server", gspo_command(
                 "serve", "--model", str(model), "--port", str(port), "--redis-url", redis_url,
                 "--log-level", "warning", "--dtype", "float32",
                 *(["--device", run.device] if run.device else [])),
                 env={"GSPO_API_KEY": key, "GSPO_ADMIN_KEY": secrets.token_urlsafe(16)})
             url = f"http://127.0.0.1:{port}"
-            _wait_http(f"{url}/health", procs, "server", timeout_s=300)
+            wait_http(f"{url}/health", procs, "server", timeout_s=300)
             return asyncio.run(_evaluate(cfg, env, tasks, url, key, post=False))
         finally:
             procs.stop_all()

@@ -12,23 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import secrets
-import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
+import tomllib
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gspo_rl.contract.net import free_port
+from gspo_rl.launch.processes import Processes, gspo_command, start_redis, wait_http
 from gspo_rl.launch.run_dir import set_aside_previous_run
 from gspo_rl.launch.runlog import (
     ENV_WINDOW,
@@ -41,6 +37,9 @@ from gspo_rl.launch.runlog import (
 )
 from gspo_rl.launch.workload import Workload, make_workload
 from gspo_rl.learner.tracking.base import TrackerName, check_installed, parse_names
+
+UP_DEFAULTS: dict[str, Any] = {"run_dir": "runs/up", "target_reward": 0.8}
+"""Where ``gspo up`` (the command) differs from ``UpConfig``'s own defaults."""
 
 
 class UpConfig(BaseModel):
@@ -101,6 +100,21 @@ class UpConfig(BaseModel):
     threads to as many (``OMP_NUM_THREADS``): each side gets its own cores, as on separate
     devices (``benchmarks/bench_async.py``). Empty (default): no pinning."""
 
+    @classmethod
+    def from_toml(cls, path: str | Path | None = None, defaults: dict[str, Any] | None = None,
+                  **overrides: Any) -> UpConfig:
+        """Fields from ``defaults``, then the TOML file at ``path`` (optional), then the
+        ``overrides`` that are not None (``gspo up --config``: the flags override the file).
+        A ``target_reward`` of 0 means none."""
+        data: dict[str, Any] = dict(defaults or {})
+        if path is not None:
+            with open(path, "rb") as f:
+                data.update(tomllib.load(f))
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        if data.get("target_reward") == 0:
+            data["target_reward"] = None
+        return cls.model_validate(data)
+
     @field_validator("report_to", mode="before")
     @classmethod
     def _tracker_names(cls, v: Any) -> Any:
@@ -118,11 +132,13 @@ class UpResult:
     target_reached: bool | None = None  # None: no target was set
     groups: dict[str, int] | None = None  # ``group_counts`` at the end of the run
     workload: list[str] | None = None  # per-source rewards and evaluations (tasks from data)
+    interrupted: bool = False  # Ctrl-C or SIGTERM ended it: the summary of what ran
 
     def summary(self, target_reward: float) -> list[str]:
         """What ``gspo up`` prints at the end: the reward curve in brief, the target, every
         group's fate and where the files are."""
-        lines = []
+        lines = [f"interrupted after {self.seconds:.0f} s: what ran"] if self.interrupted \
+            else []
         if self.sampled:
             first, last = self.sampled[0], self.sampled[-3:]
             late = sum(m * n for _, m, n in last) / max(1, sum(n for _, _, n in last))
@@ -145,89 +161,6 @@ class UpResult:
         if self.plot_path:
             lines.append(f"reward curve: {self.plot_path}")
         return lines
-
-
-class Processes:
-    """Child processes with their logs; ``stop_all`` terminates, then kills, in reverse."""
-
-    def __init__(self, log_dir: Path, cpus: dict[str, list[int]] | None = None) -> None:
-        self.log_dir = log_dir
-        self.cpus = cpus or {}
-        self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
-
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None
-              ) -> subprocess.Popen[bytes]:
-        """Start ``name``; pinned to ``self.cpus[name]`` (set in the child before exec, so
-        every thread it makes inherits it) with as many torch threads, when given."""
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop_all)
-        cpus = self.cpus.get(name)
-        env = {**os.environ, **(env or {})}
-        if cpus:
-            env["OMP_NUM_THREADS"] = str(len(cpus))
-        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=pin)
-        self.procs.append((name, proc, log))
-        return proc
-
-    def alive(self, name: str) -> bool:
-        return any(n == name and proc.poll() is None for n, proc, _ in self.procs)
-
-    def check(self, name: str) -> None:
-        for n, proc, _ in self.procs:
-            if n == name and proc.poll() is not None:
-                tail = (self.log_dir / f"{n}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{n} exited with {proc.returncode}:\n{tail}")
-
-    def stop_all(self, timeout_s: float = 15.0) -> None:
-        for _, proc, _ in reversed(self.procs):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for _, proc, log in reversed(self.procs):
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-            log.close()
-        self.procs.clear()
-
-
-def _wait_http(url: str, procs: Processes, name: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        procs.check(name)
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"{name} did not answer {url} within {timeout_s}s")
-
-
-def _start_redis(procs: Processes, run_dir: Path) -> str:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise RuntimeError("redis-server not found: run scripts/setup.sh, or pass --redis-url")
-    port = free_port()
-    data = run_dir / "redis"
-    data.mkdir(exist_ok=True)
-    procs.start("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                          "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""])
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        procs.check("redis")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return f"redis://127.0.0.1:{port}/0"
-        time.sleep(0.05)
-    raise TimeoutError("redis-server did not start within 20 s")
-
-
-def _gspo(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gspo_rl.cli", *args]
 
 
 def _server_device_args(cfg: UpConfig) -> list[str]:
@@ -259,7 +192,7 @@ def _tracking_args(cfg: UpConfig) -> list[str]:
 def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     """Redis, model, server, learner. Returns (server URL, api key, redis URL, metrics)."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    redis_url = cfg.redis_url or _start_redis(procs, cfg.run_dir)
+    redis_url = cfg.redis_url or start_redis(procs, cfg.run_dir)
     model = cfg.model
     if model is None:
         from gspo_rl.tiny_model import make_tiny_model
@@ -268,7 +201,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     api_key, admin_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     keys_env = {"GSPO_API_KEY": api_key, "GSPO_ADMIN_KEY": admin_key}
     port = free_port()
-    procs.start("server", _gspo("serve", "--model", model, "--port", str(port),
+    procs.start("server", gspo_command("serve", "--model", model, "--port", str(port),
                                 "--redis-url", redis_url, "--server-id", "up-server",
                                 "--log-level", "warning", *_server_device_args(cfg),
                                 *([] if cfg.admission else ["--no-admission"])),
@@ -280,9 +213,9 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     # vLLM: it sizes its KV cache from the GPU memory free when it starts, which the learner would
     # take.
     if cfg.engine == "vllm":
-        _wait_http(f"{url}/health", procs, "server", timeout_s=120)
+        wait_http(f"{url}/health", procs, "server", timeout_s=120)
     metrics = cfg.run_dir / "metrics.jsonl"
-    procs.start("learner", _gspo(
+    procs.start("learner", gspo_command(
         "learn", "--model", model, "--redis-url", redis_url, "--loss", cfg.loss,
         "--max-staleness", str(cfg.max_staleness), "--groups-per-step",
         str(cfg.groups_per_step), "--lr", str(cfg.lr), "--max-steps", str(cfg.max_steps),
@@ -292,15 +225,8 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         *(["--device", cfg.device] if cfg.device else []), *_tracking_args(cfg),
         *cfg.extra_learn_args),
         env=keys_env)
-    _wait_http(f"{url}/health", procs, "server", timeout_s=120)
+    wait_http(f"{url}/health", procs, "server", timeout_s=120)
     return url, api_key, redis_url, metrics
-
-
-def _exit_code(procs: Processes, name: str) -> int | None:
-    for n, proc, _ in procs.procs:
-        if n == name:
-            return proc.poll()
-    return None
 
 
 def _status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str, Any]:
@@ -368,7 +294,7 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
                 steps.extend(step_records(tail.new_records()))
                 status = _status(steps, env_rewards)
                 on_status(status)
-                code = _exit_code(procs, "learner")
+                code = procs.exit_code("learner")
                 if code is not None:
                     if code != 0:
                         procs.check("learner")
@@ -390,8 +316,9 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
 
 
 def run_up(cfg: UpConfig) -> UpResult:
-    """Start everything, train, stop everything (also on Ctrl-C / SIGTERM), plot."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    """Start everything, train, stop everything (also on Ctrl-C / SIGTERM: the summary and
+    the plot of what ran, ``UpResult.interrupted``), plot."""
+    from gspo_rl.launch.display import make_progress, show
 
     check_installed(cfg.report_to)  # TrackingUnavailable before anything starts
     if (previous := set_aside_previous_run(cfg.run_dir)) is not None:
@@ -400,33 +327,45 @@ def run_up(cfg: UpConfig) -> UpResult:
     procs = Processes(cfg.run_dir, cfg.cpus)
     groups: dict[str, int] | None = None
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    _say_settings(cfg)
     work = make_workload(cfg.tasks, cfg.data, cfg.verifier, cfg.eval_every, cfg.group_size,
                          cfg.run_dir)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     t0 = time.monotonic()
-    metrics = cfg.run_dir / "metrics.jsonl"
+    metrics, redis_url, interrupted = cfg.run_dir / "metrics.jsonl", None, False
     try:
-        url, api_key, redis_url, metrics = start_stack(cfg, procs)
-        columns = [TextColumn("[bold]{task.description}"), BarColumn(),
-                   TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
-                   TextColumn("{task.fields[info]}"), TimeElapsedColumn()]
-        with Progress(*columns, refresh_per_second=4) as progress:
-            task = progress.add_task("training", total=cfg.max_steps, info="starting")
-
-            def on_status(s: dict[str, Any]) -> None:
-                info = (f"reward {s['reward']:.2f} (env {s['env_reward']:.2f})  "
-                        f"{s['tok_s']:.0f} tok/s  staleness {s['staleness']:.2f}  "
-                        f"trained {s['trained_fraction']:.0%} of finished groups"
-                        + work.status())
-                if s.get("final_eval"):
-                    info = "training done: final evaluation" + work.status()
-                progress.update(task, completed=s["step"], info=info)
-
-            asyncio.run(_drive(cfg, work, url, api_key, metrics, procs, on_status))
-        groups = group_counts(redis_url)
+        try:
+            url, api_key, redis_url, metrics = start_stack(cfg, procs)
+            progress, task = make_progress(cfg.max_steps)
+            with progress:
+                asyncio.run(_drive(cfg, work, url, api_key, metrics, procs,
+                                   lambda s: show(progress, task, s, work.status())))
+        except KeyboardInterrupt:
+            interrupted = True
+            print("interrupted: stopping every process, the learner first (Ctrl-C again "
+                  "kills them now)", flush=True)
+        if redis_url is not None:
+            with contextlib.suppress(Exception):  # the counts are a report, not the run
+                groups = group_counts(redis_url)
     finally:
         procs.stop_all()
         signal.signal(signal.SIGTERM, previous)
+    return _result(cfg, work, metrics, groups, time.monotonic() - t0, interrupted)
+
+
+def _say_settings(cfg: UpConfig) -> None:
+    """The run's settings: all of them in ``run_dir/up_config.json``, the main ones here."""
+    from gspo_rl.logs import config_dump
+
+    path = cfg.run_dir / "up_config.json"
+    path.write_text(config_dump(cfg) + "\n")
+    print(f"gspo up: {cfg.loss}, lr {cfg.lr:g}, {cfg.groups_per_step} groups/step, "
+          f"max staleness {cfg.max_staleness}, target {cfg.target_reward or 'none'}, "
+          f"{cfg.minutes:g} min max (all settings: {path})", flush=True)
+
+
+def _result(cfg: UpConfig, work: Workload, metrics: Path, groups: dict[str, int] | None,
+            seconds: float, interrupted: bool) -> UpResult:
     records = step_records(read_metrics(metrics))
     env_records = read_metrics(cfg.run_dir / "env_rewards.jsonl")
     sampled = version_curve(env_records)
@@ -439,5 +378,6 @@ def run_up(cfg: UpConfig) -> UpResult:
         reached = len(env) >= ENV_WINDOW and any(
             m >= cfg.target_reward for m in moving(env, ENV_WINDOW)[ENV_WINDOW - 1:])
     return UpResult(steps=len(records), rewards=rewards, sampled=sampled,
-                    seconds=time.monotonic() - t0, metrics_path=metrics, plot_path=plot,
-                    target_reached=reached, groups=groups, workload=work.summary())
+                    seconds=seconds, metrics_path=metrics, plot_path=plot,
+                    target_reached=reached, groups=groups, workload=work.summary(),
+                    interrupted=interrupted)

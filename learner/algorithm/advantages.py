@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gspo_rl.contract.credit import AdvantageConfig, group_turn_advantages, token_advantages
+from gspo_rl.contract.credit import AdvantageConfig, token_advantages
+from gspo_rl.contract.queue.ready.advantages import ready_turn_advantages
 from gspo_rl.contract.queue.schema import ReadyGroup
 
 
@@ -15,12 +16,9 @@ class TurnAdvantages:
     """``gspo_rl.learner.data.batching.AdvantageFn`` of the per-token kinds (gspo_token, grpo,
     sapo): the credit rule (``gspo_rl.contract.credit``), spread over each rollout's model turns.
 
-    A group published with per-turn advantages (``ReadyGroup.turn_advantages``, computed by
-    the server with its ``AdvantageConfig``) uses them as they are. One without (records
-    written by older servers, groups built in tests) spreads its sequence advantages when it
-    has no turn rewards (what the rule gives), else gets ``group_credit`` with the group's
-    own ``advantage_config``, or this object's ``eps`` and ``scale`` (the ``AdvantageConfig``
-    defaults) for records that carry none. A count that does not match a rollout's
+    The per-turn values are ``gspo_rl.contract.queue.ready.advantages.ready_turn_advantages``
+    (what the server's trajectory view shows), with this object's ``eps`` and ``scale`` for
+    records that carry no ``advantage_config``. A count that does not match a rollout's
     turns raises ``ValueError`` (the learner drops the group as invalid and counts it). The
     last group's result is cached: the batching calls this once per rollout, in order.
     """
@@ -38,22 +36,9 @@ class TurnAdvantages:
         return self._per_token[i]
 
     def group_token_advantages(self, group: ReadyGroup) -> list[np.ndarray]:
-        rollouts = group.rollouts
-        if group.turn_advantages:
-            per_turn = [np.asarray(a, dtype=np.float64) for a in group.turn_advantages]
-            if len(per_turn) != len(rollouts):
-                raise ValueError(f"group {group.group_id}: {len(per_turn)} per-turn advantage "
-                                 f"lists for {len(rollouts)} rollouts")
-        elif all(not t for t in group.turn_rewards):  # the rule gives A_i on every turn
-            per_turn = [np.full(len(r.turns), float(a))
-                        for r, a in zip(rollouts, group.advantages, strict=True)]
-        else:
-            config = group.advantage_config or AdvantageConfig(self.eps, self.scale)
-            per_turn = group_turn_advantages(group.rewards, group.turn_rewards,
-                                             [len(r.turns) for r in rollouts], config.eps,
-                                             config.scale)
+        per_turn = ready_turn_advantages(group, AdvantageConfig(self.eps, self.scale))
         return [token_advantages(len(r.token_ids), r.turns, a)
-                for r, a in zip(rollouts, per_turn, strict=True)]
+                for r, a in zip(group.rollouts, per_turn, strict=True)]
 
 
 def advantage_fn_for(kind: str) -> Callable[[ReadyGroup, int], float | np.ndarray]:

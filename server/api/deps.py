@@ -28,6 +28,7 @@ from gspo_rl.server.engines.base import Engine
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.admission import AdmissionGate
 from gspo_rl.server.rollouts.service import SamplingService
+from gspo_rl.server.rollouts.serving.chat import plain_call
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <key>")
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
@@ -102,8 +103,9 @@ async def require_admin_key(settings: SettingsDep, credentials: BearerDep) -> No
 async def admit_new_group(request: Request) -> AsyncIterator[None]:
     """Dependency of the routes that start a group (``gspo_rl.server.rollouts.admission``): held
     until admitted, counted until the request ends. Let through: a chat request carrying a
-    ``rollout_id`` (it continues an accepted episode) and a request with ``"record": false``
-    (it starts no group: served also when new groups are refused)."""
+    ``rollout_id`` (it continues an accepted episode), a request with ``"record": false`` and a
+    plain chat call (both start no group: served also when new groups are refused;
+    ``gspo_rl.server.rollouts.serving.chat.plain_call``)."""
     gate: AdmissionGate | None = getattr(request.app.state, "admission", None)
     if gate is None or await _starts_no_group(request):
         yield
@@ -125,4 +127,7 @@ async def _starts_no_group(request: Request) -> bool:
     body = await parsed_body(request)
     if not isinstance(body, dict):
         return False
-    return body.get("record") is False or (chat and body.get("rollout_id") is not None)
+    if body.get("record") is False:
+        return True
+    return chat and (body.get("rollout_id") is not None
+                     or plain_call(None, body.get("n"), "record" in body))

@@ -3,7 +3,9 @@
 For each rollout: the token ids, loss mask (1 = sampled by the model, trained on), behaviour
 log-probabilities and per-token policy versions, the model turns' ``[start, end)`` spans with
 the decoded text of each turn and of the context before it (prompt, tool results, template
-tokens), and, once the group is published, the advantage the learner will use. A published
+tokens), and, once the group is published, the advantages the learner trains on: one per
+rollout (``--loss gspo``) and one per model turn (the per-token losses: gspo_token, grpo,
+sapo; ``gspo_rl.contract.queue.ready.advantages``, the learner's own function). A published
 group is read from its ready-stream entry and the rollout records it references, the very bytes
 the learner trains on; otherwise from the rollout records. Once the learner has trained a group
 and trimmed its entry, its records stay readable for
@@ -19,9 +21,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from gspo_rl.contract.queue.groups.store import RolloutStore
+from gspo_rl.contract.queue.ready.advantages import ready_turn_advantages
 from gspo_rl.contract.queue.ready.entry import ready_entry_refs, unpack_entry, unpack_group_records
 from gspo_rl.contract.queue.schema import (
     READY_STREAM_FIELD,
+    ReadyGroup,
     RolloutRecord,
     unpack_ready_group,
     unpack_rollout,
@@ -37,6 +41,9 @@ class TurnOut(BaseModel):
     results, user messages, template markup (loss mask 0)."""
     text: str
     """Decoded tokens the model sampled in this turn (loss mask 1), special tokens kept."""
+    advantage: float | None = None
+    """The advantage every token of this turn trains with under the per-token losses
+    (gspo_token, grpo, sapo); published groups only."""
 
 
 class TrajectoryOut(BaseModel):
@@ -51,7 +58,11 @@ class TrajectoryOut(BaseModel):
     finish_reason: str
     turns: list[TurnOut]
     advantage: float | None = None
-    """The advantage the learner trains this rollout with (published groups only)."""
+    """The rollout's sequence advantage (``--loss gspo``; published groups only)."""
+    turn_advantages: list[float] | None = None
+    """One per model turn (as ``turns[k].advantage``): what the per-token losses train each
+    turn with; they differ between turns when episodes post turn rewards. Published groups
+    only."""
     source: str
     """"ready_stream" (what the learner reads) or "rollout" (the stored record)."""
 
@@ -61,22 +72,37 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
 
 
 def trajectory_out(rec: RolloutRecord, tokenizer: Any, advantage: float | None,
-                   source: str) -> TrajectoryOut:
+                   source: str, turn_adv: list[float] | None = None) -> TrajectoryOut:
     ids = rec.token_ids.tolist()
     turns, prev = [], 0
-    for start, end in rec.turns:
+    for k, (start, end) in enumerate(rec.turns):
         turns.append(TurnOut(start=start, end=end, context_text=_decode(tokenizer, ids[prev:start]),
-                             text=_decode(tokenizer, ids[start:end])))
+                             text=_decode(tokenizer, ids[start:end]),
+                             advantage=None if turn_adv is None else turn_adv[k]))
         prev = end
     return TrajectoryOut(
         token_ids=ids, loss_mask=rec.loss_mask.astype(int).tolist(),
         logprobs=rec.logprobs.astype(float).tolist(), versions=rec.versions.tolist(),
         prompt_len=rec.prompt_len, temperature=rec.temperature,
-        finish_reason=rec.finish_reason, turns=turns, advantage=advantage, source=source)
+        finish_reason=rec.finish_reason, turns=turns, advantage=advantage,
+        turn_advantages=turn_adv, source=source)
 
 
-async def _published(store: RolloutStore, stream_id: str) -> dict[str, tuple[RolloutRecord,
-                                                                           float]]:
+_Published = dict[str, tuple[RolloutRecord, float, list[float] | None]]
+
+
+def _per_turn(group: ReadyGroup) -> list[list[float] | None]:
+    """Each rollout's per-turn advantages as the learner computes them (None for a rollout
+    whose counts do not match: the learner drops such a group as invalid)."""
+    try:
+        per_turn = ready_turn_advantages(group)
+    except ValueError:
+        return [None] * len(group.rollouts)
+    return [a.tolist() if len(a) == len(r.turns) else None
+            for r, a in zip(group.rollouts, per_turn, strict=True)]
+
+
+async def _published(store: RolloutStore, stream_id: str) -> _Published:
     entries = await store.redis.xrange(store.keys.ready_stream, stream_id, stream_id)
     if not entries:  # trimmed from the stream: fall back to the records
         return {}
@@ -89,8 +115,8 @@ async def _published(store: RolloutStore, stream_id: str) -> dict[str, tuple[Rol
         group = None if data is None else unpack_ready_group(data)
     if group is None:
         return {}
-    return {r.rollout_id: (r, a) for r, a in zip(group.rollouts, group.advantages,
-                                                 strict=True)}
+    return {r.rollout_id: (r, a, t) for r, a, t in zip(group.rollouts, group.advantages,
+                                                       _per_turn(group), strict=True)}
 
 
 async def load_trajectories(store: RolloutStore, tokenizer: Any, group_id: str,
@@ -110,8 +136,8 @@ async def load_trajectories(store: RolloutStore, tokenizer: Any, group_id: str,
         for rid, blob in zip(missing, blobs, strict=True):
             rec = recs.get(rid) or (None if blob is None else unpack_rollout(blob))
             out[rid] = None if rec is None else trajectory_out(rec, tokenizer, None, "rollout")
-        for rid, (rec, adv) in published.items():
-            out[rid] = trajectory_out(rec, tokenizer, adv, "ready_stream")
+        for rid, (rec, adv, turn_adv) in published.items():
+            out[rid] = trajectory_out(rec, tokenizer, adv, "ready_stream", turn_adv)
         return out
 
     return await asyncio.to_thread(build)

@@ -27,6 +27,7 @@ import typer.main
 
 from gspo_rl.cli import app
 from gspo_rl.cli.engine_args import serve_flags
+from gspo_rl.launch.up import UP_DEFAULTS
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.server.config import ServerSettings
 from tests.helpers.compose import (
@@ -529,13 +530,53 @@ def test_cpu_learner_stops_at_the_demo_target_and_is_not_restarted(
         return learner, learner_config(learner)
 
     learner, cfg = cpu_learner(env_values)
-    demo_target = parse_gspo(["up"])[1]["target_reward"]
+    demo_target = UP_DEFAULTS["target_reward"]
     assert cfg.target_reward == float(env_values["GSPO_TARGET_REWARD"]) == demo_target
     assert learner["restart"] == "on-failure"  # exit 0 at the target: stays stopped
     assert cfg.resume and cfg.save_dir is not None
     env = roles_of(services_in(interpolate(raw, env_values), "cpu"))["env"][1]
-    assert env["restart"] == "on-failure"  # it waits (503 training_finished), never exits
+    assert env["restart"] == "on-failure"  # exit 0 at the target: stays stopped
+    _, env_params = parse_gspo(gspo_argv(env["command"]) or [])
+    assert env_params["target_reward"] == demo_target  # it samples a learned task no more
     _, off = cpu_learner({**env_values, "GSPO_TARGET_REWARD": "0"})
     assert off.target_reward == 0.0  # gspo_rl.learner.target: 0 is no target
     with pytest.raises(Exception, match="target_reward"):
         cpu_learner({**env_values, "GSPO_TARGET_REWARD": "-1"})
+
+
+def test_plain_up_picks_the_profile_that_runs_anywhere(dotenv: dict[str, str]) -> None:
+    """.env.example's COMPOSE_PROFILES is cpu: a plain `docker compose up` on a machine without
+    GPUs must not pick a GPU profile."""
+    assert dotenv["COMPOSE_PROFILES"] == "cpu"
+
+
+@for_each_profile
+def test_each_image_is_built_once(doc: dict[str, Any], profile: str) -> None:
+    """One service per profile builds a tag; the others name it (compose skips pulling a tag
+    that another service of the project builds): four builds of one tag left three untagged
+    images."""
+    services = services_in(doc, profile)
+    builders: dict[str, list[str]] = {}
+    for name, svc in services.items():
+        if "build" in svc:
+            builders.setdefault(svc["image"], []).append(name)
+    assert all(len(names) == 1 for names in builders.values()), builders
+    for name, svc in services.items():
+        image = str(svc.get("image", ""))
+        if image.startswith("gspo-rl:"):
+            assert image in builders, f"{name} runs {image}, which no {profile} service builds"
+
+
+def test_the_docs_name_real_services_in_compose_commands(raw: dict[str, Any]) -> None:
+    """`docker compose logs -f learner` in the cpu profile printed nothing (its learner is
+    learner-cpu) and a wrong name fails silently: every service a doc names exists."""
+    docs = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    pattern = re.compile(r"docker compose(?: --profile \S+)* (?:logs|restart|stop|exec)"
+                         r"((?: -{1,2}[a-z]+)*)((?: [a-z][a-z0-9-]*)+)")
+    seen = 0
+    for path in docs:
+        for m in pattern.finditer(path.read_text()):
+            for name in m.group(2).split():
+                seen += 1
+                assert name in raw["services"], f"{path.name}: {m.group(0)!r}"
+    assert seen, "no compose command found in the docs (the pattern is wrong)"

@@ -110,14 +110,36 @@ def test_start_fails_fast_without_redis(tiny_model_dir: Path) -> None:
         pass
 
 
-def test_gspo_serve_subprocess(tiny_model_dir: Path, redis_server: RedisServer) -> None:
-    """The console entry point: env + flags, serves the openai client, stops on SIGTERM."""
+def test_a_config_file_below_env_and_flags(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gspo serve --config``: defaults < file < GSPO_* environment < flags."""
+    path = tmp_path / "server.toml"
+    path.write_text('model = "/m/tiny"\nmax_n = 4\nport = 9001\nserved_model_name = "f"\n'
+                    '[queue]\ngroup_ttl_s = 100\nfinished_ttl_s = 50\n')
+    monkeypatch.setenv("GSPO_MAX_N", "6")
+    s = ServerSettings.from_toml(path, port=9002, queue={"finished_ttl_s": 5})
+    assert (s.model, s.served_model_name, s.max_n, s.port) == ("/m/tiny", "f", 6, 9002)
+    assert (s.queue.group_ttl_s, s.queue.finished_ttl_s) == (100.0, 5.0)
+    assert type(s) is ServerSettings
+    path.write_text('model = "/m/tiny"\nmax_m = 4\n')
+    with pytest.raises(ValidationError, match="max_m"):
+        ServerSettings.from_toml(path)
+    with pytest.raises(ValueError, match="no such config file"):
+        ServerSettings.from_toml(tmp_path / "nope.toml")
+
+
+def test_gspo_serve_subprocess(tiny_model_dir: Path, redis_server: RedisServer,
+                               tmp_path: Path) -> None:
+    """The console entry point: a config file, env and flags; its settings logged once at
+    the start, keys hidden; serves the openai client, stops on SIGTERM."""
     port = free_port()
+    config = tmp_path / "server.toml"
+    config.write_text(f'served_model_name = "m"\nserver_id = "cli-test"\nmax_n = 8\n'
+                      f'redis_url = "{redis_server.url}"\nport = {free_port()}\n')
     env = {**os.environ, "GSPO_API_KEY": "env-key", "GSPO_MAX_N": "2"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo_rl.cli", "serve", "--model", str(tiny_model_dir),
-         "--port", str(port), "--redis-url", redis_server.url, "--served-model-name", "m",
-         "--server-id", "cli-test", "--log-level", "warning"],
+        [sys.executable, "-m", "gspo_rl.cli", "serve", "--config", str(config), "--model",
+         str(tiny_model_dir), "--port", str(port), "--log-level", "info"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90
@@ -144,6 +166,10 @@ def test_gspo_serve_subprocess(tiny_model_dir: Path, redis_server: RedisServer) 
         # uvicorn shuts down gracefully, then re-raises the signal: -SIGTERM is the exit code
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
         assert not registry.hexists(Keys().servers, "cli-test")  # the lifespan's teardown ran
+        out = proc.stdout.read().decode() if proc.stdout else ""
+        (dump,) = [line for line in out.splitlines() if "gspo serve config: {" in line]
+        assert '"max_n": 2' in dump and '"api_key": "**********"' in dump
+        assert "env-key" not in out
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -10,9 +10,10 @@ rollout as one more turn instead of opening a group.
 
 from __future__ import annotations
 
+import logging
 import time
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 from starlette.responses import StreamingResponse
 
 from gspo_rl.server.api.deps import SamplingDep, admit_new_group
@@ -31,28 +32,52 @@ from gspo_rl.server.rollouts.sampling import (
 )
 from gspo_rl.server.rollouts.service import SamplingService
 from gspo_rl.server.rollouts.serving.chat import (
+    PLAIN_CALL_NOTE,
+    RECORDED_HEADER,
     chat_prompt,
     chat_response,
     check_chat_options,
+    plain_call,
 )
 
 router = APIRouter(tags=["chat"])
 ROUTE = "chat"
+log = logging.getLogger(__name__)
+_said: list[bool] = []
+
+
+def _say_plain_calls_once() -> None:
+    if not _said:
+        _said.append(True)
+        log.info("plain chat calls (one sample, no rollout_id, no \"record\") are served "
+                 "unrecorded: a one-sample group never trains. Training traffic sends n >= 2 "
+                 "or an episode's rollout_id; the GSPO-Recorded response header says so")
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              dependencies=[Depends(admit_new_group)],
              responses={**error_responses(*V1_POST, 404, 409, 410, 501), **SSE_RESPONSE_DOC})
-async def chat_completions(body: ChatCompletionRequest,
-                           svc: SamplingDep) -> ChatCompletionResponse | StreamingResponse:
+async def chat_completions(body: ChatCompletionRequest, svc: SamplingDep,
+                           response: Response) -> ChatCompletionResponse | StreamingResponse:
     """Samples ``n`` assistant turns; each is recorded in Redis as one rollout of a group.
     With ``stream: true`` the turns are sent as server-sent events as they are generated,
-    and recorded before their final chunks (``gspo_rl.server.api.streaming.sse``)."""
+    and recorded before their final chunks (``gspo_rl.server.api.streaming.sse``). A plain
+    call (one sample, no ``rollout_id``, no ``record``) is served unrecorded, and its
+    ``GSPO-Recorded`` header says why (``gspo_rl.server.rollouts.serving.chat``)."""
     svc.check_model(body.model)
     with_tools, top_k = check_chat_options(body)
     with_usage = include_usage(body.stream_options) and bool(body.stream)  # checked either way
+    plain = plain_call(body.rollout_id, body.n, "record" in body.model_fields_set)
+    if plain:
+        body.record = False
+        _say_plain_calls_once()
     if body.stream:
-        return await stream_chat(body, svc, with_tools, top_k, with_usage)
+        streamed = await stream_chat(body, svc, with_tools, top_k, with_usage)
+        if plain:
+            streamed.headers[RECORDED_HEADER] = PLAIN_CALL_NOTE
+        return streamed
+    if plain:
+        response.headers[RECORDED_HEADER] = PLAIN_CALL_NOTE
     if body.rollout_id is not None:  # one more turn of a multi-turn episode
         result = await svc.episode_turn(body, top_logprobs=top_k, with_tools=with_tools)
     else:

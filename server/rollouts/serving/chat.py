@@ -1,5 +1,12 @@
 """Chat completions below HTTP: the options a request may use, its prompt through the chat
-template, its completions parsed (reasoning, tool calls) and shaped as OpenAI choices."""
+template, its completions parsed (reasoning, tool calls) and shaped as OpenAI choices.
+
+A plain call (one sample, no ``rollout_id``, no ``"record"``: what an OpenAI tool sends) is
+served unrecorded (``plain_call``): recorded, it would be a one-sample group, which never
+trains (no spread of rewards) yet stays open until its deadline and counts against
+admission. The response says so in its ``GSPO-Recorded`` header (``PLAIN_CALL_NOTE``);
+``"record": true`` records it anyway.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +35,17 @@ from gspo_rl.server.rollouts.sampling import (
 )
 from gspo_rl.server.rollouts.service import SamplingService
 from gspo_rl.server.rollouts.serving.formatting import chat_logprobs, response_id, usage
+
+RECORDED_HEADER = "GSPO-Recorded"
+PLAIN_CALL_NOTE = ("false; a chat call with one sample and no rollout_id is served "
+                   "unrecorded (a one-sample group never trains); to record it for training, "
+                   "send n >= 2, an episode's rollout_id or \"record\": true")
+
+
+def plain_call(rollout_id: object, n: object, record_given: bool) -> bool:
+    """A chat call served unrecorded: one sample (``n`` 1 or unset), no ``rollout_id``, no
+    ``record`` in the body (the module docstring says why)."""
+    return rollout_id is None and n in (None, 1) and not record_given
 
 
 def check_chat_options(body: ChatCompletionRequest) -> tuple[bool, int]:

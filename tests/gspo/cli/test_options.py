@@ -16,7 +16,7 @@ from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.server.config import ServerSettings
 
 SERVE_FLAGS = [
-    "--model", "--engine", "--served-model-name", "--host", "--port", "--redis-url",
+    "--config", "--model", "--engine", "--served-model-name", "--host", "--port", "--redis-url",
     "--key-prefix", "--api-key", "--admin-key", "--insecure-no-auth", "--device",
     "--max-batch-size", "--dtype", "--max-model-len", "--tensor-parallel-size",
     "--gpu-memory-utilization", "--enforce-eager",
@@ -29,11 +29,11 @@ LEARN_FLAGS = [
     "--config", "--model", "--redis-url", "--key-prefix", "--consumer", "--loss",
     "--old-logprobs", "--is-weight-cap", "--max-staleness", "--groups-per-step",
     "--minibatches", "--micro-batch-tokens", "--lr", "--weight-decay", "--grad-clip",
-    "--warmup-steps", "--save-dir", "--save-every", "--keep-last", "--resume", "--sync-every",
-    "--weight-sync", "--max-steps", "--target-reward", "--target-window",
-    "--drain-timeout-s", "--read-timeout-s", "--device", "--data-parallel", "--seed",
-    "--metrics-jsonl", "--report-to", "--run-name", "--tracking-project", "--tracking-dir",
-    "--log-level"]
+    "--warmup-steps", "--save-dir", "--save-every", "--save-every-s", "--keep-last",
+    "--resume", "--sync-every", "--weight-sync", "--max-steps", "--target-reward",
+    "--target-window", "--drain-timeout-s", "--read-timeout-s", "--device", "--data-parallel",
+    "--seed", "--metrics-jsonl", "--report-to", "--run-name", "--tracking-project",
+    "--tracking-dir", "--log-level"]
 
 
 def test_the_config_models_import_without_torch_fastapi_or_redis() -> None:
@@ -68,3 +68,29 @@ def test_help_is_the_fields_docstring() -> None:
     assert spec["serve_after_vllm_arg"]["group_ttl_s"]["field"] == "queue.group_ttl_s"
     assert "GSPO_QUEUE__GROUP_TTL_S" in spec["serve_after_vllm_arg"]["group_ttl_s"]["help"]
     assert "flags show in `ps`" in spec["serve"]["api_key"]["help"]
+
+
+def test_every_help_fits_80_columns_with_every_flag_whole() -> None:
+    """click's plain help (``rich_markup_mode=None``): wrapped to the terminal, never cut."""
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name in [None, *commands]:
+        r = runner.invoke(app, [*([name] if name else []), "--help"], env={"COLUMNS": "80"})
+        assert r.exit_code == 0, (name, r.output)
+        lines = r.output.splitlines()
+        assert max(len(line) for line in lines) <= 80, name
+        assert "…" not in r.output, name
+        for param in commands[name].params if name else []:
+            for opt in [*param.opts, *param.secondary_opts]:
+                assert opt.startswith("-") is False or opt in r.output, (name, opt)
+
+
+def test_version_flag() -> None:
+    from typer.testing import CliRunner
+
+    from gspo_rl import __version__
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"gspo-rl {__version__}"

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from gspo_rl.launch.runlog import ENV_WINDOW, read_metrics
+from gspo_rl.launch.runlog import ENV_WINDOW, read_metrics, step_records
 from gspo_rl.launch.up import UpConfig, run_up
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow
@@ -30,3 +38,35 @@ def test_gspo_up_learns_the_demo_task(tmp_path):
     assert all("staleness" in r and "clip_fraction" in r for r in records)
     # every process was stopped: the run directory's logs are closed and complete
     assert (tmp_path / "run" / "server.log").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ctrl_c_summarises_plots_and_lets_the_last_ack_land(tmp_path):
+    """Ctrl-C (SIGINT to `gspo up` alone, as a terminal sends it to the foreground process):
+    the processes stop newest first, so the learner checkpoints and acknowledges while Redis
+    still runs (no "ack failed"); then the summary and the plot of what ran, exit 130. The
+    learner's log starts with its settings and has no per-request httpx lines."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gspo_rl.cli", "up", "--run-dir", str(run_dir),
+         "--target-reward", "0", "--minutes", "8"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 400
+        while len(step_records(read_metrics(run_dir / "metrics.jsonl"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "no learner steps"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "interrupted: stopping every process" in out and "interrupted after" in out
+    assert "reward curve:" in out and (run_dir / "reward_curve.png").stat().st_size > 10_000
+    learner = (run_dir / "learner.log").read_text()
+    assert "gspo learn config: {" in learner
+    assert "ack failed" not in learner and "HTTP Request" not in learner
+    events = [r.get("event") for r in read_metrics(run_dir / "metrics.jsonl")]
+    assert "checkpoint" in events

@@ -24,7 +24,8 @@ USER = [{"role": "user", "content": "hi"}]
 NEW_GROUP_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/v1/completions", {"model": MODEL_NAME, "prompt": [1, 2], "max_tokens": 2, "n": 2}),
     ("/v1/rollouts", {"prompt_token_ids": [1, 2], "max_tokens": 2, "n": 2}),
-    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": USER, "max_tokens": 2}),
+    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": USER, "max_tokens": 2,
+                              "n": 2}),
     ("/v1/groups", {"size": 2}),
 ]
 

@@ -167,7 +167,8 @@ def test_errors_before_streaming_stay_json(served: Served, client: openai.OpenAI
     bad = [
         ({"model": "nope", "messages": USER}, 404, "model_not_found"),
         ({"model": MODEL_NAME, "messages": USER, "n": 9}, 400, None),
-        ({"model": MODEL_NAME, "messages": USER, "temperature": 0}, 400, None),
+        ({"model": MODEL_NAME, "messages": USER, "temperature": 0, "record": True}, 400,
+         None),
         ({"model": MODEL_NAME, "messages": USER, "stream_options": {"include_usage": "yes"}},
          400, "invalid_parameter"),
     ]
@@ -319,7 +320,7 @@ def test_failure_after_the_first_byte_is_an_error_event(client: openai.OpenAI,
     got_text = False
     rkeys.client.config_set("maxmemory", "1")
     try:
-        stream = client.chat.completions.create(model=MODEL_NAME, messages=USER,
+        stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, n=2,
                                                 max_tokens=20, stream=True)
         with pytest.raises(openai.APIError) as err:
             for chunk in stream:
@@ -385,7 +386,7 @@ def test_admission_counts_a_streamed_group_until_its_stream_ends(
                         admission=True) as own:
         gate = own.app.state.admission
         body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 200, "ignore_eos": True,
-                "stream": True}
+                "stream": True, "record": True}
         with httpx.stream("POST", f"{own.v1}/chat/completions", json=body, headers=AUTH,
                           timeout=60) as resp:
             assert resp.status_code == 200, resp.read()

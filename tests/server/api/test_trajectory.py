@@ -78,6 +78,44 @@ def test_episode_turns_and_context(served: Served) -> None:
                                                                      - second["start"])
 
 
+def _two_turns(client: openai.OpenAI, rid: str) -> None:
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "first"}]
+    for question in ("second", None):
+        c = client.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=3,
+                                           extra_body={"rollout_id": rid}).choices[0]
+        if question:
+            msgs += [{"role": "assistant", "content": c.message.content},
+                     {"role": "user", "content": question}]
+
+
+def test_per_turn_advantages_of_turn_bonuses(served: Served) -> None:
+    """Equal totals, a bonus on a different turn each: the sequence advantages are 0 (what
+    ``--loss gspo`` trains on) while the per-token losses train the second turns with -1 and
+    +1 (the credit rule); the view shows both, per turn."""
+    opened = httpx.post(f"{served.url}/v1/groups", json={"size": 2}, headers=AUTH,
+                        timeout=30).json()
+    gid, rids = opened["group_id"], opened["rollout_ids"]
+    client = openai.OpenAI(base_url=served.v1, api_key=API_KEY, max_retries=0, timeout=60)
+    for rid in rids:
+        _two_turns(client, rid)
+    before = _view(served, gid, include="tokens")["rollouts"][0]["trajectory"]
+    assert before["turn_advantages"] is None
+    assert [t["advantage"] for t in before["turns"]] == [None, None]
+    r = httpx.post(f"{served.url}/v1/rewards", headers=AUTH, timeout=30, json=[
+        {"rollout_id": rids[0], "reward": 1.0, "turn_rewards": [1.0, 0.0]},
+        {"rollout_id": rids[1], "reward": 1.0, "turn_rewards": [0.0, 1.0]}])
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 30
+    while (view := _view(served, gid, include="tokens"))["state"] != "published":
+        assert time.monotonic() < deadline, view["state"]
+        time.sleep(0.05)
+    early, late = (r["trajectory"] for r in view["rollouts"])
+    assert early["advantage"] == late["advantage"] == 0.0
+    assert early["turn_advantages"] == pytest.approx([0.0, -1.0], abs=1e-4)
+    assert late["turn_advantages"] == pytest.approx([0.0, 1.0], abs=1e-4)
+    assert [t["advantage"] for t in late["turns"]] == late["turn_advantages"]
+
+
 def test_bad_include_is_a_422(served: Served) -> None:
     r = httpx.get(f"{served.url}/v1/groups/x", params={"include": "everything"}, headers=AUTH,
                   timeout=30)

@@ -76,6 +76,25 @@ def test_recorded_requests_are_held_and_refused_without_a_learner(served: Served
     assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_groups_in_flight"
 
 
+def test_a_plain_chat_call_is_served_unrecorded_and_says_so(served: Served,
+                                                            rkeys: RedisKeys) -> None:
+    """One sample, no rollout_id, no "record" (what an OpenAI tool sends): recorded, it would be
+    a one-sample group (never any signal) held by admission here; it is served at once,
+    nothing written, and the GSPO-Recorded header says why. Asked for, it is recorded."""
+    before = rkeys.snapshot()
+    plain = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3}
+    for body in (plain, {**plain, "n": 1}, {**plain, "stream": True}):
+        r = post(served, "/v1/chat/completions", body)
+        assert r.status_code == 200, r.text
+        note = r.headers["GSPO-Recorded"]
+        assert note.startswith("false;") and "one-sample group never trains" in note
+    assert r.text.count('"rollout_id":null') == 1  # the stream's final chunk
+    assert rkeys.snapshot() == before
+    for body in ({**plain, "n": 2}, {**plain, "record": True}):
+        r = post(served, "/v1/chat/completions", body)
+        assert r.status_code == 503 and "GSPO-Recorded" not in r.headers, body
+
+
 def test_greedy_is_allowed_unrecorded(served: Served) -> None:
     """(Recorded, it is a 400 ``temperature_zero``: tests/server/rollouts/test_episodes.py.)"""
     greedy = {"prompt": "Hi", "n": 2, "max_tokens": 4, "temperature": 0}

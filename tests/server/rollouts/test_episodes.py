@@ -189,8 +189,9 @@ def test_bad_turns_are_refused_and_change_nothing(
     rid, other = g["rollout_ids"]
     expect_error(lambda: turn(client, "nope", [{"role": "user", "content": "x"}]), 404,
                  "unknown_episode")
-    single = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    single = client.chat.completions.create(  # recorded: a one-sample group, no episode
+        model=MODEL_NAME, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+        extra_body={"record": True})
     expect_error(lambda: turn(client, single.choices[0].model_extra["rollout_id"],
                               [{"role": "user", "content": "x"}]), 409, "not_an_episode")
     expect_error(lambda: turn(client, rid, [{"role": "user", "content": "x"}], n=2), 400,
