@@ -49,6 +49,7 @@ from gspo_rl.learner.metrics import (
     read_drop_counters,
     step_fields,
 )
+from gspo_rl.learner.model.lora import count_params
 from gspo_rl.learner.parallel.distributed import DistContext
 from gspo_rl.learner.parallel.protocol import Gather, Idle, Resume, Stop, Train, send
 from gspo_rl.learner.progress import (
@@ -134,7 +135,8 @@ class Learner:
         self._retrying(self._resync)
         self.metrics.event({"event": "start", "run_id": self.run_id, "time": time.time(),
                             "resumed_from": self.resumed_from, "version": self.version,
-                            "checkpoint": str(ckpt.path) if ckpt else None})
+                            "checkpoint": str(ckpt.path) if ckpt else None,
+                            **self._param_counts()})
 
     # ---------------------------------------------------------------- start-up
 
@@ -151,6 +153,12 @@ class Learner:
 
             self.host = load_host_copy(source)
         self.trainer = Trainer(self.policy, self.config, advantage_fn, dist=self.dist)
+
+    def _param_counts(self) -> dict[str, int]:
+        """Trainable vs total parameters (the start record; LoRA trains a small share)."""
+        trainable, total = count_params(self.policy.model)
+        log.info("trainable %s / total %s params", f"{trainable:,}", f"{total:,}")
+        return {"trainable_params": trainable, "total_params": total}
 
     def _restore(self, ckpt: Checkpoint) -> None:
         state = ckpt.trainer_state(map_location="cpu" if self.sharded else self.policy.device)
@@ -374,6 +382,8 @@ class Learner:
                                  self.groups_trained, extra={"run_id": self.run_id})
             model, trainer_state = self._export(with_optimizer=True)
             assert trainer_state is not None
+            if self.policy.peft is not None:  # the adapter alone, in PEFT's format
+                model = self.policy.peft
             save_checkpoint(cfg.save_dir, model, trainer_state, state,
                             tokenizer_src=self.tokenizer_src, keep_last=cfg.keep_last)
             self.metrics.event({"event": "checkpoint", "run_id": self.run_id,
