@@ -331,6 +331,23 @@ def up(
 
 
 
+@app.command("export")
+def export(
+    checkpoint: str = typer.Option(..., help="A learner checkpoint directory (step-N): a LoRA "
+                                   "adapter or full weights."),
+    out: str = typer.Option(..., help="New directory for the merged Hugging Face model."),
+) -> None:
+    """Write a checkpoint as a plain Hugging Face model (LoRA merged into its base)."""
+    from gspo_rl.learner.export import export_merged
+
+    try:
+        path = export_merged(checkpoint, out)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"gspo export: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(path))
+
+
 @app.command("eval")
 def eval_(
     tasks: str = typer.Argument(None, help="A task file: its eval set (else its sources, "
