@@ -314,9 +314,11 @@ class Learner:
         self.version += 1
         self.groups_trained += len(batch.groups)
         self.pending_ack.extend(batch.entry_ids)
+        self._last_sync_bytes = 0
         sync_s = self._push() if self.step % self.config.sync_every == 0 else 0.0
         rec = self._record(batch, metrics, invalid,
                            {"time_wait_s": wait_s, "time_sync_s": sync_s,
+                            "sync_bytes": self._last_sync_bytes,
                             "env_reward": self.target.observe(self.client, self.keys)})
         # Logged before the checkpoint that may cover it: a crash right after the save must
         # not leave a durable step missing from the audit log (``trained_history``).
@@ -364,6 +366,7 @@ class Learner:
         if not report.ok:
             log.warning("weight push of version %d did not reach every server", self.version)
         self._last_sync_ok = bool(report.ok)
+        self._last_sync_bytes = int(report.bytes_sent)
         self._pushed_version = self.version
         if self.healer is not None:
             self.healer.pushed()

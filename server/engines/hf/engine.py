@@ -215,13 +215,20 @@ class HFEngine(Engine):
         self._step_lock.release()
 
     async def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int, adapter: bool = False
     ) -> None:
         """Copy named tensors (HF checkpoint names) into the model between steps, then set
         the version. All names and shapes are checked before anything is copied. With tied
         embeddings the output layer is the embedding tensor, so it follows either name."""
         items = list(weights)
         await asyncio.to_thread(self._load_weights_sync, items, int(version))
+        if not adapter and self._base_copy is not None:  # a new base for later adapters
+            self._base_copy.forget()
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        if self.model is None:
+            raise RuntimeError("engine not started")
+        return dict(self.model.named_parameters(remove_duplicate=False))
 
     def _load_weights_sync(self, items: list[tuple[str, torch.Tensor]], version: int) -> None:
         if self.model is None:
