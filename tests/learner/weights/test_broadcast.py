@@ -199,7 +199,7 @@ def test_lora_push_sends_only_the_adapter_and_servers_match_after_several(tiny_m
             for version in (1, 2, 3):
                 g = torch.Generator().manual_seed(version)
                 with torch.no_grad():
-                    for name, p in learner_model.named_parameters():
+                    for p in learner_model.parameters():
                         if p.requires_grad:  # the adapters only: the base stays frozen
                             p.add_(torch.randn(p.shape, generator=g) * 0.05)
                 report = sync.push(learner_model, version=version)
