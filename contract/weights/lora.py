@@ -11,12 +11,16 @@ A server applies an adapter by merging it into its own copy of the base: ``BaseC
 ``W0`` of every weight an adapter has touched (taken from the engine's weights the first
 time), and each push loads ``W = W0 + (alpha / r) * B @ A`` (computed in float32, then cast to
 the engine's dtype), so adapters never accumulate rounding: version v is always ``W0`` plus
-v's adapter. A full push replaces the base (``BaseCopy.forget``). Design: docs/lora.md.
+v's adapter. A full push replaces the base (``BaseCopy.forget``). ``read_peft_adapter`` reads
+a PEFT adapter directory (a learner's LoRA checkpoint) as such a push, for a server started on
+a base plus an adapter. Design: docs/lora.md.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import torch
 from pydantic import BaseModel, Field
@@ -103,3 +107,27 @@ class BaseCopy:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.w0.values())
+
+
+PEFT_PREFIX = "base_model.model."
+
+
+def read_peft_adapter(path: str | Path) -> tuple[str, list[tuple[str, torch.Tensor]], LoraSpec]:
+    """(base model, adapter tensors in wire names, spec) of a PEFT LoRA directory
+    (``adapter_config.json`` and ``adapter_model.safetensors``). ValueError for what a server
+    cannot apply: another PEFT method, per-layer ranks or alphas, DoRA, rsLoRA, biases."""
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    cfg = json.loads((root / "adapter_config.json").read_text())
+    unsupported = [k for k in ("rank_pattern", "alpha_pattern", "use_dora", "use_rslora",
+                               "modules_to_save") if cfg.get(k)]
+    if cfg.get("peft_type", "LORA") != "LORA" or unsupported or cfg.get("bias", "none") != "none":
+        raise ValueError(f"{root}: only plain LoRA adapters can be served (found "
+                         f"{cfg.get('peft_type')}, {unsupported or cfg.get('bias')})")
+    targets = cfg.get("target_modules") or []
+    spec = LoraSpec(rank=int(cfg["r"]), alpha=float(cfg["lora_alpha"]),
+                    target_modules=[targets] if isinstance(targets, str) else list(targets))
+    tensors = load_file(str(root / "adapter_model.safetensors"))
+    named = [(n.removeprefix(PEFT_PREFIX), t) for n, t in tensors.items()]
+    return str(cfg["base_model_name_or_path"]), named, spec

@@ -280,7 +280,9 @@ def up(
     verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
     eval_every: int = typer.Option(None, help="Evaluate the task file's eval set every this "
                                    "many versions (default: the file's)."),
-    lr: float = typer.Option(2e-3, help="Learning rate."),
+    lr: float = typer.Option(None, help="Learning rate. (default: 2e-3)"),
+    lora_rank: int = typer.Option(None, help="Train LoRA adapters of this rank on the frozen "
+                                  "model (docs/lora.md). (default: every weight)"),
     max_staleness: int = typer.Option(2, help="Drop groups more than K versions old."),
     concurrency: int = typer.Option(4, help="Groups the environment samples at once."),
     minutes: float = typer.Option(10.0, help="Wall-clock limit."),
@@ -310,7 +312,7 @@ def up(
     cfg = UpConfig(run_dir=Path(run_dir), model=model, redis_url=redis_url, loss=loss,
                    max_steps=max_steps, groups_per_step=groups_per_step,
                    group_size=group_size, tasks=tasks, data=list(data or []),
-                   verifier=verifier, eval_every=eval_every, lr=lr,
+                   verifier=verifier, eval_every=eval_every, lr=lr, lora_rank=lora_rank,
                    max_staleness=max_staleness,
                    concurrency=concurrency, minutes=minutes,
                    target_reward=target_reward or None,

@@ -125,3 +125,31 @@ def test_settings_parse_and_validate(tiny_model_dir):
                 {"data_parallel": "fsdp2"}):
         with pytest.raises(ValueError):
             _cfg(tiny_model_dir, **bad)
+
+
+def test_the_hf_engine_serves_a_lora_checkpoint_and_its_merged_export(trained, tmp_path):
+    """`gspo serve --model` of the adapter directory (base + adapter, merged at start into a
+    kept copy of the base) and of its merged export: the learner's log-probabilities."""
+    import asyncio
+
+    from gspo_rl.server.engines.base import SamplingParams
+    from gspo_rl.server.engines.hf.engine import HFEngine
+
+    _cfg_, _base, trainer, _groups, path = trained
+    merged = export_merged(path, tmp_path / "merged")
+
+    async def sample(model_dir) -> tuple[list[int], list[float]]:
+        engine = HFEngine(str(model_dir), device="cpu")
+        await engine.start()
+        try:
+            out = await engine.generate(IDS[:3], SamplingParams(max_tokens=7, temperature=0.8,
+                                                                seed=1))
+        finally:
+            await engine.shutdown()
+        return out.token_ids, out.logprobs
+
+    for model_dir in (path, merged):
+        ids, lps = asyncio.run(sample(model_dir))
+        with torch.no_grad():
+            ours = sequence_logprobs(trainer.policy.model, IDS[:3] + ids, 3, 0.8)
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(ours), atol=1e-4, rtol=0)
