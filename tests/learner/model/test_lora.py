@@ -153,3 +153,46 @@ def test_the_hf_engine_serves_a_lora_checkpoint_and_its_merged_export(trained, t
         with torch.no_grad():
             ours = sequence_logprobs(trainer.policy.model, IDS[:3] + ids, 3, 0.8)
         torch.testing.assert_close(torch.tensor(lps), torch.tensor(ours), atol=1e-4, rtol=0)
+
+
+def test_packed_varlen_and_checkpointed_passes_give_the_adapters_the_same_gradients(
+        tiny_model_dir):
+    """With adapters: the packed forward (varlen attention, one sequence at a time on the
+    CPU) and gradient checkpointing (frozen embeddings: the inputs must carry grad) give the
+    padded pass's log-probs and adapter gradients."""
+    from gspo_rl.learner.data.batching import collate, samples_from_groups
+    from gspo_rl.learner.model import varlen
+
+    cfg = _cfg(tiny_model_dir)
+    policy = Policy.load(tiny_model_dir, "cpu", lora=cfg)
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    groups = [sample_group(policy.model, group_size=3, prompt_len=k + 2, seed=k)
+              for k in range(3)]
+    mb = collate(samples_from_groups(groups))
+
+    def run() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        policy.model.zero_grad(set_to_none=True)
+        lp = policy.token_logprobs(mb.tokens_BT, mb.attention_BT, mb.temperature_B, mb.mask_BT)
+        (lp * mb.mask_BT).sum().backward()
+        return lp.detach(), {n: p.grad.clone() for n, p in policy.model.named_parameters()
+                             if p.requires_grad}
+
+    padded, g_padded = run()
+    assert len(g_padded) == 28 and all(g.abs().sum() > 0 for g in g_padded.values())
+    policy.model.set_attn_implementation(varlen.register())
+    policy.packing = True
+    packed, g_packed = run()
+    policy.packing = False
+    policy.model.set_attn_implementation("sdpa")
+    policy.model.gradient_checkpointing_enable()
+    policy.model.enable_input_require_grads()
+    ckpt, g_ckpt = run()
+    trained = mb.mask_BT > 0
+    for lp, grads in ((packed, g_packed), (ckpt, g_ckpt)):
+        torch.testing.assert_close(lp[trained], padded[trained], rtol=2e-6, atol=2e-6)
+        for name, g in grads.items():
+            assert float((g - g_padded[name]).abs().max()) <= 1e-5 * float(
+                g_padded[name].abs().max()), name
