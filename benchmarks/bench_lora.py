@@ -14,7 +14,8 @@ is the training state: gradients, AdamW moments, activations); on CUDA
 model's adapters, to one hf-engine server started on the shape's weights (median of
 ``--repeats`` steady-state pushes each; the first builds the group and is left out).
 Ratios are LoRA / full. Shapes: ``small`` (hidden 512, 8 layers, vocabulary 32768: ~39M
-parameters) and ``0.5b`` (Qwen2.5-0.5B dimensions), random weights made locally.
+parameters), ``0.5b`` (Qwen2.5-0.5B dimensions) and ``tiny`` (the smoke test's), random
+weights made locally.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # hidden, layers, heads, kv heads, intermediate, vocabulary
-SHAPES = {"small": (512, 8, 8, 2, 1408, 32768), "0.5b": (896, 24, 14, 2, 4864, 151936)}
+SHAPES = {"tiny": (128, 2, 2, 1, 256, 1024), "small": (512, 8, 8, 2, 1408, 32768),
+          "0.5b": (896, 24, 14, 2, 4864, 151936)}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

@@ -280,7 +280,8 @@ def up(
     verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
     eval_every: int = typer.Option(None, help="Evaluate the task file's eval set every this "
                                    "many versions (default: the file's)."),
-    lr: float = typer.Option(None, help="Learning rate. (default: 2e-3)"),
+    lr: float = typer.Option(None, help="Learning rate. (default: 2e-3; 1e-2 with "
+                             "--lora-rank)"),
     lora_rank: int = typer.Option(None, help="Train LoRA adapters of this rank on the frozen "
                                   "model (docs/lora.md). (default: every weight)"),
     max_staleness: int = typer.Option(2, help="Drop groups more than K versions old."),

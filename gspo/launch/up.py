@@ -43,7 +43,7 @@ from gspo_rl.launch.workload import Workload, make_workload
 from gspo_rl.learner.tracking.base import TrackerName, check_installed, parse_names
 
 # The demo's learning rate with LoRA adapters (alpha 16): measured in docs/lora.md.
-LORA_LR = 2e-3
+LORA_LR = 1e-2
 
 
 class UpConfig(BaseModel):
