@@ -295,8 +295,10 @@ def up(
     verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
     eval_every: int = typer.Option(None, help="Evaluate the task file's eval set every this "
                                    "many versions (default: the file's)."),
-    lr: float = typer.Option(None, help="Learning rate (docs/tuning.md). (default: 2e-3, for "
-                             "the tiny demo model)"),
+    lr: float = typer.Option(None, help="Learning rate (docs/tuning.md). (default: 2e-3 for "
+                             "the tiny demo model; 1e-2 with --lora-rank)"),
+    lora_rank: int = typer.Option(None, help="Train LoRA adapters of this rank on the frozen "
+                                  "model (docs/lora.md). (default: every weight)"),
     max_staleness: int = typer.Option(None, help="Drop groups more than K versions old. "
                                       "(default: 2)"),
     concurrency: int = typer.Option(None, help="Groups the environment samples at once. "
@@ -360,6 +362,23 @@ def settings_errors(exc: Exception) -> str:
         return "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}"
                          for e in exc.errors())
     return f"  {exc}"
+
+
+@app.command("export")
+def export(
+    checkpoint: str = typer.Option(..., help="A learner checkpoint directory (step-N): a LoRA "
+                                   "adapter or full weights."),
+    out: str = typer.Option(..., help="New directory for the merged Hugging Face model."),
+) -> None:
+    """Write a checkpoint as a plain Hugging Face model (LoRA merged into its base)."""
+    from gspo_rl.learner.export import export_merged
+
+    try:
+        path = export_merged(checkpoint, out)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"gspo export: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(path))
 
 
 @app.command("eval")
