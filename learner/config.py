@@ -21,7 +21,7 @@ from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
 from gspo_rl.learner.algorithm.config import LossConfig
 from gspo_rl.learner.tracking.base import TrackerName, parse_names
 
-OldLogprobsMode = Literal["behavior", "recompute"]
+OldLogprobsMode = Literal["auto", "behavior", "recompute"]
 
 
 class LearnerConfig(BaseModel):
@@ -43,15 +43,24 @@ class LearnerConfig(BaseModel):
     # ---------------------------------------------------------------- the objective
     loss: LossConfig = Field(default_factory=LossConfig)
     """The objective (``kind`` gspo | gspo_token | grpo | sapo) and its constants."""
-    old_logprobs: OldLogprobsMode = "behavior"
-    """pi_old: "behavior" uses the servers' sampling logprobs (paper 5.4, no extra pass);
-    "recompute" recomputes pi_prox at the start of each step and weights each sequence by a
-    truncated sequence-level importance weight (decoupled off-policy correction)."""
+    old_logprobs: OldLogprobsMode = "auto"
+    """pi_old: "behavior" clips around the servers' sampling logprobs (paper 5.4, no extra
+    pass); "recompute": the decoupled objective, which clips around pi_prox (recomputed with
+    the weights before the step's first update) and corrects from the sampler with a truncated
+    importance weight, per sequence for gspo, per token otherwise. "auto" (default):
+    "recompute" unless ``max_staleness`` is 0. Why: stale groups are far outside GSPO's narrow
+    band around the sampler's ratio (about half their tokens were clipped at staleness 3, so
+    not learned from), while the extra forward pass costs ~1/3 of a step; with 0 the sampler's
+    weights are the proximal policy (docs/reference/losses.md)."""
     is_weight_cap: float = Field(default=2.0, gt=0.0)
-    """Truncation C of the recompute-mode weight ``min(exp(mean_t(lp_prox - lp_beh)), C)``."""
-    max_staleness: int | None = Field(default=None, ge=0)
+    """Truncation C of the recompute-mode importance weight ``min(pi_prox / pi_behavior, C)``
+    (the ratio is the geometric mean over the sequence's tokens for gspo)."""
+    max_staleness: int | None = Field(default=2, ge=0)
     """Groups whose oldest token is more than this many policy versions old are dropped
-    (counted). ``None``: keep everything."""
+    (counted). It also bounds the servers' admission control: they hold new groups while
+    ``(max_staleness + 1) x groups_per_step`` are in flight. 0: synchronous training. 2 (the
+    default, as ``gspo up``): unbounded runs trained on groups ~100 versions old and learned
+    slower (docs/concepts/staleness.md). ``None`` (Python only) turns both mechanisms off."""
 
     # ---------------------------------------------------------------- batching
     groups_per_step: int = Field(default=8, ge=1)
@@ -72,9 +81,9 @@ class LearnerConfig(BaseModel):
     """AdamW learning rate (after warm-up). The default moves a small (~1B) model within tens
     of steps; large models usually want 1e-6, the tiny demo model 2e-3 (``gspo up``)."""
     warmup_steps: int = Field(default=0, ge=0)
-    """Linear learning-rate warm-up, in optimizer steps."""
+    """Linear learning-rate warm-up, in optimizer steps; 0 (the default): no warm-up."""
     weight_decay: float = Field(default=0.0, ge=0.0)
-    """AdamW decoupled weight decay."""
+    """AdamW decoupled weight decay; 0 (the default): none."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW (beta1, beta2)."""
     adam_eps: float = Field(default=1e-8, gt=0.0)
@@ -144,6 +153,10 @@ class LearnerConfig(BaseModel):
     groups are acknowledged right after training (at-least-once is then lost on a crash)."""
     save_every: int = Field(default=50, ge=1)
     """Checkpoint every k steps (and on a graceful stop); acks follow each checkpoint."""
+    save_every_s: float | None = Field(default=120.0, gt=0.0)
+    """Also checkpoint when this many seconds have passed since the last one (None: by
+    steps only). Bounds what a crash costs: the unsaved steps' groups are redelivered and
+    trained again, but only those sampled within ``max_staleness`` of the checkpoint."""
     keep_last: int = Field(default=3, ge=1)
     """Checkpoints kept on disk; older ones are deleted after a new one is durable."""
     resume: bool = False
@@ -167,14 +180,16 @@ class LearnerConfig(BaseModel):
 
     # ---------------------------------------------------------------- metrics
     metrics_jsonl: str | None = None
-    """Append one JSON line of metrics per step here (default: ``save_dir/metrics.jsonl``)."""
+    """Append one JSON line of metrics per step here (default: ``save_dir/metrics.jsonl``;
+    without ``save_dir``: no metrics file, the console line only)."""
     console: bool = True
     """Print one line per step to the terminal."""
     report_to: list[TrackerName] = Field(default_factory=list)
     """Experiment trackers that get the run's config and git commit, then every record of the
     metrics JSONL (steps, stalls, checkpoints, evaluations): any of tensorboard, wandb,
     mlflow, comma-separated on the command line. Each is an extra (``pip install
-    'gspo-rl[wandb]'``); a missing one stops the start with that hint (docs/tracking.md)."""
+    'gspo-rl[wandb]'``); a missing one stops the start with that hint (docs/tracking.md).
+    Default: none (no tracker)."""
     run_name: str | None = None
     """Name of the tracked run (W&B, MLflow); ``None``: the tracker picks one."""
     tracking_project: str | None = None
@@ -195,6 +210,13 @@ class LearnerConfig(BaseModel):
         if self.resume and self.save_dir is None:
             raise ValueError("resume=True needs save_dir")
         return self
+
+    @property
+    def pi_old(self) -> Literal["behavior", "recompute"]:
+        """``old_logprobs`` with "auto" resolved: "recompute" unless ``max_staleness`` is 0."""
+        if self.old_logprobs != "auto":
+            return self.old_logprobs
+        return "behavior" if self.max_staleness == 0 else "recompute"
 
     @property
     def metrics_path(self) -> Path | None:

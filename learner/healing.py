@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import redis
 
@@ -33,11 +33,14 @@ class ServerHealer:
         self.client, self.keys, self.admin_key = client, keys, admin_key
         self.progress, self.interval_s = progress, interval_s
         self.last_check = 0.0
-        self.rejected = 0  # registry entries skipped at the last check
+        self.rejected = 0  # registry entries skipped at the last read (a check or a push)
 
-    def pushed(self) -> None:
-        """A push just happened: heartbeats need a few seconds to show its version."""
+    def pushed(self, rejected: Collection[str] | None = None) -> None:
+        """A push just happened: heartbeats need a few seconds to show its version.
+        ``rejected``: the registry entries that push skipped (None: it did not read)."""
         self.last_check = time.monotonic()
+        if rejected is not None:  # the push read the registry: the check would not now
+            self.rejected = len(rejected)
 
     def due(self) -> bool:
         return time.monotonic() - self.last_check >= self.interval_s

@@ -34,6 +34,7 @@ import torch
 
 from gspo_rl.contract.admission import FIELD_TRAINING, capacity
 from gspo_rl.contract.gc_freeze import freeze_startup_objects
+from gspo_rl.contract.queue.ready.lineage import Lineage
 from gspo_rl.contract.queue.ready.reader import Batch, GroupReader
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
@@ -114,6 +115,8 @@ class Learner:
         self.recent_acked: deque[str] = deque(maxlen=10_000)
         self._stop = False
         self.target = TargetStop(config.target_reward, config.target_window)
+        self.lineage = Lineage()  # resumes: how far redelivered groups really are
+        self._saved_at = time.monotonic()  # save_every_s counts from here
         if ckpt is not None:
             self._restore(ckpt)
         self.resumed_from = self.step
@@ -122,12 +125,16 @@ class Learner:
         self.progress = ProgressMonitor(self.metrics, run_id=self.run_id)
         self.retry = RedisRetry(config.redis_retry_s)
         self._pushed_version = -1
+        if hasattr(self.sync, "on_stall"):  # a push's long waits: stall records, WARNINGs
+            self.sync.on_stall = lambda detail: self.progress.stalled(
+                "weight_push", detail, every_s=0.0)  # paced by the push
         key = config.admin_key.get_secret_value() if config.admin_key else None
         self.healer = None if isinstance(self.sync, NoSync) else ServerHealer(
             self.client, self.keys, key, self.progress, _HEAL_INTERVAL_S)
         self.reader = self._retrying(lambda: GroupReader(
             self.client, self.keys, config.consumer, config.max_staleness,
             keep_trained_s=config.keep_trained_s))
+        self.reader.lineage = self.lineage
         if ckpt is not None:  # idempotent: the crash may follow the ack
             self._retrying(lambda: self.reader.ack(ckpt.state.entry_ids))
         self.target.observe(self.client, self.keys)  # the reward window's baseline
@@ -158,6 +165,7 @@ class Learner:
         restore_rng(state["rng"])
         self.step, self.version = ckpt.state.step, ckpt.state.version
         self.groups_trained = ckpt.state.groups_trained
+        self.lineage = Lineage.from_json(ckpt.state.extra.get("lineage"))
 
     def _published_version(self) -> int:
         raw = self.client.hget(self.keys.learner_state, "version")
@@ -168,9 +176,12 @@ class Learner:
         servers are back at their initial weights, the others may hold unsaved ones."""
         published = self._published_version()
         if published > self.version:
-            self.version = published + 1
-            log.info("servers may hold unsaved weights up to version %d: pushing version %d",
-                     published, self.version)
+            base, self.version = self.version, published + 1
+            self.lineage.resumed(base, self.version)
+            log.info("servers may hold unsaved weights up to version %d: pushing version %d "
+                     "(the weights of version %d); groups sampled before are judged against "
+                     "these weights, not the lost versions %d..%d", published, self.version,
+                     base, base + 1, published)
         self._push()
 
     def _retrying(self, fn: Callable[[], T]) -> T:
@@ -352,13 +363,16 @@ class Learner:
 
     def _push_ok(self) -> bool:
         self._publish_state()
-        report = self.sync.push(self._export(with_optimizer=False)[0], self.version)
+        try:
+            report = self.sync.push(self._export(with_optimizer=False)[0], self.version)
+        finally:
+            self.progress.clear("weight_push")
         if not report.ok:
             log.warning("weight push of version %d did not reach every server", self.version)
         self._last_sync_ok = bool(report.ok)
         self._pushed_version = self.version
         if self.healer is not None:
-            self.healer.pushed()
+            self.healer.pushed(getattr(report, "rejected", None))
         return self._last_sync_ok
 
     def _checkpoint(self, force: bool) -> float:
@@ -367,15 +381,18 @@ class Learner:
         t0 = time.perf_counter()
         cfg = self.config
         if cfg.save_dir is not None:
-            due = self.step % cfg.save_every == 0 or force
-            if not (due and self.pending_ack):
+            if not (self.pending_ack and (force or self._save_due())):
                 return 0.0
+            if cfg.max_staleness is not None:
+                self.lineage.forget_before(self.version, cfg.max_staleness)
             state = LearnerState(self.step, self.version, list(self.pending_ack),
-                                 self.groups_trained, extra={"run_id": self.run_id})
+                                 self.groups_trained, extra={"run_id": self.run_id,
+                                                             "lineage": self.lineage.to_json()})
             model, trainer_state = self._export(with_optimizer=True)
             assert trainer_state is not None
             save_checkpoint(cfg.save_dir, model, trainer_state, state,
                             tokenizer_src=self.tokenizer_src, keep_last=cfg.keep_last)
+            self._saved_at = time.monotonic()
             self.metrics.event({"event": "checkpoint", "run_id": self.run_id,
                                 "step": self.step, "groups": len(self.pending_ack),
                                 "time_checkpoint_s": time.perf_counter() - t0})
@@ -386,6 +403,12 @@ class Learner:
         except redis.RedisError as exc:  # kept: the next checkpoint records them again
             log.warning("ack failed (%s); will retry after the next checkpoint", exc)
         return time.perf_counter() - t0
+
+    def _save_due(self) -> bool:
+        """Every ``save_every`` steps, or ``save_every_s`` after the last checkpoint."""
+        every_s = self.config.save_every_s
+        return (self.step % self.config.save_every == 0
+                or (every_s is not None and time.monotonic() - self._saved_at >= every_s))
 
     def _publish_state(self) -> None:
         publish_state(self.client, self.keys, state_fields(

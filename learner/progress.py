@@ -10,7 +10,10 @@
   nothing is in flight (no environment is producing, or none reaches a server);
 - ``no_servers``: weight sync is on and no live, verified server is registered;
 - ``servers_behind``: a live server serves an older policy than the learner pushed (it
-  restarted), and pushing to it again failed.
+  restarted), and pushing to it again failed;
+- ``weight_push``: a weight push waits on a server (or a server on its part of the
+  broadcast) past a few seconds; reported every few seconds while it lasts (the push
+  paces these reports: ``gspo_rl.learner.weights.replies``).
 
 Each state is logged at WARNING with its reason when it starts and then at most once per
 ``interval_s`` while it lasts (not once per loop iteration), written to the metrics JSONL as a
@@ -30,7 +33,8 @@ from gspo_rl.learner.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
 
-STALL_REASONS = ("redis_down", "all_stale", "no_groups", "no_servers", "servers_behind")
+STALL_REASONS = ("redis_down", "all_stale", "no_groups", "no_servers", "servers_behind",
+                 "weight_push")
 
 
 class RedisUnavailable(RuntimeError):
@@ -48,15 +52,18 @@ class ProgressMonitor:
         self._last_warned: dict[str, float] = {}
         self.counts: Counter[str] = Counter()  # since the last step record
 
-    def stalled(self, reason: str, detail: str | Callable[[], str]) -> None:
+    def stalled(self, reason: str, detail: str | Callable[[], str],
+                every_s: float | None = None) -> None:
         """The loop made no progress this iteration, because of ``reason``; ``detail`` (or
-        what it returns: computed only when a warning is due) says more."""
+        what it returns: computed only when a warning is due) says more. ``every_s``: the
+        interval between warnings for this call (default ``interval_s``)."""
         if reason not in STALL_REASONS:
             raise ValueError(f"unknown stall reason {reason!r}")
         now = time.monotonic()
         start = self.since.setdefault(reason, now)
         self.counts[reason] += 1
-        if now - self._last_warned.get(reason, -float("inf")) < self.interval_s:
+        every = self.interval_s if every_s is None else every_s
+        if now - self._last_warned.get(reason, -float("inf")) < every:
             return
         self._last_warned[reason] = now
         if callable(detail):

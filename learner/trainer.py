@@ -5,10 +5,11 @@ into ``M`` minibatches; each minibatch is one optimizer step, its microbatches a
 gradients scaled so that their sum is the minibatch's seq-mean-token-mean loss
 (``MicroBatch.loss_scale``).
 
-pi_old, by ``LearnerConfig.old_logprobs``: "behavior", the servers' sampling
-log-probabilities (GSPO paper, section 5.4); or "recompute", pi_prox recomputed here without
-grad at the start of the step, each sequence's loss multiplied by the detached, truncated
-sequence-level weight ``min(exp(mean_t(lp_prox - lp_behavior)), C)`` (decoupled PPO).
+pi_old, by ``LearnerConfig.pi_old``: "behavior", the servers' sampling log-probabilities
+(GSPO paper, section 5.4); or "recompute", the decoupled objective: pi_prox recomputed here
+without grad at the start of the step, the loss multiplied by the truncated importance weight
+behaviour -> proximal at the loss's level (``gspo_rl.learner.algorithm.losses
+.decoupled_is_weights``: per sequence for gspo, per token otherwise).
 
 A minibatch whose gradient norm is not finite is skipped (``skipped_updates``), never written
 into the weights. Speed (``gspo_rl.learner.model.speed``, decided once here): on CUDA bf16
@@ -26,7 +27,7 @@ import torch
 
 from gspo_rl.contract.queue.schema import ReadyGroup
 from gspo_rl.learner.algorithm.advantages import advantage_fn_for
-from gspo_rl.learner.algorithm.losses import policy_loss
+from gspo_rl.learner.algorithm.losses import decoupled_is_weights, policy_loss
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import AdvantageFn, MicroBatch, MiniBatch, plan_step
 from gspo_rl.learner.model.policy import Policy
@@ -51,11 +52,8 @@ def truncated_is_weights(
     prox_BT: torch.Tensor, behavior_BT: torch.Tensor, mask_BT: torch.Tensor, cap: float
 ) -> torch.Tensor:
     """``min(exp(mean_t(prox - behavior)), cap)`` per row over trained tokens; 1 for rows
-    without any. Clamped in log space, so a huge ratio cannot overflow."""
-    keep = mask_BT > 0
-    n = keep.sum(-1)
-    log_w = torch.where(keep, prox_BT - behavior_BT, 0.0).sum(-1) / n.clamp(min=1)
-    return torch.where(n > 0, log_w.clamp(max=math.log(cap)).exp(), 1.0)
+    without any (the sequence-level weight of ``decoupled_is_weights``)."""
+    return decoupled_is_weights(prox_BT, behavior_BT, mask_BT, "gspo", cap)
 
 
 class Trainer:
@@ -153,7 +151,7 @@ class Trainer:
                          self.advantage_fn, min_micro=world, packed=self.policy.packing)
         mine = [self._my_share(mb) for mb in plan.minibatches]
         metrics: dict[str, float] = {}
-        if self.config.old_logprobs == "recompute":
+        if self.config.pi_old == "recompute":
             metrics.update(self._recompute(mine))
         per_mb = [self._optimizer_step(s) for s in mine]
         if self.policy.device.type == "cuda":
@@ -202,28 +200,34 @@ class Trainer:
 
     @torch.no_grad()
     def _recompute(self, shares: list[Share]) -> dict[str, float]:
-        """pi_prox for every microbatch (before any update) and the truncated IS weights."""
-        acc = {"w": 0.0, "rows": 0.0, "capped": 0.0, "abs_lr": 0.0}
-        cap = self.config.is_weight_cap
+        """pi_prox for every microbatch (before any update) and the truncated IS weights.
+
+        ``is_weight_mean`` and ``is_weight_capped_fraction`` are over the units the weights
+        apply to (sequences for gspo, trained tokens otherwise); the log-ratio is per sequence.
+        """
+        acc = {"w": 0.0, "units": 0.0, "capped": 0.0, "abs_lr": 0.0, "rows": 0.0}
+        cap, kind = self.config.is_weight_cap, self.config.loss.kind
         for s in shares:
             self._pad_passes(s, backward=False)
         for m in (m for s in shares for m in s.micro):
             d = self._device_batch(m)
             prox = self._logprobs(m, d)
             m.old_BT = prox
-            m.is_weights_B = w = truncated_is_weights(prox, d["behavior"], d["mask"], cap)
+            m.is_weights_B = w = decoupled_is_weights(prox, d["behavior"], d["mask"], kind, cap)
             keep = d["mask"] > 0
             valid = keep.any(-1)
             log_w = torch.where(keep, prox - d["behavior"], 0.0).sum(-1) / keep.sum(-1).clamp(
                 min=1)
-            acc["w"] += float(w[valid].sum())
-            acc["capped"] += float((w[valid] >= cap).sum())
-            acc["rows"] += float(valid.sum())
-            acc["abs_lr"] += float(log_w.abs()[valid].sum())
+            units = valid if w.dim() == 1 else keep
+            sums = torch.stack([t.to(torch.float64) for t in (
+                w[units].sum(), (w[units] >= cap).sum(), units.sum(), log_w.abs()[valid].sum(),
+                valid.sum())]).tolist()
+            for k, v in zip(("w", "capped", "units", "abs_lr", "rows"), sums, strict=True):
+                acc[k] += float(v)
         acc = self._sum(acc)
-        n = max(acc["rows"], 1.0)
+        n, rows = max(acc["units"], 1.0), max(acc["rows"], 1.0)
         return {"is_weight_mean": acc["w"] / n, "is_weight_capped_fraction": acc["capped"] / n,
-                "prox_behavior_abs_log_ratio": acc["abs_lr"] / n}
+                "prox_behavior_abs_log_ratio": acc["abs_lr"] / rows}
 
     def _pad_passes(self, share: Share, backward: bool) -> None:
         """FSDP's zero-weight passes: the collectives of a real pass, exact zero gradients."""

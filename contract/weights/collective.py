@@ -18,7 +18,9 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
 import torch
@@ -222,11 +224,25 @@ def host_store(master_addr: str, master_port: int, timeout_s: float) -> dist.TCP
                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
-def _broadcast(pg: dist.ProcessGroup, buf: torch.Tensor, timeout_s: float) -> None:
+Poll = Callable[[], None]
+"""Called every 20 ms while a bucket is on its way (its completion wakes the wait at once);
+raising abandons the broadcast (the caller then disposes of the group)."""
+
+
+def _broadcast(pg: dist.ProcessGroup, buf: torch.Tensor, timeout_s: float,
+               poll: Poll | None = None) -> None:
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
     opts.timeout = datetime.timedelta(seconds=timeout_s)
     work = pg.broadcast([buf], opts)
+    if poll is not None:  # wait in slices: the other side's failure ends the wait at once
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _: done.set())  # wakes the wait at once
+        deadline = time.monotonic() + timeout_s
+        while not done.wait(0.02):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weight broadcast did not finish within {timeout_s}s")
+            poll()
     if not work.wait(datetime.timedelta(seconds=timeout_s)):
         raise TimeoutError(f"weight broadcast did not finish within {timeout_s}s")
 
@@ -237,14 +253,16 @@ def send_tensors(
     bucket_bytes: int,
     timeout_s: float,
     device: torch.device | str = "cpu",
+    poll: Poll | None = None,
 ) -> int:
-    """Rank 0: broadcast ``named`` bucket by bucket. Returns the number of bytes sent."""
+    """Rank 0: broadcast ``named`` bucket by bucket. Returns the number of bytes sent.
+    ``poll`` (see ``Poll``) is called while each bucket is under way."""
     metas = tensor_metas(named)
     sent = 0
     for idx in plan_buckets(metas, bucket_bytes):
         parts = [named[i][1].detach().to(device).reshape(-1) for i in idx]
         buf = parts[0] if len(parts) == 1 else torch.cat(parts)
-        _broadcast(pg, buf.contiguous(), timeout_s)
+        _broadcast(pg, buf.contiguous(), timeout_s, poll)
         sent += buf.numel() * buf.element_size()
     return sent
 

@@ -34,15 +34,23 @@ DEFAULT_PATIENCE_S = 15.0
 class Processes:
     """Child processes with their logs; ``stop_all`` stops them in reverse, one at a time."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, cpus: dict[str, list[int]] | None = None) -> None:
         self.log_dir = log_dir
+        self.cpus = cpus or {}
         self.procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None
               ) -> subprocess.Popen[bytes]:
+        """Start ``name``; pinned to ``self.cpus[name]`` (set in the child before exec, so
+        every thread it makes inherits it) with as many torch threads, when given."""
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop_all)
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
+        cpus = self.cpus.get(name)
+        env = {**os.environ, **(env or {})}
+        if cpus:
+            env["OMP_NUM_THREADS"] = str(len(cpus))
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=pin)
         self.procs.append((name, proc, log))
         return proc
 

@@ -95,6 +95,10 @@ class UpConfig(BaseModel):
     tracking_project: str | None = None
     """W&B project and MLflow experiment; None: theirs from the environment, else "gspo-rl"."""
     extra_learn_args: list[str] = Field(default_factory=list)
+    cpus: dict[str, list[int]] = Field(default_factory=dict)
+    """Pin child processes to CPU cores by name ("server", "learner", "redis"), their torch
+    threads to as many (``OMP_NUM_THREADS``): each side gets its own cores, as on separate
+    devices (``benchmarks/bench_async.py``). Empty (default): no pinning."""
 
     @classmethod
     def from_toml(cls, path: str | Path | None = None, defaults: dict[str, Any] | None = None,
@@ -320,7 +324,7 @@ def run_up(cfg: UpConfig) -> UpResult:
     if (previous := set_aside_previous_run(cfg.run_dir)) is not None:
         print(f"the earlier run in {cfg.run_dir} was moved to {previous}; this one starts "
               "from scratch", flush=True)
-    procs = Processes(cfg.run_dir)
+    procs = Processes(cfg.run_dir, cfg.cpus)
     groups: dict[str, int] | None = None
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     _say_settings(cfg)

@@ -11,10 +11,16 @@ are clamped to ``[-max_log_ratio, max_log_ratio]`` before ``exp`` (tokens outsid
 no gradient); masked positions never reach values or gradients. SAPO has no hard clip: its
 ``clip_fraction`` is 0 and ``gate_mean`` is its health signal. Why each departure from the
 papers: docs/reference/losses.md.
+
+Stale data (the decoupled objective): ``old_logprobs`` is then the proximal policy (the weights
+just before the update) and ``is_weights`` the truncated importance weight behaviour -> proximal
+that ``decoupled_is_weights`` computes at the loss's level: one per sequence for "gspo" (the
+geometric-mean ratio, ``[B]``), one per token for the others (``[B, T]``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -73,9 +79,35 @@ def _check_inputs(
     if kind == "gspo" and advantages.dim() == 2:
         raise ValueError("kind='gspo' takes one advantage per sequence ([B]); per-token "
                          "advantages [B, T] need kind='gspo_token' (or 'grpo'/'sapo')")
-    if is_weights is not None and is_weights.shape != shape[:1]:
-        raise ValueError(f"is_weights must be [B]={tuple(shape[:1])}, "
+    if is_weights is not None and is_weights.shape not in (shape[:1], shape):
+        raise ValueError(f"is_weights must be [B]={tuple(shape[:1])} or [B, T]={tuple(shape)}, "
                          f"got {tuple(is_weights.shape)}")
+    if kind == "gspo" and is_weights is not None and is_weights.dim() == 2:
+        raise ValueError("kind='gspo' takes one importance weight per sequence ([B]): its "
+                         "ratio is the sequence's")
+
+
+def decoupled_is_weights(
+    prox_BT: torch.Tensor, behavior_BT: torch.Tensor, mask_BT: torch.Tensor, kind: str,
+    cap: float,
+) -> torch.Tensor:
+    """Truncated importance weights behaviour -> proximal at the level of ``kind``'s ratio.
+
+    "gspo": ``min(exp(mean_t(prox - behavior)), cap)`` per sequence ``[B]`` over its trained
+    tokens (1 for a sequence without any); the others: ``min(exp(prox_t - behavior_t), cap)``
+    per token ``[B, T]`` (1 on untrained positions, whatever they hold). Clamped in log space:
+    a huge ratio cannot overflow. Constants for the loss (no gradient flows through them).
+    """
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    keep = mask_BT > 0
+    log_cap = math.log(cap)
+    diff = torch.where(keep, prox_BT - behavior_BT, 0.0)
+    if kind == "gspo":
+        n = keep.sum(-1)
+        log_w = diff.sum(-1) / n.clamp(min=1)
+        return torch.where(n > 0, log_w.clamp(max=log_cap).exp(), 1.0)
+    return torch.where(keep, diff.clamp(max=log_cap).exp(), 1.0)
 
 
 def policy_loss(
@@ -94,8 +126,9 @@ def policy_loss(
         advantages: ``[B]`` per sequence, or ``[B, T]`` per token (not for "gspo").
         mask: ``[B, T]``, 1 on trained tokens, 0 on padding and environment-written tokens.
         config: the objective and its constants.
-        is_weights: optional ``[B]`` per-sequence weights, treated as constants, multiplied
-            into each sequence's loss (decoupled off-policy correction).
+        is_weights: optional weights treated as constants: ``[B]`` multiplies each sequence's
+            objective, ``[B, T]`` (not for "gspo") each token's; the decoupled objective's
+            truncated importance weights (``decoupled_is_weights``).
     """
     _check_inputs(logprobs, old_logprobs, advantages, mask, is_weights, config.kind)
     with torch.no_grad():  # nothing computed here joins the graph: no detach needed
@@ -131,8 +164,11 @@ def _loss_and_grad(
     s_B = log_s_B.exp()
     # Per-sequence factor w_i / (N |y_i|) (negated: we minimise the negative objective).
     seq_scale_B = -valid_B / (len1_B * n_seq)
-    if is_weights_B is not None:
+    tok_w_BT = None
+    if is_weights_B is not None and is_weights_B.dim() == 1:
         seq_scale_B = seq_scale_B * is_weights_B.to(ft)
+    elif is_weights_B is not None:  # per token; padding may hold anything
+        tok_w_BT = torch.where(keep_BT, is_weights_B.to(ft), 0.0)
 
     if cfg.kind == "gspo":
         value, grad_BT, clip_lo_B, clip_hi_B = _gspo_terms(s_B, adv.to(ft), cfg, seq_scale_B,
@@ -147,6 +183,8 @@ def _loss_and_grad(
             adv_BT = torch.where(keep_BT, adv.to(ft), 0.0)
         ratio_BT = s_B[:, None].expand_as(log_ratio_BT) if cfg.kind == "gspo_token" \
             else log_ratio_BT.exp()
+        if tok_w_BT is not None:  # w_t A_t: the weight scales the token's objective
+            adv_BT = adv_BT * tok_w_BT
         value, grad_BT, clip_lo_BT, clip_hi_BT, extra = _token_terms(
             ratio_BT, adv_BT, cfg, seq_scale_B, keep_BT, grad_ok_BT)
         clip_n = torch.stack([clip_lo_BT.sum(), clip_hi_BT.sum()]).to(ft)
@@ -194,7 +232,8 @@ def _token_terms(
     if cfg.kind == "sapo":
         tau: torch.Tensor | float = cfg.tau_pos
         if cfg.tau_pos != cfg.tau_neg:
-            tau = torch.where(adv_BT > 0, cfg.tau_pos, cfg.tau_neg)
+            # in the advantages' dtype (a scalar ``where`` would round tau to float32)
+            tau = torch.full_like(adv_BT, cfg.tau_neg).masked_fill_(adv_BT > 0, cfg.tau_pos)
         sig_BT = (ratio_BT - 1.0).mul_(tau).sigmoid_()
         obj_BT = (sig_BT * adv_BT).mul_(4.0).div_(tau)
         slope_BT = sig_BT.sub_(sig_BT.square()).mul_(4.0)  # f'(r) = 4 sig (1 - sig); 1 at r = 1

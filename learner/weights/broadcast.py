@@ -11,13 +11,17 @@ handles instead (``/admin/weights/update_ipc``; the choice is
 ``gspo_rl.contract.weights.collective.choose_transport``).
 
 Every wait is bounded (HTTP by ``timeout_s``, collectives by the group's timeout, the health
-check by ``health_timeout_s``); Redis being down fails the push (``ok=False``, reason in
-``error``) and never raises into the training loop. Design notes: docs/design/weight-sync.md.
+check by ``health_timeout_s``) and ends early when a server's reply says its side failed
+(``gspo_rl.learner.weights.replies``; the group is then abandoned); a wait past a few seconds
+is reported through ``on_stall`` while it lasts. Redis being down fails the push
+(``ok=False``, reason in ``error``) and never raises into the training loop. Design notes:
+docs/design/weight-sync.md.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,8 +48,20 @@ from gspo_rl.contract.weights.collective import (
     transport_device,
 )
 from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest, export_tensors
+from gspo_rl.learner.weights.replies import Replies, StallFn, reply_error
 
 log = logging.getLogger(__name__)
+
+
+def _warn_stall(detail: str) -> None:
+    log.warning("%s", detail)
+
+
+def _release(abandoned: list[tuple[float, dist.ProcessGroup]]) -> None:
+    """Drop abandoned groups once their collectives have timed out (a daemon thread)."""
+    while abandoned:
+        until, _pg = abandoned.pop()
+        time.sleep(max(0.0, until - time.monotonic()))
 
 
 @dataclass
@@ -105,6 +121,12 @@ class BroadcastSync:
         self.epoch = 0
         self.device = None if device is None else torch.device(device)
         self._transports: dict[tuple[str, str], list[str]] = {}  # (id, url) -> device ids
+        self._abandoned: list[tuple[float, dist.ProcessGroup]] = []  # (keep until, group)
+        self._version = 0  # of the push under way
+        self._join_refused: list[str] = []  # ids whose join failed in the last rebuild
+        self.on_stall: StallFn = _warn_stall
+        """Told, every few seconds while a wait of the push lasts, what it waits for (the
+        learner records a ``stall``; by default a WARNING)."""
 
     # ---------------------------------------------------------------- group membership
 
@@ -127,30 +149,22 @@ class BroadcastSync:
             futures.append((s, self.pool.submit(self.http.post, f"{s.url}/admin/weights/join",
                                                 json=body)))
             rank += s.ranks
-        try:
-            pg = make_process_group(self.backend, self.master_addr, port, 0, world, self.epoch,
-                                    self.timeout_s, store=store)
+        replies = Replies("join", futures, self._version, self.on_stall)
+        work = self.pool.submit(make_process_group, self.backend, self.master_addr, port, 0,
+                                world, self.epoch, self.timeout_s, store=store)
+        try:  # a server that fails to join ends the wait for the group at once
+            pg = replies.race(work, self.timeout_s + 5, f"forming group epoch {self.epoch}")
         except Exception as exc:
             log.warning("weight group epoch %d failed to form: %s", self.epoch, exc)
             pg = None
-        joined = self._all_ok(futures, "join")  # always collect: the log says who failed
+        # Always collected (the log says who failed); once the group has failed, the joins
+        # still waiting on it are not waited for: they end on their own timeout.
+        joined = replies.collect(self.timeout_s + 15 if pg is not None else 0.0)
+        self._join_refused = replies.failed()
         if pg is None or not joined:
             return False
         self.pg, self.members = pg, list(servers)
         return True
-
-    def _all_ok(self, futures: list[tuple[ServerInfo, Future[httpx.Response]]],
-                what: str) -> bool:
-        ok = True
-        for s, fut in futures:
-            try:
-                resp = fut.result(timeout=self.timeout_s + 15)
-                if resp.status_code != 200:
-                    raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-            except Exception as exc:
-                log.warning("server %s (%s) failed to %s: %s", s.server_id, s.url, what, exc)
-                ok = False
-        return ok
 
     def _unresponsive(self, servers: Sequence[ServerInfo]) -> list[str]:
         """After a failed round, the culprits: servers whose /health does not answer 200."""
@@ -211,6 +225,7 @@ class BroadcastSync:
         """
         t0 = time.perf_counter()
         report = BroadcastReport(version=version)
+        self._version = version
         named = named_weights(model)
         device = self._compute_device(model)
         excluded: set[str] = set()
@@ -231,8 +246,9 @@ class BroadcastSync:
             if self.pg is None or [s.member() for s in group] != [
                     m.member() for m in self.members]:
                 report.rebuilt = True
-                if not self._rebuild(group):
-                    self._drop(self._unresponsive(group), excluded, report)
+                if not self._rebuild(group):  # drop who refused to join, or does not answer
+                    bad = self._join_refused + self._unresponsive(group)
+                    self._drop(list(dict.fromkeys(bad)), excluded, report)
                     continue
             ipc_failed = self._send_ipc(named, version, ipc, device)
             sent = not self.members or self._send(named, version, report, device)
@@ -242,8 +258,8 @@ class BroadcastSync:
                 break
             bad = self._unresponsive(ipc_failed)
             if not sent:
-                bad += self._unresponsive(self.members)
-                self.pg, self.members = None, []
+                bad += self._unresponsive(group)
+                self._abandon()
             self._drop(bad, excluded, report)
         report.seconds = time.perf_counter() - t0
         return report
@@ -267,7 +283,8 @@ class BroadcastSync:
                                 timeout_s=self.timeout_s).model_dump()
         futures = [(s, self.pool.submit(self.http.post, f"{s.url}/admin/weights/update_ipc",
                                         json=body)) for s in servers]
-        failed = [s for s, fut in futures if not self._all_ok([(s, fut)], "load IPC weights")]
+        Replies("load IPC weights", futures, version, self.on_stall).collect(self.timeout_s + 15)
+        failed = [s for s, fut in futures if not fut.done() or reply_error(fut) is not None]
         del kept
         torch.cuda.ipc_collect()  # release what the servers have let go of
         return failed
@@ -280,17 +297,39 @@ class BroadcastSync:
                 "bucket_bytes": self.bucket_bytes, "timeout_s": self.timeout_s}
         futures = [(s, self.pool.submit(self.http.post, f"{s.url}/admin/weights/update",
                                         json=body)) for s in self.members]
-        sent_ok = True
-        try:
-            report.bytes_sent += send_tensors(self.pg, named, self.bucket_bytes, self.timeout_s,
-                                              transport_device(self.backend, device))
+        replies = Replies("load weights", futures, version, self.on_stall)
+        try:  # each server's reply is read as it arrives: a failure aborts the broadcast
+            report.bytes_sent += send_tensors(
+                self.pg, named, self.bucket_bytes, self.timeout_s,
+                transport_device(self.backend, device),
+                poll=lambda: replies.poll("broadcasting the buckets"))
         except Exception as exc:
             log.warning("broadcast of version %d failed: %s", version, exc)
-            sent_ok = False
-        return self._all_ok(futures, "load weights") and sent_ok
+            self._abandon()
+            return False
+        return replies.collect(self.timeout_s + 15)
+
+    def _abandon(self) -> None:
+        """Leave the current group. NCCL: aborted (its kernels would spin on the GPU until
+        the watchdog's timeout). Gloo: kept alive until its abandoned collective has timed
+        out (gloo's abort does not end it, and dropping the group would block on it)."""
+        now = time.monotonic()
+        self._abandoned = [(t, pg) for t, pg in self._abandoned if t > now]
+        if self.pg is not None and self.backend == "nccl":
+            try:
+                self.pg.abort()
+            except Exception as exc:  # noqa: BLE001 - best effort: the group is left anyway
+                log.warning("aborting weight group epoch %d: %s", self.epoch, exc)
+        elif self.pg is not None:
+            self._abandoned.append((now + self.timeout_s + 5, self.pg))
+        self.pg, self.members = None, []
 
     def close(self) -> None:
         self.pg = None
         self.members = []
+        if self._abandoned:  # dropped off the caller's thread: each blocks until timed out
+            threading.Thread(target=_release, args=(self._abandoned,), daemon=True,
+                             name="weight-sync-abandoned").start()
+        self._abandoned = []
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.http.close()

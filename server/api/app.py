@@ -60,6 +60,7 @@ from gspo_rl.server.api.routes import (
 )
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Engine
+from gspo_rl.server.engines.updates import WeightUpdates
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.admission import AdmissionGate
 from gspo_rl.server.rollouts.chat.render import TokenTexts
@@ -134,7 +135,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             engine, redis, keys, store)
         counter = InFlightCounter(redis, keys, settings.server_id, store.pipe)
         gate = AdmissionGate(counter, settings, app.state.metrics,
-                             lambda: engine.policy_version)
+                             lambda: engine.policy_version,
+                             weight_status=app.state.weight_updates.describe)
         app.state.admission = gate
         tasks.append(asyncio.create_task(counter.publish_loop(lambda: gate.local)))
         app.state.tokenizer = load_tokenizer(engine)
@@ -177,6 +179,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.state.settings = settings
     app.state.injected_engine = engine
     app.state.metrics = ServerMetrics()
+    app.state.weight_updates = WeightUpdates()  # said while they wait, and when refusing
     app.state.started_at = int(time.time())  # GET /v1/models' "created"
     app.state.engine_dead = None  # why the engine died, once it has (gspo_rl.server.run)
     app.state.exit_code = 0  # the process's exit status once uvicorn stops (run_server)

@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gspo_rl.contract.queue.errors import StoreError, StoreReason
@@ -227,7 +228,20 @@ async def _http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
         message = f"no route {request.method} {request.url.path}"
-    return APIError(exc.status_code, message, headers=exc.headers).response()
+    headers = exc.headers
+    if exc.status_code == 405:  # Starlette names only the first route of the path
+        headers = {**(headers or {}), "Allow": _allowed_methods(request)}
+    return APIError(exc.status_code, message, headers=headers).response()
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at the request's path (routes may share a path)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match != Match.NONE and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return ", ".join(sorted(methods))
 
 
 def _redis_down_error() -> APIError:

@@ -201,7 +201,11 @@ class Engine(abc.ABC):
         finally:
             await self.resume()
 
-    def leave_weight_group(self) -> None:
+    def leave_weight_group(self, epoch: int | None = None) -> None:
+        """Leave the broadcast group; given ``epoch``, only if no newer group was joined
+        since (a join the learner abandoned can fail after the next one succeeded)."""
+        if epoch is not None and self._weight_epoch not in (None, epoch):
+            return
         self._weight_pg = None
         self._weight_epoch = None
 

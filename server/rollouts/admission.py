@@ -45,7 +45,10 @@ class AdmissionGate:
     """Holds new groups back at the in-flight bound and at the ready-queue bound."""
 
     def __init__(self, counter: InFlightCounter, settings: ServerSettings,
-                 metrics: ServerMetrics, server_version: Callable[[], int | None]) -> None:
+                 metrics: ServerMetrics, server_version: Callable[[], int | None],
+                 weight_status: Callable[[], str] = lambda: "") -> None:
+        """``weight_status``: an update under way or failed (``WeightUpdates.describe``),
+        named in the refusals while this server is behind the learner."""
         self.counter = counter
         self.enabled = settings.admission
         self.wait_s = settings.admission_wait_s
@@ -53,6 +56,7 @@ class AdmissionGate:
         self.max_ready_groups = settings.max_ready_groups
         self.metrics = metrics
         self.server_version = server_version
+        self.weight_status = weight_status
         self.local = 0  # admitted here, request still being served
         self._snap: Snapshot | None = None
         self._snap_at = -math.inf  # when the cached read started
@@ -164,6 +168,8 @@ class AdmissionGate:
         if snap.learner.known and lag > 0:  # the bound shrinks with the lag
             made_of += (f"; this server is {lag} version(s) behind the learner: the bound "
                         "grows back when the learner's weights arrive here")
+            if status := self.weight_status():
+                made_of += f" ({status})"
         self._warn(f"{snap.others + self.local} groups in flight ({made_of}; bound {bound}, "
                    f"learner at version {snap.learner.version}): refusing new groups on "
                    f"{route} after holding them {self.wait_s:g} s, until these groups end "

@@ -154,14 +154,17 @@ class SamplingFields(BaseModel):
 _NO_PENALTY = doc_only(minimum=0, maximum=0)
 _NO_LOGIT_BIAS = doc_only(maxProperties=0)
 _STREAM_OPTIONS = doc_only(properties={"include_usage": {"type": "boolean"}})
-_TOP_LOGPROBS_NEED_LOGPROBS = {
-    "if": {"required": ["top_logprobs"],
-           "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
-    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
+_CHAT_RULES = {"allOf": [
+    {"if": {"required": ["top_logprobs"],
+            "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+     "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
+    # a turn of an episode is always recorded
+    {"if": {"required": ["record"], "properties": {"record": {"const": False}}},
+     "then": {"properties": {"rollout_id": {"type": "null"}}}}]}
 
 
 class ChatCompletionRequest(SamplingFields, _OpenAIBody):
-    model_config = ConfigDict(json_schema_extra=_TOP_LOGPROBS_NEED_LOGPROBS)
+    model_config = ConfigDict(json_schema_extra=_CHAT_RULES)
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)

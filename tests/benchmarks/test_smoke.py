@@ -58,7 +58,13 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                            ["trained fraction on", "ratio on/off"]),
     "bench_async.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
                         "--seeds", "0"],
-                       ["throughput ratio async/sync"]),
+                       ["pinning {'server'", "time to 0.8, sync / async",
+                        "trained tokens/s, async / sync"]),
+    # the sweep on the harder task (its task file and verifier), one run
+    "bench_async.py --sweep": (["--sweep", "--task", "letters", "--staleness", "1",
+                                "--losses", "grpo", "--seeds", "0", "--max-steps", "2",
+                                "--groups-per-step", "1", "--minutes", "3"],
+                               ["median over seeds", "grpo       S= 1"]),
     # unseeded only: seeded requests at high concurrency are test_vllm_serve_process's
     "bench_vs_vllm.py": (["--concurrency", "4", "--seeded", "no", "--rounds", "1", "--waves", "1",
                           "--max-tokens", "4", "--layers", "1", "--hidden", "64",

@@ -180,9 +180,10 @@ def test_cut_rollouts_through_server_redis_and_learner(tiny_model_dir: Path,
     assert out.metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert out.metrics["clip_fraction"] == 0.0
     assert np.isfinite(out.metrics["loss"])
-    # The trainer's step computes the same: nothing clipped in its one (on-policy) minibatch.
+    # The trainer's step computes the same: nothing clipped in its one (on-policy) minibatch,
+    # clipping around the sampler's log-probabilities (not a recomputed pi_prox).
     cfg = LearnerConfig(model=str(tiny_model_dir), loss=LossConfig(kind="gspo"),
-                        minibatches=1)
+                        minibatches=1, old_logprobs="behavior")
     metrics = Trainer(policy, cfg).step(ready)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["clip_fraction"] == 0.0 and metrics["optimizer_steps"] == 1

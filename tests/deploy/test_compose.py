@@ -328,8 +328,10 @@ def test_server_and_learner_share_redis_model_and_rendezvous(
     assert s.engine == {"gpu": "vllm", "gpu1": "vllm", "cpu": "hf"}[profile]
     on_gpu = profile.startswith("gpu")
     assert cfg.device.startswith("cuda") if on_gpu else cfg.device == "cpu"
-    # bf16 sampler (the default dtype on GPUs), float32 learner: recompute pi_old (README)
-    assert s.dtype == "auto" and cfg.old_logprobs == ("recompute" if on_gpu else "behavior")
+    # bf16 sampler (the default dtype on GPUs), float32 learner: recompute pi_old (README);
+    # on the CPU "auto" picks it too (the decoupled objective for a staleness bound above 0)
+    assert s.dtype == "auto" and cfg.old_logprobs == ("recompute" if on_gpu else "auto")
+    assert cfg.pi_old == "recompute"
     # The learner starts from the very weights the server serves.
     assert s.model == cfg.model
     m_server, m_learner = mount_for(server, s.model), mount_for(learner, cfg.model)

@@ -97,6 +97,7 @@ class Run:
     def __init__(self, cluster: SlurmCluster, run_dir: Path, env: dict[str, str]) -> None:
         self.cluster, self.run_dir, self.env = cluster, run_dir, env
         self.metrics = run_dir / "checkpoints" / "metrics.jsonl"
+        self.released: set[str] = set()
 
     def submit(self, *args: str, env: dict[str, str] | None = None) -> str:
         r = self.cluster.run("bash", str(SUBMIT), *args, str(CONFIG),
@@ -124,9 +125,25 @@ class Run:
                 pytest.fail(f"no step {until} ({what}) within {STEP_TIMEOUT_S}s:\n{self.logs()}")
             if now - last_print > 15:
                 last_print = now
+                state = self._pending_state(job)
                 print(f"[slurm] {now - t0:4.0f}s waiting for step {until} ({what}); at "
-                      f"{steps[-1]['step'] if steps else 'none'}", flush=True)
+                      f"{steps[-1]['step'] if steps else 'none'}; job {job} {state}", flush=True)
             time.sleep(1)
+
+    def _pending_state(self, job: str) -> str:
+        """The job's state and reason; a job whose batch launch failed (Slurm requeues it
+        held: a slurmd that was not ready, seen once in CI) is released once, saying so."""
+        state = self.cluster.job_field(job, "JobState") or "?"
+        reason = self.cluster.job_field(job, "Reason") or "?"
+        if state == "PENDING" and "launch_failed" in reason.lower().replace(" ", "_"):
+            if job in self.released:
+                pytest.fail(f"job {job}'s launch failed twice ({reason}):\n"
+                            f"{self.cluster.logs_tail()}")
+            self.released.add(job)
+            print(f"[slurm] job {job} is held after a failed launch ({reason}); releasing it "
+                  f"once. slurmd logs:\n{self.cluster.logs_tail(800)}", flush=True)
+            self.cluster.run("scontrol", "release", job, check=False)
+        return f"{state} ({reason})"
 
 
 def _secrets(run: Run) -> dict[str, str]:

@@ -99,3 +99,25 @@ def test_trained_history_cuts_steps_that_died_with_their_process(tmp_path):
     assert [(h["step"], h["group_ids"]) for h in hist] == [
         (1, ["a1"]), (2, ["a2"]), (3, ["b3"]), (4, ["b4"])]
     assert all("event" in json.loads(x) for x in path.read_text().splitlines())
+
+
+def test_by_hand_defaults_bound_staleness_and_turn_admission_on():
+    """``gspo learn`` without flags drops stale groups and publishes a bound that turns the
+    servers' admission control on (``gspo up`` uses the same bound)."""
+    from gspo_rl.contract.admission import capacity
+    from gspo_rl.launch.up import UpConfig
+
+    c = LearnerConfig(model="m")
+    assert c.max_staleness == UpConfig.model_fields["max_staleness"].default == 2
+    assert capacity(c.max_staleness, c.groups_per_step) == 3 * c.groups_per_step
+
+
+def test_defaults_that_turn_a_mechanism_off_say_so_in_the_help():
+    from gspo_rl.cli.options import generate
+
+    learn = generate()["learn"]
+    for flag, words in {"max_steps": "never", "target_reward": "no target",
+                        "save_dir": "no checkpoints", "warmup_steps": "no warm-up",
+                        "weight_decay": "none", "metrics_jsonl": "no metrics file",
+                        "report_to": "no tracker", "grad_clip": "disables"}.items():
+        assert words in learn[flag]["help"], flag

@@ -185,7 +185,9 @@ def test_every_no_progress_state_is_warned_once_and_recorded(
     learner = Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_staleness=2,
                            admin_key=ADMIN_KEY), client=client, sync=sync)
     assert learner.version == 11 and sync.pushes == [11]  # pushed at start
-    _publish(client, sampler, 3, version=0, seed=0)  # 11 versions old: all stale
+    # Sampled at 5, by weights that died with the previous learner: 5 updates from this
+    # one's (the initial weights, labelled 11): all stale (lineage.py)
+    _publish(client, sampler, 3, version=5, seed=0)
     with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
         for _ in range(4):
             assert learner.run_step() is None

@@ -196,7 +196,9 @@ def test_sigkill_then_resume_trains_every_group_exactly_once(tiny_model_dir, red
     client = redis.Redis.from_url(redis_url)
     n = 10
     published = publish(client, sampler, n)
-    toml = _toml(tmp_path, tiny_model_dir, redis_url, max_steps=n)
+    # all sampled by version 0 and trained one per step, the resumed learner's version moved
+    # past every published one: far more than the default bound's versions old
+    toml = _toml(tmp_path, tiny_model_dir, redis_url, max_steps=n, max_staleness=1000)
     jsonl = tmp_path / "ck" / "metrics.jsonl"
     proc = _spawn(toml, tmp_path / "learner.log")
     try:

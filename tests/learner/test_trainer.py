@@ -112,10 +112,12 @@ def test_truncated_is_weights():
     torch.testing.assert_close(w, torch.tensor([math.exp(0.1), math.exp(-0.2), 2.0, 1.0]))
 
 
-def test_recompute_mode_uses_pi_prox_and_is_weights(policy, tiny_model_dir):
+@pytest.mark.parametrize("kind", ["gspo", "grpo"])
+def test_recompute_mode_uses_pi_prox_and_is_weights(policy, tiny_model_dir, kind):
     """Behavior logprobs shifted by a per-sequence offset d_i (as if sampled by older weights):
-    behavior mode clips every sequence; recompute mode trains on-policy against pi_prox
-    (ratio exactly 1) with weights min(e^{d_i}, C)."""
+    behavior mode clips every sequence; recompute mode (the default "auto" with a staleness
+    bound) trains on-policy against pi_prox (ratio exactly 1) with weights min(e^{d_i}, C):
+    one per sequence for gspo, one per trained token for grpo."""
     groups = _groups(policy, n=2)
     offsets = []
     for g in groups:
@@ -125,19 +127,26 @@ def test_recompute_mode_uses_pi_prox_and_is_weights(policy, tiny_model_dir):
             offsets.append(d)
     cap = 1.3
     expected_w = np.minimum(np.exp(offsets), cap)
+    # the weights' units: sequences for gspo, trained tokens (d_i on each) for grpo
+    units = (np.ones(len(offsets)) if kind == "gspo" else
+             np.array([float(r.loss_mask.sum()) for g in groups for r in g.rollouts]))
     state = {k: v.clone() for k, v in policy.model.state_dict().items()}
 
-    m_beh = Trainer(policy, _cfg(tiny_model_dir, lr=1e-4)).step(groups)
-    assert m_beh["clip_fraction"] > 0  # GSPO's band is 3e-4: |d| >= 0.15 is far outside
+    loss = {"kind": kind}
+    m_beh = Trainer(policy, _cfg(tiny_model_dir, lr=1e-4, loss=loss,
+                                 old_logprobs="behavior")).step(groups)
+    assert m_beh["clip_fraction"] > 0  # bands of 3e-4 / 0.2: |d| >= 0.15 is outside some
 
     policy.model.load_state_dict(state)
-    cfg = _cfg(tiny_model_dir, lr=1e-4, old_logprobs="recompute", is_weight_cap=cap)
+    cfg = _cfg(tiny_model_dir, lr=1e-4, loss=loss, is_weight_cap=cap)
+    assert cfg.pi_old == "recompute"
     m_rec = Trainer(policy, cfg).step(groups)
     assert m_rec["clip_fraction"] == 0.0
     assert m_rec["abs_log_ratio_mean"] == 0.0  # pi_theta == pi_prox in the single update
-    assert m_rec["is_weight_mean"] == pytest.approx(float(expected_w.mean()), abs=1e-4)
+    assert m_rec["is_weight_mean"] == pytest.approx(
+        float((expected_w * units).sum() / units.sum()), abs=1e-4)
     assert m_rec["is_weight_capped_fraction"] == pytest.approx(
-        float((np.exp(offsets) >= cap).mean()))
+        float(((np.exp(offsets) >= cap) * units).sum() / units.sum()))
     assert m_rec["prox_behavior_abs_log_ratio"] == pytest.approx(
         float(np.abs(offsets).mean()), abs=1e-4)
 

@@ -3,7 +3,8 @@ acknowledgement only after the step that used them is committed.
 
 ``GroupReader.read_batch`` delivers groups through the consumer group ``learners``
 (redelivered pending entries first: after a crash they belong to steps that died with the
-process), drops and acknowledges groups older than ``max_staleness`` versions (counted), and
+process), drops and acknowledges groups older than ``max_staleness`` versions (counted along
+the learner's resumes, ``gspo_rl.contract.queue.ready.lineage``), and
 fetches a batch's records with one MGET. ``ack`` acknowledges (idempotent) and trims the
 stream below what every consumer group still needs, with the trimmed entries' records, in one
 script (``ACK_AND_TRIM``). With the learner saving the trained ids in its checkpoint before
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import redis
 
 from gspo_rl.contract.queue.ready.entry import EntryRefs, ready_entry_refs, unpack_entry
+from gspo_rl.contract.queue.ready.lineage import Lineage
 from gspo_rl.contract.queue.ready.scripts import ACK_AND_TRIM, DELIVER
 from gspo_rl.contract.queue.schema import (
     LEARNER_CONSUMER_GROUP,
@@ -44,7 +46,7 @@ class Batch:
     groups: list[ReadyGroup]
     entry_ids: list[str]  # stream ids, same order as groups
     dropped_stale: int  # dropped (and acked) while assembling this batch
-    staleness: list[int]  # current_version - group.min_version() per group
+    staleness: list[int]  # updates from group.min_version() to current (Lineage.staleness)
     reclaimed: int = 0  # how many of the groups were redelivered pending entries
     dropped_malformed: list[str] = field(default_factory=list)  # ids acked as unreadable
 
@@ -72,6 +74,7 @@ class GroupReader:
         self.keys = keys
         self.consumer = consumer
         self.max_staleness = max_staleness
+        self.lineage = Lineage()  # the learner's resumes: staleness counted along them
         self.group = group
         self.claim_idle_s = claim_idle_s
         self._stream = keys.ready_stream
@@ -220,7 +223,7 @@ class GroupReader:
                 drop.append(entry_id)
                 continue
             min_v = group.min_version()
-            staleness = current_version - min_v if min_v >= 0 else 0
+            staleness = self.lineage.staleness(current_version, min_v) if min_v >= 0 else 0
             if self.max_staleness is not None and staleness > self.max_staleness:
                 stale += 1
                 drop.append(entry_id)

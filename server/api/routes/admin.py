@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from gspo_rl.contract.weights.collective import JoinRequest, TransportInfo, UpdateRequest
@@ -18,6 +18,7 @@ from gspo_rl.server.api.deps import EngineDep
 from gspo_rl.server.api.error_docs import error_responses
 from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.engines.base import Engine
+from gspo_rl.server.engines.updates import WeightUpdates
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])
@@ -48,7 +49,7 @@ async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
     try:
         await asyncio.wait_for(engine.join_weight_group(req), timeout=req.timeout_s + 5)
     except (TimeoutError, RuntimeError) as exc:
-        engine.leave_weight_group()
+        engine.leave_weight_group(req.epoch)  # not a newer group joined meanwhile
         why = str(exc) or (f"the group did not form within {req.timeout_s:g} s: every rank "
                            f"must reach {req.master_addr}:{req.master_port} and each other")
         raise APIError(504, f"could not join weight group epoch {req.epoch}: {why}",
@@ -58,14 +59,15 @@ async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
 
 @router.post("/weights/update", response_model=VersionResponse,
              responses=error_responses(400, 401, 403, 409, 413, 422, 504))
-async def update(req: UpdateBody, engine: EngineDep) -> VersionResponse:
+async def update(req: UpdateBody, engine: EngineDep, request: Request) -> VersionResponse:
     """Receive the tensors the learner broadcasts, load them, bump the policy version."""
     _refuse_stale(req.version, engine)
+    updates: WeightUpdates = request.app.state.weight_updates
     try:
-        await asyncio.wait_for(engine.receive_weights(req, req.timeout_s),
-                               timeout=req.timeout_s + 5)
+        await updates.track(req.version, req.timeout_s, asyncio.wait_for(
+            engine.receive_weights(req, req.timeout_s), timeout=req.timeout_s + 5))
     except (TimeoutError, RuntimeError) as exc:
-        engine.leave_weight_group()  # the group is broken: the learner rebuilds it
+        engine.leave_weight_group(req.epoch)  # the group is broken: the learner rebuilds it
         log.warning("weight update %s failed: %s", req.version, exc)
         raise APIError(504, f"weight update to version {req.version} failed: {exc}",
                        "weight_sync_error") from exc
@@ -82,11 +84,14 @@ async def transport(engine: EngineDep) -> TransportInfo:
 
 @router.post("/weights/update_ipc", response_model=VersionResponse,
              responses=error_responses(400, 401, 403, 409, 413, 422, 504))
-async def update_ipc(req: IpcUpdateRequest, engine: EngineDep) -> VersionResponse:
+async def update_ipc(req: IpcUpdateRequest, engine: EngineDep,
+                     request: Request) -> VersionResponse:
     """Load weights shared as CUDA IPC handles by a learner on this server's GPU."""
     _refuse_stale(req.version, engine)
+    updates: WeightUpdates = request.app.state.weight_updates
     try:
-        await asyncio.wait_for(engine.receive_ipc(req), timeout=req.timeout_s)
+        await updates.track(req.version, req.timeout_s, asyncio.wait_for(
+            engine.receive_ipc(req), timeout=req.timeout_s))
     except (ValueError, KeyError) as exc:  # names, shapes or plan wrong; engine not on CUDA
         raise APIError(400, f"bad IPC weight update: {exc}", code="invalid_ipc_update") from exc
     except (TimeoutError, RuntimeError) as exc:

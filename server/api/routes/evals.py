@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from gspo_rl.contract.queue.evals import append_eval, list_evals
 from gspo_rl.server.api.deps import KeysDep, RedisDep
 from gspo_rl.server.api.error_docs import V1_POST, error_responses
+from gspo_rl.server.rollouts.fields import int_in
 from gspo_rl.server.rollouts.limits import Metadata
 
 router = APIRouter(tags=["evals"])
@@ -41,13 +42,15 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
 class EvalIn(BaseModel):
     """One evaluation of one eval set at one policy version."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(pattern=NAME_PATTERN)
     """The eval set (letters, digits and ``_.-/@``; the learner logs ``eval/<name>/<metric>``)."""
-    policy_version: int = Field(ge=0)
+    policy_version: int_in(ge=0)  # type: ignore[valid-type]
     """The version of the weights that sampled every answer (the environment checks)."""
-    metrics: Annotated[dict[str, float], AfterValidator(_finite)] = Field(min_length=1)
+    metrics: Annotated[dict[str, float], AfterValidator(_finite)] = Field(
+        min_length=1, max_length=MAX_METRICS,
+        json_schema_extra={"propertyNames": {"minLength": 1, "maxLength": 64}})
     """Flat numbers: ``mean_reward``, ``pass@1``, ``pass@4``, ``tasks``, ..."""
     metadata: Metadata | None = None
     """Anything else worth keeping with it (sampling settings, the data file)."""

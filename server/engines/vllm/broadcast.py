@@ -135,7 +135,9 @@ class VLLMWeightUpdates:
                 raise TimeoutError(f"vLLM worker not {flag} within {timeout_s}s")
             await asyncio.sleep(POLL_S)
 
-    def leave_weight_group(self) -> None:
+    def leave_weight_group(self, epoch: int | None = None) -> None:
+        if epoch is not None and self._weight_epoch not in (None, epoch):
+            return  # a newer group was joined since (see Engine.leave_weight_group)
         epoch, self._weight_epoch = self._weight_epoch, None
         if self.llm is not None and not self._stopping and epoch is not None:
             with contextlib.suppress(RuntimeError):  # no running loop: nothing to tell

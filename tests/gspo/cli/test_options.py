@@ -29,11 +29,11 @@ LEARN_FLAGS = [
     "--config", "--model", "--redis-url", "--key-prefix", "--consumer", "--loss",
     "--old-logprobs", "--is-weight-cap", "--max-staleness", "--groups-per-step",
     "--minibatches", "--micro-batch-tokens", "--lr", "--weight-decay", "--grad-clip",
-    "--warmup-steps", "--save-dir", "--save-every", "--keep-last", "--resume", "--sync-every",
-    "--weight-sync", "--max-steps", "--target-reward", "--target-window",
-    "--drain-timeout-s", "--read-timeout-s", "--device", "--data-parallel", "--seed",
-    "--metrics-jsonl", "--report-to", "--run-name", "--tracking-project", "--tracking-dir",
-    "--log-level"]
+    "--warmup-steps", "--save-dir", "--save-every", "--save-every-s", "--keep-last",
+    "--resume", "--sync-every", "--weight-sync", "--max-steps", "--target-reward",
+    "--target-window", "--drain-timeout-s", "--read-timeout-s", "--device", "--data-parallel",
+    "--seed", "--metrics-jsonl", "--report-to", "--run-name", "--tracking-project",
+    "--tracking-dir", "--log-level"]
 
 
 def test_the_config_models_import_without_torch_fastapi_or_redis() -> None:

@@ -18,6 +18,7 @@ from gspo_rl.learner.published import publish_state, state_fields
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.admission import AdmissionGate
+from gspo_rl.server.rollouts.errors import RolloutError
 from tests.conftest import RedisServer
 
 KEYS = Keys()
@@ -137,4 +138,29 @@ def test_a_group_released_while_a_read_is_on_its_way_is_still_counted(
         await client.zrem(KEYS.group_activity, "group-b")
         assert await asyncio.wait_for(c, 10) is True and gate.local == 1
         await client.aclose()
+    asyncio.run(go())
+
+
+def test_a_refusal_names_the_weight_update_that_keeps_this_server_behind(
+        tiny_model_dir: Path, redis_server: RedisServer) -> None:
+    """Learner at version 1, this server still at 0 (its update failed): bound 0, every new
+    group refused, and the refusal says which update is failing (issue 35)."""
+    cfg = LearnerConfig(model=str(tiny_model_dir), redis_url=redis_server.url,
+                        max_staleness=0, groups_per_step=1)
+    client = redis.Redis.from_url(redis_server.url)
+    publish_state(client, KEYS, state_fields(cfg, 1, 1, 1))
+    client.close()
+    status = "the weight update to version 1 failed 2 s ago (RuntimeError: gone)"
+
+    async def go() -> None:
+        settings = ServerSettings(model=str(tiny_model_dir), redis_url=redis_server.url,
+                                  admission=True, admission_wait_s=0.1)
+        counter = InFlightCounter(aioredis.Redis.from_url(redis_server.url), KEYS, "gate-test")
+        gate = AdmissionGate(counter, settings, ServerMetrics(), lambda: 0,
+                             weight_status=lambda: status)
+        with pytest.raises(RolloutError) as refused:
+            await gate.admit("/v1/rollouts")
+        assert refused.value.code == "too_many_groups_in_flight"
+        assert "1 version(s) behind the learner" in refused.value.message
+        assert status in refused.value.message
     asyncio.run(go())
