@@ -22,6 +22,8 @@ from gspo_rl.learner.algorithm.config import LossConfig
 from gspo_rl.learner.tracking.base import TrackerName, parse_names
 
 OldLogprobsMode = Literal["auto", "behavior", "recompute"]
+# Every attention and MLP projection of Llama / Qwen / Mistral-style decoder layers.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class LearnerConfig(BaseModel):
@@ -75,6 +77,29 @@ class LearnerConfig(BaseModel):
     """Token budget of one forward/backward: rows x longest row when padded, the sum of the
     lengths when packed; gradients of the microbatches of a minibatch accumulate. Bounds
     activation memory, not the maths."""
+
+    # ---------------------------------------------------------------- LoRA
+    lora_rank: int | None = Field(default=None, ge=1)
+    """Train LoRA adapters of this rank (PEFT) on a frozen base instead of every weight;
+    ``None``: full fine-tuning. Checkpoints then hold the adapter in PEFT's format and pushes
+    send only the adapter tensors (docs/lora.md)."""
+    lora_alpha: float = Field(default=16.0, gt=0.0)
+    """LoRA scaling numerator: the update is ``(lora_alpha / lora_rank) * B @ A``."""
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input in training passes. Keep 0 for RL: the importance ratio
+    compares the learner's function with the sampler's, which has no dropout."""
+    lora_target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS))
+    """Module names the adapters wrap (comma-separated on the command line); default every
+    attention and MLP projection of Llama/Qwen-style models."""
+
+    @field_validator("lora_target_modules", mode="before")
+    @classmethod
+    def _targets(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [t.strip() for t in v.split(",") if t.strip()]
+        if isinstance(v, list | tuple) and not v:
+            raise ValueError("lora_target_modules needs at least one module name")
+        return v
 
     # ---------------------------------------------------------------- optimiser
     lr: float = Field(default=1e-5, gt=0.0)
@@ -209,6 +234,9 @@ class LearnerConfig(BaseModel):
     def _check(self) -> LearnerConfig:
         if self.resume and self.save_dir is None:
             raise ValueError("resume=True needs save_dir")
+        if self.lora_rank is not None and self.data_parallel == "fsdp2":
+            raise ValueError("lora_rank with data_parallel fsdp2 is not supported yet: use "
+                             "allreduce (the adapters and their optimizer state are small)")
         return self
 
     @property

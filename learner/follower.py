@@ -22,13 +22,14 @@ def load_policy(path: str | Path, config: Any, ctx: DistContext | None) -> Any:
 
     if ctx is None:
         return Policy.load(path, config.device, config.bf16_autocast,
-                           config.gradient_checkpointing)
+                           config.gradient_checkpointing, lora=config)
     device = rank_device(config.device, ctx)
     if ctx.fsdp:
         from gspo_rl.learner.parallel.fsdp import load_sharded_policy
 
         return load_sharded_policy(path, config, torch.device(device))
-    return Policy.load(path, device, config.bf16_autocast, config.gradient_checkpointing)
+    return Policy.load(path, device, config.bf16_autocast, config.gradient_checkpointing,
+                       lora=config)
 
 
 def export_full(trainer: Any, host: torch.nn.Module | None,

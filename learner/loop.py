@@ -50,6 +50,7 @@ from gspo_rl.learner.metrics import (
     read_drop_counters,
     step_fields,
 )
+from gspo_rl.learner.model.lora import count_params
 from gspo_rl.learner.parallel.distributed import DistContext
 from gspo_rl.learner.parallel.protocol import Gather, Idle, Resume, Stop, Train, send
 from gspo_rl.learner.progress import (
@@ -141,7 +142,8 @@ class Learner:
         self._retrying(self._resync)
         self.metrics.event({"event": "start", "run_id": self.run_id, "time": time.time(),
                             "resumed_from": self.resumed_from, "version": self.version,
-                            "checkpoint": str(ckpt.path) if ckpt else None})
+                            "checkpoint": str(ckpt.path) if ckpt else None,
+                            **self._param_counts()})
 
     # ---------------------------------------------------------------- start-up
 
@@ -158,6 +160,12 @@ class Learner:
 
             self.host = load_host_copy(source)
         self.trainer = Trainer(self.policy, self.config, advantage_fn, dist=self.dist)
+
+    def _param_counts(self) -> dict[str, int]:
+        """Trainable vs total parameters (the start record; LoRA trains a small share)."""
+        trainable, total = count_params(self.policy.model)
+        log.info("trainable %s / total %s params", f"{trainable:,}", f"{total:,}")
+        return {"trainable_params": trainable, "total_params": total}
 
     def _restore(self, ckpt: Checkpoint) -> None:
         state = ckpt.trainer_state(map_location="cpu" if self.sharded else self.policy.device)
@@ -317,9 +325,11 @@ class Learner:
         self.version += 1
         self.groups_trained += len(batch.groups)
         self.pending_ack.extend(batch.entry_ids)
+        self._last_sync_bytes = 0
         sync_s = self._push() if self.step % self.config.sync_every == 0 else 0.0
         rec = self._record(batch, metrics, invalid,
                            {"time_wait_s": wait_s, "time_sync_s": sync_s,
+                            "sync_bytes": self._last_sync_bytes,
                             "env_reward": self.target.observe(self.client, self.keys)})
         # Logged before the checkpoint that may cover it: a crash right after the save must
         # not leave a durable step missing from the audit log (``trained_history``).
@@ -370,6 +380,7 @@ class Learner:
         if not report.ok:
             log.warning("weight push of version %d did not reach every server", self.version)
         self._last_sync_ok = bool(report.ok)
+        self._last_sync_bytes = int(report.bytes_sent)
         self._pushed_version = self.version
         if self.healer is not None:
             self.healer.pushed(getattr(report, "rejected", None))
@@ -390,6 +401,8 @@ class Learner:
                                                              "lineage": self.lineage.to_json()})
             model, trainer_state = self._export(with_optimizer=True)
             assert trainer_state is not None
+            if self.policy.peft is not None:  # the adapter alone, in PEFT's format
+                model = self.policy.peft
             save_checkpoint(cfg.save_dir, model, trainer_state, state,
                             tokenizer_src=self.tokenizer_src, keep_last=cfg.keep_last)
             self._saved_at = time.monotonic()

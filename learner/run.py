@@ -59,7 +59,10 @@ def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> Learne
     """Build a ``Learner`` and run it with graceful-stop signal handlers. Under ``torchrun``
     rank 0 runs the learner and the other ranks follow it (``gspo_rl.learner.follower``);
     they return ``None``."""
-    dist = init_from_env(config.device, config.data_parallel)
+    # LoRA keeps a full replica per rank: its trainable state is small (no FSDP2 yet).
+    mode = "allreduce" if config.lora_rank is not None and config.data_parallel == "auto" \
+        else config.data_parallel
+    dist = init_from_env(config.device, mode)
     try:
         return _run(config, sync, dist)
     finally:

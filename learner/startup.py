@@ -18,6 +18,7 @@ from gspo_rl.learner.checkpoint import (
     remove_partial,
 )
 from gspo_rl.learner.config import LearnerConfig
+from gspo_rl.learner.model.lora import check_matches, is_adapter_dir
 from gspo_rl.learner.tracking.backends import open_tracker
 from gspo_rl.learner.tracking.base import RunInfo, Tracker
 from gspo_rl.learner.tracking.run_info import code_tags
@@ -60,12 +61,30 @@ def checkpoint_to_resume(cfg: LearnerConfig) -> Checkpoint | None:
                 f"save_dir {cfg.save_dir} holds gspo sft checkpoints: start RL from one with "
                 f"--model {ckpt.path} and a new --save-dir (a fresh optimizer at the RL "
                 "learning rate, policy version 0)")
+        if ckpt is not None:
+            check_lora_resume(cfg, ckpt)
         log.info("resuming from %s", ckpt.path if ckpt else "scratch (no checkpoint)")
         return ckpt
     if list_checkpoints(cfg.save_dir):
         raise SaveDirError(f"save_dir {cfg.save_dir} already holds checkpoints: pass "
                            "--resume to continue from them, or choose another directory")
     return None
+
+
+def check_lora_resume(cfg: LearnerConfig, ckpt: Checkpoint) -> None:
+    """A LoRA checkpoint resumes only as LoRA with the same settings, a full one only as
+    full fine-tuning (their optimizer states cover different parameters)."""
+    adapter = is_adapter_dir(ckpt.path)
+    if adapter != (cfg.lora_rank is not None):
+        what = "a LoRA adapter" if adapter else "full weights"
+        raise SaveDirError(
+            f"{ckpt.path} holds {what}; resume it with{'' if adapter else 'out'} --lora-rank "
+            "as it was trained, or start a new --save-dir (--model may name the checkpoint)")
+    if adapter:
+        try:
+            check_matches(ckpt.path, cfg)
+        except ValueError as exc:
+            raise SaveDirError(str(exc)) from exc
 
 
 def open_tracking(cfg: LearnerConfig, run_id: str, first_step: int,

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, Field
 
 from gspo_rl.contract.net import interface_of, route_source_address
+from gspo_rl.contract.weights.lora import LoraSpec
 
 Backend = Literal["gloo", "nccl"]
 Transport = Literal["gloo", "nccl", "ipc"]
@@ -77,12 +78,15 @@ class JoinRequest(BaseModel):
 
 
 class UpdateRequest(BaseModel):
-    """Learner -> server: receive these tensors over group ``epoch``, load them as ``version``."""
+    """Learner -> server: receive these tensors over group ``epoch``, load them as ``version``.
+    With ``lora`` they are LoRA adapter tensors, merged into the server's base
+    (``gspo_rl.contract.weights.lora``)."""
 
     epoch: int = Field(ge=0)
     version: int = Field(ge=0)
     tensors: list[TensorMeta] = Field(min_length=1)
     bucket_bytes: int = Field(default=DEFAULT_BUCKET_BYTES, gt=0)
+    lora: LoraSpec | None = None
 
 
 def transport_device(backend: Backend, device: torch.device | str) -> torch.device:

@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from gspo_rl.contract.weights.collective import TensorMeta, tensor_metas
+from gspo_rl.contract.weights.lora import LoraSpec
 
 
 class CudaIpcTensor(BaseModel):
@@ -50,6 +51,8 @@ class IpcUpdateRequest(BaseModel):
     tensors: list[TensorMeta] = Field(min_length=1)
     handles: list[CudaIpcTensor] = Field(min_length=1)
     timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    lora: LoraSpec | None = None
+    """Set: the tensors are LoRA adapter tensors (``gspo_rl.contract.weights.lora``)."""
 
 
 def _b64(raw: bytes) -> str:

@@ -37,7 +37,7 @@ def main(
     """gspo-rl: asynchronous GSPO reinforcement learning for language models."""
 
 
-@app.command()
+@app.command(short_help="Print the installed version.")
 def version() -> None:
     """Print the installed version."""
     from gspo_rl import __version__
@@ -45,7 +45,7 @@ def version() -> None:
     typer.echo(__version__)
 
 
-@app.command("tiny-model")
+@app.command("tiny-model", short_help="Write a tiny random model (no download).")
 def tiny_model(
     path: str = typer.Argument(..., help="Directory to write the model to."),
     seed: int = typer.Option(0, help="Seed of the random weights (same seed, same bytes)."),
@@ -111,8 +111,9 @@ _SERVE_CONFIG = inspect.Parameter(
     default=typer.Option(None, "--config", help="TOML file of server settings "
                          "(ServerSettings fields, [queue] for its own); GSPO_* env vars and "
                          "flags override it."))
-app.command()(with_parameters(serve, [_SERVE_CONFIG, *parameters("serve"), _VLLM_ARG,
-                                      *parameters("serve_after_vllm_arg"), _SERVE_LOG_LEVEL]))
+app.command(short_help="Run the rollout server (HTTP API + engine).")(with_parameters(
+    serve, [_SERVE_CONFIG, *parameters("serve"), _VLLM_ARG,
+            *parameters("serve_after_vllm_arg"), _SERVE_LOG_LEVEL]))
 
 
 def learn(**params: Any) -> None:
@@ -172,7 +173,8 @@ _CONFIG = inspect.Parameter(
                          "fields); flags override it."))
 _LEARN_LOG_LEVEL = inspect.Parameter("log_level", inspect.Parameter.KEYWORD_ONLY, annotation=str,
                                      default=typer.Option("info", help="Python logging level."))
-app.command()(with_parameters(learn, [_CONFIG, *parameters("learn"), _LEARN_LOG_LEVEL]))
+app.command(short_help="Run the learner: train on groups from Redis.")(with_parameters(
+    learn, [_CONFIG, *parameters("learn"), _LEARN_LOG_LEVEL]))
 
 
 def sft(**params: Any) -> None:
@@ -218,10 +220,11 @@ _SFT_CONFIG = inspect.Parameter(
     "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
     default=typer.Option(None, "--config", help="TOML file of SFTConfig fields; flags "
                          "override it."))
-app.command()(with_parameters(sft, [_SFT_CONFIG, *parameters("sft"), _LEARN_LOG_LEVEL]))
+app.command(short_help="Supervised warm start on chat demonstrations.")(with_parameters(
+    sft, [_SFT_CONFIG, *parameters("sft"), _LEARN_LOG_LEVEL]))
 
 
-@app.command()
+@app.command(short_help="Run an environment against a rollout server.")
 def env(
     name: str = typer.Argument("alphabet", help="Environment: alphabet | calculator | "
                                "path/to/module.py:EnvClass | package.module:EnvClass | "
@@ -273,7 +276,7 @@ def env(
         typer.echo(line)
 
 
-@app.command()
+@app.command(short_help="Redis, server, learner and environment: train, plot.")
 def up(
     config: str = typer.Option(None, "--config", help="TOML file of UpConfig fields (these "
                                "flags' names with underscores; docs/reference/"
@@ -295,8 +298,10 @@ def up(
     verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
     eval_every: int = typer.Option(None, help="Evaluate the task file's eval set every this "
                                    "many versions (default: the file's)."),
-    lr: float = typer.Option(None, help="Learning rate (docs/tuning.md). (default: 2e-3, for "
-                             "the tiny demo model)"),
+    lr: float = typer.Option(None, help="Learning rate (docs/tuning.md). (default: 2e-3 for "
+                             "the tiny demo model; 1e-2 with --lora-rank)"),
+    lora_rank: int = typer.Option(None, help="Train LoRA adapters of this rank on the frozen "
+                                  "model (docs/lora.md). (default: every weight)"),
     max_staleness: int = typer.Option(None, help="Drop groups more than K versions old. "
                                       "(default: 2)"),
     concurrency: int = typer.Option(None, help="Groups the environment samples at once. "
@@ -362,7 +367,24 @@ def settings_errors(exc: Exception) -> str:
     return f"  {exc}"
 
 
-@app.command("eval")
+@app.command("export", short_help="Write a checkpoint as a merged Hugging Face model.")
+def export(
+    checkpoint: str = typer.Option(..., help="A learner checkpoint directory (step-N): a LoRA "
+                                   "adapter or full weights."),
+    out: str = typer.Option(..., help="New directory for the merged Hugging Face model."),
+) -> None:
+    """Write a checkpoint as a plain Hugging Face model (LoRA merged into its base)."""
+    from gspo_rl.learner.export import export_merged
+
+    try:
+        path = export_merged(checkpoint, out)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"gspo export: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(path))
+
+
+@app.command("eval", short_help="Evaluate a checkpoint or a running server.")
 def eval_(
     tasks: str = typer.Argument(None, help="A task file: its eval set (else its sources, "
                                 "each task once)."),

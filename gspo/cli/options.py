@@ -37,7 +37,8 @@ LEARN = {name: name for name in (
     "model", "redis_url", "key_prefix", "consumer")} | {"loss": "loss.kind"} | {
     name: name for name in (
         "old_logprobs", "is_weight_cap", "max_staleness", "groups_per_step", "minibatches",
-        "micro_batch_tokens", "lr", "weight_decay", "grad_clip", "warmup_steps", "save_dir",
+        "micro_batch_tokens", "lora_rank", "lora_alpha", "lora_dropout",
+        "lora_target_modules", "lr", "weight_decay", "grad_clip", "warmup_steps", "save_dir",
         "save_every", "save_every_s", "keep_last", "resume", "sync_every", "weight_sync",
         "max_steps", "target_reward", "target_window", "drain_timeout_s", "read_timeout_s",
         "device", "data_parallel", "seed", "metrics_jsonl", "report_to", "run_name",

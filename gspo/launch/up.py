@@ -41,6 +41,9 @@ from gspo_rl.learner.tracking.base import TrackerName, check_installed, parse_na
 UP_DEFAULTS: dict[str, Any] = {"run_dir": "runs/up", "target_reward": 0.8}
 """Where ``gspo up`` (the command) differs from ``UpConfig``'s own defaults."""
 
+# The demo's learning rate with LoRA adapters (alpha 16): measured in docs/lora.md.
+LORA_LR = 1e-2
+
 
 class UpConfig(BaseModel):
     """Settings of one ``gspo up`` run (the CLI's flags). A pydantic model like
@@ -67,7 +70,10 @@ class UpConfig(BaseModel):
     """The verifier of ``data`` (default: exact)."""
     eval_every: int | None = Field(None, ge=1)
     """Evaluate the task file's eval set every this many versions (default: the file's)."""
-    lr: float = Field(2e-3, gt=0)
+    lr: float | None = Field(None, gt=0)
+    """Learning rate; None: 2e-3, or ``LORA_LR`` with ``lora_rank``."""
+    lora_rank: int | None = Field(None, ge=1)
+    """Train LoRA adapters of this rank (the learner's ``lora_rank``); None: every weight."""
     max_staleness: int = Field(2, ge=0)
     concurrency: int = Field(4, ge=1)
     """Groups sampled at the same time by the environment."""
@@ -119,6 +125,12 @@ class UpConfig(BaseModel):
     @classmethod
     def _tracker_names(cls, v: Any) -> Any:
         return parse_names(v) if isinstance(v, str | list | tuple) else v
+
+    @property
+    def learning_rate(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return LORA_LR if self.lora_rank else 2e-3
 
 
 @dataclass
@@ -218,7 +230,9 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     procs.start("learner", gspo_command(
         "learn", "--model", model, "--redis-url", redis_url, "--loss", cfg.loss,
         "--max-staleness", str(cfg.max_staleness), "--groups-per-step",
-        str(cfg.groups_per_step), "--lr", str(cfg.lr), "--max-steps", str(cfg.max_steps),
+        str(cfg.groups_per_step), "--lr", str(cfg.learning_rate), "--max-steps",
+        str(cfg.max_steps),
+        *(["--lora-rank", str(cfg.lora_rank)] if cfg.lora_rank else []),
         "--save-dir", str(cfg.run_dir / "checkpoints"), "--metrics-jsonl", str(metrics),
         "--weight-sync", "broadcast", "--seed", str(cfg.seed),
         *(["--target-reward", str(cfg.target_reward)] if cfg.target_reward else []),
@@ -359,7 +373,7 @@ def _say_settings(cfg: UpConfig) -> None:
 
     path = cfg.run_dir / "up_config.json"
     path.write_text(config_dump(cfg) + "\n")
-    print(f"gspo up: {cfg.loss}, lr {cfg.lr:g}, {cfg.groups_per_step} groups/step, "
+    print(f"gspo up: {cfg.loss}, lr {cfg.learning_rate:g}, {cfg.groups_per_step} groups/step, "
           f"max staleness {cfg.max_staleness}, target {cfg.target_reward or 'none'}, "
           f"{cfg.minutes:g} min max (all settings: {path})", flush=True)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +33,7 @@ from gspo_rl.learner.data.packing import (
     target_positions,
 )
 from gspo_rl.learner.model.logprob_head import ChunkFn, fused_logprobs
+from gspo_rl.learner.model.lora import apply_lora, base_of, is_adapter_dir, load_base
 from gspo_rl.learner.model.varlen import NAME as VARLEN
 
 # Attentions that read a packed row's sequence offsets (``PackedRows.attention_kwargs``).
@@ -132,8 +134,9 @@ def cut_logprobs(
 
 
 def _disable_dropout(model: nn.Module) -> None:
-    for m in model.modules():
-        if isinstance(m, nn.Dropout):
+    """Every dropout off, except LoRA's adapter dropout (``lora_dropout``, 0 by default)."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Dropout) and "lora_dropout" not in name:
             m.p = 0.0
     cfg = getattr(model, "config", None)
     for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop",
@@ -163,8 +166,10 @@ class Policy:
     """A causal LM in float32 with a memory-lean ``token_logprobs``."""
 
     def __init__(self, model: nn.Module, device: torch.device, bf16_autocast: bool = False,
-                 packing: bool = False):
+                 packing: bool = False, peft: Any = None):
         self.model = model
+        # With LoRA: the PeftModel around ``model`` (it saves the adapter); None otherwise.
+        self.peft = peft
         self.device = device
         self.bf16_autocast = bf16_autocast and device.type == "cuda"
         self.packing = packing  # one packed row per microbatch (needs the fused-head path)
@@ -180,17 +185,28 @@ class Policy:
         device: str = "auto",
         bf16_autocast: bool = False,
         gradient_checkpointing: bool = False,
+        lora: Any = None,
     ) -> Policy:
-        """Load a Hugging Face model directory in float32 on ``device``."""
-        from transformers import AutoModelForCausalLM
-
+        """Load a Hugging Face model directory in float32 on ``device``. With ``lora`` (the
+        ``LearnerConfig``, its ``lora_rank`` set) the base is frozen under LoRA adapters: those
+        of ``path`` when it is an adapter directory (a LoRA checkpoint), else fresh ones. An
+        adapter directory without ``lora`` loads merged into its base."""
         dev = resolve_device(device)
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        peft = None
+        if lora is not None and lora.lora_rank is not None and is_adapter_dir(path):
+            model = load_base(base_of(path))
+            peft = apply_lora(model, lora, adapter=path)
+        else:
+            model = load_base(path)
+            if lora is not None and lora.lora_rank is not None:
+                peft = apply_lora(model, lora)
         model.to(dev)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()
+            if peft is not None:  # frozen embeddings: checkpointed inputs must carry grad
+                model.enable_input_require_grads()
         model.config.use_cache = False
-        return cls(model, dev, bf16_autocast=bf16_autocast)
+        return cls(model, dev, bf16_autocast=bf16_autocast, peft=peft)
 
     def _autocast(self):  # noqa: ANN202 - a context manager
         if self.bf16_autocast:

@@ -71,12 +71,16 @@ def activation_bytes_per_token(model_config: Any, dtype_bytes: int) -> int:
 
 
 def needs_checkpointing(model_config: Any, n_params: int, micro_batch_tokens: int,
-                        bf16_params: bool, device_bytes: int) -> bool:
+                        bf16_params: bool, device_bytes: int,
+                        n_trainable: int | None = None) -> bool:
     """Whether a microbatch of ``micro_batch_tokens`` would not fit without checkpointing.
 
-    Fixed bytes per parameter: bf16 weight and gradient, float32 master, master gradient and
-    two AdamW moments (20); float32 throughout (16) otherwise."""
-    fixed = n_params * (20 if bf16_params else 16)
+    Fixed bytes per trainable parameter: bf16 weight and gradient, float32 master, master
+    gradient and two AdamW moments (20); float32 throughout (16) otherwise. A frozen one (the
+    base under LoRA; ``n_trainable`` of the ``n_params`` train) holds its weight only."""
+    trainable = n_params if n_trainable is None else n_trainable
+    fixed = trainable * (20 if bf16_params else 16) + \
+        (n_params - trainable) * (2 if bf16_params else 4)
     acts = micro_batch_tokens * activation_bytes_per_token(model_config, 2 if bf16_params else 4)
     return fixed + acts > _MEMORY_FRACTION * device_bytes
 
@@ -109,9 +113,10 @@ def plan_speed(config: Any, model: nn.Module, device: torch.device, sharded: boo
     ckpt = config.gradient_checkpointing
     if ckpt is None and cuda and not sharded:
         n_params = sum(p.numel() for p in model.parameters())
+        n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         total = torch.cuda.get_device_properties(device).total_memory
         ckpt = needs_checkpointing(model.config, n_params, config.micro_batch_tokens,
-                                   dtype == torch.bfloat16, total)
+                                   dtype == torch.bfloat16, total, n_trainable)
     compile_on = config.compile == "on" or (
         config.compile == "auto" and cuda and not sharded and dtype == torch.bfloat16)
     return SpeedPlan(param_dtype=dtype, packing=packing,
@@ -127,6 +132,8 @@ def apply_speed(policy: Any, plan: SpeedPlan) -> None:
         model.set_attn_implementation(plan.attn_implementation)
     if plan.gradient_checkpointing is True:
         model.gradient_checkpointing_enable()
+        if getattr(policy, "peft", None) is not None:  # LoRA: the frozen embedding's output
+            model.enable_input_require_grads()  # must carry grad into checkpointed layers
     elif plan.gradient_checkpointing is False and getattr(model, "is_gradient_checkpointing",
                                                           False):
         model.gradient_checkpointing_disable()

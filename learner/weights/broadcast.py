@@ -48,6 +48,8 @@ from gspo_rl.contract.weights.collective import (
     transport_device,
 )
 from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest, export_tensors
+from gspo_rl.contract.weights.lora import LoraSpec
+from gspo_rl.learner.weights.adapter import lora_payload
 from gspo_rl.learner.weights.replies import Replies, StallFn, reply_error
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class BroadcastReport:
     ipc_servers: list[str] = field(default_factory=list)  # ids reached by CUDA IPC handles
     rejected: list[str] = field(default_factory=list)  # registry entries that did not verify
     error: str = ""  # why the push failed before reaching any server (e.g. Redis down)
+    lora: bool = False  # the push carried LoRA adapter tensors only
 
 
 def named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -87,6 +90,14 @@ def named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     re-tie on load. Buffers (rotary caches) are derived, never trained: not sent.
     """
     return [(n, p.detach()) for n, p in model.named_parameters()]
+
+
+def push_payload(model: torch.nn.Module) -> tuple[list[tuple[str, torch.Tensor]],
+                                                  LoraSpec | None]:
+    """What a push sends: a LoRA model's adapter tensors and their spec
+    (``gspo_rl.learner.weights.adapter``), else every weight and no spec."""
+    payload = lora_payload(model)
+    return payload if payload is not None else (named_weights(model), None)
 
 
 class BroadcastSync:
@@ -226,7 +237,8 @@ class BroadcastSync:
         t0 = time.perf_counter()
         report = BroadcastReport(version=version)
         self._version = version
-        named = named_weights(model)
+        named, lora = push_payload(model)
+        report.lora = lora is not None
         device = self._compute_device(model)
         excluded: set[str] = set()
         for _round in range(3):
@@ -250,8 +262,8 @@ class BroadcastSync:
                     bad = self._join_refused + self._unresponsive(group)
                     self._drop(list(dict.fromkeys(bad)), excluded, report)
                     continue
-            ipc_failed = self._send_ipc(named, version, ipc, device)
-            sent = not self.members or self._send(named, version, report, device)
+            ipc_failed = self._send_ipc(named, version, ipc, device, lora, report)
+            sent = not self.members or self._send(named, version, report, device, lora)
             if sent and not ipc_failed:
                 report.servers = [m.server_id for m in self.members] + [s.server_id for s in ipc]
                 report.ipc_servers, report.ok = [s.server_id for s in ipc], True
@@ -272,7 +284,8 @@ class BroadcastSync:
         report.dropped.extend(ids)
 
     def _send_ipc(self, named: list[tuple[str, torch.Tensor]], version: int,
-                  servers: Sequence[ServerInfo], device: torch.device) -> list[ServerInfo]:
+                  servers: Sequence[ServerInfo], device: torch.device,
+                  lora: LoraSpec | None, report: BroadcastReport) -> list[ServerInfo]:
         """CUDA IPC handles of the weights (shared in place) to every server on our GPU;
         returns those that failed. This blocks until every server answered, and servers copy
         before they answer: nothing writes the weights while they are read."""
@@ -280,7 +293,8 @@ class BroadcastSync:
             return []
         metas, kept, handles = export_tensors(named, device)
         body = IpcUpdateRequest(version=version, tensors=metas, handles=handles,
-                                timeout_s=self.timeout_s).model_dump()
+                                timeout_s=self.timeout_s, lora=lora).model_dump()
+        report.bytes_sent += sum(m.nbytes for m in metas)  # what each server copies
         futures = [(s, self.pool.submit(self.http.post, f"{s.url}/admin/weights/update_ipc",
                                         json=body)) for s in servers]
         Replies("load IPC weights", futures, version, self.on_stall).collect(self.timeout_s + 15)
@@ -290,11 +304,12 @@ class BroadcastSync:
         return failed
 
     def _send(self, named: list[tuple[str, torch.Tensor]], version: int,
-              report: BroadcastReport, device: torch.device) -> bool:
+              report: BroadcastReport, device: torch.device, lora: LoraSpec | None) -> bool:
         assert self.pg is not None
         metas = [m.model_dump() for m in tensor_metas(named)]
         body = {"epoch": self.epoch, "version": version, "tensors": metas,
-                "bucket_bytes": self.bucket_bytes, "timeout_s": self.timeout_s}
+                "bucket_bytes": self.bucket_bytes, "timeout_s": self.timeout_s,
+                "lora": lora.model_dump() if lora is not None else None}
         futures = [(s, self.pool.submit(self.http.post, f"{s.url}/admin/weights/update",
                                         json=body)) for s in self.members]
         replies = Replies("load weights", futures, version, self.on_stall)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         UpdateRequest,
     )
     from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest
+    from gspo_rl.contract.weights.lora import BaseCopy, LoraSpec
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -125,10 +126,12 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int, adapter: bool = False
     ) -> None:
         """Load (a subset of) named parameters in Hugging Face checkpoint names, then set the
-        policy version. Callers pause first; tokens sampled after this carry ``version``."""
+        policy version. Callers pause first; tokens sampled after this carry ``version``.
+        ``adapter``: the weights are a LoRA merge (``load_adapter``); otherwise they replace
+        the base adapters merge into (the engine forgets its ``BaseCopy``)."""
 
     @abc.abstractmethod
     def stats(self) -> EngineStats:
@@ -145,6 +148,7 @@ class Engine(abc.ABC):
     # receives every bucket, then loads. Engines whose weights live in other processes (vLLM
     # workers) override both methods so that their workers take the ranks.
 
+    _base_copy: BaseCopy | None = None  # W0 that adapters merge into (load_adapter)
     _weight_pg: dist.ProcessGroup | None = None
     _weight_epoch: int | None = None
     _weight_backend: Backend = "gloo"
@@ -183,9 +187,36 @@ class Engine(abc.ABC):
             lambda: list(receive_tensors(pg, req.tensors, req.bucket_bytes, timeout_s, device)))
         await self.pause()
         try:
-            await self.load_weights(tensors, req.version)
+            await self._load_pushed(tensors, req.version, req.lora)
         finally:
             await self.resume()
+
+    async def _load_pushed(self, tensors: list[tuple[str, torch.Tensor]], version: int,
+                           lora: LoraSpec | None) -> None:
+        if lora is None:
+            await self.load_weights(tensors, version)
+            return
+        try:
+            await self.load_adapter(tensors, lora, version)
+        except (KeyError, ValueError) as exc:
+            raise RuntimeError(f"refusing this adapter: {exc}") from exc
+
+    async def load_adapter(self, tensors: list[tuple[str, torch.Tensor]], lora: LoraSpec,
+                           version: int) -> None:
+        """Apply LoRA adapter tensors (``gspo_rl.contract.weights.lora``) merged into this
+        engine's copy of its base weights, then set the policy version. Callers pause first.
+        Default: merged by ``BaseCopy`` over the engine's own named weights
+        (``named_weights``), loaded with ``load_weights``."""
+        from gspo_rl.contract.weights.lora import BaseCopy
+
+        if self._base_copy is None:
+            self._base_copy = BaseCopy()
+        merged = self._base_copy.merge(self.named_weights(), tensors, lora)
+        await self.load_weights(merged, version, adapter=True)
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The engine's weights by Hugging Face name (``load_adapter``'s base)."""
+        raise NotImplementedError(f"the {self.name} engine cannot apply LoRA adapters")
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:
         """Load weights the learner shares on this engine's GPU
@@ -196,7 +227,7 @@ class Engine(abc.ABC):
         tensors = await asyncio.to_thread(open_tensors, req, self.device)
         await self.pause()
         try:
-            await self.load_weights(tensors, req.version)
+            await self._load_pushed(tensors, req.version, req.lora)
             await asyncio.to_thread(torch.cuda.synchronize, self.device)
         finally:
             await self.resume()

@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 
 import torch
 
@@ -84,6 +85,13 @@ class HFEngine(Engine):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         self.model_path = str(model_path)
+        # A LoRA checkpoint (PEFT adapter directory): its base, with the adapter merged at start
+        self._adapter = None
+        self._base_path = self.model_path
+        if (Path(self.model_path) / "adapter_config.json").is_file():
+            from gspo_rl.contract.weights.lora import read_peft_adapter
+
+            self._base_path, *self._adapter = read_peft_adapter(self.model_path)
         self.max_batch_size = max_batch_size
         self.device = _resolve_device(device)
         self.dtype = dtype
@@ -91,7 +99,7 @@ class HFEngine(Engine):
         # The scheduler thread decodes for stop strings with its own instance: a Rust tokenizer
         # shared across threads can fail with "Already borrowed" when the server encodes.
         self._stop_tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        config = AutoConfig.from_pretrained(self.model_path)
+        config = AutoConfig.from_pretrained(self._base_path)
         self.vocab_size = int(config.vocab_size)
         limit = int(config.max_position_embeddings)
         self.max_model_len = min(max_model_len or limit, limit)
@@ -133,9 +141,20 @@ class HFEngine(Engine):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=self.dtype, attn_implementation=hf_attention.register()
-        )
-        return model.to(self.device).eval()
+            self._base_path, dtype=self.dtype, attn_implementation=hf_attention.register()
+        ).to(self.device).eval()
+        if self._adapter is not None:  # merged into a kept copy of the base, as pushes are
+            from gspo_rl.contract.weights.lora import BaseCopy
+
+            named, spec = self._adapter
+            self._base_copy = BaseCopy()
+            params = dict(model.named_parameters())
+            with torch.no_grad():
+                for name, w in self._base_copy.merge(params, named, spec):
+                    params[name].copy_(w)
+            log.info("serving %s: base %s with its LoRA adapter (rank %d) merged",
+                     self.model_path, self._base_path, spec.rank)
+        return model
 
     async def shutdown(self) -> None:
         with self._cond:
@@ -215,13 +234,20 @@ class HFEngine(Engine):
         self._step_lock.release()
 
     async def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int, adapter: bool = False
     ) -> None:
         """Copy named tensors (HF checkpoint names) into the model between steps, then set
         the version. All names and shapes are checked before anything is copied. With tied
         embeddings the output layer is the embedding tensor, so it follows either name."""
         items = list(weights)
         await asyncio.to_thread(self._load_weights_sync, items, int(version))
+        if not adapter and self._base_copy is not None:  # a new base for later adapters
+            self._base_copy.forget()
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        if self.model is None:
+            raise RuntimeError("engine not started")
+        return dict(self.model.named_parameters(remove_duplicate=False))
 
     def _load_weights_sync(self, items: list[tuple[str, torch.Tensor]], version: int) -> None:
         if self.model is None:

@@ -23,8 +23,14 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gspo_rl.contract.weights.collective import JoinRequest, TransportInfo, UpdateRequest
+    from gspo_rl.contract.weights.collective import (
+        JoinRequest,
+        TensorMeta,
+        TransportInfo,
+        UpdateRequest,
+    )
     from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest
+    from gspo_rl.contract.weights.lora import LoraSpec
 
 POLL_S = 0.02  # how often the server asks the worker whether a join / receive finished
 
@@ -39,6 +45,7 @@ class VLLMWeightUpdates:
     _weight_epoch: int | None
     _weights_lock: asyncio.Lock
     _leave_task: asyncio.Task[Any] | None
+    _shapes: dict[str, tuple[int, ...]]
 
     if TYPE_CHECKING:  # provided by VLLMEngine
         def _require(self) -> Any: ...
@@ -64,7 +71,7 @@ class VLLMWeightUpdates:
             raise ValueError(f"CUDA IPC weights need a CUDA engine, this one is on "
                              f"{self._devices}")
         check_request(req)
-        self._check_names([(m.name, tuple(m.shape)) for m in req.tensors])
+        self._check_push(req.tensors, req.lora)
         body = req.model_dump()
         async with self._weights_lock:
             try:
@@ -74,6 +81,15 @@ class VLLMWeightUpdates:
             finally:
                 with contextlib.suppress(Exception):
                     await self._rpc("gspo_drop_ipc")
+
+    def _check_push(self, metas: list[TensorMeta], lora: LoraSpec | None) -> None:
+        """Full weights: their names and shapes; an adapter: its pairs against the base."""
+        if lora is None:
+            self._check_names([(m.name, tuple(m.shape)) for m in metas])
+        else:
+            from gspo_rl.server.engines.vllm.adapter import check_adapter
+
+            check_adapter(metas, lora, self._shapes)
 
     async def join_weight_group(self, req: JoinRequest) -> None:
         """The worker joins group ``req.epoch`` as rank ``req.rank`` (+ its worker index)."""
@@ -96,12 +112,13 @@ class VLLMWeightUpdates:
             raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
                                f"(member of {self._weight_epoch})")
         try:
-            self._check_names([(m.name, tuple(m.shape)) for m in req.tensors])
+            self._check_push(req.tensors, req.lora)
         except (KeyError, ValueError) as exc:
             raise RuntimeError(f"refusing these weights: {exc}") from exc
         llm = self._require()
         info = {"epoch": req.epoch, "tensors": [m.model_dump() for m in req.tensors],
-                "bucket_bytes": req.bucket_bytes, "timeout_s": timeout_s}
+                "bucket_bytes": req.bucket_bytes, "timeout_s": timeout_s,
+                "lora": req.lora.model_dump() if req.lora is not None else None}
         async with self._weights_lock:
             await self._receive_all(llm, WeightTransferUpdateRequest(update_info=info), timeout_s)
             await self._swap(llm.finish_weight_update, req.version)  # loads the complete set

@@ -286,10 +286,11 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
             await asyncio.shield(swap())
 
     async def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int, adapter: bool = False
     ) -> None:
         """Load (a subset of) HF-named tensors, then set the version. Everything is checked
-        before anything is loaded."""
+        before anything is loaded. (Adapters reach the workers by the broadcast or IPC paths
+        and are merged there: ``gspo_rl.server.engines.vllm.adapter``.)"""
         items = [(n, t.detach().to("cpu").contiguous()) for n, t in weights]
         self._check_names([(n, tuple(t.shape)) for n, t in items])
         items = canonical(items, self._aliases)

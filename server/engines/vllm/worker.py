@@ -39,6 +39,7 @@ from gspo_rl.contract.weights.collective import (
     receive_tensors,
     transport_device,
 )
+from gspo_rl.server.engines.vllm.adapter import WorkerAdapters
 
 BACKEND = "gspo"
 
@@ -64,6 +65,7 @@ class GspoUpdateInfo(WeightTransferUpdateInfo):
     tensors: list[dict[str, Any]]
     bucket_bytes: int
     timeout_s: float
+    lora: dict[str, Any] | None = None  # a LoRA adapter push (LoraSpec fields)
 
 
 class _Job:
@@ -175,6 +177,7 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
             return list(receive_tensors(pg, metas, info.bucket_bytes, info.timeout_s, device))
 
         self._receive = _Job(receive, name=f"gspo-receive-{update_info.epoch}")
+        self._lora = info.lora
 
     def abandon(self) -> None:
         """The server gave up waiting: whatever arrives is dropped, nothing is loaded."""
@@ -187,7 +190,10 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
         job, self._receive = self._receive, None
         if job is None or not job.ok:
             return
-        reload_in_place(self.vllm_config, self.model, job.result)
+        named = job.result
+        if getattr(self, "_lora", None) is not None:
+            named = adapters_of(self.vllm_config, self.model).merged(named, self._lora)
+        reload_in_place(self.vllm_config, self.model, named)
 
     def status(self) -> dict[str, Any]:
         join, rec = self._join, self._receive
@@ -204,6 +210,17 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
         self.abandon()
         self._join = None
         self._join_epoch = None
+
+
+def adapters_of(vllm_config: Any, model: torch.nn.Module) -> WorkerAdapters:
+    """This worker's ``WorkerAdapters`` (made at the first adapter push, kept on the model)."""
+    found = getattr(model, "_gspo_adapters", None)
+    if found is None:
+        packed = {k: list(v) for k, v in (getattr(model, "packed_modules_mapping", {}) or {})
+                  .items()}
+        found = WorkerAdapters(vllm_config.model_config.model, packed)
+        model._gspo_adapters = found  # type: ignore[assignment]
+    return found
 
 
 def _named_from_file(path: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -250,7 +267,9 @@ class GspoWorkerExtension:
 
         self._ipc_staged: list[tuple[str, torch.Tensor]] | None = None
         device = _model_device(self.model_runner.get_model())
-        self._ipc_staged = open_tensors(IpcUpdateRequest.model_validate(request), device)
+        req = IpcUpdateRequest.model_validate(request)
+        self._ipc_staged = open_tensors(req, device)
+        self._ipc_lora = req.lora
         return len(self._ipc_staged)
 
     def gspo_load_ipc(self) -> int:
@@ -260,6 +279,8 @@ class GspoWorkerExtension:
         if named is None:
             raise RuntimeError("no CUDA IPC weights opened")
         model = self.model_runner.get_model()
+        if getattr(self, "_ipc_lora", None) is not None:
+            named = adapters_of(self.vllm_config, model).merged(named, self._ipc_lora)
         reload_in_place(self.vllm_config, model, named)
         torch.cuda.synchronize(_model_device(model))
         return len(named)

@@ -318,3 +318,74 @@ def test_hf_engine_greedy_and_seeded_on_cuda(tiny_model_dir: Path) -> None:
             await engine.shutdown()
 
     asyncio.run(asyncio.wait_for(body(), 300))
+
+
+def _lora_model(model_dir: str) -> torch.nn.Module:
+    """The tiny model with rank-4 adapters, built the same way in every process (CPU RNG)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj",
+                                                                         "down_proj"]))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    return model
+
+
+def _lora_ipc_sender(model_dir: str, q: Any, done: Any) -> None:
+    """A LoRA learner on the same GPU: export its adapter tensors only."""
+    from gspo_rl.contract.weights.cuda_ipc import export_tensors
+    from gspo_rl.learner.weights.adapter import lora_payload
+
+    model = _lora_model(model_dir).to("cuda:0")
+    payload = lora_payload(model)
+    assert payload is not None
+    named, spec = payload
+    metas, kept, handles = export_tensors(named, torch.device("cuda", 0))
+    q.put(IpcUpdateRequest(version=5, tensors=metas, handles=handles,
+                           lora=spec).model_dump_json())
+    done.wait(120)
+    del kept
+
+
+@pytest.mark.gpu
+def test_lora_adapter_over_cuda_ipc_reaches_the_hf_engine_exactly(tiny_model_dir: Path) -> None:
+    """The CUDA IPC push of a LoRA learner carries the adapter tensors only; the hf engine on
+    the same GPU merges them into its base and samples with the learner's log-probabilities."""
+    from gspo_rl.server.engines.hf.engine import HFEngine
+    from gspo_rl.server.engines.reference import sequence_logprobs
+
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_lora_ipc_sender, args=(str(tiny_model_dir), q, done))
+    p.start()
+
+    async def body() -> list[tuple[list[int], list[float]]]:
+        engine = HFEngine(str(tiny_model_dir), device="cuda")
+        await engine.start()
+        try:
+            req = IpcUpdateRequest.model_validate_json(q.get(timeout=120))
+            assert req.lora is not None and all("lora_" in m.name for m in req.tensors)
+            await engine.receive_ipc(req)
+            assert engine.policy_version == 5
+            out = await engine.generate([1, 2, 3], SamplingParams(max_tokens=8, seed=3))
+            return [([1, 2, 3] + out.token_ids, out.logprobs)]
+        finally:
+            await engine.shutdown()
+
+    try:
+        samples = asyncio.run(asyncio.wait_for(body(), 300))
+    finally:
+        done.set()
+        p.join(60)
+    assert p.exitcode == 0
+    ref = _lora_model(str(tiny_model_dir))
+    for ids, lps in samples:
+        with torch.no_grad():
+            ours = sequence_logprobs(ref, ids, 3, 1.0)
+        assert max(abs(x - y) for x, y in zip(ours, lps, strict=True)) < 1e-4

