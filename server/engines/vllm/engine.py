@@ -94,6 +94,9 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
 
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if os.path.isfile(os.path.join(str(model_path), "adapter_config.json")):
+            raise ValueError(f"{model_path} is a LoRA adapter: serve it with --engine hf, or "
+                             "write a merged model with `gspo export` (docs/lora.md)")
         self.model_path = str(model_path)
         self.max_batch_size = max_batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)

@@ -196,3 +196,10 @@ def test_packed_varlen_and_checkpointed_passes_give_the_adapters_the_same_gradie
         for name, g in grads.items():
             assert float((g - g_padded[name]).abs().max()) <= 1e-5 * float(
                 g_padded[name].abs().max()), name
+
+
+def test_the_vllm_engine_refuses_an_adapter_directory_with_advice(trained):
+    from gspo_rl.server.engines.vllm.engine import VLLMEngine
+
+    with pytest.raises(ValueError, match="gspo export"):
+        VLLMEngine(str(trained[4]))  # refused before vLLM is imported or anything loads
