@@ -180,11 +180,14 @@ def measure_cell(cell: Cell, servers: list[Server], args: argparse.Namespace,
                  redis_url: str) -> None:
     n = cell.concurrency * args.waves
     bodies = make_bodies(n, cell.seeded, args.max_tokens)
+    # ours records each one-sample call (the path measured; a plain call is served unrecorded)
+    recorded = [{**b, "record": True} for b in bodies]
 
     def phase(server: Server, record: bool) -> Phase | None:
         if server.dead:
             return None
-        result = asyncio.run(run_phase(server.url, bodies, cell.concurrency, server.proc.pid))
+        mine = recorded if server.name == "ours" else bodies
+        result = asyncio.run(run_phase(server.url, mine, cell.concurrency, server.proc.pid))
         server.check_alive()
         cell.errors[server.name] += result.errors
         for kind, count in result.error_kinds.items():

@@ -231,8 +231,9 @@ def logprob_gap(url: str, learner: Any) -> float:
 
     gap = 0.0
     with GSPOClient(url, api_key=API_KEY) as env:
+        # unrecorded: the learner has stopped, and the groups it left unread hold admission
         out = env.rollouts(prompt="Say a word from a to m:", n=4, max_tokens=12,
-                           temperature=0.7, seed=5)
+                           temperature=0.7, seed=5, record=False)
     for r in out.rollouts:
         ids = torch.tensor([out.prompt_token_ids + r.token_ids])
         mask = torch.zeros_like(ids, dtype=torch.float32)

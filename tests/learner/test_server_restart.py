@@ -146,15 +146,19 @@ def test_a_server_restart_costs_seconds_not_the_group_ttl(
     jsonl = tmp_path / "ck" / "metrics.jsonl"
     server = _serve(tiny_model_dir, redis_server.url, port, server_log)
     learner = None
-    loop, stop, stats = asyncio.new_event_loop(), asyncio.Event(), RunStats()
-    scorer = GatedScorer()
-    env = threading.Thread(target=_run_env, args=(scorer, url, stop, loop, stats), daemon=True)
+    # Two environments, each its own event loop: a score the gate holds blocks its loop, so
+    # each holds one group open (one loop could hold only the groups already in flight).
+    scorer, stats = GatedScorer(), RunStats()
+    loops = [(asyncio.new_event_loop(), asyncio.Event()) for _ in range(2)]
+    envs = [threading.Thread(target=_run_env, args=(scorer, url, stop, loop, stats), daemon=True)
+            for loop, stop in loops]
     keys = Keys()
     r = redis.Redis.from_url(redis_server.url)
     try:
         _wait(lambda: _healthy(url), "healthy server", 180, server)
         learner = _learn(tiny_model_dir, redis_server.url, tmp_path, learner_log)
-        env.start()
+        for env in envs:
+            env.start()
         _wait(lambda: len(_steps(jsonl)) >= 1, "a trained step", 240, server, learner)
         scorer.scoring.clear()
         scorer.gate.clear()  # sampled groups wait to be scored: the bound (2) fills
@@ -174,9 +178,10 @@ def test_a_server_restart_costs_seconds_not_the_group_ttl(
     finally:
         scorer.gate.set()
         r.close()
-        if env.is_alive():
-            loop.call_soon_threadsafe(stop.set)
-            env.join(timeout=60)
+        for env, (loop, stop) in zip(envs, loops, strict=True):
+            if env.is_alive():
+                loop.call_soon_threadsafe(stop.set)
+                env.join(timeout=60)
         for p in (learner, server):
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGTERM)

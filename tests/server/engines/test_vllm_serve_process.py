@@ -88,7 +88,7 @@ def _messages(i: int) -> list[dict[str, str]]:
 async def _one(client: openai.AsyncOpenAI, i: int) -> openai.types.chat.ChatCompletion:
     return await client.chat.completions.create(
         model=MODEL_NAME, messages=_messages(i), max_tokens=MAX_TOKENS, seed=1000 + i,
-        logprobs=True, extra_body={"ignore_eos": True})
+        logprobs=True, extra_body={"ignore_eos": True, "record": True})
 
 
 async def _round(srv: ServeProcess) -> list[openai.types.chat.ChatCompletion]:
