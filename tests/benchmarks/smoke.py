@@ -74,7 +74,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                           "--max-num-seqs", "8", "--max-model-len", "512"],
                          ["ratio ours/vLLM", "engine death ours: none"]),
     # two of the three losses: the third runs the same code (its loss is tested on its own)
-    "tune_sweep.py": (["--minutes", "0.3", "--variants", "baseline,clip=3"],
+    "tune_sweep.py": (["--minutes", "0.15", "--variants", "baseline,clip=3"],
                       ["time ratio vs baseline", "clip=3"]),
     "compare_losses.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
                            "--losses", "gspo,grpo"], ["gspo", "grpo", "clip fraction GSPO"]),
