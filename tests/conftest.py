@@ -8,10 +8,10 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -33,6 +33,16 @@ def wait_for_port(port: int, proc: subprocess.Popen | None = None, timeout: floa
                 return
         time.sleep(0.05)
     raise TimeoutError(f"port {port} did not open within {timeout}s")
+
+
+def wait_until(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
+    """Poll ``cond`` every 50 ms until it is true; TimeoutError naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout}s")
+        time.sleep(0.05)
 
 
 @dataclass

@@ -113,3 +113,22 @@ def teach_conversation(path: Path, conversation: list[dict[str, Any]],
     # 5e-3 mean loss: at temperature 0.3 the model then samples the conversation
     assert loss.item() < 5e-3, f"the tiny model did not learn the conversation: {loss.item()}"
     model.save_pretrained(path, safe_serialization=True)
+
+
+LOOKUP = {"type": "function", "function": {
+    "name": "lookup", "description": "The value stored under a key.",
+    "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
+                   "required": ["key"]}}}
+"""The tool of the taught lookup conversations (``teach_conversation``)."""
+
+
+def echo_assistant(message: Any) -> dict[str, Any]:
+    """An assistant message of the openai client as an agent sends it back (reasoning_content
+    included)."""
+    out: dict[str, Any] = {"role": "assistant", "content": message.content}
+    reasoning = (message.model_extra or {}).get("reasoning_content")
+    if reasoning is not None:
+        out["reasoning_content"] = reasoning
+    if message.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
+    return out

@@ -9,7 +9,6 @@ trains on exactly: tests/learner/model/test_lora.py)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,20 +22,13 @@ from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.algorithm.config import LossConfig
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
+from tests.conftest import wait_until
 from tests.helpers.queue import stored_rollout
 from tests.helpers.serving import ADMIN_KEY, running_server
 from tests.learner.test_multiturn import play_group
 
 KEYS = Keys()
 pytestmark = pytest.mark.slow  # ~35 s on a loaded 2-core box
-
-
-def _wait(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout}s")
-        time.sleep(0.05)
 
 
 def _assert_episode_parity(learner: Learner, client: redis.Redis, group_id: str,
@@ -63,10 +55,10 @@ def test_lora_learner_and_hf_server_stay_exact_over_multi_turn_steps_and_resume(
     client = redis.Redis.from_url(redis_url)
     with running_server(tiny_model_dir, redis_url,
                         queue=QueueConfig(drop_zero_variance=False)) as served:
-        _wait(lambda: len(live_servers(client, KEYS)) == 1, "server registered")
+        wait_until(lambda: len(live_servers(client, KEYS)) == 1, "server registered")
         for k in range(3):
             play_group(served, [2, 3], [0.0, 1.0], [None, None], seed=k)
-        _wait(lambda: client.xlen(KEYS.ready_stream) == 3, "3 ready groups")
+        wait_until(lambda: client.xlen(KEYS.ready_stream) == 3, "3 ready groups")
         cfg = dict(model=str(tiny_model_dir), redis_url=redis_url, groups_per_step=1,
                    max_steps=3, lr=2e-2, read_timeout_s=0.5, console=False,
                    loss=LossConfig(kind="gspo_token"), lora_rank=4, lora_alpha=8.0,

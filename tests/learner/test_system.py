@@ -4,8 +4,6 @@ samples with exactly the learner's new policy."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import redis
 import torch
@@ -15,15 +13,8 @@ from gspo_rl.contract.queue.registry import live_servers
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
+from tests.conftest import wait_until
 from tests.helpers.serving import ADMIN_KEY, API_KEY, running_server
-
-
-def _wait(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout}s")
-        time.sleep(0.05)
 
 
 def test_server_learner_round_trip_with_weight_broadcast(tiny_model_dir, redis_url, tmp_path):
@@ -31,13 +22,13 @@ def test_server_learner_round_trip_with_weight_broadcast(tiny_model_dir, redis_u
     keys = Keys()
     with running_server(tiny_model_dir, redis_url) as served, \
             GSPOClient(served.url, api_key=API_KEY) as env:
-        _wait(lambda: len(live_servers(client, keys)) == 1, "server registered")
+        wait_until(lambda: len(live_servers(client, keys)) == 1, "server registered")
         for k in range(3):
             group = env.rollouts(prompt=f"hello world {k}", n=4, max_tokens=8,
                                  temperature=1.0, seed=k)
             env.post_rewards([{"rollout_id": r.rollout_id, "reward": float(i)}
                               for i, r in enumerate(group.rollouts)])
-        _wait(lambda: client.xlen(keys.ready_stream) == 3, "3 ready groups")
+        wait_until(lambda: client.xlen(keys.ready_stream) == 3, "3 ready groups")
 
         cfg = LearnerConfig(model=str(tiny_model_dir), redis_url=redis_url, groups_per_step=1,
                             max_steps=3, lr=1e-3, read_timeout_s=0.5, console=False,

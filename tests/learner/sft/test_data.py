@@ -25,12 +25,8 @@ from gspo_rl.learner.sft.data import (
 from gspo_rl.server.rollouts.chat.render import render_chat_prompt
 from gspo_rl.server.rollouts.episodes import new_turn_tokens
 from gspo_rl.tiny_model import build_tokenizer
-from tests.helpers.template_models import template_tokenizer
+from tests.helpers.template_models import LOOKUP, template_tokenizer
 
-LOOKUP = {"type": "function", "function": {
-    "name": "lookup", "description": "The value stored under a key.",
-    "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
-                   "required": ["key"]}}}
 CALL = {"id": "call_0", "type": "function",
         "function": {"name": "lookup", "arguments": '{"key": "k"}'}}
 TOOL_TURNS = [

@@ -23,12 +23,8 @@ from gspo_rl.learner.sft.data import Layout, read_demonstrations
 from gspo_rl.learner.sft.train import run_sft
 from tests.conftest import RedisServer
 from tests.helpers.serving import API_KEY, MODEL_NAME, running_server
-from tests.helpers.template_models import make_template_model
+from tests.helpers.template_models import LOOKUP, echo_assistant, make_template_model
 
-LOOKUP = {"type": "function", "function": {
-    "name": "lookup", "description": "The value stored under a key.",
-    "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
-                   "required": ["key"]}}}
 CALL = {"id": "call_0", "type": "function",
         "function": {"name": "lookup", "arguments": '{"key": "k"}'}}
 CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
@@ -51,16 +47,6 @@ PARSERS = {"qwen3": {"tool_call_parser": "hermes", "reasoning_parser": "qwen3"},
            "llama3": {"tool_call_parser": "llama3_json", "reasoning_parser": "none"}}
 
 
-def _echo(message: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": "assistant", "content": message.content}
-    reasoning = (message.model_extra or {}).get("reasoning_content")
-    if reasoning is not None:
-        out["reasoning_content"] = reasoning
-    if message.tool_calls:
-        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
-    return out
-
-
 def _episode(url: str, family: str) -> str:
     """The conversation's first messages, then whatever the model does, the tool answering:
     returns the episode's rollout id."""
@@ -78,7 +64,7 @@ def _episode(url: str, family: str) -> str:
             return rid
         (call,) = msg.tool_calls
         value = {"k": "42"}.get(json.loads(call.function.arguments)["key"], "")
-        messages = [*messages, _echo(msg),
+        messages = [*messages, echo_assistant(msg),
                     {"role": "tool", "tool_call_id": call.id, "content": value}]
     return rid
 

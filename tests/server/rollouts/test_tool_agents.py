@@ -23,13 +23,14 @@ from transformers import AutoTokenizer
 from gspo_rl.contract.queue.schema import Keys, unpack_rollout
 from tests.conftest import RedisServer, free_port
 from tests.helpers.serving import ADMIN_KEY, API_KEY, MODEL_NAME, Served, running_server, serve_app
-from tests.helpers.template_models import make_template_model, teach_conversation
+from tests.helpers.template_models import (
+    LOOKUP,
+    echo_assistant,
+    make_template_model,
+    teach_conversation,
+)
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-LOOKUP = {"type": "function", "function": {
-    "name": "lookup", "description": "The value stored under a key.",
-    "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
-                   "required": ["key"]}}}
 CALL = {"id": "call_0", "type": "function",
         "function": {"name": "lookup", "arguments": {"key": "k"}}}
 CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
@@ -64,17 +65,6 @@ def _first_messages(family: str) -> list[dict[str, Any]]:
     return conv[:conv.index(next(m for m in conv if m["role"] == "assistant"))]
 
 
-def _echo(message: Any) -> dict[str, Any]:
-    """The assistant message as an agent sends it back (reasoning_content included)."""
-    out: dict[str, Any] = {"role": "assistant", "content": message.content}
-    reasoning = (message.model_extra or {}).get("reasoning_content")
-    if reasoning is not None:
-        out["reasoning_content"] = reasoning
-    if message.tool_calls:
-        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
-    return out
-
-
 def _run_episode(url: str, family: str) -> tuple[list[Any], str]:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
     g = httpx.post(f"{url}/v1/groups", json={"size": 1}, headers=AUTH, timeout=30).json()
@@ -90,7 +80,7 @@ def _run_episode(url: str, family: str) -> tuple[list[Any], str]:
             break
         (call,) = c.message.tool_calls
         value = {"k": "42"}.get(json.loads(call.function.arguments)["key"], "")
-        messages = [*messages, _echo(c.message),
+        messages = [*messages, echo_assistant(c.message),
                     {"role": "tool", "tool_call_id": call.id, "content": value}]
     return choices, rid
 
