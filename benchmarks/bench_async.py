@@ -4,6 +4,7 @@
         [--async-staleness 2] [--pin on|off] [--threshold T] [--max-steps N] [--minutes M]
     .venv/bin/python benchmarks/bench_async.py --sweep [--staleness 2,4,8]
         [--losses gspo,grpo,sapo] [--task letters] [--seeds 0,1,2]
+    python benchmarks/bench_async.py --device cuda ...   # server and learner on one GPU
 
 Each run is the whole `gspo up` stack; the modes differ only in the staleness bound: sync
 ``--max-staleness 0``, async ``--max-staleness K`` (the learner's default ``--old-logprobs
@@ -94,12 +95,15 @@ def run(name: str, staleness: int, loss: str, seed: int, args: argparse.Namespac
     concurrency (default: this run's)."""
     task = TASKS[args.task]
     extra = [] if args.old_logprobs == "auto" else ["--old-logprobs", args.old_logprobs]
+    if args.device and args.device.startswith("cuda"):  # the server's dtype (as on the CPU)
+        extra += ["--param-dtype", "float32"]
     concurrency = args.concurrency or (
         (staleness if bound is None else bound) + 1) * args.groups_per_step
     cfg = UpConfig(run_dir=root / name, max_steps=args.max_steps, max_staleness=staleness,
                    groups_per_step=args.groups_per_step, lr=args.lr, minutes=args.minutes,
                    seed=seed, loss=loss, target_reward=args.threshold, tasks=task["tasks"],
-                   concurrency=concurrency, cpus=args.cpus, extra_learn_args=extra)
+                   concurrency=concurrency, cpus=args.cpus, extra_learn_args=extra,
+                   device=args.device)
     t0 = time.monotonic()
     result = run_up(cfg)
     out = figures(cfg.run_dir, result.metrics_path, args.threshold, result.groups)
@@ -201,6 +205,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--staleness", default="2,4,8", help="--sweep's bounds")
     ap.add_argument("--losses", default="gspo,grpo,sapo", help="--sweep's losses")
     ap.add_argument("--out", type=Path, help="write every run's figures here (JSON)")
+    ap.add_argument("--device", help="server and learner device (cuda: both on one GPU, "
+                    "weights over CUDA IPC); default: theirs (the CPU here)")
     args = ap.parse_args()
     task = TASKS[args.task]
     for key in ("threshold", "max_steps", "minutes"):

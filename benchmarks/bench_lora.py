@@ -3,6 +3,7 @@ and step time, and the weight push's bytes and seconds (gloo, to a real ``gspo s
 
     .venv/bin/python benchmarks/bench_lora.py [--shape small|0.5b] [--rank 8] [--steps 3]
         [--groups 4 --group-size 4 --prompt 64 --completion 192] [--repeats 5] [--no-push]
+    python benchmarks/bench_lora.py --device cuda --shape 8b --modes lora   # on a GPU
 
 Learner: each mode (``full``: every weight trains; ``lora``: rank-``r`` adapters on every
 attention and MLP projection, alpha 2r, the base frozen) runs ``Trainer.step`` in a fresh
@@ -10,12 +11,18 @@ process on a freshly initialised model of the shape: one warm-up step, then the 
 ``--steps`` timed steps. Memory on the CPU: the process's resident high-water mark
 (``ru_maxrss``) and its growth over the resident size once the model is loaded (that growth
 is the training state: gradients, AdamW moments, activations); on CUDA
-``max_memory_allocated``. Push: ``BroadcastSync.push`` of the full model, then of the LoRA
-model's adapters, to one hf-engine server started on the shape's weights (median of
-``--repeats`` steady-state pushes each; the first builds the group and is left out).
-Ratios are LoRA / full. Shapes: ``small`` (hidden 512, 8 layers, vocabulary 32768: ~39M
-parameters), ``0.5b`` (Qwen2.5-0.5B dimensions) and ``tiny`` (the smoke test's), random
-weights made locally.
+``max_memory_allocated``, with tokens/s and MFU (``bench_learner.step_flops``: the 6N
+convention, which LoRA's skipped weight gradients make an over-count of its work by ~1.5x).
+On CUDA the model is made on the GPU in bf16 (the learner's default there) and the server
+runs there too, in bf16, so the push goes over CUDA IPC. Push: ``BroadcastSync.push`` of
+the full model, then of the LoRA model's adapters, to one hf-engine server started on the
+shape's weights (median of ``--repeats`` steady-state pushes each; the first builds the
+group and is left out).
+Ratios are LoRA / full (``--modes``: both by default; full fine-tuning of ``8b`` fits no
+80 GB GPU). Shapes: ``small`` (hidden 512, 8 layers, vocabulary 32768: ~39M parameters),
+``0.5b``/``1.5b`` (Qwen2.5 dimensions), ``8b`` (Qwen3-8B's: hidden 4096, 36 layers, 32/8
+heads, untied 151,936 vocabulary) and ``tiny`` (the smoke test's), random weights made
+locally.
 """
 
 from __future__ import annotations
@@ -39,25 +46,29 @@ sys.path.insert(0, str(ROOT))
 
 # hidden, layers, heads, kv heads, intermediate, vocabulary
 SHAPES = {"tiny": (128, 2, 2, 1, 256, 1024), "small": (512, 8, 8, 2, 1408, 32768),
-          "0.5b": (896, 24, 14, 2, 4864, 151936)}
+          "0.5b": (896, 24, 14, 2, 4864, 151936), "1.5b": (1536, 28, 12, 2, 8960, 151936),
+          "8b": (4096, 36, 32, 8, 12288, 151936)}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def build(shape: str) -> torch.nn.Module:
+def build(shape: str, device: str = "cpu") -> torch.nn.Module:
+    """Random weights of ``shape``: float32 on the CPU, bf16 made on the GPU on CUDA."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     h, layers, heads, kv, inter, vocab = SHAPES[shape]
     cfg = Qwen2Config(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
-                      tie_word_embeddings=True, max_position_embeddings=4096,
+                      tie_word_embeddings=shape != "8b", max_position_embeddings=4096,
                       attn_implementation="sdpa", use_cache=False)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype)
 
 
 def learner_worker(args: argparse.Namespace) -> None:
     """One mode's trainer in this (fresh) process; prints one JSON line."""
-    from bench_learner import make_groups
+    from bench_learner import make_groups, peak_flops, step_flops
 
     from gspo_rl.learner.config import LearnerConfig
     from gspo_rl.learner.model.lora import apply_lora, count_params
@@ -65,7 +76,7 @@ def learner_worker(args: argparse.Namespace) -> None:
     from gspo_rl.learner.trainer import Trainer
 
     device = torch.device(args.device)
-    model = build(args.shape).to(device)
+    model = build(args.shape, args.device)
     lora = {"lora_rank": args.rank, "lora_alpha": 2.0 * args.rank} if args.mode == "lora" \
         else {}
     cfg = LearnerConfig(model=args.shape, lr=1e-5, minibatches=1,
@@ -90,6 +101,9 @@ def learner_worker(args: argparse.Namespace) -> None:
            "peak_rss": peak_rss, "train_rss": peak_rss - base_rss}
     if device.type == "cuda":
         out["cuda_peak"] = torch.cuda.max_memory_allocated(device)
+        out["tokens_s"] = m["tokens"] / out["step_s"]
+        peak = peak_flops(device, None)
+        out["mfu"] = step_flops(model, groups) / out["step_s"] / peak if peak else None
     print(json.dumps(out), flush=True)
 
 
@@ -99,13 +113,15 @@ def learner_case(args: argparse.Namespace, mode: str) -> dict:
            "--group-size", str(args.group_size), "--prompt", str(args.prompt),
            "--completion", str(args.completion), "--device", args.device,
            "--micro-batch-tokens", str(args.micro_batch_tokens)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True,
-                         cwd=ROOT / "benchmarks")
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT / "benchmarks")
+    if res.returncode:
+        raise SystemExit(f"{mode} learner failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, int]]:
-    """{mode: (median push seconds, bytes)} to one real server, full pushes then adapters."""
+def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, int, str]]:
+    """{mode: (median push seconds, bytes, transport)} to one real server, full pushes then
+    adapters."""
     import redis
     from bench_weight_sync import ADMIN, start_servers
     from peft import LoraConfig, get_peft_model
@@ -116,15 +132,16 @@ def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, in
     from tests.conftest import RedisServer
 
     model_dir = root / args.shape
-    model = build(args.shape)
+    model = build(args.shape, args.device)
     model.save_pretrained(model_dir, safe_serialization=True)
     for f in make_tiny_model(root / "tok").iterdir():  # token ids only: nothing is decoded
         if "token" in f.name or f.name.endswith(".jinja"):
             shutil.copy(f, model_dir / f.name)
     rs = RedisServer(dir=Path(tempfile.mkdtemp(dir=root)))
     rs.start()
-    procs = start_servers(model_dir, 1, rs.url, root)
-    out: dict[str, tuple[float, int]] = {}
+    gpu = ["--device", args.device, "--dtype", "bfloat16"] if args.device != "cpu" else []
+    procs = start_servers(model_dir, 1, rs.url, root, extra=gpu)
+    out: dict[str, tuple[float, int, str]] = {}
     try:
         sync = BroadcastSync(redis.Redis.from_url(rs.url), Keys(), admin_key=ADMIN,
                              timeout_s=600)
@@ -141,7 +158,8 @@ def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, in
                 if k:  # the first push of a mode is left out (group, W0 copy)
                     times.append(rep.seconds)
                 nbytes = rep.bytes_sent
-            out[mode] = (statistics.median(times), nbytes)
+            out[mode] = (statistics.median(times), nbytes,
+                         "cuda-ipc" if rep.ipc_servers else sync.backend)
         sync.close()
     finally:
         for p in procs:
@@ -150,6 +168,26 @@ def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, in
             p.wait(timeout=60)
         rs.stop()
     return out
+
+
+def report_learner(res: dict[str, dict]) -> None:
+    mib = 2**20
+    print(f"{'mode':5} {'trainable':>13} {'total':>14} {'step s':>8} {'peak RSS MiB':>13} "
+          f"{'train RSS MiB':>14}")
+    for m, r in res.items():
+        print(f"{m:5} {r['trainable']:13,} {r['total']:14,} {r['step_s']:8.3f} "
+              f"{r['peak_rss'] / mib:13.0f} {r['train_rss'] / mib:14.0f}"
+              + (f"  cuda peak {r['cuda_peak'] / mib:.0f} MiB, {r['tokens']:.0f} tokens, "
+                 f"{r['tokens_s']:,.0f} tokens/s, MFU "
+                 + (f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "n/a (unknown GPU)")
+                 if "cuda_peak" in r else ""))
+    if "full" in res and "lora" in res:
+        f, lo = res["full"], res["lora"]
+        print(f"ratio lora/full: step time {lo['step_s'] / f['step_s']:.2f}, peak RSS "
+              f"{lo['peak_rss'] / f['peak_rss']:.2f}, training-state RSS "
+              f"{lo['train_rss'] / max(f['train_rss'], 1):.2f}"
+              + (f", cuda peak {lo['cuda_peak'] / f['cuda_peak']:.2f}"
+                 if "cuda_peak" in f else ""))
 
 
 def main() -> None:
@@ -165,6 +203,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-push", action="store_true")
+    ap.add_argument("--modes", default="full,lora", help="learner modes to run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=("full", "lora"), default="full", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -174,24 +213,14 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, shape {args.shape}, "
           f"rank {args.rank}, {args.groups}x{args.group_size} rollouts of {args.prompt} + "
           f"{args.completion // 2}..{args.completion} tokens, device {args.device}")
-    res = {m: learner_case(args, m) for m in ("full", "lora")}
-    mib = 2**20
-    print(f"{'mode':5} {'trainable':>12} {'total':>12} {'step s':>8} {'peak RSS MiB':>13} "
-          f"{'train RSS MiB':>14}")
-    for m, r in res.items():
-        print(f"{m:5} {r['trainable']:12,} {r['total']:12,} {r['step_s']:8.3f} "
-              f"{r['peak_rss'] / mib:13.0f} {r['train_rss'] / mib:14.0f}"
-              + (f"  cuda peak {r['cuda_peak'] / mib:.0f} MiB" if "cuda_peak" in r else ""))
-    f, lo = res["full"], res["lora"]
-    print(f"ratio lora/full: step time {lo['step_s'] / f['step_s']:.2f}, peak RSS "
-          f"{lo['peak_rss'] / f['peak_rss']:.2f}, training-state RSS "
-          f"{lo['train_rss'] / max(f['train_rss'], 1):.2f}")
+    res = {m: learner_case(args, m) for m in args.modes.split(",")}
+    report_learner(res)
     if args.no_push:
         return
     root = Path(tempfile.mkdtemp(prefix="bench-lora-"))
     push = push_case(args, root)
-    for m, (s, b) in push.items():
-        print(f"push {m:5} {b / mib:10.2f} MiB {s * 1000:9.1f} ms")
+    for m, (s, b, via) in push.items():
+        print(f"push {m:5} {b / 2**20:10.2f} MiB {s * 1000:9.1f} ms  ({via})")
     print(f"ratio lora/full: push bytes {push['lora'][1] / push['full'][1]:.4f}, push time "
           f"{push['lora'][0] / push['full'][0]:.3f}")
 

@@ -74,7 +74,8 @@ def make_model(kind: str, root: Path) -> Path:
     return path
 
 
-def start_servers(model: Path, n: int, redis_url: str, logs: Path) -> list[subprocess.Popen]:
+def start_servers(model: Path, n: int, redis_url: str, logs: Path,
+                  extra: list[str] | tuple[str, ...] = ()) -> list[subprocess.Popen]:
     procs = []
     env = {**os.environ, "GSPO_ADMIN_KEY": ADMIN, "GSPO_API_KEY": "bench"}
     for i in range(n):
@@ -83,7 +84,7 @@ def start_servers(model: Path, n: int, redis_url: str, logs: Path) -> list[subpr
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "gspo_rl.cli", "serve", "--model", str(model), "--port",
              str(port), "--redis-url", redis_url, "--server-id", f"bench-{i}",
-             "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env))
+             "--log-level", "warning", *extra], stdout=log, stderr=subprocess.STDOUT, env=env))
     client = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + 600
     while len(live_servers(client, Keys())) < n:

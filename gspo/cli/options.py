@@ -41,8 +41,8 @@ LEARN = {name: name for name in (
         "lora_target_modules", "lr", "weight_decay", "grad_clip", "warmup_steps", "save_dir",
         "save_every", "save_every_s", "keep_last", "resume", "sync_every", "weight_sync",
         "max_steps", "target_reward", "target_window", "drain_timeout_s", "read_timeout_s",
-        "device", "data_parallel", "seed", "metrics_jsonl", "report_to", "run_name",
-        "tracking_project", "tracking_dir")}
+        "device", "param_dtype", "data_parallel", "seed", "metrics_jsonl", "report_to",
+        "run_name", "tracking_project", "tracking_dir")}
 SFT = {name: name for name in (
     "model", "data", "save_dir", "epochs", "max_steps", "batch_size", "micro_batch_tokens",
     "max_length", "shuffle", "chat_template_kwargs", "sanitize_control_tokens", "lr",
