@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gspo_rl.contract.queue.groups.types import QueueConfig
@@ -72,6 +72,11 @@ class ServerSettings(BaseSettings):
     gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
     """vLLM: share of each GPU's memory for weights + KV cache (None: vLLM's 0.9). Lower it
     when the learner shares the GPU (``gspo up --device cuda``, compose ``gpu1``)."""
+    max_lora_rank: int | None = Field(default=None, ge=1, le=512)
+    """vLLM: serve LoRA adapter pushes with vLLM's own LoRA support (adapters loaded from
+    memory, applied in the forward; rounded up to a rank vLLM accepts). None (default): adapter
+    pushes are merged into the weights instead, which costs a host copy of the adapted base
+    weights and a reload of them per push (docs/lora.md compares the two). 0 means None."""
     enforce_eager: bool | None = None
     """vLLM: no CUDA graphs (faster start, slower decode). None: eager on CPU only."""
     vllm_args: dict[str, Any] = Field(default_factory=dict)
@@ -167,6 +172,14 @@ class ServerSettings(BaseSettings):
     model saw and wrote) and appends only the new messages; "reject" answers 409
     (``gspo_rl.server.rollouts.episodes``)."""
 
+    @field_validator("max_lora_rank", mode="before")
+    @classmethod
+    def _zero_is_unset(cls, value: Any) -> Any:
+        """0 or empty (``GSPO_MAX_LORA_RANK=0`` in compose's ``.env``) means unset."""
+        if isinstance(value, str):
+            value = value.strip()
+        return None if value in ("", "0", 0) else value
+
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
         if self.admin_key is not None and self.api_key is not None and (
@@ -178,9 +191,11 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"max_n ({self.max_n}) is over the queue's max_group_size "
                              f"({self.queue.max_group_size}): such groups could not be stored")
         if self.engine == "hf" and (self.tensor_parallel_size > 1 or self.vllm_args
-                                    or self.gpu_memory_utilization is not None):
-            raise ValueError("tensor_parallel_size, gpu_memory_utilization and vllm_args are "
-                             "vLLM settings: use --engine vllm")
+                                    or self.gpu_memory_utilization is not None
+                                    or self.max_lora_rank is not None):
+            raise ValueError("tensor_parallel_size, gpu_memory_utilization, max_lora_rank and "
+                             "vllm_args are vLLM settings: use --engine vllm (the hf engine "
+                             "merges adapters)")
         for name, key in (("api_key", self.api_key), ("admin_key", self.admin_key)):
             if key is not None and not key.get_secret_value().strip():
                 raise ValueError(f"{name} is empty: leave it unset to disable it")

@@ -25,7 +25,8 @@ from typing import Any
 SERVE = {name: name for name in (
     "model", "engine", "served_model_name", "host", "port", "redis_url", "key_prefix",
     "api_key", "admin_key", "insecure_no_auth", "device", "max_batch_size", "dtype",
-    "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "enforce_eager")}
+    "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "max_lora_rank",
+    "enforce_eager")}
 SERVE_AFTER_VLLM_ARG = {name: name for name in (
     "max_n", "max_tokens", "max_body_bytes", "max_ready_groups", "admission",
     "admission_wait_s", "admission_capacity_without_learner", "max_episode_turns",

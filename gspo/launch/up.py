@@ -191,6 +191,14 @@ def _server_device_args(cfg: UpConfig) -> list[str]:
     return [*args, "--device", cfg.device]
 
 
+def _server_lora_args(cfg: UpConfig) -> list[str]:
+    """vLLM serves the learner's adapters with its own LoRA support (loaded from memory); the
+    hf engine merges them and needs no flag."""
+    if cfg.lora_rank and cfg.engine == "vllm":
+        return ["--max-lora-rank", str(cfg.lora_rank)]
+    return []
+
+
 def _tracking_args(cfg: UpConfig) -> list[str]:
     """The learner's tracking flags: its trackers write under ``run_dir/tracking``."""
     if not cfg.report_to:
@@ -216,6 +224,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     procs.start("server", gspo_command("serve", "--model", model, "--port", str(port),
                                 "--redis-url", redis_url, "--server-id", "up-server",
                                 "--log-level", "warning", *_server_device_args(cfg),
+                                *_server_lora_args(cfg),
                                 *([] if cfg.admission else ["--no-admission"])),
                 env=keys_env)
     url = f"http://127.0.0.1:{port}"

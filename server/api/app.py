@@ -92,7 +92,8 @@ def build_engine(settings: ServerSettings) -> Engine:
                       tensor_parallel_size=settings.tensor_parallel_size,
                       gpu_memory_utilization=settings.gpu_memory_utilization,
                       enforce_eager=settings.enforce_eager,
-                      engine_args=dict(settings.vllm_args))
+                      engine_args=dict(settings.vllm_args),
+                      max_lora_rank=settings.max_lora_rank)
 
 
 def load_tokenizer(engine: Engine) -> Any:

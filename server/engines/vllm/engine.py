@@ -40,6 +40,7 @@ from gspo_rl.server.engines.base import (
     SamplingParams,
     validate_request,
 )
+from gspo_rl.server.engines.vllm import native_lora
 from gspo_rl.server.engines.vllm.broadcast import VLLMWeightUpdates, runtime_errors
 from gspo_rl.server.engines.vllm.convert import (
     canonical,
@@ -57,6 +58,7 @@ from gspo_rl.server.engines.vllm.convert import (
 RESERVED_ENGINE_ARGS = frozenset({
     "model", "tokenizer", "max_model_len", "max_num_seqs", "logprobs_mode",
     "generation_config", "worker_extension_cls", "weight_transfer_config", "worker_cls",
+    "enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras",  # max_lora_rank here
 })
 WORKER_EXTENSION = "gspo_rl.server.engines.vllm.worker.GspoWorkerExtension"
 # On CPU: vLLM's worker with seeded requests fixed for chunked prefill (see that module).
@@ -83,23 +85,34 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         gpu_memory_utilization: float | None = None,
         engine_args: dict[str, Any] | None = None,
         seed: int = 0,
+        max_lora_rank: int | None = None,
     ) -> None:
         """``enforce_eager`` and ``kv_cache_gib`` default by device: on CPU eager and 1 GiB of
         KV cache; on GPUs CUDA graphs and ``gpu_memory_utilization`` (vLLM's 0.9 when None).
         ``dtype`` float32 here (exact parity with the learner); ``gspo serve`` defaults it to
         bfloat16 on GPUs (``gspo_rl.server.config``). ``engine_args``: any other
         ``AsyncEngineArgs`` field, passed as it is; the ones this engine relies on cannot be
-        overridden."""
+        overridden. ``max_lora_rank``: serve adapter pushes with vLLM's LoRA support, loaded
+        from memory (``native_lora``); None: merge them into the weights. ``model_path`` may
+        be a PEFT adapter directory: its base is served with the adapter, natively."""
         from transformers import AutoConfig, AutoTokenizer
 
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        self._adapter_dir: str | None = None
+        tokenizer_path = str(model_path)
         if os.path.isfile(os.path.join(str(model_path), "adapter_config.json")):
-            raise ValueError(f"{model_path} is a LoRA adapter: serve it with --engine hf, or "
-                             "write a merged model with `gspo export` (docs/lora.md)")
+            from gspo_rl.contract.weights.lora import read_peft_adapter
+
+            self._adapter_dir = str(model_path)
+            model_path, _, spec = read_peft_adapter(self._adapter_dir)
+            max_lora_rank = max(spec.rank, max_lora_rank or 0)
+            if not os.path.isfile(os.path.join(tokenizer_path, "tokenizer_config.json")):
+                tokenizer_path = str(model_path)
         self.model_path = str(model_path)
+        self.tokenizer_path = tokenizer_path
         self.max_batch_size = max_batch_size
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         config = AutoConfig.from_pretrained(self.model_path)
         self.vocab_size = int(config.vocab_size)
         limit = int(config.max_position_embeddings)
@@ -120,6 +133,10 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         if reserved:
             raise ValueError(f"engine args {reserved} are set by the gspo vLLM engine itself")
         self._engine_kw.update(engine_args or {})
+        self.lora_native = max_lora_rank is not None
+        if self.lora_native:
+            self._engine_kw.update(native_lora.engine_kwargs(int(max_lora_rank)))
+        self._lora_request: Any = None  # every request names the served adapter (native)
         self._ranks = tensor_parallel_size
         self.llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._version = 0
@@ -153,7 +170,7 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         args = AsyncEngineArgs(
-            model=self.model_path, tokenizer=self.model_path, max_model_len=self.max_model_len,
+            model=self.model_path, tokenizer=self.tokenizer_path, max_model_len=self.max_model_len,
             max_num_seqs=self.max_batch_size, logprobs_mode="processed_logprobs",
             generation_config="vllm", enable_prefix_caching=True, disable_log_stats=True,
             worker_extension_cls=WORKER_EXTENSION,
@@ -165,6 +182,9 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         infos = await self._rpc("gspo_model_info")
         self._packed = infos[0]["packed_modules_mapping"]
         self._devices = [d for info in infos for d in info["devices"]]
+        if self.lora_native:  # the empty adapter, or the directory's, before any request
+            await self._rpc("gspo_install_adapter", self._adapter_dir)
+            self._lora_request = native_lora.policy_request()
         await self.llm.update_weight_version(str(self._version))
 
     async def shutdown(self) -> None:
@@ -207,7 +227,8 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         last: Any = None
         self._counters["requests"] += 1
         stream = llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)),
-                              vllm_params(params), request_id=uuid.uuid4().hex)
+                              vllm_params(params), request_id=uuid.uuid4().hex,
+                              lora_request=self._lora_request)
         async with contextlib.aclosing(stream):
             while True:
                 try:

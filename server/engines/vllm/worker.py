@@ -39,6 +39,7 @@ from gspo_rl.contract.weights.collective import (
     receive_tensors,
     transport_device,
 )
+from gspo_rl.server.engines.vllm import native_lora
 from gspo_rl.server.engines.vllm.adapter import WorkerAdapters
 
 BACKEND = "gspo"
@@ -190,10 +191,7 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
         job, self._receive = self._receive, None
         if job is None or not job.ok:
             return
-        named = job.result
-        if getattr(self, "_lora", None) is not None:
-            named = adapters_of(self.vllm_config, self.model).merged(named, self._lora)
-        reload_in_place(self.vllm_config, self.model, named)
+        load_update(self.vllm_config, self.model, job.result, getattr(self, "_lora", None))
 
     def status(self) -> dict[str, Any]:
         join, rec = self._join, self._receive
@@ -210,6 +208,18 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
         self.abandon()
         self._join = None
         self._join_epoch = None
+
+
+def load_update(vllm_config: Any, model: torch.nn.Module,
+                named: list[tuple[str, torch.Tensor]], lora: dict[str, Any] | None) -> int:
+    """Load a received push: full weights in place; an adapter into vLLM's LoRA manager when
+    the engine serves adapters natively (``native_lora``), else merged into the base."""
+    if lora is not None and vllm_config.lora_config is not None:
+        return native_lora.install(model, named, lora)
+    if lora is not None:
+        named = adapters_of(vllm_config, model).merged(named, lora)
+    reload_in_place(vllm_config, model, named)
+    return len(named)
 
 
 def adapters_of(vllm_config: Any, model: torch.nn.Module) -> WorkerAdapters:
@@ -279,14 +289,22 @@ class GspoWorkerExtension:
         if named is None:
             raise RuntimeError("no CUDA IPC weights opened")
         model = self.model_runner.get_model()
-        if getattr(self, "_ipc_lora", None) is not None:
-            named = adapters_of(self.vllm_config, model).merged(named, self._ipc_lora)
-        reload_in_place(self.vllm_config, model, named)
+        count = load_update(self.vllm_config, model, named, getattr(self, "_ipc_lora", None))
         torch.cuda.synchronize(_model_device(model))
-        return len(named)
+        return count
 
     def gspo_drop_ipc(self) -> None:
         self._ipc_staged = None
+
+    def gspo_install_adapter(self, adapter_dir: str | None) -> int:
+        """Serve a PEFT adapter directory's adapter natively, or the empty one (None)."""
+        model = self.model_runner.get_model()
+        if adapter_dir is None:
+            return native_lora.install(model, None, None)
+        from gspo_rl.contract.weights.lora import read_peft_adapter
+
+        _, named, spec = read_peft_adapter(adapter_dir)
+        return native_lora.install(model, named, spec)
 
     def gspo_load_file(self, path: str) -> int:
         """Load a safetensors file of HF-named tensors (the server's ``load_weights``)."""

