@@ -46,6 +46,7 @@ class VLLMWeightUpdates:
     _weights_lock: asyncio.Lock
     _leave_task: asyncio.Task[Any] | None
     _shapes: dict[str, tuple[int, ...]]
+    lora_native: bool
 
     if TYPE_CHECKING:  # provided by VLLMEngine
         def _require(self) -> Any: ...
@@ -119,9 +120,14 @@ class VLLMWeightUpdates:
         info = {"epoch": req.epoch, "tensors": [m.model_dump() for m in req.tensors],
                 "bucket_bytes": req.bucket_bytes, "timeout_s": timeout_s,
                 "lora": req.lora.model_dump() if req.lora is not None else None}
+        async def load() -> None:  # the complete set; vLLM then drops its adapters
+            await llm.finish_weight_update()
+            if self.lora_native:
+                await self._rpc("gspo_restore_adapter")
+
         async with self._weights_lock:
             await self._receive_all(llm, WeightTransferUpdateRequest(update_info=info), timeout_s)
-            await self._swap(llm.finish_weight_update, req.version)  # loads the complete set
+            await self._swap(load, req.version)
 
     async def _receive_all(self, llm: Any, update: Any, timeout_s: float) -> None:
         """Every bucket into the worker's staging area; on any failure, drop what arrived."""

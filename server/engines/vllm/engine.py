@@ -110,7 +110,6 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
             if not os.path.isfile(os.path.join(tokenizer_path, "tokenizer_config.json")):
                 tokenizer_path = str(model_path)
         self.model_path = str(model_path)
-        self.tokenizer_path = tokenizer_path
         self.max_batch_size = max_batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         config = AutoConfig.from_pretrained(self.model_path)
@@ -170,7 +169,7 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         args = AsyncEngineArgs(
-            model=self.model_path, tokenizer=self.tokenizer_path, max_model_len=self.max_model_len,
+            model=self.model_path, tokenizer=self.model_path, max_model_len=self.max_model_len,
             max_num_seqs=self.max_batch_size, logprobs_mode="processed_logprobs",
             generation_config="vllm", enable_prefix_caching=True, disable_log_stats=True,
             worker_extension_cls=WORKER_EXTENSION,

@@ -3,15 +3,16 @@
 The engine is started with ``enable_lora`` and one adapter slot. Every request names the one
 adapter this server serves (``policy_request``: id 1, a path that is never read), so that an
 adapter push reaches the requests in flight exactly as a weight load does. At start the
-adapter is empty (every LoRA layer's slot is zero: the base model), or a PEFT directory's
+adapter is zero on every LoRA layer (the base model), or a PEFT directory's
 adapter; each push replaces it inside every worker (``install``): the received tensors become
 a ``vllm.lora.lora_model.LoRAModel`` in the worker's LoRA manager (vLLM's punica kernels apply
 ``B @ A`` in the forward), with no file on the way and no change to the base weights. vLLM
 shards the adapter over tensor-parallel ranks and packs ``q/k/v`` and ``gate/up`` itself.
 
-Runs in the worker processes (``install``) and the server (``policy_request``,
-``rank_slot``). The merge alternative (``gspo_rl.server.engines.vllm.adapter``) stays the
-default: docs/lora.md compares them.
+Runs in the worker processes (``install``, ``restore``: the adapter is kept in host memory
+and installed again after vLLM drops it, which it does after every weight transfer) and the
+server (``policy_request``, ``engine_kwargs``). The merge alternative
+(``gspo_rl.server.engines.vllm.adapter``) stays the default: docs/lora.md compares them.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def _lora_model(manager: Any, named: Iterable[tuple[str, torch.Tensor]],
     model = manager.model
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     return LoRAModel.from_lora_tensors(
-        ADAPTER_ID, {PEFT_PREFIX + n: t.detach().to("cpu") for n, t in named}, helper,
+        # copies: vLLM folds the scale into B in place, and ``restore`` installs the kept ones
+        ADAPTER_ID, {PEFT_PREFIX + n: t.detach().to("cpu", copy=True) for n, t in named}, helper,
         device="cpu", dtype=manager.lora_config.lora_dtype,
         model_vocab_size=getattr(manager, "vocab_size", None),
         weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
@@ -86,14 +88,23 @@ def install(model: torch.nn.Module, named: Iterable[tuple[str, torch.Tensor]] | 
     adapter when ``spec`` is None; it is active in the worker's slot when this returns.
     Returns the number of adapted modules. Everything is built before the old one goes."""
     manager = _manager(model)
-    if spec is None:
-        from vllm.lora.lora_model import LoRAModel
-
-        lora = LoRAModel(ADAPTER_ID, 1, {})
+    kept: tuple[list[tuple[str, torch.Tensor]], LoraSpec] | None = None
+    if spec is None:  # vLLM's warm-up adapter: zeros on every LoRA layer
+        lora = manager.create_dummy_lora(ADAPTER_ID, 1,
+                                         getattr(model, "embedding_modules", None) or {})
     else:
         lora_spec = spec if isinstance(spec, LoraSpec) else LoraSpec.model_validate(spec)
-        lora = _lora_model(manager, named or [], lora_spec)
+        kept = ([(n, t.detach().to("cpu")) for n, t in named or []], lora_spec)
+        lora = _lora_model(manager, kept[0], lora_spec)
     manager.remove_adapter(ADAPTER_ID)
     manager.add_adapter(lora)
     manager.activate_adapter(ADAPTER_ID)
+    model._gspo_lora = kept  # type: ignore[assignment]
     return len(lora.loras)
+
+
+def restore(model: torch.nn.Module) -> int:
+    """Install the served adapter again: vLLM drops every adapter after it replaces base
+    weights (its ``finish_weight_update`` resets the LoRA state)."""
+    kept = getattr(model, "_gspo_lora", None)
+    return install(model, *kept) if kept is not None else install(model, None, None)

@@ -214,11 +214,14 @@ def load_update(vllm_config: Any, model: torch.nn.Module,
                 named: list[tuple[str, torch.Tensor]], lora: dict[str, Any] | None) -> int:
     """Load a received push: full weights in place; an adapter into vLLM's LoRA manager when
     the engine serves adapters natively (``native_lora``), else merged into the base."""
-    if lora is not None and vllm_config.lora_config is not None:
+    native = vllm_config.lora_config is not None
+    if lora is not None and native:
         return native_lora.install(model, named, lora)
     if lora is not None:
         named = adapters_of(vllm_config, model).merged(named, lora)
     reload_in_place(vllm_config, model, named)
+    if native:  # new base weights under the served adapter
+        native_lora.restore(model)
     return len(named)
 
 
@@ -296,6 +299,10 @@ class GspoWorkerExtension:
     def gspo_drop_ipc(self) -> None:
         self._ipc_staged = None
 
+    def gspo_restore_adapter(self) -> int:
+        """After a broadcast update: vLLM dropped the adapters, serve ours again."""
+        return native_lora.restore(self.model_runner.get_model())
+
     def gspo_install_adapter(self, adapter_dir: str | None) -> int:
         """Serve a PEFT adapter directory's adapter natively, or the empty one (None)."""
         model = self.model_runner.get_model()
@@ -308,9 +315,8 @@ class GspoWorkerExtension:
 
     def gspo_load_file(self, path: str) -> int:
         """Load a safetensors file of HF-named tensors (the server's ``load_weights``)."""
-        named = list(_named_from_file(path))
-        reload_in_place(self.vllm_config, self.model_runner.get_model(), named)
-        return len(named)
+        return load_update(self.vllm_config, self.model_runner.get_model(),
+                           list(_named_from_file(path)), None)
 
 
 with contextlib.suppress(ValueError):  # registered already (the module was imported twice)

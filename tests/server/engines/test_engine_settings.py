@@ -61,6 +61,26 @@ def test_vllm_engine_gets_every_setting(tiny_model_dir: Path) -> None:
 
     with pytest.raises(ValueError, match="logprobs_mode"):
         VLLMEngine(str(tiny_model_dir), engine_args={"logprobs_mode": "raw_logprobs"})
+    # native LoRA: vLLM's own LoRA layers, one slot, the rank rounded up to one vLLM accepts
+    kw = VLLMEngine(str(tiny_model_dir), max_lora_rank=12)._engine_kw  # type: ignore[attr-defined]
+    assert (kw["enable_lora"], kw["max_lora_rank"], kw["max_loras"]) == (True, 16, 1)
+    assert "enable_lora" not in VLLMEngine(str(tiny_model_dir))._engine_kw  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="set by the gspo vLLM engine"):
+        VLLMEngine(str(tiny_model_dir), engine_args={"enable_lora": True})
+
+
+def test_lora_rank_slots_and_the_max_lora_rank_setting() -> None:
+    from gspo_rl.server.config import ServerSettings
+    from gspo_rl.server.engines.vllm.native_lora import rank_slot
+
+    assert [rank_slot(r) for r in (1, 2, 8, 9, 64, 300, 512)] == [1, 8, 8, 16, 64, 320, 512]
+    with pytest.raises(ValueError, match="above vLLM's largest"):
+        rank_slot(513)
+    assert ServerSettings(model="m", engine="vllm", max_lora_rank=16).max_lora_rank == 16
+    for unset in (0, "0", ""):  # compose's GSPO_MAX_LORA_RANK=0
+        assert ServerSettings(model="m", engine="vllm", max_lora_rank=unset).max_lora_rank is None
+    with pytest.raises(ValueError, match="vLLM settings"):
+        ServerSettings(model="m", engine="hf", max_lora_rank=8)
 
 
 def test_parse_engine_args() -> None:
@@ -93,3 +113,13 @@ def test_gspo_up_device_reaches_the_server() -> None:
     # vLLM beside the learner on one GPU: its memory share leaves room for the learner
     assert _server_device_args(UpConfig(run_dir=Path("r"), device="cuda", engine="vllm")) == [
         "--engine", "vllm", *f32, "--gpu-memory-utilization", "0.3"]
+
+
+
+def test_gspo_up_lora_has_vllm_serve_the_adapters_natively() -> None:
+    from gspo_rl.launch.up import UpConfig, _server_lora_args
+
+    assert _server_lora_args(UpConfig(run_dir=Path("r"), lora_rank=8, engine="vllm")) == [
+        "--max-lora-rank", "8"]
+    assert _server_lora_args(UpConfig(run_dir=Path("r"), lora_rank=8)) == []  # hf merges
+    assert _server_lora_args(UpConfig(run_dir=Path("r"), engine="vllm")) == []
