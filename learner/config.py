@@ -146,8 +146,10 @@ class LearnerConfig(BaseModel):
     data_parallel: Literal["auto", "allreduce", "fsdp2"] = "auto"
     """Under ``torchrun`` with several ranks: "allreduce" keeps a full replica per rank and
     sums gradients; "fsdp2" shards weights, gradients and optimiser state
-    (``gspo_rl.learner.parallel.fsdp``); "auto" is fsdp2 on CUDA, allreduce on CPU. Ignored by one
-    process."""
+    (``gspo_rl.learner.parallel.fsdp``; with ``lora_rank``: the frozen base sharded, the
+    adapters trained); "auto" is fsdp2 on CUDA, allreduce on CPU, and allreduce with
+    ``lora_rank`` (a replica per rank keeps bf16 weights and packing; ask for fsdp2 when the
+    base does not fit one device). Ignored by one process."""
     seed: int = 0
     """Seeds torch, numpy and random at start (restored from the checkpoint on resume)."""
     max_steps: int | None = Field(default=None, ge=1)
@@ -234,9 +236,6 @@ class LearnerConfig(BaseModel):
     def _check(self) -> LearnerConfig:
         if self.resume and self.save_dir is None:
             raise ValueError("resume=True needs save_dir")
-        if self.lora_rank is not None and self.data_parallel == "fsdp2":
-            raise ValueError("lora_rank with data_parallel fsdp2 is not supported yet: use "
-                             "allreduce (the adapters and their optimizer state are small)")
         return self
 
     @property

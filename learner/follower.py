@@ -46,6 +46,7 @@ def follow(config: Any, ctx: DistContext) -> int:
     """The loop of ranks > 0: load what rank 0 loaded, then train every broadcast batch.
     Returns the number of steps trained."""
     from gspo_rl.learner.checkpoint import load_trainer_state
+    from gspo_rl.learner.startup import seed_everything
     from gspo_rl.learner.trainer import Trainer
 
     # SIGINT/SIGTERM (torchrun forwards them): rank 0 decides when to stop and says so.
@@ -55,6 +56,9 @@ def follow(config: Any, ctx: DistContext) -> int:
     if not isinstance(first, Resume):
         raise TypeError(f"rank {ctx.rank}: expected Resume first, got {first!r}")
     source = first.checkpoint
+    # Seeded as rank 0 seeds before its load (``Learner._load_model``): fresh LoRA adapters
+    # are random, and every rank must draw the same ones (a replica, or its shard of them).
+    seed_everything(config.seed)
     policy = load_policy(source or config.model, config, ctx)
     trainer = Trainer(policy, config, dist=ctx)
     if source is not None:

@@ -155,10 +155,11 @@ class Learner:
         self.policy = load_policy(source, self.config, self.dist)
         self.sharded = self.dist is not None and self.dist.fsdp
         self.host: torch.nn.Module | None = None
+        self.host_peft: Any = None  # the host copy's PeftModel under LoRA (saves the adapter)
         if self.sharded:
             from gspo_rl.learner.parallel.fsdp import load_host_copy
 
-            self.host = load_host_copy(source)
+            self.host, self.host_peft = load_host_copy(source, self.config)
         self.trainer = Trainer(self.policy, self.config, advantage_fn, dist=self.dist)
 
     def _param_counts(self) -> dict[str, int]:
@@ -401,8 +402,9 @@ class Learner:
                                                              "lineage": self.lineage.to_json()})
             model, trainer_state = self._export(with_optimizer=True)
             assert trainer_state is not None
-            if self.policy.peft is not None:  # the adapter alone, in PEFT's format
-                model = self.policy.peft
+            peft = self.host_peft if self.sharded else self.policy.peft
+            if peft is not None:  # the adapter alone, in PEFT's format
+                model = peft
             save_checkpoint(cfg.save_dir, model, trainer_state, state,
                             tokenizer_src=self.tokenizer_src, keep_last=cfg.keep_last)
             self._saved_at = time.monotonic()

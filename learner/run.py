@@ -59,7 +59,8 @@ def run_learner(config: LearnerConfig, sync: WeightSync | None = None) -> Learne
     """Build a ``Learner`` and run it with graceful-stop signal handlers. Under ``torchrun``
     rank 0 runs the learner and the other ranks follow it (``gspo_rl.learner.follower``);
     they return ``None``."""
-    # LoRA keeps a full replica per rank: its trainable state is small (no FSDP2 yet).
+    # "auto" with LoRA: a replica per rank (bf16 weights, packing; the trainable state is
+    # small); fsdp2 when asked (a base too large for one device).
     mode = "allreduce" if config.lora_rank is not None and config.data_parallel == "auto" \
         else config.data_parallel
     dist = init_from_env(config.device, mode)

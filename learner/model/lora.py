@@ -8,7 +8,10 @@ beside it, which writes checkpoints in PEFT's format (``adapter_config.json`` an
 ``adapter_model.safetensors``: loadable by ``PeftModel.from_pretrained`` and by vLLM). Base
 weights are frozen (``requires_grad`` False), so the trainer's optimizer holds the adapters
 only. ``base_of`` reads where an adapter directory's base model is; ``load_base`` loads a
-model directory, or an adapter directory merged into its base (``gspo export``).
+model directory, or an adapter directory merged into its base (``gspo export``);
+``load_model`` is the one loader of the learner's model with its adapters, shared by the
+single-process, replicated and FSDP2-sharded policies and by FSDP2's host copy, so that they
+all hold the same base and the same adapters.
 
 Settings are duck-typed (``lora_rank``, ``lora_alpha``, ``lora_dropout``,
 ``lora_target_modules``: ``LearnerConfig``'s fields). Why PEFT, and the memory arithmetic:
@@ -106,3 +109,16 @@ def load_base(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module
 
     base = AutoModelForCausalLM.from_pretrained(base_of(path), dtype=dtype)
     return PeftModel.from_pretrained(base, str(path)).merge_and_unload()
+
+
+def load_model(path: str | Path, settings: Any = None) -> tuple[nn.Module, Any]:
+    """``(model, peft)``: the float32 Hugging Face model of ``path`` on the CPU, and with
+    ``settings.lora_rank`` set its ``PeftModel`` (adapters injected in place: those of ``path``
+    when it is an adapter directory, else fresh ones, drawn from torch's global RNG); ``peft``
+    is ``None`` without LoRA (an adapter directory then loads merged into its base)."""
+    lora = settings is not None and getattr(settings, "lora_rank", None) is not None
+    if lora and is_adapter_dir(path):
+        model = load_base(base_of(path))
+        return model, apply_lora(model, settings, adapter=path)
+    model = load_base(path)
+    return model, apply_lora(model, settings) if lora else None

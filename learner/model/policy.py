@@ -33,7 +33,7 @@ from gspo_rl.learner.data.packing import (
     target_positions,
 )
 from gspo_rl.learner.model.logprob_head import ChunkFn, fused_logprobs
-from gspo_rl.learner.model.lora import apply_lora, base_of, is_adapter_dir, load_base
+from gspo_rl.learner.model.lora import load_model
 from gspo_rl.learner.model.varlen import NAME as VARLEN
 
 # Attentions that read a packed row's sequence offsets (``PackedRows.attention_kwargs``).
@@ -162,6 +162,16 @@ def fused_head_weight(model: nn.Module) -> torch.Tensor | None:
     return head.weight
 
 
+def prepare_for_training(model: nn.Module, gradient_checkpointing: bool, lora: bool) -> None:
+    """No KV cache in training passes; gradient checkpointing when asked (under LoRA the
+    frozen embeddings' output is made to require grad, so checkpointed inputs carry it)."""
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if lora:
+            model.enable_input_require_grads()
+    model.config.use_cache = False
+
+
 class Policy:
     """A causal LM in float32 with a memory-lean ``token_logprobs``."""
 
@@ -192,20 +202,9 @@ class Policy:
         of ``path`` when it is an adapter directory (a LoRA checkpoint), else fresh ones. An
         adapter directory without ``lora`` loads merged into its base."""
         dev = resolve_device(device)
-        peft = None
-        if lora is not None and lora.lora_rank is not None and is_adapter_dir(path):
-            model = load_base(base_of(path))
-            peft = apply_lora(model, lora, adapter=path)
-        else:
-            model = load_base(path)
-            if lora is not None and lora.lora_rank is not None:
-                peft = apply_lora(model, lora)
+        model, peft = load_model(path, lora)
         model.to(dev)
-        if gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-            if peft is not None:  # frozen embeddings: checkpointed inputs must carry grad
-                model.enable_input_require_grads()
-        model.config.use_cache = False
+        prepare_for_training(model, gradient_checkpointing, lora=peft is not None)
         return cls(model, dev, bf16_autocast=bf16_autocast, peft=peft)
 
     def _autocast(self):  # noqa: ANN202 - a context manager

@@ -6,7 +6,10 @@ one of ``gspo_rl.learner.parallel.distributed``. Contract: gradients are reduce-
 plain sums, so the update stays exactly the single-process one; a rank with fewer microbatches
 runs zero-weight passes (``Share.n_pad``), so every rank runs the same number of passes;
 weights leave as full tensors (``gather_full`` into rank 0's CPU host copy, which
-``BroadcastSync`` and ``save_pretrained`` see as an ordinary model).
+``BroadcastSync`` and ``save_pretrained`` see as an ordinary model). With LoRA
+(``lora_rank``) the adapters are injected before sharding: the base stays frozen (and
+sharded), only the adapters train, are gathered, pushed and saved (PEFT's format, from the
+host copy's ``PeftModel``).
 
 Checkpoints hold the *full* optimizer state keyed by parameter name (``"optimizer_format":
 "fsdp2-full"``), so a checkpoint resumes under any world size and in either mode. Details:
@@ -83,36 +86,49 @@ def shard_model(model: nn.Module, device: torch.device) -> None:
 
 
 def load_sharded_policy(path: str | Path, config: Any, device: torch.device) -> Any:
-    """The policy of ``path`` (float32, loaded on the CPU), sharded over the job's ranks."""
-    from transformers import AutoModelForCausalLM
+    """The policy of ``path`` (float32, loaded on the CPU), sharded over the job's ranks. With
+    ``config.lora_rank`` the adapters are injected first (``load_model``: the same ones, and
+    the same random draws for fresh ones, as a single process), so each decoder layer's
+    FSDP group holds its frozen base weights and its trainable adapters together."""
+    from gspo_rl.learner.model.lora import load_model
+    from gspo_rl.learner.model.policy import Policy, prepare_for_training
 
-    from gspo_rl.learner.model.policy import Policy
-
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    model.config.use_cache = False
+    model, peft = load_model(path, config)
+    prepare_for_training(model, bool(config.gradient_checkpointing), lora=peft is not None)
     shard_model(model, device)
-    return Policy(model, device, bf16_autocast=config.bf16_autocast)
+    return Policy(model, device, bf16_autocast=config.bf16_autocast, peft=peft)
 
 
-def load_host_copy(path: str | Path) -> nn.Module:
-    """Rank 0's unsharded CPU model that pushes and checkpoints read from."""
-    from transformers import AutoModelForCausalLM
+def load_host_copy(path: str | Path, config: Any = None) -> tuple[nn.Module, Any]:
+    """Rank 0's unsharded CPU model that pushes and checkpoints read from, and with
+    ``config.lora_rank`` its ``PeftModel`` (``None`` otherwise): the model pushes, the
+    ``PeftModel`` saves the adapter in PEFT's format. Loaded without drawing from the job's
+    RNG (fresh adapters here are overwritten by the first ``gather_full``)."""
+    from gspo_rl.learner.model.lora import load_model
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):
+        return load_model(path, config)
+
+
+def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``model``'s parameters that train (all of them in full fine-tuning, the adapters under
+    LoRA), in ``named_parameters`` order."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
 @torch.no_grad()
 def gather_full(model: nn.Module, host: nn.Module | None) -> None:
-    """Collective: every rank gathers each parameter in turn; the rank with a ``host``
-    (rank 0) copies it there. Call on every rank, in the same order as the others."""
+    """Collective: every rank gathers each trainable parameter in turn; the rank with a
+    ``host`` (rank 0) copies it there. Call on every rank, in the same order as the others.
+    Frozen parameters (the base under LoRA) are never gathered: the host copy loaded them
+    from the same source, and they never change."""
     from torch.distributed.tensor import DTensor
 
-    dst = dict(host.named_parameters()) if host is not None else None
+    params = trainable(model)
+    dst = dict(trainable(host)) if host is not None else None
     if dst is not None:
-        check_names([hf_name(n) for n, _ in model.named_parameters()], list(dst))
-    for name, p in model.named_parameters():
+        check_names([hf_name(n) for n, _ in params], list(dst))
+    for name, p in params:
         full = p.full_tensor() if isinstance(p, DTensor) else p
         if dst is not None:
             dst[hf_name(name)].copy_(full)
@@ -133,8 +149,7 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     if not name_keyed:
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        osd = ids_to_names(osd, names)
+        osd = ids_to_names(osd, [n for n, _ in trainable(model)])
     optimizer.zero_grad(set_to_none=True)  # the loader initialises state with a 0-lr step
     set_optimizer_state_dict(model, optimizer, optim_state_dict=osd,
                              options=StateDictOptions(full_state_dict=True))

@@ -1,7 +1,8 @@
 """Run under ``torchrun`` by ``tests/learner/parallel/test_fsdp.py``: the learner with a
 ``WeightSync`` that writes each pushed weight set to ``OUT/v<version>.safetensors``, exactly the
-``(name, tensor)`` list ``BroadcastSync`` would send (``named_weights``), so the test can
-check what a push carries without rollout servers.
+``(name, tensor)`` list ``BroadcastSync`` would send (``push_payload``: every weight, or a LoRA
+learner's adapter tensors, with their ``LoraSpec`` as the file's ``"lora"`` metadata), so the
+test can check what a push carries without rollout servers.
 
     torchrun --nproc-per-node 2 -m tests.helpers.fsdp_probe CONFIG.toml OUT
 """
@@ -17,7 +18,7 @@ from safetensors.torch import save_file
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.run import run_learner
 from gspo_rl.learner.weights.base import NoSyncReport
-from gspo_rl.learner.weights.broadcast import named_weights
+from gspo_rl.learner.weights.broadcast import push_payload
 
 
 class DiskSync:
@@ -28,8 +29,10 @@ class DiskSync:
         out.mkdir(parents=True, exist_ok=True)
 
     def push(self, model: torch.nn.Module, version: int) -> NoSyncReport:
-        tensors = {n: t.detach().cpu().contiguous() for n, t in named_weights(model)}
-        save_file(tensors, str(self.out / f"v{version}.safetensors"))
+        named, spec = push_payload(model)
+        tensors = {n: t.detach().cpu().contiguous() for n, t in named}
+        meta = {"lora": spec.model_dump_json()} if spec is not None else None
+        save_file(tensors, str(self.out / f"v{version}.safetensors"), metadata=meta)
         return NoSyncReport(version=version)
 
     def close(self) -> None:

@@ -121,10 +121,11 @@ def test_settings_parse_and_validate(tiny_model_dir):
     cfg = _cfg(tiny_model_dir, lora_target_modules="q_proj, v_proj")
     assert cfg.lora_target_modules == ["q_proj", "v_proj"]
     assert LearnerConfig(model="m").lora_rank is None  # full fine-tuning by default
-    for bad in ({"lora_rank": 0}, {"lora_target_modules": ""}, {"lora_dropout": 1.0},
-                {"data_parallel": "fsdp2"}):
+    for bad in ({"lora_rank": 0}, {"lora_target_modules": ""}, {"lora_dropout": 1.0}):
         with pytest.raises(ValueError):
             _cfg(tiny_model_dir, **bad)
+    # FSDP2 sharding trains adapters too (tests/learner/parallel/test_fsdp.py)
+    assert _cfg(tiny_model_dir, data_parallel="fsdp2").data_parallel == "fsdp2"
 
 
 def test_the_hf_engine_serves_a_lora_checkpoint_and_its_merged_export(trained, tmp_path):

@@ -26,7 +26,10 @@ from gspo_rl.learner.checkpoint import load_latest
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import samples_from_groups, split_micro
 from gspo_rl.learner.loop import Learner
+from gspo_rl.learner.model.policy import Policy
 from gspo_rl.learner.parallel.distributed import assign_owners
+from gspo_rl.learner.startup import seed_everything
+from gspo_rl.learner.weights.adapter import lora_payload
 from gspo_rl.learner.weights.base import NoSync
 from tests.helpers.learner_data import sample_group
 
@@ -48,12 +51,20 @@ def test_split_micro_makes_one_part_per_rank_when_it_can(tiny_model_dir):
 
 
 def _weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's trained tensors: the model, or a LoRA checkpoint's adapter (named as a
+    push names them)."""
+    adapter = ckpt_dir / "adapter_model.safetensors"
+    if adapter.is_file():
+        return {k.removeprefix("base_model.model."): v for k, v in load_file(adapter).items()}
     return load_file(str(ckpt_dir / "model.safetensors"))
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_trains_what_one_process_trains(tiny_model_dir, redis_url,
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_torchrun_two_ranks_trains_what_one_process_trains(lora, tiny_model_dir, redis_url,
                                                            tmp_path):
+    """Every rank's replica starts from the same weights (fresh LoRA adapters are random: each
+    rank draws the same ones) and takes the same update as one process."""
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     client = redis.Redis.from_url(redis_url)
     sampler = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
@@ -65,9 +76,11 @@ def test_torchrun_two_ranks_trains_what_one_process_trains(tiny_model_dir, redis
     common = dict(model=str(tiny_model_dir), redis_url=redis_url, groups_per_step=2,
                   minibatches=2, micro_batch_tokens=24, max_steps=2, lr=1e-3,
                   read_timeout_s=0.5, device="cpu", console=False,
-                  loss={"kind": "gspo"}, old_logprobs="recompute")
-    Learner(LearnerConfig(**common, key_prefix="one", save_dir=str(tmp_path / "one")),
-            client=client, sync=NoSync()).run()
+                  loss={"kind": "gspo"}, old_logprobs="recompute",
+                  **({"lora_rank": 4, "lora_alpha": 8.0} if lora else {}))
+    first = Learner(LearnerConfig(**common, key_prefix="one", save_dir=str(tmp_path / "one")),
+                    client=client, sync=NoSync())
+    first.run()
 
     toml = tmp_path / "two.toml"
     fields = {**common, "key_prefix": "two", "save_dir": str(tmp_path / "two")}
@@ -83,8 +96,14 @@ def test_torchrun_two_ranks_trains_what_one_process_trains(tiny_model_dir, redis
     assert one is not None and two is not None
     assert (one.state.step, one.state.groups_trained) == (two.state.step,
                                                           two.state.groups_trained) == (2, 4)
-    w0 = _weights(Path(tiny_model_dir))
     w1, w2 = _weights(one.path), _weights(two.path)
+    if lora:  # the start: the fresh adapters a learner seeded so draws
+        seed_everything(first.config.seed)
+        start = lora_payload(Policy.load(tiny_model_dir, "cpu", lora=first.config).model)
+        assert start is not None
+        w0 = dict(start[0])
+    else:
+        w0 = _weights(Path(tiny_model_dir))
     moved = sum(float((w1[k] - w0[k]).norm() ** 2) for k in w1) ** 0.5
     apart = sum(float((w1[k] - w2[k]).norm() ** 2) for k in w1) ** 0.5
     assert moved > 0.1
