@@ -19,7 +19,7 @@ SERVE_FLAGS = [
     "--config", "--model", "--engine", "--served-model-name", "--host", "--port", "--redis-url",
     "--key-prefix", "--api-key", "--admin-key", "--insecure-no-auth", "--device",
     "--max-batch-size", "--dtype", "--max-model-len", "--tensor-parallel-size",
-    "--gpu-memory-utilization", "--enforce-eager",
+    "--gpu-memory-utilization", "--max-lora-rank", "--enforce-eager",
     "--vllm-arg", "--max-n", "--max-tokens", "--max-body-bytes", "--max-ready-groups",
     "--admission", "--admission-wait-s", "--admission-capacity-without-learner",
     "--max-episode-turns", "--episode-history-rewrite", "--tool-call-parser",
@@ -32,7 +32,8 @@ LEARN_FLAGS = [
     "--lora-dropout", "--lora-target-modules", "--lr", "--weight-decay", "--grad-clip",
     "--warmup-steps", "--save-dir", "--save-every", "--save-every-s", "--keep-last",
     "--resume", "--sync-every", "--weight-sync", "--max-steps", "--target-reward",
-    "--target-window", "--drain-timeout-s", "--read-timeout-s", "--device", "--data-parallel",
+    "--target-window", "--drain-timeout-s", "--read-timeout-s", "--device", "--param-dtype",
+    "--data-parallel",
     "--seed", "--metrics-jsonl", "--report-to", "--run-name", "--tracking-project",
     "--tracking-dir", "--log-level"]
 

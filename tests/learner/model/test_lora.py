@@ -199,8 +199,12 @@ def test_packed_varlen_and_checkpointed_passes_give_the_adapters_the_same_gradie
                 g_padded[name].abs().max()), name
 
 
-def test_the_vllm_engine_refuses_an_adapter_directory_with_advice(trained):
+def test_the_vllm_engine_serves_an_adapter_directory_as_its_base_with_native_lora(
+        trained, tiny_model_dir):
     from gspo_rl.server.engines.vllm.engine import VLLMEngine
 
-    with pytest.raises(ValueError, match="gspo export"):
-        VLLMEngine(str(trained[4]))  # refused before vLLM is imported or anything loads
+    engine = VLLMEngine(str(trained[4]))  # settled before vLLM is imported or anything loads
+    assert engine.model_path == str(tiny_model_dir) and engine.lora_native
+    assert engine._adapter_dir == str(trained[4])  # installed from memory at start
+    kw = engine._engine_kw  # type: ignore[attr-defined]
+    assert kw["enable_lora"] and kw["max_lora_rank"] >= trained[0].lora_rank
