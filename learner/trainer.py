@@ -6,10 +6,13 @@ gradients scaled so that their sum is the minibatch's seq-mean-token-mean loss
 (``MicroBatch.loss_scale``).
 
 pi_old, by ``LearnerConfig.pi_old``: "behavior", the servers' sampling log-probabilities
-(GSPO paper, section 5.4); or "recompute", the decoupled objective: pi_prox recomputed here
-without grad at the start of the step, the loss multiplied by the truncated importance weight
-behaviour -> proximal at the loss's level (``gspo_rl.learner.algorithm.losses
-.decoupled_is_weights``: per sequence for gspo, per token otherwise).
+(GSPO paper, section 5.4); or "recompute", the decoupled objective: pi_prox, the weights at the
+start of the step, the loss multiplied by the truncated importance weight behaviour -> proximal
+at the loss's level (``gspo_rl.learner.algorithm.losses.decoupled_is_weights``: per sequence
+for gspo, per token otherwise). With several minibatches pi_prox is a pass without grad before
+the first update; with one (the default) the only update's own forward is taken at those
+weights, so pi_prox is its log-probabilities, detached, and no extra pass runs (unless the
+model has active dropout, whose draws would differ).
 
 A minibatch whose gradient norm is not finite is skipped (``skipped_updates``), never written
 into the weights. Speed (``gspo_rl.learner.model.speed``, decided once here): on CUDA bf16
@@ -42,6 +45,12 @@ from gspo_rl.learner.parallel.fsdp import (
     grad_norm_value,
     load_optimizer_state,
 )
+
+
+def _is_acc() -> dict[str, float]:
+    """Sums behind the IS weights' step figures (``Trainer._set_prox``)."""
+    return {"w": 0.0, "units": 0.0, "capped": 0.0, "abs_lr": 0.0, "rows": 0.0}
+
 
 # Loss metrics averaged over tokens vs over sequences when minibatches are combined.
 _TOKEN_WEIGHTED = ("clip_fraction", "clip_low_fraction", "clip_high_fraction", "gate_mean")
@@ -151,9 +160,13 @@ class Trainer:
                          self.advantage_fn, min_micro=world, packed=self.policy.packing)
         mine = [self._my_share(mb) for mb in plan.minibatches]
         metrics: dict[str, float] = {}
-        if self.config.pi_old == "recompute":
+        fused = self.config.pi_old == "recompute" and len(mine) == 1 and not self._dropout()
+        if self.config.pi_old == "recompute" and not fused:
             metrics.update(self._recompute(mine))
-        per_mb = [self._optimizer_step(s) for s in mine]
+        is_acc = _is_acc() if fused else None
+        per_mb = [self._optimizer_step(s, is_acc) for s in mine]
+        if is_acc is not None:
+            metrics.update(self._is_summary(is_acc))
         if self.policy.device.type == "cuda":
             torch.cuda.synchronize(self.policy.device)
         seconds = time.perf_counter() - t0
@@ -198,32 +211,45 @@ class Trainer:
         return self.policy.token_logprobs(d["tokens"], d["attention"], d["temperature"],
                                           d["mask"], **cut)
 
+    def _dropout(self) -> bool:
+        """Whether a forward draws dropout (then pi_prox needs its own pass)."""
+        return any(isinstance(mod, torch.nn.Dropout) and mod.p > 0 and mod.training
+                   for mod in self.policy.model.modules())
+
     @torch.no_grad()
     def _recompute(self, shares: list[Share]) -> dict[str, float]:
-        """pi_prox for every microbatch (before any update) and the truncated IS weights.
-
-        ``is_weight_mean`` and ``is_weight_capped_fraction`` are over the units the weights
-        apply to (sequences for gspo, trained tokens otherwise); the log-ratio is per sequence.
-        """
-        acc = {"w": 0.0, "units": 0.0, "capped": 0.0, "abs_lr": 0.0, "rows": 0.0}
-        cap, kind = self.config.is_weight_cap, self.config.loss.kind
+        """pi_prox for every microbatch, in a pass before any update, and the truncated IS
+        weights (``_set_prox``)."""
+        acc = _is_acc()
         for s in shares:
             self._pad_passes(s, backward=False)
         for m in (m for s in shares for m in s.micro):
             d = self._device_batch(m)
-            prox = self._logprobs(m, d)
-            m.old_BT = prox
-            m.is_weights_B = w = decoupled_is_weights(prox, d["behavior"], d["mask"], kind, cap)
-            keep = d["mask"] > 0
-            valid = keep.any(-1)
-            log_w = torch.where(keep, prox - d["behavior"], 0.0).sum(-1) / keep.sum(-1).clamp(
-                min=1)
-            units = valid if w.dim() == 1 else keep
-            sums = torch.stack([t.to(torch.float64) for t in (
-                w[units].sum(), (w[units] >= cap).sum(), units.sum(), log_w.abs()[valid].sum(),
-                valid.sum())]).tolist()
-            for k, v in zip(("w", "capped", "units", "abs_lr", "rows"), sums, strict=True):
-                acc[k] += float(v)
+            self._set_prox(m, d, self._logprobs(m, d), acc)
+        return self._is_summary(acc)
+
+    @torch.no_grad()
+    def _set_prox(self, m: MicroBatch, d: dict[str, torch.Tensor], prox: torch.Tensor,
+                  acc: dict[str, float]) -> None:
+        """Take ``prox`` as ``m``'s pi_prox, set its truncated IS weights, add their figures to
+        ``acc``: ``is_weight_mean`` and ``is_weight_capped_fraction`` are over the units the
+        weights apply to (sequences for gspo, trained tokens otherwise); the log-ratio is per
+        sequence."""
+        cap, kind = self.config.is_weight_cap, self.config.loss.kind
+        m.old_BT = prox
+        m.is_weights_B = w = decoupled_is_weights(prox, d["behavior"], d["mask"], kind, cap)
+        keep = d["mask"] > 0
+        valid = keep.any(-1)
+        log_w = torch.where(keep, prox - d["behavior"], 0.0).sum(-1) / keep.sum(-1).clamp(min=1)
+        units = valid if w.dim() == 1 else keep
+        sums = torch.stack([t.to(torch.float64) for t in (
+            w[units].sum(), (w[units] >= cap).sum(), units.sum(), log_w.abs()[valid].sum(),
+            valid.sum())]).tolist()
+        for k, v in zip(("w", "capped", "units", "abs_lr", "rows"), sums, strict=True):
+            acc[k] += float(v)
+
+    def _is_summary(self, acc: dict[str, float]) -> dict[str, float]:
+        """The IS weights' step figures from ``_set_prox``'s sums (over ranks)."""
         acc = self._sum(acc)
         n, rows = max(acc["units"], 1.0), max(acc["rows"], 1.0)
         return {"is_weight_mean": acc["w"] / n, "is_weight_capped_fraction": acc["capped"] / n,
@@ -238,9 +264,11 @@ class Trainer:
             if backward:
                 (lp.sum() * 0.0).backward()
 
-    def _optimizer_step(self, share: Share) -> dict[str, float]:
+    def _optimizer_step(self, share: Share, is_acc: dict[str, float] | None = None
+                        ) -> dict[str, float]:
         """Accumulate the minibatch's gradient over (this rank's share of) its microbatches,
-        sum across ranks, clip, step."""
+        sum across ranks, clip, step. ``is_acc``: pi_prox is each microbatch's own forward,
+        detached (``step``: one minibatch), its IS figures summed there."""
         micro = share.micro
         self.optimizer.zero_grad(set_to_none=True)
         self._pad_passes(share, backward=True)
@@ -252,6 +280,8 @@ class Trainer:
                 continue
             d = self._device_batch(m)
             lp = self._logprobs(m, d)
+            if is_acc is not None:
+                self._set_prox(m, d, lp.detach(), is_acc)
             old = m.old_BT if m.old_BT is not None else d["behavior"]
             out = policy_loss(lp, old, d["advantages"], d["mask"], self.config.loss,
                               is_weights=m.is_weights_B)

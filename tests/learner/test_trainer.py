@@ -151,6 +151,47 @@ def test_recompute_mode_uses_pi_prox_and_is_weights(policy, tiny_model_dir, kind
         float(np.abs(offsets).mean()), abs=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["gspo", "grpo"])
+def test_one_minibatch_takes_pi_prox_from_its_own_forward(policy, tiny_model_dir, kind):
+    """With one minibatch, pi_prox is the update's own forward, detached: one forward per
+    microbatch instead of two, and the same update and IS figures as a separate pass."""
+    groups = _groups(policy, n=2)
+    for g in groups:  # stale behaviour log-probs: IS weights away from 1
+        for k, r in enumerate(g.rollouts):
+            r.logprobs = np.where(r.loss_mask > 0, r.logprobs - 0.2 * (k - 1.5),
+                                  0.0).astype(np.float32)
+    state = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    cfg = _cfg(tiny_model_dir, lr=1e-3, loss={"kind": kind}, is_weight_cap=1.3)
+    calls = []
+    forward = policy.token_logprobs
+
+    def counted(*args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return forward(*args, **kwargs)
+
+    policy.token_logprobs = counted
+    results = []
+    for separate in (False, True):
+        policy.model.load_state_dict(state)
+        calls.clear()
+        trainer = Trainer(policy, cfg)
+        if separate:  # as with active dropout: pi_prox from its own pass without grad
+            trainer._dropout = lambda: True  # type: ignore[method-assign]
+        metrics = trainer.step(groups)
+        results.append((metrics, {k: v.clone() for k, v in policy.model.state_dict().items()},
+                        list(calls)))
+    del policy.token_logprobs
+    (fused, w_fused, c_fused), (sep, w_sep, c_sep) = results
+    assert all(c_fused) and len(c_sep) == 2 * len(c_fused) and c_sep.count(False) == len(c_fused)
+    for key in ("loss", "is_weight_mean", "is_weight_capped_fraction",
+                "prox_behavior_abs_log_ratio", "grad_norm"):
+        assert fused[key] == pytest.approx(sep[key], rel=1e-5, abs=1e-7), key
+    assert 0 < fused["is_weight_capped_fraction"] < 1
+    for name, w in w_fused.items():
+        torch.testing.assert_close(w, w_sep[name], rtol=1e-5, atol=1e-7)
+    assert any(not torch.equal(w, state[n]) for n, w in w_fused.items())
+
+
 def test_nonfinite_gradient_skips_the_update(policy, tiny_model_dir):
     groups = _groups(policy, n=1)
     groups[0].advantages = [1e38, -1e38, 1e38, -1e38]  # overflows the float32 gradient
