@@ -8,13 +8,7 @@
 #   scripts/gpu_check.sh                 # from the repository root, its venv active or .venv
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-# The checkout as the gspo_rl namespace (setup.py maps its folders): installed editable, without
-# dependencies, when this Python does not have it yet (a lent GPU machine brings its own torch).
-"$PY" -c "import gspo_rl.server" 2>/dev/null \
-  || "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null \
-  || { echo "$(basename "$0"): cannot install this checkout into $PY" >&2; exit 1; }
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source scripts/gpu_env.sh   # PY, PYTHONPATH
 OUT="$(mktemp -d -t gspo-gpu-check-XXXX)"
 fail() { echo "gpu_check: FAIL: $*" >&2; exit 1; }
 

@@ -14,15 +14,10 @@
 # Step limits: ASYNC_S, LORA_S, TESTS_S seconds (environment; defaults fit a 10-minute call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-"$PY" -c "import gspo_rl.server" 2>/dev/null \
-  || "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null \
-  || { echo "$(basename "$0"): cannot install this checkout into $PY" >&2; exit 1; }
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/gpu_env.sh   # PY, PYTHONPATH, require_cuda
 OUT="${1:-$(mktemp -d -t gspo-gpu-items-XXXX)}"
 mkdir -p "$OUT"
-timeout 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)" \
-  || { echo "gpu_items: torch sees no CUDA device" >&2; exit 1; }
+require_cuda gpu_items
 command -v redis-server >/dev/null || { echo "gpu_items: redis-server not on PATH" >&2; exit 1; }
 step() {  # name, time limit (s), command...: output to the terminal and OUT/name.log
   local name=$1 limit=$2; shift 2

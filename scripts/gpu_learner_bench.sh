@@ -9,17 +9,10 @@
 # one profiled 0.5B step. Ends with the lines to paste into BENCHMARKS.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-# The checkout as the gspo_rl namespace (setup.py maps its folders): installed editable, without
-# dependencies, when this Python does not have it yet (a lent GPU machine brings its own torch).
-"$PY" -c "import gspo_rl.server" 2>/dev/null \
-  || "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null \
-  || { echo "$(basename "$0"): cannot install this checkout into $PY" >&2; exit 1; }
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source scripts/gpu_env.sh   # PY, PYTHONPATH, require_cuda
 OUT="${1:-$(mktemp -d -t gspo-gpu-learner-XXXX)}"
 mkdir -p "$OUT"
-timeout 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)" \
-  || { echo "gpu_learner_bench: torch sees no CUDA device" >&2; exit 1; }
+require_cuda gpu_learner_bench
 step() {  # name, time limit (s), command...
   local name=$1 limit=$2; shift 2
   echo "== $name"
