@@ -3,7 +3,8 @@ the served log-probabilities equal the PEFT-wrapped learner model's within 1e-4 
 updates, with partial targets, in both modes: merged (the worker merges them into the base it
 reads from the model's files; q_proj alone: its fused k/v siblings keep W0) and native
 (``max_lora_rank``: vLLM's own LoRA layers, the adapter loaded from memory; that server starts
-from a PEFT adapter directory, base plus adapter). A malformed adapter is refused before
+from a PEFT adapter directory, base plus adapter, and after the adapters takes a full-weight
+push: new base weights under the same adapter). A malformed adapter is refused before
 anything loads. Their own servers: the adapters change the weights, which the other vLLM tests
 move away from."""
 
@@ -93,12 +94,49 @@ def test_native_lora_serves_the_adapter_dir_then_pushes_from_memory(
         native_stack: Stack, adapter_dir, tiny_model_dir) -> None:
     assert native_stack.engine.lora_native
     _parity(native_stack, adapter_dir[1], native_stack.engine.policy_version)
-    _pushes(native_stack, tiny_model_dir)
+    model = _pushes(native_stack, tiny_model_dir)
+    # a full-weight push (a learner without adapters): new base weights under the same adapter
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(7)
+    mine = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+            head, _, leaf = name.rpartition(".")  # PEFT moved adapted weights under base_layer
+            mine.get(f"{head}.base_layer.{leaf}", mine.get(name)).copy_(p)
+    version = native_stack.engine.policy_version + 1
+    _sync(native_stack, lambda sync: sync.push(base, version=version), lora=False)
+    _parity(native_stack, model, version)
 
 
-def _pushes(stack: Stack, tiny_model_dir) -> None:
+def _sync(stack: Stack, push, lora: bool) -> None:
+    """One ``push(sync)`` over a fresh ``BroadcastSync`` to the stack's registered server."""
+    import redis
+
+    from gspo_rl.contract.queue.registry import live_servers
+    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.learner.weights.broadcast import BroadcastSync
+
+    client = redis.Redis.from_url(stack.redis_url)
+    deadline = time.monotonic() + 30
+    while [s.server_id for s in live_servers(client, Keys())] != [stack.server_id]:
+        assert time.monotonic() < deadline, "the server did not register"
+        time.sleep(0.1)
+    sync = BroadcastSync(client, Keys(), admin_key=ADMIN_KEY, timeout_s=30)
+    try:
+        report = push(sync)
+        assert report.ok and report.lora == lora, report
+    finally:
+        sync.close()
+        client.close()
+
+
+def _pushes(stack: Stack, tiny_model_dir) -> torch.nn.Module:
     """Three adapter pushes (every projection; the same modules moved; q_proj alone), parity
-    after each; then a malformed adapter is refused and the last one stays."""
+    after each; then a malformed adapter is refused and the last one stays. Returns the last
+    learner model (PEFT-wrapped)."""
     import redis
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -141,3 +179,4 @@ def _pushes(stack: Stack, tiny_model_dir) -> None:
     finally:
         sync.close()
         client.close()
+    return model
