@@ -123,7 +123,7 @@ def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, in
     """{mode: (median push seconds, bytes, transport)} to one real server, full pushes then
     adapters."""
     import redis
-    from bench_weight_sync import ADMIN, start_servers
+    from bench_weight_sync import ADMIN, start_servers, stop_servers
     from peft import LoraConfig, get_peft_model
 
     from gspo_rl.contract.queue.schema import Keys
@@ -162,11 +162,7 @@ def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, in
                          "cuda-ipc" if rep.ipc_servers else sync.backend)
         sync.close()
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=60)
-        rs.stop()
+        stop_servers(procs, rs)
     return out
 
 

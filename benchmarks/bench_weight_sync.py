@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -94,6 +95,15 @@ def start_servers(model: Path, n: int, redis_url: str, logs: Path,
     return procs
 
 
+def stop_servers(procs: list[subprocess.Popen], rs: Any) -> None:
+    """Terminate ``start_servers``' processes, wait for them, then stop Redis."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=60)
+    rs.stop()
+
+
 def ours(model_dir: Path, n: int, repeats: int, root: Path) -> tuple[float, float, int]:
     """(first push s, steady median s, bytes) through real servers."""
     from transformers import AutoModelForCausalLM
@@ -118,11 +128,7 @@ def ours(model_dir: Path, n: int, repeats: int, root: Path) -> tuple[float, floa
         sync.close()
         return first.seconds, statistics.median(times), first.bytes_sent
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=60)
-        rs.stop()
+        stop_servers(procs, rs)
 
 
 def _raw_receiver(port: int, world: int, rank: int, metas: list, repeats: int) -> None:

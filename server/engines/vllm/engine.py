@@ -99,17 +99,9 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
 
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
-        self._adapter_dir: str | None = None
-        tokenizer_path = str(model_path)
-        if os.path.isfile(os.path.join(str(model_path), "adapter_config.json")):
-            from gspo_rl.contract.weights.lora import read_peft_adapter
-
-            self._adapter_dir = str(model_path)
-            model_path, _, spec = read_peft_adapter(self._adapter_dir)
-            max_lora_rank = max(spec.rank, max_lora_rank or 0)
-            if not os.path.isfile(os.path.join(tokenizer_path, "tokenizer_config.json")):
-                tokenizer_path = str(model_path)
-        self.model_path = str(model_path)
+        served = native_lora.ServedModel.of(str(model_path), max_lora_rank)
+        self._adapter_dir, max_lora_rank = served.adapter_dir, served.max_lora_rank
+        self.model_path, tokenizer_path = served.base, served.tokenizer
         self.max_batch_size = max_batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         config = AutoConfig.from_pretrained(self.model_path)

@@ -11,13 +11,15 @@ shards the adapter over tensor-parallel ranks and packs ``q/k/v`` and ``gate/up`
 
 Runs in the worker processes (``install``, ``restore``: the adapter is kept in host memory
 and installed again after vLLM drops it, which it does after every weight transfer) and the
-server (``policy_request``, ``engine_kwargs``). The merge alternative
+server (``ServedModel``, ``policy_request``, ``engine_kwargs``). The merge alternative
 (``gspo_rl.server.engines.vllm.adapter``) stays the default: docs/lora.md compares them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +41,28 @@ def rank_slot(rank: int) -> int:
         if slot >= rank:
             return slot
     raise ValueError(f"LoRA rank {rank} is above vLLM's largest ({VLLM_RANKS[-1]})")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a vLLM engine serves for a ``--model`` path: a plain model directory as it is; a
+    PEFT adapter directory as its base plus the adapter, natively (``max_lora_rank`` raised to
+    the adapter's rank), with the directory's tokenizer when it has one."""
+
+    base: str
+    tokenizer: str
+    adapter_dir: str | None
+    max_lora_rank: int | None
+
+    @classmethod
+    def of(cls, path: str, max_lora_rank: int | None) -> ServedModel:
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            return cls(path, path, None, max_lora_rank)
+        from gspo_rl.contract.weights.lora import read_peft_adapter
+
+        base, _, spec = read_peft_adapter(path)
+        own = os.path.isfile(os.path.join(path, "tokenizer_config.json"))
+        return cls(base, path if own else base, path, max(spec.rank, max_lora_rank or 0))
 
 
 def engine_kwargs(max_lora_rank: int) -> dict[str, Any]:

@@ -10,9 +10,11 @@ move away from."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -107,12 +109,15 @@ def test_native_lora_serves_the_adapter_dir_then_pushes_from_memory(
             head, _, leaf = name.rpartition(".")  # PEFT moved adapted weights under base_layer
             mine.get(f"{head}.base_layer.{leaf}", mine.get(name)).copy_(p)
     version = native_stack.engine.policy_version + 1
-    _sync(native_stack, lambda sync: sync.push(base, version=version), lora=False)
+    with _broadcast(native_stack) as sync:
+        report = sync.push(base, version=version)
+    assert report.ok and not report.lora, report
     _parity(native_stack, model, version)
 
 
-def _sync(stack: Stack, push, lora: bool) -> None:
-    """One ``push(sync)`` over a fresh ``BroadcastSync`` to the stack's registered server."""
+@contextlib.contextmanager
+def _broadcast(stack: Stack) -> Iterator[Any]:
+    """A ``BroadcastSync`` to the stack's server, once it has registered."""
     import redis
 
     from gspo_rl.contract.queue.registry import live_servers
@@ -126,8 +131,7 @@ def _sync(stack: Stack, push, lora: bool) -> None:
         time.sleep(0.1)
     sync = BroadcastSync(client, Keys(), admin_key=ADMIN_KEY, timeout_s=30)
     try:
-        report = push(sync)
-        assert report.ok and report.lora == lora, report
+        yield sync
     finally:
         sync.close()
         client.close()
@@ -137,22 +141,11 @@ def _pushes(stack: Stack, tiny_model_dir) -> torch.nn.Module:
     """Three adapter pushes (every projection; the same modules moved; q_proj alone), parity
     after each; then a malformed adapter is refused and the last one stays. Returns the last
     learner model (PEFT-wrapped)."""
-    import redis
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from gspo_rl.contract.queue.registry import live_servers
-    from gspo_rl.contract.queue.schema import Keys
-    from gspo_rl.learner.weights.broadcast import BroadcastSync
-
-    client = redis.Redis.from_url(stack.redis_url)
-    deadline = time.monotonic() + 30
-    while [s.server_id for s in live_servers(client, Keys())] != [stack.server_id]:
-        assert time.monotonic() < deadline, "the server did not register"
-        time.sleep(0.1)
-    sync = BroadcastSync(client, Keys(), admin_key=ADMIN_KEY, timeout_s=30)
     v = stack.engine.policy_version
-    try:
+    with _broadcast(stack) as sync:
         for step, targets in enumerate((["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                          "up_proj", "down_proj"], None, ["q_proj"]), start=1):
             if targets is not None:  # a fresh learner model with these adapters
@@ -176,7 +169,4 @@ def _pushes(stack: Stack, tiny_model_dir) -> torch.nn.Module:
                            "lora": {"rank": 4, "alpha": 8, "target_modules": ["nope"]}})
         assert r.status_code == 504 and "does not have" in r.text, r.text
         _parity(stack, model, v + 3)
-    finally:
-        sync.close()
-        client.close()
     return model
