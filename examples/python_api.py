@@ -36,6 +36,7 @@ def main() -> None:
             if args.stop_after is not None and record["step"] >= args.stop_after:
                 print("stopping")
                 run.stop()  # graceful: the learner checkpoints, every process ends
+                break  # its last steps (trained while it stopped) are in run.steps()
         result = run.wait()
     if result is None:  # stopped before it finished: its records are all there
         print(f"stopped after {len(run.steps())} steps; records in {run.metrics_path}")
