@@ -3,6 +3,7 @@ and step time, and the weight push's bytes and seconds (gloo, to a real ``gspo s
 
     .venv/bin/python benchmarks/bench_lora.py [--shape small|0.5b] [--rank 8] [--steps 3]
         [--groups 4 --group-size 4 --prompt 64 --completion 192] [--repeats 5] [--no-push]
+    .venv/bin/python benchmarks/bench_lora.py --merge --shape 0.5b   # a server's merge alone
     python benchmarks/bench_lora.py --device cuda --shape 8b --modes lora   # on a GPU
 
 Learner: each mode (``full``: every weight trains; ``lora``: rank-``r`` adapters on every
@@ -17,7 +18,8 @@ On CUDA the model is made on the GPU in bf16 (the learner's default there) and t
 runs there too, in bf16, so the push goes over CUDA IPC. Push: ``BroadcastSync.push`` of
 the full model, then of the LoRA model's adapters, to one hf-engine server started on the
 shape's weights (median of ``--repeats`` steady-state pushes each; the first builds the
-group and is left out).
+group and is left out). ``--merge``: only the server's merge of an adapter into its
+weights, ``BaseCopy.merge`` plus a copy against ``BaseCopy.merge_into``, in one process.
 Ratios are LoRA / full (``--modes``: both by default; full fine-tuning of ``8b`` fits no
 80 GB GPU). Shapes: ``small`` (hidden 512, 8 layers, vocabulary 32768: ~39M parameters),
 ``0.5b``/``1.5b`` (Qwen2.5 dimensions), ``8b`` (Qwen3-8B's: hidden 4096, 36 layers, 32/8
@@ -166,6 +168,46 @@ def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, in
     return out
 
 
+def merge_case(args: argparse.Namespace) -> None:
+    """A server's adapter merge alone, on the shape's projections: ``BaseCopy.merge`` and a
+    copy into the weights (vLLM's merge path; the hf engine's before ``merge_into``) against
+    ``BaseCopy.merge_into`` (the hf engine's), median of ``--repeats`` each, alternating."""
+    from gspo_rl.contract.weights.lora import BaseCopy, LoraSpec
+
+    model = build(args.shape, args.device)
+    params = {n: p for n, p in model.named_parameters()
+              if n.endswith(".weight") and n.split(".")[-2] in TARGETS}
+    torch.manual_seed(1)
+    named = [(n[:-len(".weight")] + suffix, 0.01 * torch.randn(shape, device=args.device))
+             for n, w in params.items()
+             for suffix, shape in ((".lora_A.weight", (args.rank, w.shape[1])),
+                                   (".lora_B.weight", (w.shape[0], args.rank)))]
+    spec = LoraSpec(rank=args.rank, alpha=2 * args.rank, target_modules=TARGETS)
+    listed, in_place = BaseCopy(), BaseCopy()
+
+    @torch.no_grad()
+    def by_list() -> None:
+        for n, w in listed.merge(params, named, spec):
+            params[n].copy_(w)
+
+    times: dict[str, list[float]] = {"listed": [], "in place": []}
+    for k in range(args.repeats + 1):  # the first of each takes W0 and is left out
+        for name, fn in (("listed", by_list),
+                         ("in place", lambda: in_place.merge_into(params, named, spec))):
+            t0 = time.perf_counter()
+            fn()
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            if k:
+                times[name].append(time.perf_counter() - t0)
+    n = sum(w.numel() for w in params.values())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"merge of {len(params)} projections ({n / 1e6:.1f}M weights, "
+          f"{next(iter(params.values())).dtype}): " + ", ".join(
+              f"{k} {v * 1000:.1f} ms" for k, v in med.items()))
+    print(f"ratio in place / listed: merge time {med['in place'] / med['listed']:.2f}")
+
+
 def report_learner(res: dict[str, dict]) -> None:
     mib = 2**20
     print(f"{'mode':5} {'trainable':>13} {'total':>14} {'step s':>8} {'peak RSS MiB':>13} "
@@ -199,12 +241,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-push", action="store_true")
+    ap.add_argument("--merge", action="store_true",
+                    help="only time a server's adapter merge: listed vs in place")
     ap.add_argument("--modes", default="full,lora", help="learner modes to run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=("full", "lora"), default="full", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         learner_worker(args)
+        return
+    if args.merge:
+        merge_case(args)
         return
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, shape {args.shape}, "
           f"rank {args.rank}, {args.groups}x{args.group_size} rollouts of {args.prompt} + "

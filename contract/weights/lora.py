@@ -10,10 +10,11 @@ checkpoint names of each wrapped projection plus ``.lora_A.weight`` (``[r, in]``
 A server applies an adapter by merging it into its own copy of the base: ``BaseCopy`` keeps
 ``W0`` of every weight an adapter has touched (taken from the engine's weights the first
 time), and each push loads ``W = W0 + (alpha / r) * B @ A`` (computed in float32, then cast to
-the engine's dtype), so adapters never accumulate rounding: version v is always ``W0`` plus
-v's adapter. A full push replaces the base (``BaseCopy.forget``). ``read_peft_adapter`` reads
-a PEFT adapter directory (a learner's LoRA checkpoint) as such a push, for a server started on
-a base plus an adapter. Design: docs/lora.md.
+the engine's dtype; ``merge_into`` writes it in place), so adapters never accumulate
+rounding: version v is always ``W0`` plus v's adapter. A full push replaces the base
+(``BaseCopy.forget``). ``read_peft_adapter`` reads a PEFT adapter directory (a learner's LoRA
+checkpoint) as such a push, for a server started on a base plus an adapter. Design:
+docs/lora.md.
 """
 
 from __future__ import annotations
@@ -68,8 +69,19 @@ def adapter_pairs(named: Iterable[tuple[str, torch.Tensor]], spec: LoraSpec
 def merged_weight(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                   scale: float) -> torch.Tensor:
     """``W0 + scale * B @ A`` in float32, cast to ``W0``'s dtype, on ``W0``'s device."""
-    delta = b.to(w0.device, torch.float32) @ a.to(w0.device, torch.float32)
-    return (w0.to(torch.float32) + scale * delta).to(w0.dtype)
+    a32, b32 = a.to(w0.device, torch.float32), b.to(w0.device, torch.float32)
+    return torch.addmm(w0.to(torch.float32), b32, a32, alpha=scale).to(w0.dtype)
+
+
+def merge_weight_into(out: torch.Tensor, w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      scale: float) -> None:
+    """``out = W0 + scale * B @ A`` (``merged_weight``) written into ``out``: a float32
+    ``out`` takes it straight from one ``addmm``, with no temporary the size of ``W``."""
+    if out.dtype != torch.float32:
+        out.copy_(merged_weight(w0, a, b, scale))
+        return
+    a32, b32 = a.to(out.device, torch.float32), b.to(out.device, torch.float32)
+    torch.addmm(w0, b32, a32, alpha=scale, out=out)
 
 
 class BaseCopy:
@@ -86,6 +98,28 @@ class BaseCopy:
         merged, and ``W0`` back in any an earlier adapter touched and this one does not.
         ``params``: the engine's current weights (read once per name: the first adapter's
         base)."""
+        pairs = self._take(params, named, spec)
+        out = [(n, merged_weight(self.w0[n], a, b, spec.scale)) for n, (a, b) in pairs.items()]
+        return out + [(n, w) for n, w in self.w0.items() if n not in pairs]
+
+    @torch.no_grad()
+    def merge_into(self, params: Mapping[str, torch.Tensor],
+                   named: Iterable[tuple[str, torch.Tensor]], spec: LoraSpec) -> None:
+        """``merge``, written into ``params`` in place (``merge_weight_into``): the adapted
+        weights merged, the ones only an earlier adapter touched back to ``W0``. Nothing is
+        written unless every name and shape checks."""
+        pairs = self._take(params, named, spec)
+        for name, w0 in self.w0.items():
+            if name in pairs:
+                merge_weight_into(params[name], w0, *pairs[name], spec.scale)
+            else:
+                params[name].copy_(w0)
+
+    def _take(self, params: Mapping[str, torch.Tensor],
+              named: Iterable[tuple[str, torch.Tensor]], spec: LoraSpec
+              ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The push's ``{name: (A, B)}``, checked against ``params``; ``W0`` kept for each
+        name seen for the first time."""
         pairs = adapter_pairs(named, spec)
         for name, (a, b) in pairs.items():
             if name not in params:
@@ -97,8 +131,7 @@ class BaseCopy:
         for name in pairs:
             if name not in self.w0:
                 self.w0[name] = params[name].detach().clone()
-        out = [(n, merged_weight(self.w0[n], a, b, spec.scale)) for n, (a, b) in pairs.items()]
-        return out + [(n, w) for n, w in self.w0.items() if n not in pairs]
+        return pairs
 
     def forget(self) -> None:
         """A full push replaced the base: adapters from now on apply to it."""

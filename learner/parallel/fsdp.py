@@ -102,12 +102,35 @@ def load_sharded_policy(path: str | Path, config: Any, device: torch.device) -> 
 def load_host_copy(path: str | Path, config: Any = None) -> tuple[nn.Module, Any]:
     """Rank 0's unsharded CPU model that pushes and checkpoints read from, and with
     ``config.lora_rank`` its ``PeftModel`` (``None`` otherwise): the model pushes, the
-    ``PeftModel`` saves the adapter in PEFT's format. Loaded without drawing from the job's
-    RNG (fresh adapters here are overwritten by the first ``gather_full``)."""
+    ``PeftModel`` saves the adapter in PEFT's format. Under LoRA only the adapters are real
+    (the frozen base, which pushes and checkpoints never read, is on the meta device).
+    Loaded without drawing from the job's RNG (the adapters' values come from the first
+    ``gather_full``)."""
     from gspo_rl.learner.model.lora import load_model
 
     with torch.random.fork_rng(devices=[]):
-        return load_model(path, config)
+        if config is None or getattr(config, "lora_rank", None) is None:
+            return load_model(path, config)
+        return _adapters_only(path, config)
+
+
+def _adapters_only(path: str | Path, config: Any) -> tuple[nn.Module, Any]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gspo_rl.learner.model.lora import apply_lora, base_of, is_adapter_dir
+
+    # named as load_base names it: the checkpoints' adapter_config records it as the base
+    base = base_of(path) if is_adapter_dir(path) else \
+        str(Path(path).resolve()) if Path(path).exists() else str(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base),
+                                                 dtype=torch.float32)
+    peft = apply_lora(model, config)  # the names gather_full checks; values come from it
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.requires_grad:
+                module._parameters[name] = nn.Parameter(torch.zeros_like(p, device="cpu"))
+    return model, peft
 
 
 def trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

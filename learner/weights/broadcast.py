@@ -192,7 +192,8 @@ class BroadcastSync:
     def _compute_device(self, model: torch.nn.Module) -> torch.device:
         if self.device is not None:
             return self.device
-        dev = next(model.parameters()).device
+        # a LoRA host copy's frozen base is on the meta device (fsdp.load_host_copy)
+        dev = next((p.device for p in model.parameters() if not p.is_meta), torch.device("cpu"))
         if dev.type == "cpu" and self.backend == "nccl" and torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())  # a host copy (FSDP2)
         return dev

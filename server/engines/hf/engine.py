@@ -25,8 +25,9 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,6 +50,9 @@ from gspo_rl.server.engines.hf.requests import (
     notify_progress,
 )
 from gspo_rl.server.engines.hf.running import RunningKV
+
+if TYPE_CHECKING:
+    from gspo_rl.contract.weights.lora import LoraSpec
 
 log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 120.0  # longest wait for a running step before pause / load_weights give up
@@ -148,10 +152,7 @@ class HFEngine(Engine):
 
             named, spec = self._adapter
             self._base_copy = BaseCopy()
-            params = dict(model.named_parameters())
-            with torch.no_grad():
-                for name, w in self._base_copy.merge(params, named, spec):
-                    params[name].copy_(w)
+            self._base_copy.merge_into(dict(model.named_parameters()), named, spec)
             log.info("serving %s: base %s with its LoRA adapter (rank %d) merged",
                      self.model_path, self._base_path, spec.rank)
         return model
@@ -244,27 +245,42 @@ class HFEngine(Engine):
         if not adapter and self._base_copy is not None:  # a new base for later adapters
             self._base_copy.forget()
 
+    async def load_adapter(self, tensors: list[tuple[str, torch.Tensor]], lora: LoraSpec,
+                           version: int) -> None:
+        """Merged into the weights in place (``BaseCopy.merge_into``) between steps."""
+        from gspo_rl.contract.weights.lora import BaseCopy
+
+        base = self._base_copy = self._base_copy or BaseCopy()
+        await asyncio.to_thread(self._between_steps, version, base.merge_into,
+                                self.named_weights(), tensors, lora)
+
     def named_weights(self) -> dict[str, torch.Tensor]:
         if self.model is None:
             raise RuntimeError("engine not started")
         return dict(self.model.named_parameters(remove_duplicate=False))
 
     def _load_weights_sync(self, items: list[tuple[str, torch.Tensor]], version: int) -> None:
-        if self.model is None:
-            raise RuntimeError("engine not started")
-        params = dict(self.model.named_parameters(remove_duplicate=False))
+        params = self.named_weights()
         for name, tensor in items:
             if name not in params:
                 raise KeyError(f"unknown parameter {name!r}")
             if tuple(tensor.shape) != tuple(params[name].shape):
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)}, expected "
                                  f"{tuple(params[name].shape)}")
+        self._between_steps(version, self._copy_in, params, items)
+
+    @torch.no_grad()
+    def _copy_in(self, params: dict[str, torch.Tensor],
+                 items: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in items:
+            params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
+
+    def _between_steps(self, version: int, write: Callable[..., None], *args: Any) -> None:
+        """``write(*args)`` once no decode step runs, then the policy version is ``version``."""
         if not self._step_lock.acquire(timeout=LOCK_TIMEOUT_S):
             raise TimeoutError(f"a decode step did not finish within {LOCK_TIMEOUT_S}s")
         try:
-            with torch.no_grad():
-                for name, tensor in items:
-                    params[name].copy_(tensor.to(device=self.device, dtype=self.dtype))
+            write(*args)
             self._version = version
             self._stale_cache = bool(self._rows)
         finally:

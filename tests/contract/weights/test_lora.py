@@ -81,6 +81,28 @@ def test_each_push_merges_from_w0_and_untargeted_weights_go_back():
     assert bf16.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merging_in_place_writes_what_merge_returns(dtype):
+    w0 = torch.randn(6, 5).to(dtype)
+    params = {"x.q_proj.weight": w0.clone(), "x.k_proj.weight": w0 * 2}
+    ref = {n: p.clone() for n, p in params.items()}  # loaded from merge's list
+    in_place, listed = BaseCopy(), BaseCopy()
+    a, b = torch.randn(2, 5), torch.randn(6, 2)
+    q = [("x.q_proj.lora_A.weight", a), ("x.q_proj.lora_B.weight", b)]
+    k = [("x.k_proj.lora_A.weight", a), ("x.k_proj.lora_B.weight", 3 * b)]
+    for push in (q, k, q):
+        ref.update(listed.merge(ref, push, SPEC))
+        in_place.merge_into(params, push, SPEC)
+        for name, w in params.items():
+            assert w.dtype == dtype and torch.equal(w, ref[name]), name
+    assert torch.equal(params["x.k_proj.weight"], w0 * 2)  # back to W0 under q's adapter
+    before = {n: p.clone() for n, p in params.items()}
+    with pytest.raises(ValueError, match="B @ A"):  # a bad push writes nothing
+        in_place.merge_into(params, [*q, ("x.k_proj.lora_A.weight", torch.zeros(2, 4)),
+                                     ("x.k_proj.lora_B.weight", torch.zeros(6, 2))], SPEC)
+    assert all(torch.equal(params[n], before[n]) for n in params)
+
+
 @pytest.mark.parametrize("named, message", [
     ([("x.q_proj.weight", torch.zeros(6, 5))], "not a LoRA tensor"),
     ([("x.q_proj.lora_A.weight", torch.zeros(2, 5))], "without their pair"),

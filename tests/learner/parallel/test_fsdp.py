@@ -85,8 +85,10 @@ def test_gather_full_copies_only_what_trains_into_the_lora_host_copy(tiny_model_
     for p in src.values():  # what the trained model holds: moved adapters, a moved base
         p.add_(1.0)
     gather_full(policy.model, host)
-    for name, p in host.named_parameters():
-        assert torch.equal(p, src[name]) == src[name].requires_grad, name
+    for name, p in host.named_parameters():  # the frozen base is never read, never held
+        assert torch.equal(p, src[name]) if src[name].requires_grad else p.is_meta, name
+    assert peft.peft_config["default"].base_model_name_or_path == \
+        policy.peft.peft_config["default"].base_model_name_or_path  # what checkpoints record
     assert {n for n, p in host.named_parameters() if p.requires_grad} == {
         n for n, p in src.items() if ".lora_A." in n or ".lora_B." in n}
     plain, _ = load_host_copy(tiny_model_dir)  # full fine-tuning's host: different names
