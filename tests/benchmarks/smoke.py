@@ -59,7 +59,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "bench_limits.py": (["--ids", "1000", "--repeat", "1"], ["check/parse"]),
     "bench_auth_flood.py": (["--senders", "1", "--mib", "0.2", "--posts", "5", "--rounds", "1"],
                             ["ratio before/now"]),
-    "bench_admission.py": (["--minutes", "0.1", "--configs", "demo"],
+    "bench_admission.py": (["--minutes", "0.04", "--configs", "demo"],
                            ["trained fraction on", "ratio on/off"]),
     "bench_async.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
                         "--seeds", "0"],
@@ -76,7 +76,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                           "--max-num-seqs", "8", "--max-model-len", "512"],
                          ["ratio ours/vLLM", "engine death ours: none"]),
     # two of the three losses: the third runs the same code (its loss is tested on its own)
-    "tune_sweep.py": (["--minutes", "0.15", "--variants", "baseline,clip=3"],
+    "tune_sweep.py": (["--minutes", "0.06", "--variants", "baseline,clip=3"],
                       ["time ratio vs baseline", "clip=3"]),
     "compare_losses.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
                            "--losses", "gspo,grpo"], ["gspo", "grpo", "clip fraction GSPO"]),
