@@ -77,11 +77,11 @@ def merge_weight_into(out: torch.Tensor, w0: torch.Tensor, a: torch.Tensor, b: t
                       scale: float) -> None:
     """``out = W0 + scale * B @ A`` (``merged_weight``) written into ``out``: a float32
     ``out`` takes it straight from one ``addmm``, with no temporary the size of ``W``."""
-    if out.dtype != torch.float32:
-        out.copy_(merged_weight(w0, a, b, scale))
-        return
     a32, b32 = a.to(out.device, torch.float32), b.to(out.device, torch.float32)
-    torch.addmm(w0, b32, a32, alpha=scale, out=out)
+    if out.dtype == torch.float32:
+        torch.addmm(w0, b32, a32, alpha=scale, out=out)
+    else:  # summed in float32, cast by the copy
+        out.copy_(torch.addmm(w0.to(torch.float32), b32, a32, alpha=scale))
 
 
 class BaseCopy:
