@@ -12,7 +12,5 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$DOCS_
 rm -rf "$DOCS_SITE"
 # Two workers (pytest-xdist), each taking whole modules (module fixtures start servers once):
 # most tests wait on processes and sockets, so two share 2 cores well (15 -> 9 minutes here).
-# Modules go in tests/conftest.py's order (the long ones first), not xdist's (most tests first).
 # GSPO_TEST_WORKERS=0 runs in one process; extra args (-n N included) override.
-exec .venv/bin/python -m pytest -n "${GSPO_TEST_WORKERS:-2}" --dist loadfile \
-    --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -n "${GSPO_TEST_WORKERS:-2}" --dist loadfile "$@"

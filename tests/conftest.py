@@ -159,19 +159,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not have_gpu:
             item.add_marker(skip_gpu)
-    items[:] = _long_modules_first(items)
-
-
-def _long_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """Modules with a ``vllm`` test first, then those with a ``slow`` one, then the rest, each
-    module's tests in their order: the two workers (``--dist loadfile``) take modules in this
-    order, so the long ones start early instead of running alone at the end."""
-    rank: dict[str, int] = {}
-    for item in items:
-        mod = item.nodeid.split("::")[0]
-        own = 0 if "vllm" in item.keywords else 1 if "slow" in item.keywords else 2
-        rank[mod] = min(rank.get(mod, 2), own)
-    return sorted(items, key=lambda it: rank[it.nodeid.split("::")[0]])  # stable
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
