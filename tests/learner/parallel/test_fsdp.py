@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -167,19 +168,34 @@ def _queue(client: redis.Redis, prefix: str, groups: list) -> None:
 def _torchrun_two_ranks(common: dict, tmp_path: Path, cli: list[str]) -> None:
     """Steps 1-2 under a 2-rank FSDP2 job (pushes written by ``tests.helpers.fsdp_probe``),
     then ``gspo learn --resume`` to step 3 in a new job."""
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     toml = tmp_path / "two.toml"
     _write_toml(toml, {**common, "key_prefix": "two", "save_dir": str(tmp_path / "two"),
                        "max_steps": 2, "data_parallel": "fsdp2"})
+    _torchrun(["tests.helpers.fsdp_probe", str(toml), str(tmp_path / "pushed")])
+    _torchrun(["gspo_rl.cli", "learn", "--config", str(toml), "--resume", "--max-steps", "3",
+               "--data-parallel", "fsdp2", *cli])
+
+
+def _torchrun(module_args: list[str]) -> None:
+    """``torchrun -m`` with 2 ranks on this machine; fails the test with its output."""
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    run = [torchrun, "--standalone", "--nproc-per-node", "2", "-m"]
-    r = subprocess.run(run + ["tests.helpers.fsdp_probe", str(toml), str(tmp_path / "pushed")],
+    r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", *module_args],
                        capture_output=True, text=True, env=env, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    r = subprocess.run(run + ["gspo_rl.cli", "learn", "--config", str(toml), "--resume",
-                              "--max-steps", "3", "--data-parallel", "fsdp2", *cli],
-                       capture_output=True, text=True, env=env, timeout=400)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def _fsdp2_resumes_one(common: dict, tmp_path: Path, client: redis.Redis, groups: list,
+                       checkpoint: Path) -> dict[int, Any]:
+    """World size 1 -> 2: a 2-rank FSDP2 job resumes the single process's step-2 checkpoint
+    (its id-keyed optimizer state, its PEFT adapter directory) to step 3. Its checkpoints."""
+    shutil.copytree(checkpoint, tmp_path / "four" / "step-00000002")
+    _queue(client, "four", groups[4:])
+    toml = tmp_path / "four.toml"
+    _write_toml(toml, {**common, "key_prefix": "four", "save_dir": str(tmp_path / "four"),
+                       "max_steps": 3, "data_parallel": "fsdp2"})
+    _torchrun(["gspo_rl.cli", "learn", "--config", str(toml), "--resume"])
+    return {c.state.step: c for c in list_checkpoints(tmp_path / "four")}
 
 
 def _check_pushes(tmp_path: Path, two: dict, one: Learner) -> dict[int, dict]:
@@ -244,7 +260,8 @@ def test_torchrun_fsdp2_trains_pushes_and_resumes_like_one_process(lora, tiny_mo
                                                                    redis_url, tmp_path):
     """A 2-rank FSDP2 job (full fine-tuning, or LoRA adapters on the sharded frozen base)
     trains, pushes and checkpoints what one process does, across a resume under FSDP2 and a
-    resume of its checkpoint by one process."""
+    resume of its checkpoint by one process; with LoRA also across an FSDP2 resume of one
+    process's checkpoint."""
     client = redis.Redis.from_url(redis_url)
     sampler = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     groups = [sample_group(sampler, group_size=3, prompt_len=3, new_tokens=(2, 7), seed=k,
@@ -276,7 +293,14 @@ def test_torchrun_fsdp2_trains_pushes_and_resumes_like_one_process(lora, tiny_mo
     if not lora:  # plain HF names, the tied head not duplicated
         assert set(w0) == set(load_file(str(Path(tiny_model_dir) / "model.safetensors")))
     _check_checkpoints(runs, one, w0, lora)
+    names = ["one", "two", "three"]
+    if lora:  # and 1 -> 2: FSDP2 resumes one process's LoRA checkpoint
+        four = _fsdp2_resumes_one(common, tmp_path, client, groups, runs["one"][2].path)
+        assert four[3].state.groups_trained == 6
+        w1, w4 = _saved(runs["one"][3].path), _saved(four[3].path)
+        assert set(w4) == set(w1) and _dist(w1, w4) < 1e-3 * _dist(w1, w0)
+        names.append("four")
     recs = {p: [x for x in map(json.loads, (tmp_path / p / "metrics.jsonl").read_text()
                                .splitlines()) if x.get("event") == "step"]
-            for p in ("one", "two", "three")}
-    _check_metrics(recs, {"two": [2, 2, 2], "three": [1]})
+            for p in names}
+    _check_metrics(recs, {"two": [2, 2, 2], "three": [1], **({"four": [2]} if lora else {})})
