@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         UpdateRequest,
     )
     from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest
-    from gspo_rl.contract.weights.lora import BaseCopy, LoraSpec
+    from gspo_rl.contract.weights.lora import LoraSpec
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -126,12 +126,11 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], version: int, adapter: bool = False
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         """Load (a subset of) named parameters in Hugging Face checkpoint names, then set the
         policy version. Callers pause first; tokens sampled after this carry ``version``.
-        ``adapter``: the weights are a LoRA merge (``load_adapter``); otherwise they replace
-        the base adapters merge into (the engine forgets its ``BaseCopy``)."""
+        They are the new base that later adapters (``load_adapter``) apply to."""
 
     @abc.abstractmethod
     def stats(self) -> EngineStats:
@@ -148,7 +147,6 @@ class Engine(abc.ABC):
     # receives every bucket, then loads. Engines whose weights live in other processes (vLLM
     # workers) override both methods so that their workers take the ranks.
 
-    _base_copy: BaseCopy | None = None  # W0 that adapters merge into (load_adapter)
     _weight_pg: dist.ProcessGroup | None = None
     _weight_epoch: int | None = None
     _weight_backend: Backend = "gloo"
@@ -203,19 +201,9 @@ class Engine(abc.ABC):
 
     async def load_adapter(self, tensors: list[tuple[str, torch.Tensor]], lora: LoraSpec,
                            version: int) -> None:
-        """Apply LoRA adapter tensors (``gspo_rl.contract.weights.lora``) merged into this
-        engine's copy of its base weights, then set the policy version. Callers pause first.
-        Default: merged by ``BaseCopy`` over the engine's own named weights
-        (``named_weights``), loaded with ``load_weights``."""
-        from gspo_rl.contract.weights.lora import BaseCopy
-
-        if self._base_copy is None:
-            self._base_copy = BaseCopy()
-        merged = self._base_copy.merge(self.named_weights(), tensors, lora)
-        await self.load_weights(merged, version, adapter=True)
-
-    def named_weights(self) -> dict[str, torch.Tensor]:
-        """The engine's weights by Hugging Face name (``load_adapter``'s base)."""
+        """Apply LoRA adapter tensors (``gspo_rl.contract.weights.lora``) to this engine's
+        base weights, then set the policy version. Callers pause first; KeyError or
+        ValueError (the push is refused) before anything changes."""
         raise NotImplementedError(f"the {self.name} engine cannot apply LoRA adapters")
 
     async def receive_ipc(self, req: IpcUpdateRequest) -> None:

@@ -52,7 +52,7 @@ from gspo_rl.server.engines.hf.requests import (
 from gspo_rl.server.engines.hf.running import RunningKV
 
 if TYPE_CHECKING:
-    from gspo_rl.contract.weights.lora import LoraSpec
+    from gspo_rl.contract.weights.lora import BaseCopy, LoraSpec
 
 log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 120.0  # longest wait for a running step before pause / load_weights give up
@@ -91,6 +91,7 @@ class HFEngine(Engine):
         self.model_path = str(model_path)
         # A LoRA checkpoint (PEFT adapter directory): its base, with the adapter merged at start
         self._adapter = None
+        self._base_copy: BaseCopy | None = None  # W0 that adapters merge into
         self._base_path = self.model_path
         if (Path(self.model_path) / "adapter_config.json").is_file():
             from gspo_rl.contract.weights.lora import read_peft_adapter
@@ -235,14 +236,14 @@ class HFEngine(Engine):
         self._step_lock.release()
 
     async def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], version: int, adapter: bool = False
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         """Copy named tensors (HF checkpoint names) into the model between steps, then set
         the version. All names and shapes are checked before anything is copied. With tied
         embeddings the output layer is the embedding tensor, so it follows either name."""
         items = list(weights)
         await asyncio.to_thread(self._load_weights_sync, items, int(version))
-        if not adapter and self._base_copy is not None:  # a new base for later adapters
+        if self._base_copy is not None:  # a new base for later adapters
             self._base_copy.forget()
 
     async def load_adapter(self, tensors: list[tuple[str, torch.Tensor]], lora: LoraSpec,

@@ -301,7 +301,7 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
             await asyncio.shield(swap())
 
     async def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], version: int, adapter: bool = False
+        self, weights: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         """Load (a subset of) HF-named tensors, then set the version. Everything is checked
         before anything is loaded. (Adapters reach the workers by the broadcast or IPC paths
