@@ -95,19 +95,26 @@ def count_params(model: nn.Module) -> tuple[int, int]:
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
 
+def base_source(path: str | Path) -> str:
+    """Where the base model of ``path`` loads from: an adapter directory's base, else
+    ``path``, absolute when it is local (a LoRA checkpoint records it as its base,
+    ``base_model_name_or_path``)."""
+    if is_adapter_dir(path):
+        return base_of(path)
+    local = Path(path)
+    return str(local.resolve()) if local.exists() else str(path)
+
+
 def load_base(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The Hugging Face model at ``path``; an adapter directory loads its base with the
     adapter merged in (a LoRA checkpoint as the start of full fine-tuning, or to serve)."""
     from transformers import AutoModelForCausalLM
 
+    base = AutoModelForCausalLM.from_pretrained(base_source(path), dtype=dtype)
     if not is_adapter_dir(path):
-        # An absolute path: a LoRA checkpoint records it as its base (base_model_name_or_path)
-        local = Path(path)
-        return AutoModelForCausalLM.from_pretrained(
-            str(local.resolve()) if local.exists() else str(path), dtype=dtype)
+        return base
     from peft import PeftModel
 
-    base = AutoModelForCausalLM.from_pretrained(base_of(path), dtype=dtype)
     return PeftModel.from_pretrained(base, str(path)).merge_and_unload()
 
 

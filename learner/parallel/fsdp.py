@@ -117,13 +117,10 @@ def load_host_copy(path: str | Path, config: Any = None) -> tuple[nn.Module, Any
 def _adapters_only(path: str | Path, config: Any) -> tuple[nn.Module, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from gspo_rl.learner.model.lora import apply_lora, base_of, is_adapter_dir
+    from gspo_rl.learner.model.lora import apply_lora, base_source
 
-    # named as load_base names it: the checkpoints' adapter_config records it as the base
-    base = base_of(path) if is_adapter_dir(path) else \
-        str(Path(path).resolve()) if Path(path).exists() else str(path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base),
+    with torch.device("meta"):  # its config names the base as load_base's does
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_source(path)),
                                                  dtype=torch.float32)
     peft = apply_lora(model, config)  # the names gather_full checks; values come from it
     for module in model.modules():
