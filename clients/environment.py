@@ -31,6 +31,7 @@ from typing import Any
 from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
 from gspo_rl.client.errors import ServerUnavailable
 from gspo_rl.client.failures import FailurePolicy, RunStats, log, record_failure
+from gspo_rl.client.mixture import ENV_KEY, Member, Mix, members_of, serving_all
 
 
 class TasksExhausted(Exception):
@@ -89,6 +90,8 @@ class GroupOutcome:
     fate: str | None = None
     """The group's end as the server reported it when asked (``resample_equal_rewards``):
     "published", "dropped:<reason>" (e.g. "dropped:zero_variance"); None: not asked."""
+    env: str = ""
+    """The environment's name in a mix (``gspo_rl.client.mixture``); "" for a single one."""
 
 
 class SingleTurnEnvironment(abc.ABC):
@@ -142,6 +145,14 @@ Environment = SingleTurnEnvironment | MultiTurnEnvironment
 EQUAL_REWARDS = "dropped:zero_variance"
 
 
+def group_metadata(env: Environment, task: Any, tag: str = "") -> dict[str, Any] | None:
+    """The environment's metadata of the task's group, with ``{"env": tag}`` in a mix."""
+    meta = dict(env.group_metadata(task) or {})
+    if tag:
+        meta[ENV_KEY] = tag
+    return meta or None
+
+
 async def served_model(client: AsyncGSPOClient) -> str:
     """The model name the server expects in ``model`` (from ``/health``)."""
     return str((await client.health())["model"])
@@ -159,18 +170,21 @@ async def group_fate(client: AsyncGSPOClient, posted: Any, group_id: str) -> str
 
 
 async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
-                     model: str | None = None) -> GroupOutcome:
+                     model: str | None = None, tag: str = "") -> GroupOutcome:
     """Sample (or play) one group, score it, post its rewards. ``model``: the served model's
-    name for chat completions (None: ask the server). With ``env.resample_equal_rewards`` the
-    server is asked how the group ended (``GroupOutcome.fate``)."""
-    outcome, posted = await _sample_and_score(env, client, task, model)
+    name for chat completions (None: ask the server); ``tag``: the environment's name in a mix
+    (``gspo_rl.client.mixture``), added to the group's metadata. With
+    ``env.resample_equal_rewards`` the server is asked how the group ended
+    (``GroupOutcome.fate``)."""
+    outcome, posted = await _sample_and_score(env, client, task, model, tag)
+    outcome.env = tag
     if env.resample_equal_rewards > 0:
         outcome.fate = await group_fate(client, posted, outcome.group_id)
     return outcome
 
 
 async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any,
-                            model: str | None) -> tuple[GroupOutcome, Any]:
+                            model: str | None, tag: str = "") -> tuple[GroupOutcome, Any]:
     if isinstance(env, SingleTurnEnvironment):
         p = env.prompt(task)
         kwargs: dict[str, Any] = {"prompt": p} if isinstance(p, str) else {"messages": p}
@@ -188,7 +202,7 @@ async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any
         return GroupOutcome(group_id=group.group_id, rewards=rewards, task=task, texts=texts,
                             prompt=p, versions=[r.policy_version for r in group.rollouts]), posted
     model = model or await served_model(client)
-    opened = await client.open_group(env.group_size, env.group_metadata(task))
+    opened = await client.open_group(env.group_size, group_metadata(env, task, tag))
     try:
         return await _play_episodes(env, client, task, model, opened)
     except Exception as exc:
@@ -228,26 +242,27 @@ async def give_up(client: AsyncGSPOClient, group_id: str, why: Exception) -> Non
                     "(group_idle_s) or its deadline", group_id, exc)
 
 
-async def _play(env: Environment, client: AsyncGSPOClient, task: Any, model: str | None,
+async def _play(member: Member, client: AsyncGSPOClient, task: Any, model: str | None,
                 failures: FailurePolicy, stats: RunStats) -> GroupOutcome | None:
     """The task's group, retried by the failure policy (None when abandoned), and played
     again while the server drops it for equal rewards (``resample_equal_rewards``)."""
-    outcome = await _attempt(env, client, task, model, failures, stats)
+    env = member.env
+    outcome = await _attempt(member, client, task, model, failures, stats)
     for _ in range(env.resample_equal_rewards):
         if outcome is None or outcome.fate != EQUAL_REWARDS:
             break
         stats.resampled += 1
-        outcome = await _attempt(env, client, task, model, failures, stats)
+        outcome = await _attempt(member, client, task, model, failures, stats)
     if outcome is not None and outcome.fate == EQUAL_REWARDS:
         stats.equal_rewards_kept += 1
     return outcome
 
 
-async def _attempt(env: Environment, client: AsyncGSPOClient, task: Any, model: str | None,
+async def _attempt(member: Member, client: AsyncGSPOClient, task: Any, model: str | None,
                    failures: FailurePolicy, stats: RunStats) -> GroupOutcome | None:
     for attempt in range(failures.max_retries + 1):
         try:
-            outcome = await arun_group(env, client, task, model)
+            outcome = await arun_group(member.env, client, task, model, member.name)
         except Exception as exc:  # noqa: BLE001 - counted and re-raised by the policy
             if not record_failure(stats, failures, exc, attempt, repr(task)[:80]):
                 return None
@@ -258,8 +273,19 @@ async def _attempt(env: Environment, client: AsyncGSPOClient, task: Any, model: 
     return None
 
 
+def _next_task(mix: Mix, rng: random.Random) -> tuple[Member, Any] | None:
+    """A member by weight and its next task; None once every member ran out of tasks."""
+    while mix.live:
+        member = mix.pick(rng)
+        try:
+            return member, member.env.sample_task(rng)
+        except TasksExhausted:
+            mix.retire(member)
+    return None
+
+
 async def arun_groups(
-    env: Environment,
+    env: Environment | Mix,
     client: AsyncGSPOClient,
     num_groups: int | None,
     *,
@@ -273,14 +299,17 @@ async def arun_groups(
     stats: RunStats | None = None,
 ) -> list[GroupOutcome]:
     """Run ``num_groups`` groups (forever if None, until ``stop`` is set), ``concurrency`` at a
-    time. ``gate`` is awaited before each group starts: backpressure, e.g. wait while the
-    learner has more groups waiting than it can train within its staleness bound. A failed
-    group is retried or abandoned by ``failures`` and counted in ``stats`` (pass one to read
-    the counts); ``num_groups`` counts tasks started, abandoned ones included. An error the
-    policy does not absorb cancels the rest and propagates. ``model``: the served model's
-    name for the episodes' chat completions (None: asked from the server once, when needed)."""
+    time, of one environment or of a ``Mix`` (each group from one member, by weight). ``gate``
+    is awaited before each group starts: backpressure, e.g. wait while the learner has more
+    groups waiting than it can train within its staleness bound. A failed group is retried or
+    abandoned by ``failures`` and counted in ``stats`` (pass one to read the counts);
+    ``num_groups`` counts tasks started, abandoned ones included. An error the policy does not
+    absorb cancels the rest and propagates. ``model``: the served model's name for the
+    episodes' chat completions (None: asked from the server once, when needed). Every
+    environment's ``serving`` context is held for the run (``gspo_rl.client.mixture``)."""
     rng = random.Random(seed)
-    if model is None and isinstance(env, MultiTurnEnvironment):
+    mix = env if isinstance(env, Mix) else Mix(members_of(env))
+    if model is None and any(isinstance(m.env, MultiTurnEnvironment) for m in mix.members):
         model = await served_model(client)
     outcomes: list[GroupOutcome] = []
     started = 0
@@ -294,12 +323,11 @@ async def arun_groups(
                 await gate()
                 if stop.is_set():
                     break
-            try:
-                task = env.sample_task(rng)
-            except TasksExhausted:
+            drawn = _next_task(mix, rng)
+            if drawn is None:
                 break
             started += 1
-            outcome = await _play(env, client, task, model, failures, stats)
+            outcome = await _play(drawn[0], client, drawn[1], model, failures, stats)
             if outcome is None:
                 continue
             outcomes.append(outcome)
@@ -307,7 +335,7 @@ async def arun_groups(
                 on_group(outcome)
 
     try:
-        async with asyncio.TaskGroup() as tg:
+        async with serving_all(mix), asyncio.TaskGroup() as tg:
             for _ in range(concurrency):
                 tg.create_task(worker())
     except ExceptionGroup as group:  # one worker's error: raise it as itself

@@ -1,23 +1,113 @@
-"""Find the environment ``gspo env`` runs: a built-in example by name, or your own class.
+"""Find the environment a spec names: a built-in example, your own class, or an adapter.
 
-``gspo env alphabet`` | ``gspo env calculator`` | ``gspo env path/to/my_env.py:MyEnv`` |
-``gspo env my_package.my_env:MyEnv``. The class is instantiated without arguments (an
-instance, or a function returning one, named the same way works too); ``group_size``, when
-given, is set on it afterwards.
+``alphabet`` | ``calculator`` | ``path/to/my_env.py:MyEnv`` | ``my_package.my_env:MyEnv`` |
+``verifiers:MODULE`` | ``reasoning-gym:NAME[:weight],...`` | ``openenv:URL``
+(``gspo_rl.client.adapters``). A class (or a function returning an environment) is called with
+the spec's arguments as keyword arguments (``--env-arg key=value``: the value parsed as JSON
+when it is JSON, else kept as a string; dotted keys nest: ``a.b=1`` -> ``{"a": {"b": 1}}``); an
+instance named the same way is used as it is and takes no arguments. ``group_size``, when
+given, is set on the environment afterwards.
+
+Several environments run side by side (``gspo_rl.client.mixture``): each spec may end in
+``@WEIGHT`` (its share of the groups, default 1), and an argument is addressed to one of them
+by its name (``NAME:key=value``; the name is the class or the adapter's target,
+``EnvSpec.name``).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gspo_rl.client.adapters import adapter_prefix, load_adapter
 from gspo_rl.client.environment import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 
 BUILTIN = {"alphabet": ("gspo_rl.client.examples.alphabet", "AlphabetEnvironment"),
            "calculator": ("gspo_rl.client.examples.calculator", "CalculatorEnvironment")}
+SPEC_FORMS = ("alphabet | calculator | path/to/module.py:EnvClass | package.module:EnvClass | "
+              "verifiers:MODULE | reasoning-gym:NAME[,NAME...] | openenv:URL")
+
+
+@dataclass
+class EnvSpec:
+    """One ``--env``: what to load, its share of the groups and its arguments."""
+
+    spec: str
+    weight: float = 1.0
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """Its name in metrics and in ``NAME:key=value`` arguments: the built-in's name, the
+        class after the last ``:``, or the adapter's target (``reasoning-gym:a,b`` -> ``a,b``;
+        a URL's host and port)."""
+        if self.spec in BUILTIN:
+            return self.spec
+        prefix = adapter_prefix(self.spec)
+        rest = self.spec[len(prefix) + 1:] if prefix else self.spec.rpartition(":")[2]
+        if "://" in rest:
+            rest = rest.split("://", 1)[1].rstrip("/")
+        return rest or self.spec
+
+
+def parse_spec(text: str) -> EnvSpec:
+    """``SPEC[@WEIGHT]``; ValueError for a weight that is not a positive number."""
+    spec, sep, weight = text.rpartition("@")
+    if not sep or "/" in weight or ":" in weight:
+        return EnvSpec(text)
+    try:
+        w = float(weight)
+    except ValueError:
+        return EnvSpec(text)  # an @ that is part of the spec (a URL's user@host)
+    if not w > 0:
+        raise ValueError(f"--env {text}: the weight after @ must be > 0")
+    return EnvSpec(spec, w)
+
+
+def parse_value(raw: str) -> Any:
+    """A ``--env-arg`` value: JSON when it parses as JSON, else the string itself."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def nest(args: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``key`` (dotted: nested dicts) to ``value`` in ``args``."""
+    *parents, last = key.split(".")
+    node = args
+    for p in parents:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ValueError(f"--env-arg {key}: {p} is already set to a value, not a table")
+        node = child
+    node[last] = value
+
+
+def with_args(specs: list[EnvSpec], items: list[str]) -> list[EnvSpec]:
+    """``specs`` with the ``--env-arg`` items (``key=value``; ``NAME:key=value`` to address
+    one of several environments) set on them; ValueError for a malformed or unaddressed one."""
+    names = [s.name for s in specs]
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env-arg {item!r}: expected key=value")
+        target, colon, bare = key.rpartition(":")
+        if colon and target in names:
+            chosen = [s for s in specs if s.name == target]
+        elif len(specs) == 1:
+            chosen, bare = specs, key
+        else:
+            raise ValueError(f"--env-arg {item!r}: several environments run; address one as "
+                             f"NAME:key=value with NAME one of {', '.join(names)}")
+        for s in chosen:
+            nest(s.args, bare, parse_value(raw))
+    return specs
 
 
 def _module(where: str) -> Any:
@@ -36,22 +126,39 @@ def _module(where: str) -> Any:
     return importlib.import_module(where)
 
 
-def load_environment(spec: str, group_size: int | None = None) -> Environment:
-    """The environment named by ``spec`` (see the module docstring). ValueError if it is not
-    one: unknown name, missing file or attribute, or not an environment."""
-    if spec in BUILTIN:
-        module_name, attr = BUILTIN[spec]
-    elif ":" in spec:
-        module_name, _, attr = spec.rpartition(":")
-    else:
-        raise ValueError(f"unknown environment {spec!r}: alphabet | calculator | "
-                         "path/to/module.py:EnvClass | package.module:EnvClass")
-    try:
-        obj = getattr(_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load {spec!r}: {exc}") from exc
+def _construct(spec: str, obj: Any, args: dict[str, Any]) -> Environment:
     is_env = isinstance(obj, SingleTurnEnvironment | MultiTurnEnvironment)
-    env = obj if is_env or not callable(obj) else obj()
+    if is_env and args:
+        raise ValueError(f"{spec!r} is an instance: it takes no arguments (got "
+                         f"{', '.join(sorted(args))}); name its class instead")
+    if is_env or not callable(obj):
+        return obj
+    try:
+        return obj(**args)
+    except TypeError as exc:
+        raise ValueError(f"{spec!r} does not take these arguments: {exc}") from exc
+
+
+def load_environment(spec: str, group_size: int | None = None,
+                     args: dict[str, Any] | None = None) -> Environment:
+    """The environment named by ``spec`` (see the module docstring), built with ``args``.
+    ValueError if it is not one: unknown name, missing file or attribute, an adapter that
+    cannot run it, or not an environment."""
+    args = dict(args or {})
+    if adapter_prefix(spec) is not None:
+        env = load_adapter(spec, args)
+    else:
+        if spec in BUILTIN:
+            module_name, attr = BUILTIN[spec]
+        elif ":" in spec:
+            module_name, _, attr = spec.rpartition(":")
+        else:
+            raise ValueError(f"unknown environment {spec!r}: {SPEC_FORMS}")
+        try:
+            obj = getattr(_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load {spec!r}: {exc}") from exc
+        env = _construct(spec, obj, args)
     if not isinstance(env, SingleTurnEnvironment | MultiTurnEnvironment):
         raise ValueError(f"{spec!r} is not a SingleTurnEnvironment or MultiTurnEnvironment "
                          f"(got {type(env).__name__})")

@@ -51,20 +51,22 @@ def reward_stats(groups: Sequence[ReadyGroup]) -> dict[str, float]:
             "reward_max": max(rewards), "reward_min": min(rewards)}
 
 
-def source_stats(groups: Sequence[ReadyGroup]) -> dict[str, float]:
-    """Per task source (the group metadata's ``source``, set by tasks from data): the mean
-    reward of its trained groups and how many there were, as flat ``source/<name>/...``."""
+def source_stats(groups: Sequence[ReadyGroup], key: str = "source") -> dict[str, float]:
+    """Per value of the group metadata's ``key``: ``source`` (the task source, set by tasks
+    from data and reasoning-gym) or ``env`` (the environment of a mix, ``gspo up --env`` more
+    than once): the mean reward of its trained groups and how many there were, as flat
+    ``<key>/<name>/...``."""
     by: dict[str, list[float]] = {}
     counts: Counter[str] = Counter()
     for g in groups:
-        name = g.metadata.get("source") if isinstance(g.metadata, dict) else None
+        name = g.metadata.get(key) if isinstance(g.metadata, dict) else None
         if isinstance(name, str) and name:
             by.setdefault(name, []).extend(float(r) for r in g.rewards)
             counts[name] += 1
     out: dict[str, float] = {}
     for name, rewards in sorted(by.items()):
-        out[f"source/{name}/reward_mean"] = sum(rewards) / max(1, len(rewards))
-        out[f"source/{name}/groups"] = float(counts[name])
+        out[f"{key}/{name}/reward_mean"] = sum(rewards) / max(1, len(rewards))
+        out[f"{key}/{name}/groups"] = float(counts[name])
     return out
 
 
@@ -298,7 +300,7 @@ def step_fields(batch: Batch, metrics: dict[str, float], times: dict[str, float]
     """The fields of a step's record that describe its batch and the run's group fates."""
     return {
         "groups": len(batch.groups), **reward_stats(batch.groups),
-        **source_stats(batch.groups), **metrics,
+        **source_stats(batch.groups), **source_stats(batch.groups, "env"), **metrics,
         "time_compute_s": metrics["compute_s"], **times,
         "staleness": staleness_histogram(batch.staleness),
         "dropped": dropped, "dropped_stale_step": batch.dropped_stale,

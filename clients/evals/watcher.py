@@ -96,3 +96,22 @@ class EvalWatcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll_s)
         return self.reports
+
+
+class Watchers:
+    """Several eval sets (one per environment of a mix), watched side by side: the same
+    ``run`` / ``run_once`` / ``reports`` as one ``EvalWatcher``."""
+
+    def __init__(self, watchers: Sequence[EvalWatcher]) -> None:
+        self.watchers = list(watchers)
+
+    @property
+    def reports(self) -> list[EvalReport]:
+        return [r for w in self.watchers for r in w.reports]
+
+    async def run_once(self, client: AsyncGSPOClient) -> list[EvalReport]:
+        return [await w.run_once(client) for w in self.watchers]
+
+    async def run(self, client: AsyncGSPOClient, stop: asyncio.Event) -> list[EvalReport]:
+        await asyncio.gather(*(w.run(client, stop) for w in self.watchers))
+        return self.reports

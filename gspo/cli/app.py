@@ -226,9 +226,15 @@ app.command(short_help="Supervised warm start on chat demonstrations.")(with_par
 
 @app.command(short_help="Run an environment against a rollout server.")
 def env(
-    name: str = typer.Argument("alphabet", help="Environment: alphabet | calculator | "
-                               "path/to/module.py:EnvClass | package.module:EnvClass | "
-                               "tasks.toml (tasks from data) | data (with --data)."),
+    names: list[str] = typer.Argument(None, metavar="[SPEC[@WEIGHT]]...",
+                                      help="Environment(s), side by side by weight: "
+                                      "alphabet (default) | calculator | path/to/module.py:Cls "
+                                      "| package.module:Cls | verifiers:MODULE | "
+                                      "reasoning-gym:NAME,... | openenv:URL | tasks.toml "
+                                      "(tasks from data) | data (with --data)."),
+    env_arg: list[str] = typer.Option(None, "--env-arg", help="An environment's argument, "
+                                      "key=value (JSON value; dotted keys nest), repeatable; "
+                                      "NAME:key=value with several environments."),
     url: str = typer.Option("http://127.0.0.1:8000", envvar="GSPO_SERVER_URL",
                             help="Rollout server base URL. (env GSPO_SERVER_URL)"),
     groups: int = typer.Option(0, help="Groups to run; 0 runs until stopped."),
@@ -262,7 +268,8 @@ def env(
 
     try:
         lines = run_env(EnvRun(
-            name=name, url=url, groups=groups, group_size=group_size, concurrency=concurrency,
+            names=list(names or ["alphabet"]), env_args=list(env_arg or []), url=url,
+            groups=groups, group_size=group_size, concurrency=concurrency,
             seed=seed, on_error=on_error, max_retries=max_retries, data=list(data or []),
             verifier=verifier, eval_data=list(eval_data or []), eval_every=eval_every,
             eval_out=eval_out, evaluate=evaluate, out=out, summary_every_s=summary_every,
@@ -292,7 +299,18 @@ def up(
     group_size: int = typer.Option(None, help="Samples per prompt (G). (default: the task "
                                    "file's; 8 for the alphabet demo)"),
     tasks: str = typer.Option(None, help="Train on tasks from data: a task file (TOML or "
-                              "YAML; docs/tasks.md)."),
+                              "YAML; docs/tasks.md), or reasoning-gym:NAME[:weight],..."),
+    env: list[str] = typer.Option(None, "--env", help="Train on an environment, "
+                                  "SPEC[@WEIGHT] (repeatable: side by side): "
+                                  "path/to/my_env.py:MyEnv | module:MyEnv | verifiers:MODULE "
+                                  "| reasoning-gym:NAME,... | openenv:URL "
+                                  "(docs/environments/index.md)."),
+    env_arg: list[str] = typer.Option(None, "--env-arg", help="An environment's argument, "
+                                      "key=value (JSON value; dotted keys nest), repeatable; "
+                                      "NAME:key=value with several --env."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir (its "
+                                "Redis, model, newest checkpoint and settings; flags given "
+                                "override them) instead of starting from scratch."),
     data: list[str] = typer.Option(None, help="Train on tasks from these data files "
                                    "(JSONL, JSON, Parquet, datasets directory)."),
     verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
@@ -325,18 +343,30 @@ def up(
     run_name: str = typer.Option(None, help="Name of the tracked run."),
 ) -> None:
     """Start Redis, a rollout server, the learner and the demo environment (or tasks from
-    data, --tasks / --data); train; plot."""
+    data, --tasks / --data, or your environments, --env); train; plot."""
     flags = dict(locals())
+    from pathlib import Path
+
     from pydantic import ValidationError
 
     from gspo_rl.cli.tasks import TaskConfigError
-    from gspo_rl.launch.run_dir import RunDirError
+    from gspo_rl.launch.run_dir import RunDirError, previous_settings
     from gspo_rl.launch.up import UP_DEFAULTS, UpConfig, run_up
 
     flags.pop("config")
     flags["data"] = list(data) if data else None
+    flags["env"], flags["env_args"] = list(env or []) or None, list(env_arg or []) or None
+    flags.pop("env_arg")
+    flags["resume"] = resume or None
     try:
-        cfg = UpConfig.from_toml(config, defaults=UP_DEFAULTS, **flags)
+        defaults = UP_DEFAULTS
+        if resume:
+            where = run_dir or UP_DEFAULTS["run_dir"]
+            defaults = {**UP_DEFAULTS, **previous_settings(Path(where))}
+        cfg = UpConfig.from_toml(config, defaults=defaults, **flags)
+    except RunDirError as exc:
+        typer.echo(f"gspo up: {exc}", err=True)
+        raise typer.Exit(2) from None
     except (ValidationError, OSError, ValueError) as exc:
         typer.echo("gspo up: invalid settings:\n" + settings_errors(exc), err=True)
         raise typer.Exit(2) from None

@@ -23,8 +23,9 @@ class EnvRunError(Exception):
 class EnvRun:
     """What ``gspo env``'s flags ask for (the CLI's names)."""
 
-    name: str
+    names: list[str]
     url: str
+    env_args: list[str] = field(default_factory=list)
     groups: int = 0
     group_size: int | None = None
     concurrency: int = 4
@@ -45,9 +46,10 @@ class EnvRun:
 def build(run: EnvRun) -> tuple[Any, Any]:
     """(environment, eval watcher or None); ``EnvRunError`` (exit 2) for a bad command line."""
     from gspo_rl.cli.tasks import is_task_file, task_config, watcher_for
-    from gspo_rl.client.loading import BUILTIN, load_environment
 
-    name = run.name
+    if len(run.names) > 1 or run.env_args:
+        return _environments(run)
+    name = run.names[0]
     try:
         if name == "data" or is_task_file(name) or run.data:
             if name not in ("data", "alphabet") and not is_task_file(name):
@@ -61,13 +63,29 @@ def build(run: EnvRun) -> tuple[Any, Any]:
             watcher = watcher_for(cfg, Path(run.eval_out) if run.eval_out else None) \
                 if run.evaluate else None
             return build_environment(cfg), watcher
-        if run.eval_data or run.verifier:
-            raise ValueError("--verifier and --eval-data go with tasks from data")
-        size = run.group_size if run.group_size is not None else (
-            8 if name in BUILTIN else None)
-        return load_environment(name, size), None
+        return _environments(run)
     except (ValueError, ImportError) as exc:
         raise EnvRunError(str(exc), code=2) from exc
+
+
+def _environments(run: EnvRun) -> tuple[Any, Any]:
+    """Environment specs (``gspo_rl.client.loading``): one, or a ``Mix``; with the eval
+    watcher of their eval sets (``gspo_rl.launch.workload``)."""
+    from gspo_rl.cli.tasks import TaskConfigError, is_task_file
+    from gspo_rl.client.loading import BUILTIN
+    from gspo_rl.launch.workload import environments_workload
+
+    if run.eval_data or run.verifier or run.data or any(map(is_task_file, run.names)):
+        raise EnvRunError("--data, --verifier, --eval-data and task files go with one "
+                          "environment (gspo env data | gspo env tasks.toml)", code=2)
+    size = run.group_size if run.group_size is not None else (
+        8 if all(n in BUILTIN for n in run.names) else None)
+    try:
+        work = environments_workload(run.names, run.env_args, size, run.eval_every,
+                                     Path(run.eval_out) if run.eval_out else None)
+    except (TaskConfigError, ValueError, ImportError, OSError) as exc:
+        raise EnvRunError(str(exc), code=2) from exc
+    return work.env, work.watcher if run.evaluate else None
 
 
 def check_server(url: str, api_key: str | None) -> None:

@@ -15,17 +15,15 @@ import json
 import secrets
 import signal
 import time
-import tomllib
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any
 
 from gspo_rl.contract.net import free_port
+from gspo_rl.launch.config import LORA_LR, UP_DEFAULTS, UpConfig
 from gspo_rl.launch.processes import Processes, gspo_command, start_redis, wait_http
-from gspo_rl.launch.run_dir import set_aside_previous_run
+from gspo_rl.launch.run_dir import groups_played, set_aside_previous_run
 from gspo_rl.launch.runlog import (
     ENV_WINDOW,
     JsonlTail,
@@ -36,102 +34,9 @@ from gspo_rl.launch.runlog import (
     version_curve,
 )
 from gspo_rl.launch.workload import Workload, make_workload
-from gspo_rl.learner.tracking.base import TrackerName, check_installed, parse_names
+from gspo_rl.learner.tracking.base import check_installed
 
-UP_DEFAULTS: dict[str, Any] = {"run_dir": "runs/up", "target_reward": 0.8}
-"""Where ``gspo up`` (the command) differs from ``UpConfig``'s own defaults."""
-
-# The demo's learning rate with LoRA adapters (alpha 16): measured in docs/lora.md.
-LORA_LR = 1e-2
-
-
-class UpConfig(BaseModel):
-    """Settings of one ``gspo up`` run (the CLI's flags). A pydantic model like
-    ``ServerSettings`` and ``LearnerConfig``: typed, validated, one docstring per field."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    run_dir: Path
-    """Where metrics, checkpoints, logs and the reward curve go."""
-    model: str | None = None
-    """Model directory; None: make a tiny model in the run directory."""
-    redis_url: str | None = None
-    """Redis to use; None: start a redis-server of our own."""
-    loss: Literal["gspo", "gspo_token", "grpo", "sapo"] = "gspo"
-    max_steps: int = Field(300, ge=1)
-    groups_per_step: int = Field(4, ge=1)
-    group_size: int | None = Field(None, ge=2)
-    """Samples per task; None: the task file's, 8 for the alphabet demo."""
-    tasks: str | None = None
-    """A task file (tasks from data, ``gspo_rl.client.tasks``); None: the alphabet demo."""
-    data: list[str] = Field(default_factory=list)
-    """Tasks from these data files (instead of, or overriding, the task file's sources)."""
-    verifier: str | None = None
-    """The verifier of ``data`` (default: exact)."""
-    eval_every: int | None = Field(None, ge=1)
-    """Evaluate the task file's eval set every this many versions (default: the file's)."""
-    lr: float | None = Field(None, gt=0)
-    """Learning rate; None: 2e-3, or ``LORA_LR`` with ``lora_rank``."""
-    lora_rank: int | None = Field(None, ge=1)
-    """Train LoRA adapters of this rank (the learner's ``lora_rank``); None: every weight."""
-    max_staleness: int = Field(2, ge=0)
-    concurrency: int = Field(4, ge=1)
-    """Groups sampled at the same time by the environment."""
-    minutes: float = Field(10.0, gt=0)
-    """Hard wall-clock limit."""
-    target_reward: float | None = None
-    """Stop once the last 32 sampled groups average this (the learner's ``target_reward``:
-    the servers start no new group, the groups in flight are trained, the learner checkpoints
-    and exits 0, as in docker compose's cpu profile); None: train for max_steps."""
-    seed: int = 0
-    device: str | None = None
-    """Server and learner device (cpu, cuda, cuda:1); None: theirs."""
-    engine: Literal["hf", "vllm"] = "hf"
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
-    """vLLM's share of the GPU when it shares it with the learner."""
-    admission: bool = True
-    """The server's admission control (``gspo_rl.server.rollouts.admission``): new groups wait while
-    as many are in flight as the learner can train within ``max_staleness``. False: the
-    environment runs ahead unbounded (for comparison: stale groups are dropped)."""
-    report_to: list[TrackerName] = Field(default_factory=list)
-    """Experiment trackers the learner reports to (tensorboard, wandb, mlflow; the learner's
-    ``report_to``), writing locally under ``run_dir/tracking``."""
-    run_name: str | None = None
-    """Name of the tracked run; None: the tracker picks one."""
-    tracking_project: str | None = None
-    """W&B project and MLflow experiment; None: theirs from the environment, else "gspo-rl"."""
-    extra_learn_args: list[str] = Field(default_factory=list)
-    cpus: dict[str, list[int]] = Field(default_factory=dict)
-    """Pin child processes to CPU cores by name ("server", "learner", "redis"), their torch
-    threads to as many (``OMP_NUM_THREADS``): each side gets its own cores, as on separate
-    devices (``benchmarks/bench_async.py``). Empty (default): no pinning."""
-
-    @classmethod
-    def from_toml(cls, path: str | Path | None = None, defaults: dict[str, Any] | None = None,
-                  **overrides: Any) -> UpConfig:
-        """Fields from ``defaults``, then the TOML file at ``path`` (optional), then the
-        ``overrides`` that are not None (``gspo up --config``: the flags override the file).
-        A ``target_reward`` of 0 means none."""
-        data: dict[str, Any] = dict(defaults or {})
-        if path is not None:
-            with open(path, "rb") as f:
-                data.update(tomllib.load(f))
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        if data.get("target_reward") == 0:
-            data["target_reward"] = None
-        return cls.model_validate(data)
-
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _tracker_names(cls, v: Any) -> Any:
-        return parse_names(v) if isinstance(v, str | list | tuple) else v
-
-    @property
-    def learning_rate(self) -> float:
-        if self.lr is not None:
-            return self.lr
-        return LORA_LR if self.lora_rank else 2e-3
-
+__all__ = ["LORA_LR", "UP_DEFAULTS", "UpConfig", "UpResult", "run_up"]
 
 @dataclass
 class UpResult:
@@ -214,7 +119,9 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     redis_url = cfg.redis_url or start_redis(procs, cfg.run_dir)
     model = cfg.model
-    if model is None:
+    if model is None and cfg.resume and (cfg.run_dir / "model" / "config.json").is_file():
+        model = str(cfg.run_dir / "model")  # the run's own tiny model, as it was made
+    elif model is None:
         from gspo_rl.tiny_model import make_tiny_model
 
         model = str(make_tiny_model(cfg.run_dir / "model", seed=cfg.seed))
@@ -244,6 +151,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         *(["--lora-rank", str(cfg.lora_rank)] if cfg.lora_rank else []),
         "--save-dir", str(cfg.run_dir / "checkpoints"), "--metrics-jsonl", str(metrics),
         "--weight-sync", "broadcast", "--seed", str(cfg.seed),
+        *(["--resume"] if cfg.resume else []),
         *(["--target-reward", str(cfg.target_reward)] if cfg.target_reward else []),
         *(["--device", cfg.device] if cfg.device else []), *_tracking_args(cfg),
         *cfg.extra_learn_args),
@@ -284,11 +192,12 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
                  procs: Processes, on_status: Any) -> None:
     """Run the environment until the learner finishes (its step cap, or the target
     reward: ``gspo_rl.learner.target``) or the clock runs out; surface any child's crash at
-    once. With an eval set: evaluated every N versions meanwhile, and once more at the end."""
+    once. With an eval set: evaluated every N versions meanwhile, and once more at the end.
+    The environments' ``serving`` contexts are held throughout (``gspo_rl.client.mixture``)."""
     from gspo_rl.client.client import AsyncGSPOClient
     from gspo_rl.client.environment import arun_groups
+    from gspo_rl.client.mixture import serving_all
 
-    env = work.env
     stop = asyncio.Event()
     env_rewards: deque[float] = deque(maxlen=ENV_WINDOW)
     env_log = open(cfg.run_dir / "env_rewards.jsonl", "a")  # noqa: SIM115 (closed below)
@@ -298,32 +207,19 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
         env_rewards.append(reward)
         env_log.write(json.dumps({"time": time.time(), "group_id": g.group_id,
                                   "version": min(g.versions) if g.versions else -1,
-                                  "reward": reward, "task": repr(g.task)}) + "\n")
+                                  "reward": reward, "task": repr(g.task)[:500],
+                                  **({"env": g.env} if g.env else {})}) + "\n")
         env_log.flush()
 
-    tail, steps = JsonlTail(metrics), deque[dict[str, Any]](maxlen=5)
-    deadline = time.monotonic() + cfg.minutes * 60
-    async with AsyncGSPOClient(url, api_key=api_key) as client:
+    steps = deque[dict[str, Any]](maxlen=5)
+    async with serving_all(work.env), AsyncGSPOClient(url, api_key=api_key) as client:
         runner = asyncio.create_task(arun_groups(
-            env, client, None, concurrency=cfg.concurrency, seed=cfg.seed, stop=stop,
+            work.env, client, None, concurrency=cfg.concurrency, seed=work.seed, stop=stop,
             on_group=on_group))
         evals = asyncio.create_task(work.watcher.run(client, stop)) if work.watcher else None
         try:
-            while True:
-                await asyncio.sleep(0.5)
-                if runner.done():
-                    runner.result()  # an environment error ends the run, loudly
-                procs.check("server")
-                steps.extend(step_records(tail.new_records()))
-                status = _status(steps, env_rewards)
-                on_status(status)
-                code = procs.exit_code("learner")
-                if code is not None:
-                    if code != 0:
-                        procs.check("learner")
-                    break
-                if time.monotonic() > deadline:
-                    break
+            await _watch(cfg, runner, procs, JsonlTail(metrics), steps,
+                         lambda: on_status(_status(steps, env_rewards)))
         finally:
             env_log.close()
             stop.set()
@@ -338,13 +234,38 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
             await work.watcher.run_once(client)
 
 
+async def _watch(cfg: UpConfig, runner: asyncio.Task[Any], procs: Processes, tail: JsonlTail,
+                 steps: deque[dict[str, Any]], show: Any) -> None:
+    """Every 0.5 s: surface an environment error or a child's crash, show the progress; return
+    once the learner exits (0: done) or the clock runs out."""
+    deadline = time.monotonic() + cfg.minutes * 60
+    while True:
+        await asyncio.sleep(0.5)
+        if runner.done():
+            runner.result()  # an environment error ends the run, loudly
+        procs.check("server")
+        steps.extend(step_records(tail.new_records()))
+        show()
+        code = procs.exit_code("learner")
+        if code is not None:
+            if code != 0:
+                procs.check("learner")
+            return
+        if time.monotonic() > deadline:
+            return
+
+
 def run_up(cfg: UpConfig) -> UpResult:
     """Start everything, train, stop everything (also on Ctrl-C / SIGTERM: the summary and
     the plot of what ran, ``UpResult.interrupted``), plot."""
     from gspo_rl.launch.display import make_progress, show
 
     check_installed(cfg.report_to)  # TrackingUnavailable before anything starts
-    if (previous := set_aside_previous_run(cfg.run_dir)) is not None:
+    played = groups_played(cfg.run_dir) if cfg.resume else 0
+    if cfg.resume:
+        print(f"continuing the run in {cfg.run_dir}: its Redis, its newest checkpoint, "
+              f"{played} groups played so far", flush=True)
+    elif (previous := set_aside_previous_run(cfg.run_dir)) is not None:
         print(f"the earlier run in {cfg.run_dir} was moved to {previous}; this one starts "
               "from scratch", flush=True)
     procs = Processes(cfg.run_dir, cfg.cpus)
@@ -352,7 +273,8 @@ def run_up(cfg: UpConfig) -> UpResult:
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     _say_settings(cfg)
     work = make_workload(cfg.tasks, cfg.data, cfg.verifier, cfg.eval_every, cfg.group_size,
-                         cfg.run_dir)
+                         cfg.run_dir, cfg.env, cfg.env_args)
+    work.seed = cfg.seed + played  # a resumed run draws tasks past those it played
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     t0 = time.monotonic()
     metrics, redis_url, interrupted = cfg.run_dir / "metrics.jsonl", None, False
