@@ -4,7 +4,7 @@
 ``verifiers:MODULE`` | ``reasoning-gym:NAME[:weight],...`` | ``openenv:URL``
 (``gspo_rl.client.adapters``). A class (or a function returning an environment) is called with
 the spec's arguments as keyword arguments (``--env-arg key=value``: the value parsed as JSON
-when it is JSON, else kept as a string; dotted keys nest: ``a.b=1`` -> ``{"a": {"b": 1}}``); an
+when it is JSON other than ``null``, else kept as a string; dotted keys nest: ``a.b=1`` -> ``{"a": {"b": 1}}``); an
 instance named the same way is used as it is and takes no arguments. ``group_size``, when
 given, is set on the environment afterwards.
 
@@ -44,15 +44,19 @@ class EnvSpec:
     @property
     def name(self) -> str:
         """Its name in metrics and in ``NAME:key=value`` arguments: the built-in's name, the
-        class after the last ``:``, or the adapter's target (``reasoning-gym:a,b`` -> ``a,b``;
-        a URL's host and port)."""
+        class after the last ``:``, or the adapter's target: a verifiers taskset's module
+        (a path's last part), reasoning-gym's generators joined by ``+``, a URL's host:port."""
         if self.spec in BUILTIN:
             return self.spec
         prefix = adapter_prefix(self.spec)
-        rest = self.spec[len(prefix) + 1:] if prefix else self.spec.rpartition(":")[2]
-        if "://" in rest:
-            rest = rest.split("://", 1)[1].rstrip("/")
-        return rest or self.spec
+        if prefix is None:
+            return self.spec.rpartition(":")[2] or self.spec
+        rest = self.spec[len(prefix) + 1:]
+        if prefix == "verifiers":
+            return Path(rest.partition(":{")[0].rstrip("/\\")).stem or rest
+        if prefix == "reasoning-gym":
+            return "+".join(part.split(":")[0].strip() for part in rest.split(","))
+        return rest.split("://", 1)[-1].split("/", 1)[0] or rest
 
 
 def parse_spec(text: str) -> EnvSpec:
@@ -70,11 +74,14 @@ def parse_spec(text: str) -> EnvSpec:
 
 
 def parse_value(raw: str) -> Any:
-    """A ``--env-arg`` value: JSON when it parses as JSON, else the string itself."""
+    """A ``--env-arg`` value: a JSON number, boolean, object, array or quoted string as
+    such; anything else (``null`` included: ``harness=null`` names the null harness) as the
+    string itself."""
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except ValueError:
         return raw
+    return raw if value is None else value
 
 
 def nest(args: dict[str, Any], key: str, value: Any) -> None:

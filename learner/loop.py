@@ -112,6 +112,7 @@ class Learner:
         self._load_model(ckpt.path if ckpt is not None else Path(config.model), advantage_fn)
         self.step, self.version, self.groups_trained = 0, 0, 0
         self.pending_ack: list[str] = []
+        self._partial_said: float | None = None  # when _say_partial last spoke
         # Acked after a checkpoint; acked again after a Redis outage (AOF may lose ~1 s).
         self.recent_acked: deque[str] = deque(maxlen=10_000)
         self._stop = False
@@ -321,6 +322,7 @@ class Learner:
                 self.progress.stalled("no_groups", self._no_groups_detail)
             return None
         publish_training(self.client, self.keys, len(batch.groups))  # still in flight
+        self._say_partial(len(batch.groups))
         metrics = self.trainer.step(batch.groups)
         self.step += 1
         self.version += 1
@@ -338,6 +340,19 @@ class Learner:
         self._checkpoint(force=False)
         self._publish_state()
         return rec
+
+    def _say_partial(self, n: int) -> None:
+        """A batch short of ``groups_per_step`` (the read timed out) is trained as it is; say
+        so, at most once a minute, with the knob that changes it."""
+        want = self.config.groups_per_step
+        if n >= want or (self._partial_said is not None
+                         and time.monotonic() - self._partial_said < 60.0):
+            return
+        self._partial_said = time.monotonic()
+        log.info("step %d trains %d of %d groups: no more arrived within read_timeout_s "
+                 "(%g s; the environment finishes fewer than %d groups in that time). Raise "
+                 "--read-timeout-s to train full batches", self.step + 1, n, want,
+                 self.config.read_timeout_s, want)
 
     def _no_groups_detail(self) -> str:
         """Why no group arrives (``gspo_rl.learner.progress.no_groups_detail``)."""

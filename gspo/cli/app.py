@@ -320,6 +320,9 @@ def up(
                              "the tiny demo model; 1e-2 with --lora-rank)"),
     lora_rank: int = typer.Option(None, help="Train LoRA adapters of this rank on the frozen "
                                   "model (docs/lora.md). (default: every weight)"),
+    read_timeout_s: float = typer.Option(None, help="The learner's longest wait for a full "
+                                         "batch before it trains the groups it has (a slow "
+                                         "environment: raise it). (default: 5)"),
     max_staleness: int = typer.Option(None, help="Drop groups more than K versions old. "
                                       "(default: 2)"),
     concurrency: int = typer.Option(None, help="Groups the environment samples at once. "

@@ -59,6 +59,10 @@ class UpConfig(BaseModel):
     """Learning rate; None: 2e-3, or ``LORA_LR`` with ``lora_rank``."""
     lora_rank: int | None = Field(None, ge=1)
     """Train LoRA adapters of this rank (the learner's ``lora_rank``); None: every weight."""
+    read_timeout_s: float | None = Field(None, gt=0)
+    """The learner's longest wait for a full batch of ``groups_per_step`` before it trains the
+    groups it has (the learner's ``read_timeout_s``, 5 s); raise it for an environment that
+    finishes fewer groups than that in the time."""
     max_staleness: int = Field(2, ge=0)
     concurrency: int = Field(4, ge=1)
     """Groups sampled at the same time by the environment."""

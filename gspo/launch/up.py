@@ -152,6 +152,7 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         "--save-dir", str(cfg.run_dir / "checkpoints"), "--metrics-jsonl", str(metrics),
         "--weight-sync", "broadcast", "--seed", str(cfg.seed),
         *(["--resume"] if cfg.resume else []),
+        *(["--read-timeout-s", str(cfg.read_timeout_s)] if cfg.read_timeout_s else []),
         *(["--target-reward", str(cfg.target_reward)] if cfg.target_reward else []),
         *(["--device", cfg.device] if cfg.device else []), *_tracking_args(cfg),
         *cfg.extra_learn_args),

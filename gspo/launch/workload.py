@@ -97,7 +97,8 @@ def environments_workload(specs: list[str], env_args: list[str], group_size: int
     env = members[0].env if len(members) == 1 else Mix(members)
     work = Workload(env, " + ".join(s.spec for s in parsed))
     watchers = [EvalWatcher(m.env, tasks, name=m.name.replace("/", "_") or "eval",
-                            every=eval_every or EVAL_EVERY, samples=EVAL_SAMPLES,
+                            every=eval_every or getattr(m.env, "eval_every", None) or EVAL_EVERY,
+                            samples=getattr(m.env, "eval_samples", None) or EVAL_SAMPLES,
                             out=eval_out, on_report=work.on_report)
                 for m in members
                 if callable(getattr(m.env, "eval_tasks", None)) and (tasks := m.env.eval_tasks())]
