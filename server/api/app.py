@@ -72,6 +72,9 @@ SHUTDOWN_TIMEOUT_S = 10.0
 SAMPLING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/rollouts")
 """Routes whose generation is aborted when the client disconnects
 (``gspo_rl.server.api.disconnect``)."""
+WATCHED_PATHS = (*SAMPLING_PATHS, "/v1/groups")
+"""Also ``POST /v1/groups``: held by admission for up to ``admission_wait_s``, a request whose
+client has gone stops waiting (a graceful shutdown would wait for it)."""
 
 
 def build_engine(settings: ServerSettings) -> Engine:
@@ -186,7 +189,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.state.exit_code = 0  # the process's exit status once uvicorn stops (run_server)
     app.state.stop_server = None  # set by run_server: a graceful stop from inside the app
     app.add_middleware(  # innermost: cancels the handler, the error handlers stay outside
-        CancelOnDisconnectMiddleware, paths=SAMPLING_PATHS,
+        CancelOnDisconnectMiddleware, paths=WATCHED_PATHS,
         on_disconnect=lambda path: app.state.metrics.disconnected.labels(path).inc())
     install_error_handlers(app, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(BearerAuthMiddleware, settings=settings,  # before a body byte is read

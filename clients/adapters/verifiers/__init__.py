@@ -14,9 +14,10 @@ or the path of such a package folder or module file (its folder is put on ``sys.
   test split); evaluated every ``every`` (10) versions with ``samples`` (4) episodes each;
 - ``harness``: the harness every agent seat plays unless it names its own (``null``: a plain
   chat loop; verifiers' default for a taskset without its own is ``bash``, a shell tool);
-- ``runtime_python``: ``this`` (default: harness programs run with this interpreter, whose
-  ``verifiers`` extra holds their dependencies) or ``uv`` (verifiers' own: ``uv`` installs
-  them at run time);
+- ``runtime_python``: ``prefork`` (default: harness programs run with this interpreter, whose
+  ``verifiers`` extra holds their dependencies, forked from a server that imported them once),
+  ``this`` (the same, a fresh interpreter per program) or ``uv`` (verifiers' own: ``uv``
+  installs them at run time);
 - anything else is verifiers' ``EnvConfig``: ``taskset.*``, each agent seat's settings
   (``agent.harness.id=null``, ``agent.runtime.type=docker``, ``agent.timeout.*``), ``id``
   (another ``Env`` for the taskset), ``timeout.*``.
@@ -89,7 +90,7 @@ def load(target: str, args: dict[str, Any]) -> Any:
             hold_out=0 if "taskset" in ev else int(ev.get("limit", 0)),
             eval_taskset=ev.get("taskset"), eval_limit=int(ev.get("limit", 50)),
             eval_every=ev.get("every"), eval_samples=ev.get("samples"),
-            runtime_python=str(args.get("runtime_python", "this")),
+            runtime_python=str(args.get("runtime_python", "prefork")),
             harness=args.get("harness"))
     except (ModuleNotFoundError, AttributeError, TypeError) as exc:
         raise ValueError(f"verifiers:{target}: {exc}") from None

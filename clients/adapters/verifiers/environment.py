@@ -97,7 +97,7 @@ class VerifiersEnvironment(MultiTurnEnvironment):
                  group_size: int = 8, sampling: dict[str, Any] | None = None, seed: int = 0,
                  hold_out: int = 0, eval_taskset: dict[str, Any] | None = None,
                  eval_limit: int = 50, eval_every: int | None = None,
-                 eval_samples: int | None = None, runtime_python: str = "this",
+                 eval_samples: int | None = None, runtime_python: str = "prefork",
                  harness: str | None = None) -> None:
         hooks.install(runtime_python)
         from verifiers.v1.types import Sampling

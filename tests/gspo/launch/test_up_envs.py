@@ -1,0 +1,68 @@
+"""`gspo up` as users run it, end to end (each a real `gspo up`: Redis, server, learner,
+environment): the quick start run twice in one run directory and then continued with
+`--resume`; and three verifiers environments (the real package, tasksets defined in the tests)
+trained side by side for a few steps, each reported apart."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gspo_rl.launch.runlog import read_metrics, step_records
+
+REPO = Path(__file__).resolve().parents[3]
+VF = REPO / "tests" / "clients" / "adapters" / "verifiers_envs"
+
+
+def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "80"})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_quick_start_runs_twice_then_resumes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "up"
+    quick = ["bash", "scripts/up.sh", "--run-dir", str(run_dir), "--max-steps", "2",
+             "--target-reward", "0", "--minutes", "4"]
+    first = _run(quick)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    second = _run(quick)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert f"the earlier run in {run_dir} was moved to {run_dir}.previous" in second.stdout
+    assert (tmp_path / "up.previous" / "up_config.json").is_file()
+    assert [r["step"] for r in step_records(read_metrics(run_dir / "metrics.jsonl"))] == [1, 2]
+    more = _run([".venv/bin/gspo", "up", "--resume", "--run-dir", str(run_dir),
+                 "--max-steps", "4"])
+    assert more.returncode == 0, more.stdout[-2000:] + more.stderr[-2000:]
+    assert f"continuing the run in {run_dir}" in more.stdout
+    steps = [r["step"] for r in step_records(read_metrics(run_dir / "metrics.jsonl"))]
+    assert steps == [1, 2, 3, 4], "the resumed learner started from its step-2 checkpoint"
+    assert "setuptools" not in (first.stdout + second.stdout).lower()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_three_verifiers_environments_train_side_by_side(tmp_path: Path) -> None:
+    names = ["gspo_vf_math", "gspo_vf_guess", "gspo_vf_tools"]
+    args = [".venv/bin/gspo", "up", "--run-dir", str(tmp_path / "run"), "--max-steps", "3",
+            "--groups-per-step", "2", "--group-size", "2", "--target-reward", "0",
+            "--read-timeout-s", "30", "--minutes", "5"]
+    for n in names:
+        args += ["--env", f"verifiers:{VF / n}", "--env-arg", f"{n}:harness=null",
+                 "--env-arg", f"{n}:sampling.max_tokens=8"]
+    args += ["--env-arg", "gspo_vf_guess:taskset.turns=2"]
+    r = _run(args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    records = step_records(read_metrics(tmp_path / "run" / "metrics.jsonl"))
+    assert [s["step"] for s in records] == [1, 2, 3]
+    assert all(s["groups"] == 2 for s in records), "a full batch every step"
+    trained = {n for s in records for n in names if f"env/{n}/groups" in s}
+    assert trained, "no step reported its environments"
+    played = {line["env"] for line in read_metrics(tmp_path / "run" / "env_rewards.jsonl")}
+    assert played == set(names), f"every environment played groups: {played}"
+    assert not re.search(r"Traceback|Event loop is closed", r.stdout + r.stderr)
