@@ -4,9 +4,9 @@
 ``verifiers:MODULE`` | ``reasoning-gym:NAME[:weight],...`` | ``openenv:URL``
 (``gspo_rl.client.adapters``). A class (or a function returning an environment) is called with
 the spec's arguments as keyword arguments (``--env-arg key=value``: the value parsed as JSON
-when it is JSON other than ``null``, else kept as a string; dotted keys nest: ``a.b=1`` -> ``{"a": {"b": 1}}``); an
-instance named the same way is used as it is and takes no arguments. ``group_size``, when
-given, is set on the environment afterwards.
+when it is JSON other than ``null``, else kept as a string; dotted keys nest: ``a.b=1`` ->
+``{"a": {"b": 1}}``); an instance named the same way is used as it is and takes no arguments.
+``group_size``, when given, is set on the environment afterwards.
 
 Several environments run side by side (``gspo_rl.client.mixture``): each spec may end in
 ``@WEIGHT`` (its share of the groups, default 1), and an argument is addressed to one of them

@@ -226,15 +226,17 @@ app.command(short_help="Supervised warm start on chat demonstrations.")(with_par
 
 @app.command(short_help="Run an environment against a rollout server.")
 def env(
-    names: list[str] = typer.Argument(None, metavar="[SPEC[@WEIGHT]]...",
+    names: list[str] = typer.Argument(None, metavar="[SPEC[@WEIGHT]]...", envvar="GSPO_ENV",
                                       help="Environment(s), side by side by weight: "
                                       "alphabet (default) | calculator | path/to/module.py:Cls "
                                       "| package.module:Cls | verifiers:MODULE | "
                                       "reasoning-gym:NAME,... | openenv:URL | tasks.toml "
                                       "(tasks from data) | data (with --data)."),
-    env_arg: list[str] = typer.Option(None, "--env-arg", help="An environment's argument, "
-                                      "key=value (JSON value; dotted keys nest), repeatable; "
-                                      "NAME:key=value with several environments."),
+    env_arg: list[str] = typer.Option(None, "--env-arg", envvar="GSPO_ENV_ARGS",
+                                      help="An environment's argument, key=value (JSON "
+                                      "value; dotted keys nest), repeatable; NAME:key=value "
+                                      "with several environments. (env GSPO_ENV_ARGS: "
+                                      "space-separated)"),
     url: str = typer.Option("http://127.0.0.1:8000", envvar="GSPO_SERVER_URL",
                             help="Rollout server base URL. (env GSPO_SERVER_URL)"),
     groups: int = typer.Option(0, help="Groups to run; 0 runs until stopped."),

@@ -213,6 +213,9 @@ def result(episode: Any, trained: set[str]) -> EpisodeResult:
     if len(traces) != 1:
         raise EpisodeFailed(f"verifiers episode {episode.id} has {len(traces)} trainable "
                             "agent runs; gspo trains one per episode (its rollout)")
+    if not traces[0].calls:
+        raise EpisodeFailed(f"verifiers episode {episode.id}: its agent made no model call "
+                            "(the harness ended without asking the model)")
     unscored = sorted(k for k, v in traces[0].rewards.items() if v is None)
     if unscored:
         raise EpisodeFailed(f"verifiers episode {episode.id}: rewards not scored: "

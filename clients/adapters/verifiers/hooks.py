@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.metadata
+import os
 import re
+import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -162,11 +164,25 @@ def preload_modules(script: bytes) -> list[str]:
 
 
 async def _write_script(self: Any, script: str | bytes) -> tuple[bytes, str]:
+    """The script in the runtime's (shared) script folder, named by its digest: written
+    whole to a temporary name and renamed, so that a program started meanwhile (by another
+    episode, or another process) never reads half of it."""
     data = script.encode() if isinstance(script, str) else script
     check_requirements(data)
     path = f"{self.scripts_dir}/{hashlib.sha256(data).hexdigest()}.py"
-    await self.write(path, data)
+    if not await asyncio.to_thread(_holds, path, data):
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        await self.write(tmp, data)
+        await asyncio.to_thread(os.replace, tmp, path)
     return data, path
+
+
+def _holds(path: str, data: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read() == data
+    except OSError:
+        return False
 
 
 async def run_in_this_python(self: Any, script: str | bytes, env: dict[str, str] | None = None,
