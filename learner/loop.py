@@ -47,7 +47,7 @@ from gspo_rl.learner.metrics import (
     fates_line,
     group_fates,
     log_new_evals,
-    read_drop_counters,
+    read_counters,
     step_fields,
 )
 from gspo_rl.learner.model.lora import count_params
@@ -111,6 +111,7 @@ class Learner:
             send(dist, Resume(str(ckpt.path) if ckpt is not None else None))
         self._load_model(ckpt.path if ckpt is not None else Path(config.model), advantage_fn)
         self.step, self.version, self.groups_trained = 0, 0, 0
+        self.tokens_trained = 0  # sampled tokens trained on, since the run began
         self.pending_ack: list[str] = []
         self._partial_said: float | None = None  # when _say_partial last spoke
         # Acked after a checkpoint; acked again after a Redis outage (AOF may lose ~1 s).
@@ -175,6 +176,7 @@ class Learner:
         restore_rng(state["rng"])
         self.step, self.version = ckpt.state.step, ckpt.state.version
         self.groups_trained = ckpt.state.groups_trained
+        self.tokens_trained = int(ckpt.state.extra.get("tokens_trained", 0))
         self.lineage = Lineage.from_json(ckpt.state.extra.get("lineage"))
 
     def _published_version(self) -> int:
@@ -327,6 +329,7 @@ class Learner:
         self.step += 1
         self.version += 1
         self.groups_trained += len(batch.groups)
+        self.tokens_trained += int(metrics.get("trained_tokens", 0))
         self.pending_ack.extend(batch.entry_ids)
         self._last_sync_bytes = 0
         sync_s = self._push() if self.step % self.config.sync_every == 0 else 0.0
@@ -413,8 +416,9 @@ class Learner:
             if cfg.max_staleness is not None:
                 self.lineage.forget_before(self.version, cfg.max_staleness)
             state = LearnerState(self.step, self.version, list(self.pending_ack),
-                                 self.groups_trained, extra={"run_id": self.run_id,
-                                                             "lineage": self.lineage.to_json()})
+                                 self.groups_trained, extra={
+                                     "run_id": self.run_id, "lineage": self.lineage.to_json(),
+                                     "tokens_trained": self.tokens_trained})
             model, trainer_state = self._export(with_optimizer=True)
             assert trainer_state is not None
             peft = self.host_peft if self.sharded else self.policy.peft
@@ -443,18 +447,19 @@ class Learner:
     def _publish_state(self) -> None:
         publish_state(self.client, self.keys, state_fields(
             self.config, self.version, self.step, self.groups_trained,
-            finished=self.target.finished))
+            finished=self.target.finished, tokens_trained=self.tokens_trained))
 
     def _record(self, batch: Batch, metrics: dict[str, float], invalid: int,
                 times: dict[str, float]) -> dict[str, Any]:
         try:
-            dropped = read_drop_counters(self.client, self.keys)
+            counters = read_counters(self.client, self.keys)
         except redis.RedisError:
-            dropped = {}
+            counters = {}
         return {
             "event": "step", "run_id": self.run_id, "step": self.step,
             "version": self.version, "time": time.time(),
-            **step_fields(batch, metrics, times, dropped, self.groups_trained, invalid),
+            **step_fields(batch, metrics, times, counters, self.groups_trained, invalid,
+                          self.tokens_trained),
             "sync_ok": getattr(self, "_last_sync_ok", True),
             "registry_rejected": self.healer.rejected if self.healer else 0,
             **self.progress.progressed(),

@@ -92,17 +92,35 @@ def eval_line(rec: dict[str, Any]) -> str:
     return f"eval {rec['name']} v{rec['version']} (step {rec['step']}) | " + " | ".join(parts)
 
 
+def read_counters(client: redis.Redis, keys: Keys) -> dict[str, int]:
+    """The queue's counters hash (groups created, dropped by reason, tokens generated, ...)."""
+    return {as_str(k): int(float(v)) for k, v in client.hgetall(keys.counters).items()}
+
+
+def drop_counts(counters: dict[str, int]) -> dict[str, int]:
+    """Totals of groups lost to training, by reason: every counter whose name says
+    ``dropped`` or ``lost`` (``groups_dropped_stale``, ``groups_dropped_<reason>``,
+    ``groups_expired_dropped``, ...), ``groups_`` stripped."""
+    return dict(sorted((k.removeprefix("groups_"), v) for k, v in counters.items()
+                       if "dropped" in k or "lost" in k))
+
+
 def read_drop_counters(client: redis.Redis, keys: Keys) -> dict[str, int]:
-    """Totals of groups lost to training, by reason, from the counters hash: every counter
-    whose name says ``dropped`` or ``lost`` (``groups_dropped_stale``,
-    ``groups_dropped_<reason>``, ``groups_expired_dropped``, ...), ``groups_`` stripped."""
-    raw = client.hgetall(keys.counters)
-    out: dict[str, int] = {}
-    for k, v in raw.items():
-        name = k.decode() if isinstance(k, bytes) else str(k)
-        if "dropped" in name or "lost" in name:
-            out[name.removeprefix("groups_")] = int(float(v))
-    return dict(sorted(out.items()))
+    """``drop_counts`` of the counters in Redis."""
+    return drop_counts(read_counters(client, keys))
+
+
+def waste_fields(counters: dict[str, int], groups_trained: int,
+                 tokens_trained: int) -> dict[str, float]:
+    """What became of the generated work, since the queue began: groups and sampled tokens
+    generated (by every server), trained (by the learner), and the trained share of each
+    (``trained_group_fraction``, ``trained_token_fraction``; 1.0 before anything was
+    generated). The rest went to groups dropped (equal rewards, stale, expired) or in flight."""
+    groups, tokens = counters.get("groups_created", 0), counters.get("tokens_generated", 0)
+    return {"groups_generated_total": groups, "tokens_generated_total": tokens,
+            "tokens_trained_total": tokens_trained,
+            "trained_group_fraction": groups_trained / groups if groups else 1.0,
+            "trained_token_fraction": tokens_trained / tokens if tokens else 1.0}
 
 
 def trained_fractions(trained: int, dropped: dict[str, int]) -> dict[str, float]:
@@ -123,10 +141,14 @@ def _fmt(x: float) -> str:
 def group_fates(client: redis.Redis, keys: Keys) -> dict[str, int]:
     """The fate of every group, from Redis: ``generated`` (groups created), ``trained`` (by
     the learner, as it published), ``dropped_<reason>`` (stale, zero_variance, ...),
-    ``expired_dropped``, and ``in_flight`` (generated, not yet trained or dropped)."""
-    raw = {as_str(k): int(float(v)) for k, v in client.hgetall(keys.counters).items()}
-    trained = int(float(client.hget(keys.learner_state, "groups_trained") or 0))
-    out = {"generated": raw.get("groups_created", 0), "trained": trained}
+    ``expired_dropped``, and ``in_flight`` (generated, not yet trained or dropped); and the
+    sampled tokens ``tokens_generated`` (by every server) and ``tokens_trained``."""
+    raw = read_counters(client, keys)
+    state = client.hmget(keys.learner_state, "groups_trained", "tokens_trained")
+    trained = int(float(state[0] or 0))
+    out = {"generated": raw.get("groups_created", 0), "trained": trained,
+           "tokens_generated": raw.get("tokens_generated", 0),
+           "tokens_trained": int(float(state[1] or 0))}
     out.update({k.removeprefix("groups_"): v for k, v in sorted(raw.items())
                 if "dropped" in k})
     out["in_flight"] = max(0, out["generated"] - trained - sum(
@@ -145,7 +167,9 @@ def fates_line(c: dict[str, int]) -> str:
             f"those generated, {trained / finished:.0%} of the {finished} finished; "
             f"{trained / max(1, finished - equal):.0%} of those with a learning signal), "
             f"{equal} equal-reward dropped" + (f", {others}" if others else "")
-            + f", {c.get('in_flight', 0)} in flight")
+            + f", {c.get('in_flight', 0)} in flight; sampled tokens: "
+            f"{c.get('tokens_generated', 0)} generated, {c.get('tokens_trained', 0)} trained "
+            f"({c.get('tokens_trained', 0) / max(1, c.get('tokens_generated', 0)):.0%})")
 
 
 def console_line(rec: dict[str, Any]) -> str:
@@ -153,8 +177,8 @@ def console_line(rec: dict[str, Any]) -> str:
     g = rec.get
     parts = [f"step {rec['step']} v{rec['version']}",
              f"groups {g('groups', 0)}",
-             f"reward {_fmt(g('reward_mean', float('nan')))}"
-             + ("" if g("env_reward") is None else f" (env {_fmt(g('env_reward'))})"),
+             f"reward trained {_fmt(g('reward_mean', float('nan')))}"
+             + ("" if g("env_reward") is None else f" sampled {_fmt(g('env_reward'))}"),
              f"loss {_fmt(g('loss', float('nan')))}",
              f"clip {_fmt(g('clip_fraction', 0.0))} (lo {_fmt(g('clip_low_fraction', 0.0))} "
              f"hi {_fmt(g('clip_high_fraction', 0.0))})",
@@ -165,6 +189,8 @@ def console_line(rec: dict[str, Any]) -> str:
              f"dropped {sum((g('dropped') or {}).values())} "
              f"(trained {g('trained_fraction', 1.0):.0%} of finished groups, "
              f"{g('trained_fraction_with_signal', 1.0):.0%} of those with signal)",
+             f"trained {g('trained_group_fraction', 1.0):.0%} of generated groups, "
+             f"{g('trained_token_fraction', 1.0):.0%} of generated tokens",
              f"wait {g('time_wait_s', 0.0):.2f}s compute {g('time_compute_s', 0.0):.2f}s "
              f"sync {g('time_sync_s', 0.0):.2f}s"
              + ("" if g("sync_ok", True) else " NOT SYNCED: servers run older weights")]
@@ -296,10 +322,19 @@ def trained_history(jsonl_path: Path) -> list[dict[str, Any]]:
 
 
 def step_fields(batch: Batch, metrics: dict[str, float], times: dict[str, float],
-                dropped: dict[str, int], groups_trained: int, invalid: int) -> dict[str, Any]:
-    """The fields of a step's record that describe its batch and the run's group fates."""
+                counters: dict[str, int], groups_trained: int, invalid: int,
+                tokens_trained: int = 0) -> dict[str, Any]:
+    """The fields of a step's record that describe its batch and the run's group fates:
+    ``reward_mean`` and ``reward_trained`` (its groups': they have a learning signal by
+    construction) apart from ``reward_sampled`` (every sampled group's, ``env_reward``), and
+    the waste (``waste_fields``)."""
+    dropped = drop_counts(counters)
+    rewards = reward_stats(batch.groups)
     return {
-        "groups": len(batch.groups), **reward_stats(batch.groups),
+        "groups": len(batch.groups), **rewards,
+        "reward_trained": rewards.get("reward_mean", float("nan")),
+        "reward_sampled": times.get("env_reward"),
+        **waste_fields(counters, groups_trained, tokens_trained),
         **source_stats(batch.groups), **source_stats(batch.groups, "env"), **metrics,
         "time_compute_s": metrics["compute_s"], **times,
         "staleness": staleness_histogram(batch.staleness),

@@ -27,10 +27,12 @@ log = logging.getLogger("gspo_rl.learner.loop")
 
 
 def state_fields(config: LearnerConfig, version: int, step: int, groups_trained: int,
-                 training: int = 0, finished: str = "") -> dict[str, Any]:
+                 training: int = 0, finished: str = "",
+                 tokens_trained: int = 0) -> dict[str, Any]:
     stale = config.max_staleness
     return {FIELD_VERSION: version, "step": step, "updated_at": time.time(),
             "consumer": config.consumer, "groups_trained": groups_trained,
+            "tokens_trained": tokens_trained,
             FIELD_MAX_STALENESS: -1 if stale is None else stale,
             FIELD_GROUPS_PER_STEP: config.groups_per_step, FIELD_TRAINING: training,
             FIELD_FINISHED: finished}

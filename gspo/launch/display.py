@@ -1,7 +1,8 @@
 """``gspo up``'s progress bar: one line that fits the terminal (80 columns included), so that
 nothing is cut off. The bar and ``step/total`` and the elapsed time always show; the figures
-(reward of the trained groups and of the environment, the share of finished groups trained,
-staleness, tokens/s, the latest evaluation) come in that order of importance, as many as fit.
+(the reward of every sampled group, then of the trained ones; the share of the generated groups
+and sampled tokens the learner trained on; the latest evaluation; staleness; tokens/s) come in
+that order of importance, as many as fit.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ def figures(s: dict[str, Any], eval_status: str = "") -> list[str]:
     first."""
     if s.get("final_eval"):
         return ["training done: final evaluation", eval_status.strip()]
-    return [f"reward {s['reward']:.2f} env {s['env_reward']:.2f}",
-            f"trained {s['trained_fraction']:.0%}", eval_status.strip(),
-            f"stale {s['staleness']:.2f}", f"{s['tok_s']:.0f} tok/s"]
+    return [f"reward {s['env_reward']:.2f} (trained {s['reward']:.2f})",
+            f"trained {s['trained_fraction']:.0%} grp {s['token_fraction']:.0%} tok",
+            eval_status.strip(), f"stale {s['staleness']:.2f}", f"{s['tok_s']:.0f} tok/s"]
 
 
 def status_text(parts: list[str], width: int) -> str:

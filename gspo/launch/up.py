@@ -172,7 +172,8 @@ def _status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str
             "reward": sum(recent) / len(recent) if recent else float("nan"),
             "env_reward": sum(env_rewards) / len(env_rewards) if env_rewards else float("nan"),
             "tok_s": float(last.get("tokens_per_s", 0.0)), "staleness": stale,
-            "trained_fraction": float(last.get("trained_fraction", 1.0))}
+            "trained_fraction": float(last.get("trained_group_fraction", 1.0)),
+            "token_fraction": float(last.get("trained_token_fraction", 1.0))}
 
 
 def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:

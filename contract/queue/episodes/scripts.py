@@ -73,12 +73,13 @@ return {'ok', gid, ep[2], ep[4] or ''}
 
 # n_turns: the episode's model turns as the caller loaded it (the compare-and-set guard).
 # Runs in one MULTI/EXEC after the SET of the new record to the staging key: renamed into
-# place when accepted, deleted otherwise. Returns ok | unknown | finished | group_gone |
+# place when accepted, deleted otherwise; an accepted turn adds its ``sampled`` tokens to the
+# counters' ``tokens_generated``. Returns ok | unknown | finished | group_gone |
 # group_closed | concurrent_turn | no_data.
 APPEND_TURN = LuaScript(
     keys=("episode_key", "rollout_key", "mapping_key", "group_key", "rewards_key", "staging_key",
-          "active_key"),
-    args=("rollout_id", "n_turns", "state", "rollout_ttl", "idle_s"),
+          "active_key", "counters_key"),
+    args=("rollout_id", "n_turns", "state", "rollout_ttl", "idle_s", "sampled"),
     helpers=_NOW,
     body="""
 local function refuse(why)
@@ -103,6 +104,7 @@ redis.call('HSET', episode_key, 'n_turns', tonumber(n_turns) + 1, 'state', state
 redis.call('EXPIREAT', episode_key, exp)
 -- a turn is activity: the group counts as in flight idle_s more seconds (XX: while open)
 redis.call('ZADD', active_key, 'XX', now + tonumber(idle_s), ep[1])
+redis.call('HINCRBY', counters_key, 'tokens_generated', tonumber(sampled))
 return 'ok'
 """)
 

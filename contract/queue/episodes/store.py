@@ -217,9 +217,11 @@ class EpisodeStore(RolloutStore):
                 keys={"episode_key": k.episode(rid), "rollout_key": k.rollout(rid),
                       "mapping_key": k.rollout_group(rid), "group_key": k.group(gid),
                       "rewards_key": k.group_rewards(gid), "staging_key": staging,
-                      "active_key": k.group_activity},
+                      "active_key": k.group_activity, "counters_key": k.counters},
                 args={"rollout_id": rid, "n_turns": episode.n_turns, "state": state.pack(),
-                      "rollout_ttl": self._ttl, "idle_s": self.config.group_idle_s}),
+                      "rollout_ttl": self._ttl, "idle_s": self.config.group_idle_s,
+                      "sampled": int(record.loss_mask.sum())
+                      - int(episode.record.loss_mask.sum())}),
             before=lambda pipe: pipe.set(staging, pack_rollout(record), ex=300))
         if as_str(res) != "ok":
             raise load_error(as_str(res), rid)

@@ -178,13 +178,14 @@ return out
 # already existed: the same ids listed in the same order is this call retried after its first
 # attempt ran ('updated': NX kept the records it wrote); anything else is refused
 # ('group_exists'). Either way a records key the group does not own (no ``records`` in its
-# hash) was written by this call and is deleted again. Returns one status for them all:
-# created | updated | group_exists.
+# hash) was written by this call and is deleted again. ``sampled`` (the records' sampled
+# tokens) is added to the counters' ``tokens_generated`` once, by the call that created the
+# group. Returns one status for them all: created | updated | group_exists.
 RECORD_NEW_GROUP = LuaScript(
     keys=("group_key", "rollouts_key", "deadlines_key", "active_key", "counters_key",
           "records_key"),
-    args=("group_id", "size", "metadata", "group_ttl", "finished_ttl", "idle_s", "record_ttl",
-          "m_head", "m_tail", "members"),
+    args=("group_id", "size", "metadata", "group_ttl", "finished_ttl", "idle_s", "sampled",
+          "record_ttl", "m_head", "m_tail", "members"),
     rest="rollout_ids",
     helpers=COMMON,
     body="""
@@ -193,6 +194,7 @@ local created, group_exp = create_group(group_key, deadlines_key, active_key, co
 local ids = {}
 for i = rollout_ids_at, #ARGV do ids[#ids + 1] = ARGV[i] end
 if created == 1 then
+  redis.call('HINCRBY', counters_key, 'tokens_generated', tonumber(sampled))
   if members ~= '1' then
     for _, rid in ipairs(ids) do
       redis.call('SET', m_head .. rid .. m_tail, group_id, 'EX', record_ttl)

@@ -196,7 +196,8 @@ class RolloutStore:
                   "counters_key": k.counters, "records_key": k.group_records(group_id)},
             args={"group_id": group_id, "size": size, "metadata": msgpack.packb(metadata or {}),
                   "group_ttl": c.group_ttl_s, "finished_ttl": self._finished_ttl,
-                  "idle_s": c.group_idle_s, "members": int(members)},
+                  "idle_s": c.group_idle_s, "members": int(members),
+                  "sampled": sum(int(r.loss_mask.sum()) for r in records)},
             constants=self._new_group_args, rest=ids)
         # NX: a group id in use keeps its records (the script then deletes nothing of theirs)
         writes = [("SET", k.group_records(group_id), pack_group_records(records), "EX",

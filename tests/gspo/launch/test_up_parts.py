@@ -47,7 +47,7 @@ def test_bad_settings_are_refused_in_a_few_lines(args: list[str], words: str) ->
 
 def test_the_progress_line_fits_80_columns() -> None:
     worst = {"step": 300, "reward": 0.123, "env_reward": 0.456, "tok_s": 123456.0,
-             "staleness": 1.25, "trained_fraction": 0.97}
+             "staleness": 1.25, "trained_fraction": 0.97, "token_fraction": 0.35}
     out = io.StringIO()
     progress, task = make_progress(300, Console(file=out, width=80, force_terminal=True,
                                                 color_system=None))
@@ -56,7 +56,8 @@ def test_the_progress_line_fits_80_columns() -> None:
     lines = [line.rstrip() for line in out.getvalue().splitlines() if line.strip()]
     assert lines and max(len(line) for line in lines) <= 80
     text = lines[-1]
-    assert "300/300" in text and "reward 0.12 env 0.46" in text and "trained 97%" in text
+    assert "300/300" in text and "reward 0.46 (trained 0.12)" in text
+    assert "trained 97% grp 35% tok" in text
     assert status_text(figures(worst, "  eval v12 0.45"), 200).endswith("123456 tok/s")
 
 
