@@ -9,8 +9,6 @@ from gspo_rl.client.environment import (
     EpisodeSession,
     MultiTurnEnvironment,
     SingleTurnEnvironment,
-    arun_groups,
-    run_groups,
 )
 from gspo_rl.client.errors import (
     APIStatusError,
@@ -35,6 +33,7 @@ from gspo_rl.client.errors import (
     ServerUnavailable,
     UnprocessableEntityError,
 )
+from gspo_rl.client.runner import arun_groups, run_groups
 
 __all__ = [
     "APIStatusError", "AsyncGSPOClient", "AuthenticationError", "BadRequestError",

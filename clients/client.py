@@ -148,6 +148,11 @@ class GSPOClient:
         return self._request("POST", f"/v1/groups/{quote(group_id, safe='')}/abandon",
                              patient=True)
 
+    def task_stats(self, task_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
+        """How each task's recent groups ended (``POST /v1/tasks/stats``: groups, no_signal,
+        streak, streak_value, reward_ema; None: no group of it has ended yet)."""
+        return self._request("POST", "/v1/tasks/stats", {"ids": list(task_ids)})["stats"]
+
     def group(self, group_id: str, include: str | None = None) -> dict[str, Any]:
         """``GET /v1/groups/{id}``: its state and rewards; ``include="tokens"``: also each
         rollout's trajectory (tokens, turns with their text, advantages once published)."""
@@ -222,6 +227,11 @@ class AsyncGSPOClient:
     async def abandon_group(self, group_id: str) -> dict[str, Any]:
         return await self._request("POST", f"/v1/groups/{quote(group_id, safe='')}/abandon",
                                    patient=True)
+
+    async def task_stats(self, task_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
+        """Each task's statistics (``POST /v1/tasks/stats``; None: none yet)."""
+        return (await self._request("POST", "/v1/tasks/stats",
+                                    {"ids": list(task_ids)}))["stats"]
 
     async def post_reward(self, rollout_id: str, reward: float,
                           turn_rewards: Sequence[float] | None = None) -> Any:

@@ -8,9 +8,10 @@
   chat completion, in order). Implement ``sample_task`` and ``episode``; send the whole
   conversation each turn, the assistant messages exactly as returned.
 
-``run_groups`` / ``arun_groups`` drive either shape with bounded concurrency and post the
-rewards. With ``resample_equal_rewards = k`` a task whose group the server dropped for equal
-rewards is played again as a new group, up to ``k`` times (``RunStats.resampled``). A finite
+``run_groups`` / ``arun_groups`` (``gspo_rl.client.runner``; also ``gspo_rl.client``) drive
+either shape with bounded concurrency and post the rewards. With ``resample_equal_rewards =
+k`` a task whose group the server dropped for equal rewards is played again as a new group,
+up to ``k`` times (``RunStats.resampled``). A finite
 task source (tasks from data) raises ``TasksExhausted`` from ``sample_task``: the run ends
 once the groups in flight finish. Errors are never turned into a reward: a failing group is
 given up on the server at once (``give_up``: it holds no admission capacity), then its task
@@ -23,15 +24,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
+from gspo_rl.client.client import AsyncGSPOClient
 from gspo_rl.client.errors import ServerUnavailable
-from gspo_rl.client.failures import FailurePolicy, RunStats, log, record_failure
-from gspo_rl.client.mixture import ENV_KEY, Member, Mix, members_of, serving_all
+from gspo_rl.client.failures import log
+from gspo_rl.client.mixture import ENV_KEY
+from gspo_rl.client.scoring import ScoringPool
+from gspo_rl.client.selection import BAND_KEY
 
 
 class TasksExhausted(Exception):
@@ -102,6 +106,35 @@ class SingleTurnEnvironment(abc.ABC):
     resample_equal_rewards: int = 0
     """Play a task again, as a new group, when the server dropped its group for equal
     rewards; at most this many times per task (0: never)."""
+    score_workers: int = 0
+    """0: ``score`` runs on the event loop. N: in N worker processes, a group's completions
+    at once, off the loop (``gspo_rl.client.scoring``; ``score`` must then be pure: it runs on
+    a copy of the environment). Guide: docs/environments/scoring.md."""
+    score_timeout_s: float = 60.0
+    """With ``score_workers``: a call past this is killed and its group fails."""
+    _scoring_pool: ScoringPool | None = None
+
+    def scorer(self) -> Callable[[Any, str], Any]:
+        """What a scoring worker runs as ``fn(task, completion)``, pickled into each worker
+        once. Default: ``score`` (the whole environment is pickled with it)."""
+        return self.score
+
+    def tally(self, task: Any, scored: Any) -> float:
+        """Back in this process: the reward of what ``scorer()`` returned; count here what
+        the environment keeps (a worker's changes to its copy are lost). Default: float."""
+        return float(scored)
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """Held around a run (``gspo_rl.client.mixture``, re-entrant): the scoring workers
+        stop when the outermost holder leaves."""
+        self._serving_depth = getattr(self, "_serving_depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._serving_depth -= 1
+            if self._serving_depth == 0:
+                close_scoring(self)
 
     @abc.abstractmethod
     def sample_task(self, rng: random.Random) -> Any:
@@ -145,11 +178,15 @@ Environment = SingleTurnEnvironment | MultiTurnEnvironment
 EQUAL_REWARDS = "dropped:zero_variance"
 
 
-def group_metadata(env: Environment, task: Any, tag: str = "") -> dict[str, Any] | None:
-    """The environment's metadata of the task's group, with ``{"env": tag}`` in a mix."""
+def group_metadata(env: Environment, task: Any, tag: str = "",
+                   band: str = "") -> dict[str, Any] | None:
+    """The environment's metadata of the task's group, with ``{"env": tag}`` in a mix and
+    the ``difficulty`` band the task was drawn in (``gspo_rl.client.selection``)."""
     meta = dict(env.group_metadata(task) or {})
     if tag:
         meta[ENV_KEY] = tag
+    if band:
+        meta[BAND_KEY] = band
     return meta or None
 
 
@@ -170,13 +207,14 @@ async def group_fate(client: AsyncGSPOClient, posted: Any, group_id: str) -> str
 
 
 async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
-                     model: str | None = None, tag: str = "") -> GroupOutcome:
+                     model: str | None = None, tag: str = "", band: str = "") -> GroupOutcome:
     """Sample (or play) one group, score it, post its rewards. ``model``: the served model's
     name for chat completions (None: ask the server); ``tag``: the environment's name in a mix
-    (``gspo_rl.client.mixture``), added to the group's metadata. With
+    (``gspo_rl.client.mixture``), and ``band`` the task's difficulty band
+    (``gspo_rl.client.selection``), added to the group's metadata. With
     ``env.resample_equal_rewards`` the server is asked how the group ended
     (``GroupOutcome.fate``)."""
-    outcome, posted = await _sample_and_score(env, client, task, model, tag)
+    outcome, posted = await _sample_and_score(env, client, task, model, tag, band)
     outcome.env = tag
     if env.resample_equal_rewards > 0:
         outcome.fate = await group_fate(client, posted, outcome.group_id)
@@ -184,15 +222,17 @@ async def arun_group(env: Environment, client: AsyncGSPOClient, task: Any,
 
 
 async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any,
-                            model: str | None, tag: str = "") -> tuple[GroupOutcome, Any]:
+                            model: str | None, tag: str = "",
+                            band: str = "") -> tuple[GroupOutcome, Any]:
     if isinstance(env, SingleTurnEnvironment):
         p = env.prompt(task)
         kwargs: dict[str, Any] = {"prompt": p} if isinstance(p, str) else {"messages": p}
-        group = await client.rollouts(n=env.group_size, metadata=env.group_metadata(task) or None,
+        group = await client.rollouts(n=env.group_size,
+                                      metadata=group_metadata(env, task, tag, band),
                                       **kwargs, **env.sampling)
         try:
             texts = [r.text for r in group.rollouts]
-            rewards = [float(env.score(task, t)) for t in texts]
+            rewards = await score_group(env, task, texts)
             posted = await client.post_rewards([{"rollout_id": r.rollout_id, "reward": x}
                                                 for r, x in zip(group.rollouts, rewards,
                                                                 strict=True)])
@@ -202,12 +242,40 @@ async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any
         return GroupOutcome(group_id=group.group_id, rewards=rewards, task=task, texts=texts,
                             prompt=p, versions=[r.policy_version for r in group.rollouts]), posted
     model = model or await served_model(client)
-    opened = await client.open_group(env.group_size, group_metadata(env, task, tag))
+    opened = await client.open_group(env.group_size, group_metadata(env, task, tag, band))
     try:
         return await _play_episodes(env, client, task, model, opened)
     except Exception as exc:
         await give_up(client, opened["group_id"], exc)
         raise
+
+
+async def score_group(env: SingleTurnEnvironment, task: Any, texts: list[str]) -> list[float]:
+    """The rewards of one group's completions: ``env.score`` here (``score_workers`` 0), else
+    ``env.scorer()`` in the environment's worker processes, all at once, each result
+    ``env.tally``-ed here. A worker's timeout, crash or error raises (``ScoringError``)."""
+    if env.score_workers <= 0:
+        return [float(env.score(task, t)) for t in texts]
+    results = await scoring_pool(env).score_many([(task, t) for t in texts])
+    return [float(env.tally(task, r)) for r in results]
+
+
+def scoring_pool(env: SingleTurnEnvironment) -> ScoringPool:
+    """The environment's scoring workers, made on first use (``score_workers`` > 0) and kept
+    on it until ``close_scoring(env)``."""
+    pool = env._scoring_pool
+    if pool is None or pool.closed:
+        pool = env._scoring_pool = ScoringPool.for_environment(env)
+    return pool
+
+
+def close_scoring(env: Any) -> None:
+    """Stop the environment's scoring workers, if it has any (idempotent; a later group starts
+    new ones). Call it when the run ends."""
+    pool = getattr(env, "_scoring_pool", None)
+    if pool is not None:
+        env._scoring_pool = None
+        pool.close()
 
 
 async def _play_episodes(env: MultiTurnEnvironment, client: AsyncGSPOClient, task: Any,
@@ -241,138 +309,3 @@ async def give_up(client: AsyncGSPOClient, group_id: str, why: Exception) -> Non
         log.warning("could not abandon group %s (%s): it stays open until it is idle "
                     "(group_idle_s) or its deadline", group_id, exc)
 
-
-async def _play(member: Member, client: AsyncGSPOClient, task: Any, model: str | None,
-                failures: FailurePolicy, stats: RunStats) -> GroupOutcome | None:
-    """The task's group, retried by the failure policy (None when abandoned), and played
-    again while the server drops it for equal rewards (``resample_equal_rewards``)."""
-    env = member.env
-    outcome = await _attempt(member, client, task, model, failures, stats)
-    for _ in range(env.resample_equal_rewards):
-        if outcome is None or outcome.fate != EQUAL_REWARDS:
-            break
-        stats.resampled += 1
-        outcome = await _attempt(member, client, task, model, failures, stats)
-    if outcome is not None and outcome.fate == EQUAL_REWARDS:
-        stats.equal_rewards_kept += 1
-    return outcome
-
-
-async def _attempt(member: Member, client: AsyncGSPOClient, task: Any, model: str | None,
-                   failures: FailurePolicy, stats: RunStats) -> GroupOutcome | None:
-    for attempt in range(failures.max_retries + 1):
-        try:
-            outcome = await arun_group(member.env, client, task, model, member.name)
-        except Exception as exc:  # noqa: BLE001 - counted and re-raised by the policy
-            if not record_failure(stats, failures, exc, attempt, repr(task)[:80]):
-                return None
-        else:
-            stats.completed += 1
-            stats.consecutive_failures = 0
-            return outcome
-    return None
-
-
-def _next_task(mix: Mix, rng: random.Random) -> tuple[Member, Any] | None:
-    """A member by weight and its next task; None once every member ran out of tasks."""
-    while mix.live:
-        member = mix.pick(rng)
-        try:
-            return member, member.env.sample_task(rng)
-        except TasksExhausted:
-            mix.retire(member)
-    return None
-
-
-async def arun_groups(
-    env: Environment | Mix,
-    client: AsyncGSPOClient,
-    num_groups: int | None,
-    *,
-    concurrency: int = 4,
-    seed: int = 0,
-    model: str | None = None,
-    on_group: Callable[[GroupOutcome], None] | None = None,
-    stop: asyncio.Event | None = None,
-    gate: Callable[[], Awaitable[None]] | None = None,
-    failures: FailurePolicy = FailurePolicy(),
-    stats: RunStats | None = None,
-) -> list[GroupOutcome]:
-    """Run ``num_groups`` groups (forever if None, until ``stop`` is set), ``concurrency`` at a
-    time, of one environment or of a ``Mix`` (each group from one member, by weight). ``gate``
-    is awaited before each group starts: backpressure, e.g. wait while the learner has more
-    groups waiting than it can train within its staleness bound. A failed group is retried or
-    abandoned by ``failures`` and counted in ``stats`` (pass one to read the counts);
-    ``num_groups`` counts tasks started, abandoned ones included. An error the policy does not
-    absorb cancels the rest and propagates. ``model``: the served model's name for the
-    episodes' chat completions (None: asked from the server once, when needed). Every
-    environment's ``serving`` context is held for the run (``gspo_rl.client.mixture``)."""
-    rng = random.Random(seed)
-    mix = env if isinstance(env, Mix) else Mix(members_of(env))
-    if model is None and any(isinstance(m.env, MultiTurnEnvironment) for m in mix.members):
-        model = await served_model(client)
-    outcomes: list[GroupOutcome] = []
-    started = 0
-    stop = stop or asyncio.Event()
-    stats = stats if stats is not None else RunStats()
-
-    async def worker() -> None:
-        nonlocal started
-        while not stop.is_set() and (num_groups is None or started < num_groups):
-            if gate is not None:
-                await gate()
-                if stop.is_set():
-                    break
-            drawn = _next_task(mix, rng)
-            if drawn is None:
-                break
-            started += 1
-            outcome = await _play(drawn[0], client, drawn[1], model, failures, stats)
-            if outcome is None:
-                continue
-            outcomes.append(outcome)
-            if on_group is not None:
-                on_group(outcome)
-
-    try:
-        async with serving_all(mix), asyncio.TaskGroup() as tg:
-            for _ in range(concurrency):
-                tg.create_task(worker())
-    except ExceptionGroup as group:  # one worker's error: raise it as itself
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
-    return outcomes
-
-
-Alongside = Callable[[AsyncGSPOClient, asyncio.Event], Awaitable[Any]]
-"""A side task run next to the groups (an evaluation watcher): started with the run's client
-and an event that is set once the groups end; awaited before the run returns."""
-
-
-def run_groups(env: Environment, base_url: str, num_groups: int | None, *,
-               api_key: str | None = None, concurrency: int = 4, seed: int = 0,
-               model: str | None = None, retry: RetryPolicy = RetryPolicy(),
-               on_group: Callable[[GroupOutcome], None] | None = None,
-               failures: FailurePolicy = FailurePolicy(),
-               stats: RunStats | None = None,
-               alongside: Alongside | None = None,
-               stop: asyncio.Event | None = None) -> list[GroupOutcome]:
-    """Synchronous entry point: runs ``arun_groups`` on a fresh event loop (and
-    ``alongside``, if given, until the groups end); ``stop`` (set from ``on_group``, say)
-    starts no new group."""
-
-    async def main() -> list[GroupOutcome]:
-        async with AsyncGSPOClient(base_url, api_key=api_key, retry=retry) as client:
-            done = asyncio.Event()
-            side = asyncio.create_task(alongside(client, done)) if alongside else None
-            try:
-                return await arun_groups(env, client, num_groups, concurrency=concurrency,
-                                         seed=seed, model=model, on_group=on_group,
-                                         stop=stop, failures=failures, stats=stats)
-            finally:
-                done.set()
-                if side is not None:
-                    await side
-
-    return asyncio.run(main())

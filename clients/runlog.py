@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from gspo_rl.client.client import AsyncGSPOClient
-from gspo_rl.client.environment import Alongside, Environment, GroupOutcome, run_groups
+from gspo_rl.client.environment import Environment, GroupOutcome
 from gspo_rl.client.failures import FailurePolicy, RunStats, log
+from gspo_rl.client.runner import Alongside, run_groups
+from gspo_rl.client.signal import SignalWatch
 
 ENV_WINDOW = 32
 
@@ -49,8 +51,10 @@ class LiveSummary:
         self.groups, self.total = 0, 0.0
         self.recent: deque[float] = deque(maxlen=ENV_WINDOW)
         self.version = -1
+        self.signal = SignalWatch()  # says when most recent groups carry no signal, and why
 
     def on_group(self, g: GroupOutcome) -> None:
+        self.signal.on_group(g.rewards)
         mean = sum(g.rewards) / max(1, len(g.rewards))
         self.groups += 1
         self.total += mean

@@ -53,8 +53,9 @@ def reward_stats(groups: Sequence[ReadyGroup]) -> dict[str, float]:
 
 def source_stats(groups: Sequence[ReadyGroup], key: str = "source") -> dict[str, float]:
     """Per value of the group metadata's ``key``: ``source`` (the task source, set by tasks
-    from data and reasoning-gym) or ``env`` (the environment of a mix, ``gspo up --env`` more
-    than once): the mean reward of its trained groups and how many there were, as flat
+    from data and reasoning-gym), ``env`` (the environment of a mix, ``gspo up --env`` more
+    than once) or ``difficulty`` (the band its task was drawn in, ``gspo_rl.client.selection``):
+    the mean reward of its trained groups and how many there were, as flat
     ``<key>/<name>/...``."""
     by: dict[str, list[float]] = {}
     counts: Counter[str] = Counter()
@@ -335,7 +336,8 @@ def step_fields(batch: Batch, metrics: dict[str, float], times: dict[str, float]
         "reward_trained": rewards.get("reward_mean", float("nan")),
         "reward_sampled": times.get("env_reward"),
         **waste_fields(counters, groups_trained, tokens_trained),
-        **source_stats(batch.groups), **source_stats(batch.groups, "env"), **metrics,
+        **source_stats(batch.groups), **source_stats(batch.groups, "env"),
+        **source_stats(batch.groups, "difficulty"), **metrics,
         "time_compute_s": metrics["compute_s"], **times,
         "staleness": staleness_histogram(batch.staleness),
         "dropped": dropped, "dropped_stale_step": batch.dropped_stale,

@@ -95,6 +95,12 @@ def no_groups_detail(facts: InFlightFacts, bound: int | None) -> str:
     bound (``gspo_rl.contract.admission.capacity`` at lag 0; None: no bound)."""
     n = facts.open + facts.complete + facts.undelivered + facts.remote_pending
     text = f"the ready stream is empty; {n} groups in flight ({facts.describe()})"
+    if facts.no_signal and facts.no_signal >= n:
+        return (f"the ready stream is empty: {facts.no_signal} groups ended since the last "
+                "step, every one with equal rewards (no learning signal, dropped): the policy "
+                "solves or fails every sample of the tasks it is given; the environment's "
+                "log says which (sample other tasks: task selection by difficulty, "
+                f"docs/tasks.md); {n} groups in flight")
     if bound is not None and n >= bound:
         return (text + f": at the admission bound of {bound}, the servers start no new group "
                 "until these end (their rewards posted, abandoned, idle for group_idle_s, or "

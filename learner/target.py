@@ -75,8 +75,9 @@ class RewardWindow:
 
 
 def read_in_flight(client: redis.Redis, keys: Keys) -> InFlightFacts:
-    """The in-flight facts (``gspo_rl.contract.queue.inflight``), read synchronously."""
-    keys_, args = in_flight_call(keys)
+    """The in-flight facts (``gspo_rl.contract.queue.inflight``), read synchronously; its
+    ``no_signal``: the groups dropped for equal rewards since the learner's last step."""
+    keys_, args = in_flight_call(keys, hold_s=NO_SIGNAL_SINCE_STEP_S)
     return InFlightFacts.from_reply(client.register_script(IN_FLIGHT_FACTS.source)(keys_, args))
 
 
@@ -88,6 +89,7 @@ def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
     return f.open + f.complete + f.undelivered + f.remote_pending
 
 
+NO_SIGNAL_SINCE_STEP_S = 3600.0  # the learner reads every no-signal drop since its last step
 # > gspo_rl.contract.queue.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
 SETTLE_S = 1.5
 

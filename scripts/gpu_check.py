@@ -168,8 +168,8 @@ def start_stack(procs: Processes, run_dir: Path, devices: dict[str, str], dtype:
 
 def feed_groups(url: str, stop: threading.Event, errors: list[str]) -> None:
     """The demo environment, in small batches until ``stop``."""
-    from gspo_rl.client.environment import run_groups
     from gspo_rl.client.examples.alphabet import AlphabetEnvironment
+    from gspo_rl.client.runner import run_groups
 
     env = AlphabetEnvironment(group_size=8, max_tokens=6)
     seed = 0

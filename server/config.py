@@ -145,6 +145,12 @@ class ServerSettings(BaseSettings):
     admission_wait_s: float = Field(default=30.0, ge=0)
     """Longest time a request is held for admission before its 503 (clients retry after
     ``Retry-After``; the SDK does so by itself)."""
+    no_signal_hold_s: float = Field(default=30.0, ge=0)
+    """The sampling budget: a group that ends without a learning signal (all rewards equal,
+    dropped) still counts as in flight until the learner's next step, at most this long, so
+    an environment whose groups all end so is slowed to the learner's pace instead of
+    sampling as fast as the server allows (``gspo_rl.contract.queue.inflight``). 0: such a
+    group leaves the count at once."""
     admission_capacity_without_learner: int = Field(default=12, ge=1)
     """Groups in flight admitted while no learner has published its staleness bound and
     groups per step (12 = (2 + 1) x 4, the demo's); once it has, its bound applies."""

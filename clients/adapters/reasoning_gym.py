@@ -35,6 +35,7 @@ from typing import Any
 
 from gspo_rl.client.adapters import missing
 from gspo_rl.client.environment import SingleTurnEnvironment
+from gspo_rl.client.selection import TaskSelection
 from gspo_rl.client.tasks.environment import SourceStats
 from gspo_rl.client.verifiers import Verdict
 
@@ -44,7 +45,7 @@ DEFAULT_EVAL_SIZE = 50
 EVAL_SEED_OFFSET = 1_000_003
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "max_tokens": 1024}
 SETTINGS = ("seed", "size", "group_size", "sampling", "system_prompt", "eval_size",
-            "eval_seed")
+            "eval_seed", "selection")
 """The adapter's own arguments; any other key names a generator of the spec (its config)."""
 OWN_FIELDS = ("seed", "size")
 """Config fields the adapter sets itself (the ``seed`` and ``size`` arguments)."""
@@ -90,6 +91,8 @@ class Settings:
     (``reasoning_gym.utils.SYSTEM_PROMPTS``: default, direct, simple, ...); None: none."""
     eval_size: int = DEFAULT_EVAL_SIZE
     eval_seed: int | None = None
+    selection: dict[str, Any] = field(default_factory=dict)
+    """``TaskSelection``'s settings (``selection.enabled=false`` turns it off)."""
 
 
 def _library() -> Any:
@@ -266,6 +269,7 @@ class ReasoningGymEnvironment(SingleTurnEnvironment):
         self._rng = random.Random(f"{PREFIX}/{settings.seed}")
         self._eval: list[GymTask] | None = None
         self._eval_questions: dict[str, set[str]] = {}
+        self.selection = TaskSelection(**settings.selection)  # by difficulty, on by default
 
     def sample_task(self, rng: random.Random) -> GymTask:
         """The next task (``rng`` unused: the environment's own seeded order)."""
@@ -362,7 +366,19 @@ def settings_of(args: Mapping[str, Any]) -> Settings:
         sampling={**DEFAULT_SAMPLING, **sampling},
         system_prompt=prompt or None,
         eval_size=_int(args, "eval_size", DEFAULT_EVAL_SIZE, 0),
-        eval_seed=None if eval_seed is None else _int(args, "eval_seed", 0, None))
+        eval_seed=None if eval_seed is None else _int(args, "eval_seed", 0, None),
+        selection=_selection(args.get("selection", {})))
+
+
+def _selection(raw: Any) -> dict[str, Any]:
+    """``selection.*`` arguments, checked by building a ``TaskSelection`` of them."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{PREFIX}: selection must be a mapping (selection.KEY=VALUE)")
+    try:
+        TaskSelection(**raw)
+    except TypeError as exc:
+        raise ValueError(f"{PREFIX}: selection: {exc}") from None
+    return dict(raw)
 
 
 def load(target: str, args: dict[str, Any]) -> ReasoningGymEnvironment:

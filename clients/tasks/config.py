@@ -102,6 +102,23 @@ class EvalConfig(_Model):
         return self
 
 
+class SelectionConfig(_Model):
+    """Task selection by difficulty (``gspo_rl.client.selection``): tasks whose recent groups
+    were solved (or failed) by every sample are drawn less often."""
+
+    enabled: bool = True
+    streak: int = Field(1, ge=1)
+    """Groups in a row with every sample equal that put a task in a band without signal."""
+    solved_reward: float = 1.0
+    """Every sample at or above this: solved."""
+    failed_reward: float = 0.0
+    """Every sample at or below this: failed."""
+    revisit: float = Field(0.1, ge=0, le=1)
+    """The chance that such a task is played when drawn (it comes back once learnable)."""
+    max_draws: int = Field(8, ge=1)
+    """Draws before the last one is kept whatever its band."""
+
+
 class TaskConfig(_Model):
     """Tasks from data: where they come from, how they are asked and checked."""
 
@@ -121,6 +138,7 @@ class TaskConfig(_Model):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig | None = None
     eval: EvalConfig | None = None
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
 
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> TaskConfig:

@@ -8,11 +8,21 @@ credit is the episode's). Both put the task's source and id in the group's metad
 reports rewards per source) and count, per source, the samples judged, their mean reward and
 how many were correct (``stats``). ``build_environment(config)`` makes the one a
 ``TaskConfig`` describes; ``eval_environment(config)`` the one its eval set runs in.
+
+``DataEnvironment`` judges in worker processes (``score_workers``; its verifier alone is sent
+to them, the counting stays here) by default for the ``math`` and ``python`` verifiers:
+math-verify takes tens of ms a call on a model's free text (a group of 8: up to a second),
+which on the event loop holds every other group; a user's function may take anything. The
+cheap ones (exact, numeric, regex, ...) cost about what a trip to a worker does (0.1 ms) and
+judge in place. Measured: ``benchmarks/bench_scoring.py --math``.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +32,18 @@ from gspo_rl.client.environment import (
     MultiTurnEnvironment,
     SingleTurnEnvironment,
 )
+from gspo_rl.client.scoring import PICKLE_ERRORS, pickled
+from gspo_rl.client.selection import TaskSelection
 from gspo_rl.client.tasks.config import MultiTurnConfig, SourceConfig, TaskConfig
 from gspo_rl.client.tasks.records import read_records
 from gspo_rl.client.tasks.sampler import TaskMixture, TaskSource
 from gspo_rl.client.tasks.task import Fields, Task, make_tasks
 from gspo_rl.client.verifiers import Verdict, Verifier, make_verifier
+
+log = logging.getLogger("gspo_rl.client.tasks")
+
+SCORE_WORKERS = {"math": 2, "python": 2}
+"""``DataEnvironment``'s default ``score_workers`` by verifier kind (others: 0, in place)."""
 
 
 @dataclass
@@ -55,15 +72,17 @@ class _Judged:
     verifier: Verifier
     stats: dict[str, SourceStats]
 
-    def _setup(self, mixture: TaskMixture, verifier: Verifier) -> None:
+    def _setup(self, mixture: TaskMixture, verifier: Verifier,
+               selection: TaskSelection | None = None) -> None:
         self.mixture, self.verifier = mixture, verifier
         self.stats = {s.name: SourceStats() for s in mixture.sources}
+        self.selection = selection if selection is not None else TaskSelection()
 
     def sample_task(self, rng: random.Random) -> Task:
         return self.mixture.next()  # its own seeded order: epochs, shuffling, weights
 
     def judge(self, task: Task, completion: str) -> Verdict:
-        return self.verifier(completion, task.answer, task.record)
+        return judge_with(self.verifier, task, completion)
 
     def group_metadata(self, task: Task) -> dict[str, Any]:
         return {"source": task.source, "task_id": task.id}
@@ -72,13 +91,36 @@ class _Judged:
         return {name: s.as_dict() for name, s in self.stats.items()}
 
 
+def judge_with(verifier: Verifier, task: Task, completion: str) -> Verdict:
+    """What a scoring worker runs: the verdict on one completion (pure)."""
+    return verifier(completion, task.answer, task.record)
+
+
+def default_score_workers(verifier: Verifier) -> int:
+    """``SCORE_WORKERS`` by the verifier's kind; 0 for a verifier that does not pickle (a
+    ``python`` verifier given a lambda, say: it judges in place)."""
+    workers = SCORE_WORKERS.get(verifier.kind, 0)
+    if workers:
+        try:
+            pickled(verifier)
+        except PICKLE_ERRORS as exc:
+            log.warning("the %s verifier judges on the event loop: it cannot be sent to "
+                        "worker processes (%s)", verifier.kind, exc)
+            return 0
+    return workers
+
+
 class DataEnvironment(_Judged, SingleTurnEnvironment):
     def __init__(self, mixture: TaskMixture, verifier: Verifier, *, group_size: int = 8,
-                 sampling: dict[str, Any] | None = None, text_prompts: bool = False) -> None:
+                 sampling: dict[str, Any] | None = None, text_prompts: bool = False,
+                 score_workers: int | None = None) -> None:
+        """``score_workers``: None: ``default_score_workers(verifier)``."""
         self._setup(mixture, verifier)
         self.group_size = group_size
         self.sampling = dict(sampling or {"temperature": 1.0, "max_tokens": 64})
         self.text_prompts = text_prompts
+        self.score_workers = (default_score_workers(verifier) if score_workers is None
+                              else score_workers)
 
     def prompt(self, task: Task) -> str | list[dict[str, Any]]:
         if not self.text_prompts:
@@ -89,9 +131,14 @@ class DataEnvironment(_Judged, SingleTurnEnvironment):
         return task.prompt
 
     def score(self, task: Task, completion: str) -> float:
-        verdict = self.judge(task, completion)
-        self.stats[task.source].add(verdict)
-        return verdict.reward
+        return self.tally(task, self.judge(task, completion))
+
+    def scorer(self) -> Callable[[Task, str], Verdict]:
+        return functools.partial(judge_with, self.verifier)  # the tasks stay here
+
+    def tally(self, task: Task, scored: Verdict) -> float:
+        self.stats[task.source].add(scored)
+        return scored.reward
 
 
 class RetryEnvironment(_Judged, MultiTurnEnvironment):
@@ -148,12 +195,16 @@ def build_environment(cfg: TaskConfig) -> DataEnvironment | RetryEnvironment:
     """The training environment ``cfg`` describes."""
     mixture = TaskMixture([load_source(s, cfg) for s in cfg.sources], seed=cfg.seed)
     verifier = make_verifier(cfg.verifier.kind, **cfg.verifier.options())
+    env: DataEnvironment | RetryEnvironment
     if cfg.multi_turn is not None:
-        return RetryEnvironment(mixture, verifier, cfg.multi_turn, group_size=cfg.group_size,
-                                sampling=cfg.sampling.body())
-    return DataEnvironment(mixture, verifier, group_size=cfg.group_size,
-                           sampling=cfg.sampling.body(),
-                           text_prompts=cfg.prompt_format == "text")
+        env = RetryEnvironment(mixture, verifier, cfg.multi_turn, group_size=cfg.group_size,
+                               sampling=cfg.sampling.body())
+    else:
+        env = DataEnvironment(mixture, verifier, group_size=cfg.group_size,
+                              sampling=cfg.sampling.body(),
+                              text_prompts=cfg.prompt_format == "text")
+    env.selection = TaskSelection(**cfg.selection.model_dump())
+    return env
 
 
 def eval_environment(cfg: TaskConfig) -> tuple[DataEnvironment | RetryEnvironment, list[Task]]:

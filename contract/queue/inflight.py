@@ -34,8 +34,8 @@ PENDING_TTL_S = 5
 
 IN_FLIGHT_FACTS = LuaScript(
     keys=("deadlines_key", "active_key", "complete_key", "stream_key", "learner_key",
-          "servers_key"),
-    args=("pending_prefix", "server_id", "consumer_group"),
+          "servers_key", "no_signal_key"),
+    args=("pending_prefix", "server_id", "consumer_group", "hold_s"),
     body="""
 -- server_id: the reading server ('': none)
 -- -> {open and active, complete, stream length, the group's lag (-1: unknown), other servers'
@@ -69,23 +69,34 @@ for _, id in ipairs(redis.call('SMEMBERS', servers_key)) do
     if v then remote = remote + tonumber(v) else redis.call('SREM', servers_key, id) end
   end
 end
-return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', learner_key), n_idle}
+-- groups dropped for equal rewards hold a place until the learner's next step, at most hold_s
+local held = 0
+if tonumber(hold_s) > 0 then
+  local since = now - tonumber(hold_s)
+  local stepped = tonumber(redis.call('HGET', learner_key, 'updated_at') or '0')
+  if stepped > since then since = stepped end
+  held = redis.call('ZCOUNT', no_signal_key, '(' .. string.format('%.6f', since), '+inf')
+end
+return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', learner_key), n_idle,
+  held}
 """)
 """The facts the in-flight count is made of, in one round trip (``gspo_rl.contract.queue.inflight``
 reads it for the gate, ``gspo_rl.learner.target`` to drain); ``in_flight_call`` gives its keys and
 arguments, ``InFlightFacts.from_reply`` reads its reply."""
 
 
-def in_flight_call(keys: Keys, server_id: str = "") -> tuple[list[str], list[str]]:
+def in_flight_call(keys: Keys, server_id: str = "",
+                   hold_s: float = 0.0) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of ``IN_FLIGHT_FACTS`` for server ``server_id`` (its own pending count is
-    left out: its gate knows it exactly; "": every server's counts)."""
+    left out: its gate knows it exactly; "": every server's counts). ``hold_s``: how long a
+    group dropped for equal rewards holds a place (``InFlightFacts.no_signal``; 0: not)."""
     return IN_FLIGHT_FACTS.slots(
         keys={"deadlines_key": keys.deadlines, "active_key": keys.group_activity,
               "complete_key": keys.complete,
               "stream_key": keys.ready_stream, "learner_key": keys.learner_state,
-              "servers_key": keys.admission_servers},
+              "servers_key": keys.admission_servers, "no_signal_key": keys.no_signal},
         args={"pending_prefix": keys.admission_pending(""), "server_id": server_id,
-              "consumer_group": LEARNER_CONSUMER_GROUP})
+              "consumer_group": LEARNER_CONSUMER_GROUP, "hold_s": hold_s})
 
 
 @dataclass(frozen=True)
@@ -103,17 +114,20 @@ class InFlightFacts:
     ready_depth: int
     learner: LearnerParams
     idle: int = 0
+    no_signal: int = 0
+    """Groups dropped for equal rewards since the learner's last step (within ``hold_s``):
+    the sampling budget counts them as in flight (``gspo_rl.server.rollouts.admission``)."""
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> InFlightFacts:
-        n_open, n_complete, depth, lag, remote, state, n_idle = reply
+        n_open, n_complete, depth, lag, remote, state, n_idle, held = reply
         depth, lag = int(depth), int(lag)
         return cls(open=int(n_open), complete=int(n_complete),
                    undelivered=depth if lag < 0 else lag, remote_pending=int(remote),
                    ready_depth=depth,
                    learner=LearnerParams.from_hash(dict(zip(state[::2], state[1::2],
                                                             strict=True))),
-                   idle=int(n_idle))
+                   idle=int(n_idle), no_signal=int(held))
 
     def describe(self) -> str:
         """What the count is made of, for a person: "3 open, 1 complete, ..."; the idle groups
@@ -121,6 +135,9 @@ class InFlightFacts:
         parts = [f"{self.open} open", f"{self.complete} complete",
                  f"{self.undelivered} published unread", f"{self.learner.training} training",
                  f"{self.remote_pending} being sampled"]
+        if self.no_signal:
+            parts.append(f"{self.no_signal} ended without a learning signal since the "
+                         "learner's last step (equal rewards: the sampling budget counts them)")
         idle = (f"; {self.idle} open but idle (no activity for group_idle_s: not counted, "
                 "they expire at their deadline)" if self.idle else "")
         return ", ".join(parts) + idle
@@ -141,14 +158,15 @@ class InFlightCounter:
     """Reads the global facts; publishes this server's pending count."""
 
     def __init__(self, client: aioredis.Redis, keys: Keys, server_id: str,
-                 pipe: RedisPipe | None = None) -> None:
-        """``pipe``: the connection reads go through (the store's); None: ``client``."""
+                 pipe: RedisPipe | None = None, no_signal_hold_s: float = 0.0) -> None:
+        """``pipe``: the connection reads go through (the store's); None: ``client``.
+        ``no_signal_hold_s``: ``in_flight_call``'s ``hold_s``."""
         self.client = client
         self.keys = keys
         self.server_id = server_id
         self.pipe = pipe
         self._facts = client.register_script(IN_FLIGHT_FACTS.source)
-        self._keys, self._args = in_flight_call(keys, server_id)
+        self._keys, self._args = in_flight_call(keys, server_id, no_signal_hold_s)
 
     async def read(self) -> Snapshot:
         """The facts now, in one round trip (``IN_FLIGHT_FACTS``)."""

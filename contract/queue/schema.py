@@ -83,6 +83,15 @@ class Keys:
     def counters(self) -> str:
         return f"{self.prefix}:counters"
 
+    def task(self, task_id: str) -> str:
+        """A task's statistics (``gspo_rl.contract.queue.tasks``)."""
+        return f"{self.prefix}:task:{task_id}"
+
+    @property
+    def no_signal(self) -> str:
+        """Groups dropped for equal rewards -> when (``gspo_rl.contract.queue.tasks``)."""
+        return f"{self.prefix}:groups:no_signal"
+
     @property
     def finished_rewards(self) -> str:
         return f"{self.prefix}:rewards:finished"

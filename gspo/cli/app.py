@@ -310,6 +310,13 @@ def up(
     env_arg: list[str] = typer.Option(None, "--env-arg", help="An environment's argument, "
                                       "key=value (JSON value; dotted keys nest), repeatable; "
                                       "NAME:key=value with several --env."),
+    selection: bool = typer.Option(None, "--selection/--no-selection", help="Task "
+                                   "selection by difficulty for tasks from data and "
+                                   "reasoning-gym (docs/learning-signal.md). (default: on)"),
+    no_signal_hold_s: float = typer.Option(None, help="The server's sampling budget: a group "
+                                           "without learning signal counts as in flight "
+                                           "until the next learner step, at most this long; "
+                                           "0: off. (default: 30)"),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir (its "
                                 "Redis, model, newest checkpoint and settings; flags given "
                                 "override them) instead of starting from scratch."),

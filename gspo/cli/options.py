@@ -29,7 +29,8 @@ SERVE = {name: name for name in (
     "enforce_eager")}
 SERVE_AFTER_VLLM_ARG = {name: name for name in (
     "max_n", "max_tokens", "max_body_bytes", "max_ready_groups", "admission",
-    "admission_wait_s", "admission_capacity_without_learner", "max_episode_turns",
+    "admission_wait_s", "no_signal_hold_s", "admission_capacity_without_learner",
+    "max_episode_turns",
     "episode_history_rewrite", "tool_call_parser", "reasoning_parser")} | {
     "group_ttl_s": "queue.group_ttl_s", "group_idle_s": "queue.group_idle_s",
     "server_id": "server_id",

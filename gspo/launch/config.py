@@ -82,6 +82,14 @@ class UpConfig(BaseModel):
     """The server's admission control (``gspo_rl.server.rollouts.admission``): new groups wait while
     as many are in flight as the learner can train within ``max_staleness``. False: the
     environment runs ahead unbounded (for comparison: stale groups are dropped)."""
+    selection: bool = True
+    """Task selection by difficulty (``gspo_rl.client.selection``) for environments that have
+    it (tasks from data, reasoning-gym): tasks recently solved or failed by every sample are
+    drawn less often. False: every task as the source gives it."""
+    no_signal_hold_s: float | None = Field(None, ge=0)
+    """The server's sampling budget (its ``no_signal_hold_s``, 30 s): a group that ends
+    without a learning signal counts as in flight until the learner's next step, at most
+    this long; 0: it leaves at once."""
     report_to: list[TrackerName] = Field(default_factory=list)
     """Experiment trackers the learner reports to (tensorboard, wandb, mlflow; the learner's
     ``report_to``), writing locally under ``run_dir/tracking``."""

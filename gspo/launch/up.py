@@ -132,6 +132,8 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
                                 "--redis-url", redis_url, "--server-id", "up-server",
                                 "--log-level", "warning", *_server_device_args(cfg),
                                 *_server_lora_args(cfg),
+                                *([] if cfg.no_signal_hold_s is None else
+                                  ["--no-signal-hold-s", str(cfg.no_signal_hold_s)]),
                                 *([] if cfg.admission else ["--no-admission"])),
                 env=keys_env)
     url = f"http://127.0.0.1:{port}"
@@ -197,14 +199,18 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
     once. With an eval set: evaluated every N versions meanwhile, and once more at the end.
     The environments' ``serving`` contexts are held throughout (``gspo_rl.client.mixture``)."""
     from gspo_rl.client.client import AsyncGSPOClient
-    from gspo_rl.client.environment import arun_groups
     from gspo_rl.client.mixture import serving_all
+    from gspo_rl.client.runner import arun_groups
+    from gspo_rl.client.signal import SignalWatch
 
     stop = asyncio.Event()
     env_rewards: deque[float] = deque(maxlen=ENV_WINDOW)
     env_log = open(cfg.run_dir / "env_rewards.jsonl", "a")  # noqa: SIM115 (closed below)
 
+    signal = SignalWatch()  # says when most recent groups carry no signal, and why
+
     def on_group(g: Any) -> None:
+        signal.on_group(g.rewards)
         reward = sum(g.rewards) / len(g.rewards)
         env_rewards.append(reward)
         env_log.write(json.dumps({"time": time.time(), "group_id": g.group_id,
@@ -277,6 +283,8 @@ def run_up(cfg: UpConfig) -> UpResult:
     work = make_workload(cfg.tasks, cfg.data, cfg.verifier, cfg.eval_every, cfg.group_size,
                          cfg.run_dir, cfg.env, cfg.env_args)
     work.seed = cfg.seed + played  # a resumed run draws tasks past those it played
+    if not cfg.selection:
+        work.without_selection()
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     t0 = time.monotonic()
     metrics, redis_url, interrupted = cfg.run_dir / "metrics.jsonl", None, False

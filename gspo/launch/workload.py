@@ -27,6 +27,12 @@ class Workload:
     def on_report(self, report: Any) -> None:
         self.reports.append(report)
 
+    def without_selection(self) -> None:
+        """Task selection by difficulty off for every environment of the workload."""
+        for env in [m.env for m in getattr(self.env, "members", [])] or [self.env]:
+            if getattr(env, "selection", None) is not None:
+                env.selection.enabled = False
+
     def status(self) -> str:
         """The latest evaluation, briefly (for the progress bar)."""
         if not self.reports:
@@ -41,6 +47,8 @@ class Workload:
         lines = [f"source {name}: {s['samples']:.0f} samples, reward {s['reward_mean']:.3f}, "
                  f"correct {s['accuracy']:.3f}"
                  for env in envs for name, s in getattr(env, "summary", dict)().items()]
+        lines += [env.selection.summary() for env in envs
+                  if getattr(env, "selection", None) is not None and env.selection.enabled]
         return lines + [r.line() for r in self.reports]
 
 

@@ -57,6 +57,7 @@ from gspo_rl.server.api.routes import (
     models,
     rewards,
     rollouts,
+    tasks,
 )
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Engine
@@ -137,7 +138,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         app.state.engine, app.state.redis, app.state.keys, app.state.store = (
             engine, redis, keys, store)
-        counter = InFlightCounter(redis, keys, settings.server_id, store.pipe)
+        counter = InFlightCounter(redis, keys, settings.server_id, store.pipe,
+                                  no_signal_hold_s=settings.no_signal_hold_s)
         gate = AdmissionGate(counter, settings, app.state.metrics,
                              lambda: engine.policy_version,
                              weight_status=app.state.weight_updates.describe)
@@ -198,7 +200,7 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.include_router(health.router)
     app.include_router(metrics.router)
     api_guard = [Depends(require_api_key), Depends(check_request_json)]  # key first
-    for module in (chat, completions, rollouts, rewards, groups, models, evals):
+    for module in (chat, completions, rollouts, rewards, groups, models, evals, tasks):
         app.include_router(module.router, dependencies=api_guard)
     app.include_router(admin.router, dependencies=[Depends(require_admin_key)])
     install_openapi(app, settings)  # the document says what this server accepts

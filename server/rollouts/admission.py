@@ -39,6 +39,9 @@ POLL_S = 0.05
 WARN_EVERY_S = 10.0
 FINISHED_RETRY_AFTER_S = 10
 FINISHED_WARN_EVERY_S = 60.0
+NO_SIGNAL_HINT = ("sample harder or easier tasks: task selection by difficulty, docs/tasks.md; "
+                  "each such group counts as in flight until the next learner step, "
+                  "no_signal_hold_s")
 
 
 class AdmissionGate:
@@ -93,7 +96,7 @@ class AdmissionGate:
         """Re-read the facts and set the gauges (``/metrics``)."""
         snap = await self.snapshot(max_age_s=0.0)
         bound = self.bound(snap)
-        self.metrics.groups_in_flight.set(snap.others + self.local)
+        self.metrics.groups_in_flight.set(snap.others + snap.no_signal + self.local)
         self.metrics.admission_bound.set(-1 if bound is None else bound)
 
     def bound(self, snap: Snapshot) -> int | None:
@@ -144,7 +147,7 @@ class AdmissionGate:
     def _try(self, snap: Snapshot, released_since: int) -> bool:
         """Counts the request in if one more group fits. ``released_since``: this server's
         groups released after ``snap``'s read began (in Redis by now, perhaps not in it)."""
-        in_flight = snap.others + self.local + released_since
+        in_flight = snap.others + snap.no_signal + self.local + released_since
         bound = self.bound(snap)
         self.metrics.groups_in_flight.set(in_flight)
         self.metrics.admission_bound.set(-1 if bound is None else bound)
@@ -170,12 +173,16 @@ class AdmissionGate:
                         "grows back when the learner's weights arrive here")
             if status := self.weight_status():
                 made_of += f" ({status})"
-        self._warn(f"{snap.others + self.local} groups in flight ({made_of}; bound {bound}, "
+        counted = snap.others + snap.no_signal + self.local
+        if snap.no_signal * 2 >= counted > 0:
+            made_of += (f"; most are groups without a learning signal: the policy solves or "
+                        f"fails every sample of most tasks it is given ({NO_SIGNAL_HINT})")
+        self._warn(f"{counted} groups in flight ({made_of}; bound {bound}, "
                    f"learner at version {snap.learner.version}): refusing new groups on "
                    f"{route} after holding them {self.wait_s:g} s, until these groups end "
                    "(trained, rewards posted, abandoned, or idle for group_idle_s)")
         return unavailable(
-            f"{snap.others + self.local} groups are in flight ({made_of}), at the bound of "
+            f"{counted} groups are in flight ({made_of}), at the bound of "
             f"{bound} that the learner's staleness limit allows; this request waited "
             f"{self.wait_s:g} s for them to end (admission_wait_s): retry",
             code="too_many_groups_in_flight", retry_after_s=ADMISSION_RETRY_AFTER_S)

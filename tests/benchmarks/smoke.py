@@ -80,6 +80,14 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                       ["time ratio vs baseline", "clip=3"]),
     "compare_losses.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
                            "--losses", "gspo,grpo"], ["gspo", "grpo", "clip fraction GSPO"]),
+    "bench_verifiers.py": (["--groups", "2", "--group-size", "2", "--concurrency", "2",
+                            "--max-tokens", "4", "--repeats", "1"],
+                           ["ratio prefork/this (episodes/s)"]),
+    "bench_scoring.py": (["--seconds", "1", "--warmup", "0.5", "--repeats", "1", "--workers",
+                          "2", "--concurrency", "4", "--max-tokens", "4"],
+                         ["ratio pool/baseline", "ratio loop/baseline"]),
+    "bench_scoring.py --math": (["--math", "0,1", "--math-groups", "2", "--repeats", "1"],
+                                ["longest event-loop stall", "ratio 1 workers/event loop"]),
 }
 
 # area -> its cases (each area is a test module: test_smoke_<area>.py)
@@ -91,7 +99,8 @@ AREAS: dict[str, list[str]] = {
               "bench_weight_sync.py", "bench_lora.py", "bench_lora.py --merge"],
     "learner": ["bench_losses.py", "bench_learner.py", "bench_learner.py --head",
                 "profile_learner.py", "compare_losses.py"],
-    "async": ["bench_async.py", "bench_async.py --sweep", "tune_sweep.py"],
+    "async": ["bench_async.py", "bench_async.py --sweep", "tune_sweep.py", "bench_scoring.py",
+              "bench_scoring.py --math", "bench_verifiers.py"],
 }
 
 

@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from gspo_rl.client.client import AsyncGSPOClient
-from gspo_rl.client.environment import arun_groups
 from gspo_rl.client.evals import EvalWatcher, evaluate
+from gspo_rl.client.runner import arun_groups
 from gspo_rl.client.tasks import TaskConfig, build_environment, eval_environment
 from gspo_rl.contract.queue.ready.reader import GroupReader
 from gspo_rl.contract.queue.schema import Keys
@@ -67,8 +67,8 @@ def test_sources_are_played_until_used_up_and_reach_the_learner(
     assert batch.groups, "every group had equal rewards (1 chance in 8**5)"
     by_id = {o.group_id: o.task for o in outcomes}
     for g in batch.groups:
-        assert g.metadata == {"source": by_id[g.group_id].source,
-                              "task_id": by_id[g.group_id].id}
+        assert g.metadata == {"source": by_id[g.group_id].source,  # each task once: new
+                              "task_id": by_id[g.group_id].id, "difficulty": "new"}
     stats = source_stats(batch.groups)
     assert sum(v for k, v in stats.items() if k.endswith("/groups")) == len(batch.groups)
     client.close()

@@ -13,8 +13,9 @@ import openai
 import pytest
 
 from gspo_rl.client.client import AsyncGSPOClient
-from gspo_rl.client.environment import EpisodeSession, MultiTurnEnvironment, arun_groups
+from gspo_rl.client.environment import EpisodeSession, MultiTurnEnvironment
 from gspo_rl.client.failures import FailurePolicy, RunStats, describe_error
+from gspo_rl.client.runner import arun_groups
 from tests.helpers.serving import API_KEY, Served
 
 

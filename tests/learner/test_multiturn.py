@@ -27,8 +27,8 @@ import redis
 import torch
 
 from gspo_rl.client.client import AsyncGSPOClient, GSPOClient
-from gspo_rl.client.environment import arun_groups
 from gspo_rl.client.examples.calculator import CalculatorEnvironment
+from gspo_rl.client.runner import arun_groups
 from gspo_rl.contract.credit import group_turn_advantages
 from gspo_rl.contract.queue.groups.store import QueueConfig
 from gspo_rl.contract.queue.schema import Keys, ReadyGroup, unpack_rollout

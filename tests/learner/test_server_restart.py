@@ -35,9 +35,10 @@ import redis
 
 import gspo_rl.client.retry as retry_module
 from gspo_rl.client.client import AsyncGSPOClient
-from gspo_rl.client.environment import SingleTurnEnvironment, arun_groups
+from gspo_rl.client.environment import SingleTurnEnvironment
 from gspo_rl.client.failures import FailurePolicy, RunStats
 from gspo_rl.client.retry import Throttle
+from gspo_rl.client.runner import arun_groups
 from gspo_rl.contract.queue.schema import Keys
 from tests.conftest import RedisServer, free_port
 from tests.helpers.serving import ADMIN_KEY, API_KEY

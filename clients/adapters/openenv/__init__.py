@@ -2,11 +2,9 @@
 
 ``load(target, args)``: ``target`` is the server's base URL (``http://127.0.0.1:8001``; https,
 ws and wss too). Sessions go through openenv-core's own ``GenericEnvClient`` (its WebSocket
-``/ws``: one connection is one session with its own environment instance on the server; the
-HTTP ``/reset`` and ``/step`` routes build a fresh instance per call, so they cannot hold an
-episode). No environment package is imported here: a typed-client spec
-(``module:ClientClass@URL``) is refused, since a typed client only converts the same JSON that
-the server's ``/schema`` describes. ``load`` reads ``/schema``, settles how text becomes an
+``/ws``: one connection is one session with its own environment instance on the server).
+No environment package is imported here: a typed-client spec (``module:ClientClass@URL``)
+is refused, since a typed client only converts the JSON that ``/schema`` describes. ``load`` reads ``/schema``, settles how text becomes an
 action and which observation text the model reads, and opens ``group_size`` sessions at once
 (a reset each): a server that cannot be reached, whose schema does not fit, or that holds fewer
 sessions (``max_concurrent_envs``) is refused with a ``ValueError``.

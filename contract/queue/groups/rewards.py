@@ -237,8 +237,11 @@ local function end_here(gid, gk, lk, wk, rids, now, items, n_records, members)
   end
   local total = 0.0
   for _, r in ipairs(rewards) do total = total + r end
-  return end_group(P, gid, mode, reason, head, ids, mode == 'publish' and mp_ids(ids) or '',
-    rids, false, now, false, #rewards, string.format('%.17g', total))
+  local ended = end_group(P, gid, mode, reason, head, ids,
+    mode == 'publish' and mp_ids(ids) or '', rids, false, now, false, #rewards,
+    string.format('%.17g', total))
+  ended[3] = cmsgpack.pack(rewards)  -- the caller's task statistics (tasks.record_outcomes)
+  return ended
 end
 
 local stored, now = 0, nil
@@ -261,7 +264,8 @@ for _, gid in ipairs(order) do
       local ended = inline == '1' and end_here(gid, gk, lk, wk, rids,
         now, g.items, g.n_records, g.members)
       if ended then
-        completed[#completed + 1] = {gid, ended[1], ended[2]}
+        completed[#completed + 1] = {gid, ended[1], ended[2],
+          redis.call('HGET', gk, 'metadata') or false, ended[3]}
       else
         redis.call('HSET', gk, 'state', 'complete', 'completed_at', tostring(now))
         redis.call('SADD', complete_key, gid)

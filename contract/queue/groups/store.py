@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +62,7 @@ from gspo_rl.contract.queue.schema import (
     member_rollout_id,
     pack_rollout,
 )
+from gspo_rl.contract.queue.tasks import GroupOutcome, record_outcomes, snapshot_outcome
 
 __all__ = ["GroupView", "QueueConfig", "RewardItem", "RewardResult", "RewardsOutcome",
            "RolloutStore", "StoreError", "make_redis", "pack_reward"]
@@ -274,18 +276,28 @@ class RolloutStore:
             st, gid = by_rid[it.rollout_id]
             results.append(RewardResult(it.rollout_id, item_status(st, applied), gid,
                                         applied and gid in done))
+        ended: list[GroupOutcome] = []
         for c in completed:  # groups the script left for the Python rule (turn rewards)
             if as_str(c[1]) == "complete":
-                await self._finish_safely(as_str(c[0]), Snapshot.from_script(c[2], c[3], c[4]))
+                snap = Snapshot.from_script(c[2], c[3], c[4])
+                fate = await self._finish_safely(as_str(c[0]), snap)
+                if fate is not None:
+                    ended.append(snapshot_outcome(as_str(c[0]), fate, snap))
+            else:  # ended by the script: {gid, fate, stream id or reason, metadata, rewards}
+                ended.append(GroupOutcome(as_str(c[0]), as_str(c[1]), as_str(c[2]), c[3] or None,
+                                          [float(x) for x in msgpack.unpackb(c[4])]))
+        await record_outcomes(self.redis, self.keys, ended, time.time())
         return RewardsOutcome(results, applied)
 
-    async def _finish_safely(self, group_id: str, snapshot: Snapshot | None) -> None:
-        """Publishes a group whose rewards are stored; on a Redis error the group stays in the
-        ``complete`` set for the sweeper: the rewards are safe, so the caller still gets 2xx."""
+    async def _finish_safely(self, group_id: str, snapshot: Snapshot | None) -> str | None:
+        """Publishes a group whose rewards are stored (returns ``finish_group``'s result); on
+        a Redis error the group stays in the ``complete`` set for the sweeper: the rewards are
+        safe, so the caller still gets 2xx."""
         try:
-            await self.finish_group(group_id, snapshot)
+            return await self.finish_group(group_id, snapshot)
         except redis.exceptions.RedisError as e:  # unreachable, out of memory, ...
             logger.warning("publishing group %s deferred to the sweeper: %s", group_id, e)
+            return None
 
     async def finish_group(self, group_id: str, snapshot: Snapshot | None = None) -> str | None:
         """Computes advantages and publishes (or drops) a ``complete`` group; returns the

@@ -30,8 +30,9 @@ from pydantic import Field
 from gspo_rl.client.adapters import load_adapter
 from gspo_rl.client.adapters.openenv import OpenEnvEnvironment, load
 from gspo_rl.client.client import AsyncGSPOClient
-from gspo_rl.client.environment import GroupOutcome, arun_groups
+from gspo_rl.client.environment import GroupOutcome
 from gspo_rl.client.evals import evaluate
+from gspo_rl.client.runner import arun_groups
 from gspo_rl.contract.queue.schema import Keys, unpack_rollout
 from tests.conftest import RedisServer, free_port
 from tests.helpers.serving import API_KEY, RedisKeys, Served, serve_app

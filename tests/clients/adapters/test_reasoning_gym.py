@@ -24,7 +24,7 @@ from gspo_rl.client.adapters.reasoning_gym import (
     score_entry,
 )
 from gspo_rl.client.client import AsyncGSPOClient
-from gspo_rl.client.environment import arun_groups
+from gspo_rl.client.runner import arun_groups
 from tests.helpers.serving import API_KEY, RedisKeys, Served
 
 GENERATORS = ["basic_arithmetic", "leg_counting", "chain_sum", "letter_counting",
@@ -204,7 +204,7 @@ def test_groups_against_a_real_server(served: Served, rkeys: RedisKeys) -> None:
     for o in outcomes:
         assert len(o.rewards) == 3 and all(0.0 <= r <= 1.0 for r in o.rewards)
         group = rkeys.client.hgetall(rkeys.keys.group(o.group_id))
-        assert msgpack.unpackb(group[b"metadata"]) == {"source": o.task.source,
-                                                       "task_id": o.task.id}
+        assert msgpack.unpackb(group[b"metadata"]) == {  # difficulty: selection's band
+            "source": o.task.source, "task_id": o.task.id, "difficulty": "new"}
         assert group[b"state"] in (b"published", b"dropped")  # every reward posted
     assert sum(s["samples"] for s in env.summary().values()) == 9

@@ -21,7 +21,8 @@ SERVE_FLAGS = [
     "--max-batch-size", "--dtype", "--max-model-len", "--tensor-parallel-size",
     "--gpu-memory-utilization", "--max-lora-rank", "--enforce-eager",
     "--vllm-arg", "--max-n", "--max-tokens", "--max-body-bytes", "--max-ready-groups",
-    "--admission", "--admission-wait-s", "--admission-capacity-without-learner",
+    "--admission", "--admission-wait-s", "--no-signal-hold-s",
+    "--admission-capacity-without-learner",
     "--max-episode-turns", "--episode-history-rewrite", "--tool-call-parser",
     "--reasoning-parser", "--group-ttl-s", "--group-idle-s", "--server-id", "--advertise-url",
     "--log-level"]

@@ -21,8 +21,9 @@ import redis
 import redis.asyncio
 
 from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
-from gspo_rl.client.environment import SingleTurnEnvironment, arun_groups
+from gspo_rl.client.environment import SingleTurnEnvironment
 from gspo_rl.client.failures import RunStats
+from gspo_rl.client.runner import arun_groups
 from gspo_rl.contract.queue.inflight import PENDING_TTL_S, InFlightCounter
 from gspo_rl.contract.queue.ready.reader import GroupReader
 from gspo_rl.contract.queue.schema import Keys
@@ -113,9 +114,36 @@ def test_a_new_group_is_held_at_the_bound_and_released_when_the_learner_takes_gr
         assert not held.is_alive() and result["r"].status_code == 200, result
         assert gauge(s, "gspo_admission_held") == 0
         assert gauge(s, "gspo_admission_waited_total") == 1
-        reward(s, second, [1.0, 1.0])  # equal rewards: dropped by the server, refunded
-        assert gauge(s, "gspo_groups_in_flight") == 1
+        reward(s, second, [1.0, 1.0])  # equal rewards: dropped by the server, and held by
+        assert gauge(s, "gspo_groups_in_flight") == 2  # the sampling budget until a step
+        learner_publishes(url, tiny_model_dir, max_staleness=1, groups_per_step=1, version=1)
+        assert gauge(s, "gspo_groups_in_flight") == 1  # the learner stepped: its place is free
         client.close()
+
+
+def test_groups_without_signal_hold_their_place_until_a_step_or_the_hold_ends(
+        tiny_model_dir: Path, redis_server: RedisServer) -> None:
+    """The sampling budget: an environment whose groups all end with equal rewards is held
+    at the bound (no learner step frees a place) until ``no_signal_hold_s`` has passed; the
+    503 after the longest hold names the cause."""
+    url = redis_server.url
+    learner_publishes(url, tiny_model_dir, max_staleness=0, groups_per_step=2)  # bound 2
+    with running_server(tiny_model_dir, url, admission=True, admission_wait_s=0.3,
+                        no_signal_hold_s=3.0) as s:
+        for _ in range(2):
+            reward(s, sample(s), [1.0, 1.0])  # solved by every sample: dropped, no signal
+        assert gauge(s, "gspo_groups_in_flight") == 2
+        refused = post(s, "/v1/rollouts", ROLLOUT)
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert "2 ended without a learning signal since the learner's last step" in message
+        assert "the policy solves or fails every sample of most tasks" in message
+        wait_until(lambda: gauge(s, "gspo_groups_in_flight") == 0, "the hold to end", 15)
+        sample(s)  # admitted again
+    with running_server(tiny_model_dir, url, admission=True, admission_wait_s=0.3,
+                        no_signal_hold_s=0.0) as s:  # off: such a group leaves at once
+        for _ in range(3):
+            reward(s, sample(s), [0.0, 0.0])
 
 
 def test_refused_with_503_after_the_longest_hold_and_the_sdk_retries(
