@@ -36,6 +36,7 @@ from gspo_rl.client.environment import (
     MultiTurnEnvironment,
 )
 from gspo_rl.client.runlog import run_and_print
+from gspo_rl.client.selection import TaskSelection
 
 try:
     from openai import AsyncOpenAI
@@ -138,22 +139,33 @@ class CalculatorEnvironment(MultiTurnEnvironment):
     """Multi-turn tool use: reward 1.0 for the right number, +0.1 per clean tool-call turn."""
 
     def __init__(self, group_size: int = 4, max_turns: int = 4, max_tokens: int = 48,
-                 temperature: float = 1.0, timeout_s: float = 120.0) -> None:
+                 temperature: float = 1.0, timeout_s: float = 120.0, pool: int = 0,
+                 selection: bool = False) -> None:
+        """``pool`` > 0: the problems are a fixed set of that many, drawn again and again
+        (seeded), so a problem's statistics accumulate; ``selection``: draw by difficulty
+        (``gspo_rl.client.selection``: problems every episode solves, or fails, less often)."""
         self.group_size = group_size
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.timeout_s = timeout_s
+        self.problems = [self.make_task(random.Random(f"calculator/{i}")) for i in range(pool)]
+        self.selection = TaskSelection() if selection else None
 
-    def sample_task(self, rng: random.Random) -> CalculatorTask:
+    @staticmethod
+    def make_task(rng: random.Random) -> CalculatorTask:
         a, b, c = (rng.randint(2, 50) for _ in range(3))
         form = rng.choice(["{a} + {b} * {c}", "({a} + {b}) * {c}", "{a} * {b} - {c}",
                            "{a} - {b} + {c}"])
         expression = form.format(a=a, b=b, c=c)
         return CalculatorTask(expression=expression, answer=safe_eval(expression))
 
+    def sample_task(self, rng: random.Random) -> CalculatorTask:
+        return rng.choice(self.problems) if self.problems else self.make_task(rng)
+
     def group_metadata(self, task: CalculatorTask) -> dict[str, Any]:
-        return {"env": "calculator", "expression": task.expression, "answer": task.answer}
+        return {"task": "calculator", "expression": task.expression, "answer": task.answer,
+                "task_id": task.expression}
 
     async def episode(self, task: CalculatorTask, session: EpisodeSession) -> EpisodeResult:
         messages: list[dict[str, Any]] = [

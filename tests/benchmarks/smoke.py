@@ -80,6 +80,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                       ["time ratio vs baseline", "clip=3"]),
     "compare_losses.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
                            "--losses", "gspo,grpo"], ["gspo", "grpo", "clip fraction GSPO"]),
+    "bench_signal.py": (["--tasks", "tool", "--seeds", "0", "--max-steps", "1",
+                         "--minutes", "0.3"], ["ratio on/off, seconds"]),
     "bench_verifiers.py": (["--groups", "2", "--group-size", "2", "--concurrency", "2",
                             "--max-tokens", "4", "--repeats", "1"],
                            ["ratio prefork/this (episodes/s)"]),

@@ -4,8 +4,9 @@
 ws and wss too). Sessions go through openenv-core's own ``GenericEnvClient`` (its WebSocket
 ``/ws``: one connection is one session with its own environment instance on the server).
 No environment package is imported here: a typed-client spec (``module:ClientClass@URL``)
-is refused, since a typed client only converts the JSON that ``/schema`` describes. ``load`` reads ``/schema``, settles how text becomes an
-action and which observation text the model reads, and opens ``group_size`` sessions at once
+is refused, since a typed client only converts the JSON that ``/schema`` describes. ``load``
+reads ``/schema``, settles how text becomes an action and which observation text the model
+reads, and opens ``group_size`` sessions at once
 (a reset each): a server that cannot be reached, whose schema does not fit, or that holds fewer
 sessions (``max_concurrent_envs``) is refused with a ``ValueError``.
 
