@@ -51,6 +51,9 @@ class RetryPolicy:
     """How long a patient request (rewards, abandoning a group) keeps being retried while the
     server is unreachable or answers 502/503/504, e.g. while it restarts. 600 s: the default
     ``group_ttl_s``, after which its group has expired anyway; None: until it lands."""
+    quiet_when_finished: bool = False
+    """Wait for a new learner after ``training_finished`` without saying so (``gspo up``:
+    the run is ending, the wait is expected)."""
 
     def delays(self) -> Iterator[float]:
         for i in range(self.attempts - 1):
@@ -117,7 +120,7 @@ class Attempts:
         if code not in ADMISSION_CODES or (patience is not None and waited > patience):
             return None
         if code == FINISHED_CODE:
-            if FINISHED_SAID.due():
+            if not self.policy.quiet_when_finished and FINISHED_SAID.due():
                 log.warning("%s: waiting for a learner to start again", error_message(resp))
         elif ADMISSION_SAID.due():
             log.warning("%s: the server holds new groups back (%s) for %.0f s: %s; waiting, "

@@ -12,7 +12,9 @@ when the learner keeps everything.
 The learner publishes, in ``Keys.learner_state``: ``max_staleness`` (-1: none),
 ``groups_per_step``, ``training`` (groups of the batch it is training now) and ``finished``
 (empty while it trains; else why it stopped: servers then start no new group, 503
-``training_finished``). The derivation: docs/design/admission.md.
+``training_finished``) and ``seen_at`` (Redis time of its last read of the queue, every few
+seconds while it runs: its heartbeat; ``learner_connected``). The derivation:
+docs/design/admission.md.
 """
 
 from __future__ import annotations
@@ -25,6 +27,23 @@ FIELD_MAX_STALENESS = "max_staleness"
 FIELD_GROUPS_PER_STEP = "groups_per_step"
 FIELD_TRAINING = "training"
 FIELD_FINISHED = "finished"
+FIELD_SEEN_AT = "seen_at"
+LEARNER_GONE_S = 30.0
+"""A learner not seen for this long is not connected (it reads the queue every few seconds
+while it runs: at most ``read_timeout_s`` apart, or a step apart)."""
+
+
+def learner_connected(age_s: float | None) -> bool:
+    """Whether a learner whose heartbeat is ``age_s`` old (None: never) is connected."""
+    return age_s is not None and age_s <= LEARNER_GONE_S
+
+
+def no_learner_text(age_s: float | None) -> str:
+    """What to tell a person waiting on a queue no learner reads."""
+    when = ("no learner has read the queue yet" if age_s is None else
+            f"no learner has read the queue for {age_s:.0f} s")
+    return (f"no learner is connected ({when}): start one (gspo learn), or use "
+            "--no-admission to try an environment alone")
 
 
 def capacity(max_staleness: int | None, groups_per_step: int, lag: int = 0) -> int | None:
@@ -51,6 +70,8 @@ class LearnerParams:
     training: int = 0
     finished: str = ""
     """Why the learner stopped taking groups (its goal was met); empty: it takes them."""
+    seen_at: float | None = None
+    """Redis time of the learner's last read of the queue (None: never)."""
 
     @property
     def known(self) -> bool:
@@ -73,7 +94,7 @@ class LearnerParams:
                    max_staleness=None if stale is None or stale < 0 else stale,
                    groups_per_step=num(FIELD_GROUPS_PER_STEP),
                    training=max(0, num(FIELD_TRAINING) or 0),
-                   finished=d.get(FIELD_FINISHED, ""))
+                   finished=d.get(FIELD_FINISHED, ""), seen_at=_float(d.get(FIELD_SEEN_AT)))
 
     def bound(self, server_version: int, fallback: int | None) -> int | None:
         """The capacity for a server at ``server_version``; ``fallback`` while no learner has
@@ -83,3 +104,10 @@ class LearnerParams:
         assert self.groups_per_step is not None
         return capacity(self.max_staleness, self.groups_per_step,
                         self.version - server_version)
+
+
+def _float(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        return None

@@ -22,10 +22,13 @@ def main() -> None:
     ap.add_argument("--stop-after", type=int, default=None,
                     help="Stop the run after this many learner steps.")
     ap.add_argument("--report-to", default="", help="tensorboard, wandb, mlflow")
+    ap.add_argument("--target-reward", type=float, default=0.0,
+                    help="Stop at this sampled reward (0: train --max-steps).")
     args = ap.parse_args()
 
     config = gspo_rl.UpConfig(run_dir=args.run_dir, max_steps=args.max_steps,
-                              report_to=args.report_to, minutes=10)
+                              report_to=args.report_to, minutes=10,
+                              target_reward=args.target_reward or None)
     with gspo_rl.start_up(config) as run:  # leaving the block stops a run still going
         print(f"started gspo up (pid {run.pid}); its output: {run.log_path}")
         for record in run.records():  # every record, as it is written, until the run ends

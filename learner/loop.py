@@ -59,7 +59,12 @@ from gspo_rl.learner.progress import (
     RedisUnavailable,
     no_groups_detail,
 )
-from gspo_rl.learner.published import publish_state, publish_training, state_fields
+from gspo_rl.learner.published import (
+    Heartbeat,
+    publish_state,
+    publish_training,
+    state_fields,
+)
 from gspo_rl.learner.startup import (
     build_weight_sync,
     checkpoint_to_resume,
@@ -112,6 +117,7 @@ class Learner:
         self._load_model(ckpt.path if ckpt is not None else Path(config.model), advantage_fn)
         self.step, self.version, self.groups_trained = 0, 0, 0
         self.tokens_trained = 0  # sampled tokens trained on, since the run began
+        self.heartbeat = Heartbeat(self.client, self.keys).start()
         self.pending_ack: list[str] = []
         self._partial_said: float | None = None  # when _say_partial last spoke
         # Acked after a checkpoint; acked again after a Redis outage (AOF may lose ~1 s).
@@ -250,6 +256,7 @@ class Learner:
                 send(self.dist, Stop())
         finally:
             gc.unfreeze()  # collectable again (tests run several learners in one process)
+            self.heartbeat.stop()
             self.sync.close()
             self.metrics.event({"event": "stop", "run_id": self.run_id, "step": self.step,
                                 "version": self.version, "time": time.time()})

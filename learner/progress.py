@@ -100,7 +100,7 @@ def no_groups_detail(facts: InFlightFacts, bound: int | None) -> str:
                 "step, every one with equal rewards (no learning signal, dropped): the policy "
                 "solves or fails every sample of the tasks it is given; the environment's "
                 "log says which (sample other tasks: task selection by difficulty, "
-                f"docs/tasks.md); {n} groups in flight")
+                f"docs/tasks.md); {n} groups in flight ({facts.describe()})")
     if bound is not None and n >= bound:
         return (text + f": at the admission bound of {bound}, the servers start no new group "
                 "until these end (their rewards posted, abandoned, idle for group_idle_s, or "

@@ -2,12 +2,14 @@
 its policy version and step, groups trained, and the admission parameters the rollout servers
 bound the groups in flight with (``gspo_rl.contract.admission``): ``max_staleness`` (-1: none),
 ``groups_per_step``, ``training`` (groups of the step being trained, 0 between steps) and
-``finished`` (why it stopped taking groups, ``gspo_rl.learner.target``; empty while it trains).
+``finished`` (why it stopped taking groups, ``gspo_rl.learner.target``; empty while it trains);
+and its heartbeat, ``seen_at`` (Redis time of its latest read of the queue: ``beat``).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -17,6 +19,7 @@ from gspo_rl.contract.admission import (
     FIELD_FINISHED,
     FIELD_GROUPS_PER_STEP,
     FIELD_MAX_STALENESS,
+    FIELD_SEEN_AT,
     FIELD_TRAINING,
     FIELD_VERSION,
 )
@@ -49,3 +52,37 @@ def publish_state(client: redis.Redis, keys: Keys, fields: dict[str, Any]) -> No
 def publish_training(client: redis.Redis, keys: Keys, n_groups: int) -> None:
     """The step now being trained holds ``n_groups`` groups (still in flight for admission)."""
     publish_state(client, keys, {FIELD_TRAINING: n_groups})
+
+
+BEAT = "redis.call('HSET', KEYS[1], ARGV[1], redis.call('TIME')[1]) return 1"
+BEAT_EVERY_S = 2.0
+
+
+class Heartbeat:
+    """``seen_at`` in the learner's state, in Redis time, every ``BEAT_EVERY_S`` from a
+    daemon thread while the learner runs (a long step included); servers tell environments
+    "no learner is connected" once it is ``LEARNER_GONE_S`` old. ``stop`` ends it."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client, self.keys = client, keys
+        self._script = client.register_script(BEAT)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gspo-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No beat after this returns."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._script(keys=[self.keys.learner_state], args=[FIELD_SEEN_AT])
+            except redis.RedisError as exc:  # the loop says so loudly if Redis is gone
+                log.debug("heartbeat not written: %s", exc)
+            self._stop.wait(BEAT_EVERY_S)

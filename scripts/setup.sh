@@ -28,6 +28,16 @@ if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv"
     "$PY" -m venv .venv
 fi
+# Nothing to install when the last set-up installed these very files and choices: a second run
+# says so in one line (pip's and setuptools' output is for the runs that install something).
+STAMP=".venv/.gspo-setup"
+WANT="$(cat requirements/lock.txt pyproject.toml setup.py clients/pyproject.toml \
+    scripts/install_vllm.sh | sha256sum | cut -c1-16) extras=${GSPO_EXTRAS:-dev} vllm=${GSPO_VLLM:-0}"
+if [ -f "$STAMP" ] && grep -qxF "$WANT" "$STAMP" && .venv/bin/python -c "import gspo_rl" 2>/dev/null
+then
+    echo "[setup] up to date ($WANT)"
+    exit 0
+fi
 # As environment variables (not only -c) so that pip's isolated build of the editable package
 # pins its setuptools too (PIP_BUILD_CONSTRAINT for pip >= 25.3, PIP_CONSTRAINT before).
 export PIP_CONSTRAINT="$PWD/requirements/lock.txt" PIP_BUILD_CONSTRAINT="$PWD/requirements/lock.txt"
@@ -40,4 +50,7 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 if [ "${GSPO_VLLM:-0}" = "1" ]; then
     bash scripts/install_vllm.sh
 fi
+# One stamp per set of choices installed: a later run with fewer extras or without vLLM needs
+# nothing new either (lines other than the exact match do not count).
+grep -qxF "$WANT" "$STAMP" 2>/dev/null || echo "$WANT" >> "$STAMP"
 echo "[setup] ready: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')"

@@ -78,3 +78,11 @@ def test_readme_links_resolve() -> None:
     missing = [target for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
                if "://" not in target and not (REPO / target).exists()]
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_the_math_tutorial_prints_the_shipped_data() -> None:
+    """Its `head -2` block shows the file's first two lines as they are."""
+    text = (REPO / "docs" / "tutorials" / "math.md").read_text()
+    shown = text.split("head -2 clients/examples/math/one_step.jsonl")[1].split("```json\n")[1]
+    first = (REPO / "clients" / "examples" / "math" / "one_step.jsonl").read_text()
+    assert shown.split("```")[0].splitlines() == first.splitlines()[:2]

@@ -2,8 +2,9 @@
 environment that feeds the learner.
 
 ``EvalWatcher.run`` polls the server's ``/health`` for its policy version; at the first version
-it sees (the baseline) and then whenever the version has moved ``every`` past the last one
-evaluated, it runs ``evaluate`` (unrecorded requests: the training traffic is neither counted
+it sees (the baseline) and then whenever the version reaches the next multiple of ``every``
+(0, 5, 10, ...; one the learner passed during an evaluation is not made up), it runs
+``evaluate`` (unrecorded requests: the training traffic is neither counted
 nor held back by them) and posts the result to ``POST /v1/evals``, whence the learner logs it
 with its step metrics. Each report also goes to ``on_report`` and, as one JSON line without the
 answers, to ``out``. A failed evaluation (the server restarting, a verifier raising) is logged
@@ -50,6 +51,14 @@ class EvalWatcher:
         self.next_due: int | None = None
         self._warned_at = -WARN_EVERY_S
 
+    async def run_final(self, client: AsyncGSPOClient) -> EvalReport | None:
+        """The evaluation after training: ``run_once``, unless the latest one already
+        evaluated the version the server now holds (None then)."""
+        version = await self._version(client)
+        if self.reports and version is not None and self.reports[-1].newest_version == version:
+            return None
+        return await self.run_once(client)
+
     async def run_once(self, client: AsyncGSPOClient) -> EvalReport:
         """Evaluate now, post and record the result."""
         report = await evaluate(self.env, client, self.tasks, name=self.name,
@@ -87,7 +96,9 @@ class EvalWatcher:
             if version is not None and (self.next_due is None or version >= self.next_due):
                 try:
                     report = await self.run_once(client)
-                    self.next_due = report.policy_version + self.every
+                    # the next multiple of ``every`` (0, 5, 10, ...): versions the learner
+                    # passed while an evaluation ran are not made up later
+                    self.next_due = (report.policy_version // self.every + 1) * self.every
                 except Exception as exc:  # noqa: BLE001 - an evaluation must not end the run
                     self.next_due = version + self.every
                     log.warning("evaluation %s at version %d failed (next at version %d): "
@@ -111,6 +122,9 @@ class Watchers:
 
     async def run_once(self, client: AsyncGSPOClient) -> list[EvalReport]:
         return [await w.run_once(client) for w in self.watchers]
+
+    async def run_final(self, client: AsyncGSPOClient) -> list[EvalReport | None]:
+        return [await w.run_final(client) for w in self.watchers]
 
     async def run(self, client: AsyncGSPOClient, stop: asyncio.Event) -> list[EvalReport]:
         await asyncio.gather(*(w.run(client, stop) for w in self.watchers))

@@ -78,7 +78,7 @@ if tonumber(hold_s) > 0 then
   held = redis.call('ZCOUNT', no_signal_key, '(' .. string.format('%.6f', since), '+inf')
 end
 return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', learner_key), n_idle,
-  held}
+  held, string.format('%.3f', now)}
 """)
 """The facts the in-flight count is made of, in one round trip (``gspo_rl.contract.queue.inflight``
 reads it for the gate, ``gspo_rl.learner.target`` to drain); ``in_flight_call`` gives its keys and
@@ -117,17 +117,25 @@ class InFlightFacts:
     no_signal: int = 0
     """Groups dropped for equal rewards since the learner's last step (within ``hold_s``):
     the sampling budget counts them as in flight (``gspo_rl.server.rollouts.admission``)."""
+    now: float = 0.0
+    """Redis time of the read."""
+
+    @property
+    def learner_age_s(self) -> float | None:
+        """Seconds since the learner last read the queue (None: no learner ever did)."""
+        seen = self.learner.seen_at
+        return None if seen is None else max(0.0, self.now - seen)
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> InFlightFacts:
-        n_open, n_complete, depth, lag, remote, state, n_idle, held = reply
+        n_open, n_complete, depth, lag, remote, state, n_idle, held, now = reply
         depth, lag = int(depth), int(lag)
         return cls(open=int(n_open), complete=int(n_complete),
                    undelivered=depth if lag < 0 else lag, remote_pending=int(remote),
                    ready_depth=depth,
                    learner=LearnerParams.from_hash(dict(zip(state[::2], state[1::2],
                                                             strict=True))),
-                   idle=int(n_idle), no_signal=int(held))
+                   idle=int(n_idle), no_signal=int(held), now=float(now))
 
     def describe(self) -> str:
         """What the count is made of, for a person: "3 open, 1 complete, ..."; the idle groups

@@ -226,17 +226,15 @@ app.command(short_help="Supervised warm start on chat demonstrations.")(with_par
 
 @app.command(short_help="Run an environment against a rollout server.")
 def env(
-    names: list[str] = typer.Argument(None, metavar="[SPEC[@WEIGHT]]...", envvar="GSPO_ENV",
+    names: list[str] = typer.Argument(None, metavar="[SPEC[@WEIGHT]]...",
                                       help="Environment(s), side by side by weight: "
                                       "alphabet (default) | calculator | path/to/module.py:Cls "
                                       "| package.module:Cls | verifiers:MODULE | "
                                       "reasoning-gym:NAME,... | openenv:URL | tasks.toml "
                                       "(tasks from data) | data (with --data)."),
-    env_arg: list[str] = typer.Option(None, "--env-arg", envvar="GSPO_ENV_ARGS",
-                                      help="An environment's argument, key=value (JSON "
-                                      "value; dotted keys nest), repeatable; NAME:key=value "
-                                      "with several environments. (env GSPO_ENV_ARGS: "
-                                      "space-separated)"),
+    env_arg: list[str] = typer.Option(None, "--env-arg", help="An environment's argument, "
+                                      "key=value (JSON value; dotted keys nest), repeatable; "
+                                      "NAME:key=value with several environments."),
     url: str = typer.Option("http://127.0.0.1:8000", envvar="GSPO_SERVER_URL",
                             help="Rollout server base URL. (env GSPO_SERVER_URL)"),
     groups: int = typer.Option(0, help="Groups to run; 0 runs until stopped."),
@@ -294,7 +292,7 @@ def up(
                                 "reward-curve PNG go. (default: runs/up)"),
     model: str = typer.Option(None, help="Model directory (default: a tiny local model)."),
     redis_url: str = typer.Option(None, envvar="REDIS_URL",
-                                  help="Use this Redis (default: start one). (env REDIS_URL)"),
+                                  help="Use this Redis (default: start one)."),
     loss: str = typer.Option(None, help="gspo | gspo_token | grpo | sapo. (default: gspo)"),
     max_steps: int = typer.Option(None, help="Most learner steps to train. (default: 300)"),
     groups_per_step: int = typer.Option(None, help="Groups per learner step. (default: 4)"),

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gspo_rl.learner.tracking.base import TrackerName, parse_names
 
-UP_DEFAULTS: dict[str, Any] = {"run_dir": "runs/up", "target_reward": 0.8}
+UP_DEFAULTS: dict[str, Any] = {"run_dir": "runs/up"}
 """Where ``gspo up`` (the command) differs from ``UpConfig``'s own defaults."""
 
 # The demo's learning rate with LoRA adapters (alpha 16): measured in docs/lora.md.
@@ -68,7 +68,7 @@ class UpConfig(BaseModel):
     """Groups sampled at the same time by the environment."""
     minutes: float = Field(10.0, gt=0)
     """Hard wall-clock limit."""
-    target_reward: float | None = None
+    target_reward: float | None = 0.8
     """Stop once the last 32 sampled groups average this (the learner's ``target_reward``:
     the servers start no new group, the groups in flight are trained, the learner checkpoints
     and exits 0, as in docker compose's cpu profile); None: train for max_steps."""

@@ -88,13 +88,14 @@ def plot_rewards(records: list[dict[str, Any]], sampled: list[tuple[int, float, 
     if sampled:
         versions, means, counts = zip(*sampled, strict=True)
         smooth = moving(list(means), max(1, len(means) // 10))
-        ax.plot(versions, means, alpha=0.3, color="C0")
+        ax.plot(versions, means, alpha=0.3, color="C0",
+                label="sampled groups, the mean of each version")
         ax.plot(versions, smooth, color="C0",
-                label=f"every sampled group ({sum(counts)} groups), by sampling version")
+                label=f"sampled groups, moving average ({sum(counts)} groups)")
     if points:
         steps, rewards = zip(*points, strict=True)
         ax.plot(steps, moving(list(rewards), max(1, len(rewards) // 10)), color="C1",
-                label="groups the learner trained on (equal-reward groups excluded)")
+                label="trained groups (equal-reward groups excluded)")
     ax.set_xlabel("policy version (learner step)")
     ax.set_ylabel("mean reward")
     ax.set_ylim(-0.05, 1.05)

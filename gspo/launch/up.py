@@ -63,8 +63,10 @@ class UpResult:
                          f"versions {last[0][0]}-{last[-1][0]} {late:.2f} "
                          f"({self.steps} learner steps in {self.seconds:.0f} s)")
         if self.target_reached is not None:
-            lines.append(f"target reward {target_reward}: "
-                         f"{'reached' if self.target_reached else 'NOT reached'}")
+            lines.append(f"target reward {target_reward} (0: none): " + (
+                "reached; the groups in flight then were trained too (all "
+                f"{self.steps} learner steps above)" if self.target_reached else
+                f"NOT reached in {self.steps} learner steps"))
         if self.rewards:
             tail = self.rewards[-5:]
             lines.append("learner reward (trained groups, equal-reward groups excluded): last "
@@ -198,7 +200,7 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
     reward: ``gspo_rl.learner.target``) or the clock runs out; surface any child's crash at
     once. With an eval set: evaluated every N versions meanwhile, and once more at the end.
     The environments' ``serving`` contexts are held throughout (``gspo_rl.client.mixture``)."""
-    from gspo_rl.client.client import AsyncGSPOClient
+    from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
     from gspo_rl.client.mixture import serving_all
     from gspo_rl.client.runner import arun_groups
     from gspo_rl.client.signal import SignalWatch
@@ -220,7 +222,9 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
         env_log.flush()
 
     steps = deque[dict[str, Any]](maxlen=5)
-    async with serving_all(work.env), AsyncGSPOClient(url, api_key=api_key) as client:
+    quiet = RetryPolicy(quiet_when_finished=True)  # the learner's end is the run's end
+    async with serving_all(work.env), AsyncGSPOClient(url, api_key=api_key,
+                                                      retry=quiet) as client:
         runner = asyncio.create_task(arun_groups(
             work.env, client, None, concurrency=cfg.concurrency, seed=work.seed, stop=stop,
             on_group=on_group))
@@ -239,7 +243,7 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
                     await asyncio.wait_for(evals, timeout=600)
         if work.watcher is not None and procs.alive("server"):  # after training, unrecorded
             on_status({**_status(steps, env_rewards), "final_eval": True})
-            await work.watcher.run_once(client)
+            await work.watcher.run_final(client)  # unless the last one was of this version
 
 
 async def _watch(cfg: UpConfig, runner: asyncio.Task[Any], procs: Processes, tail: JsonlTail,

@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Callable
 
+from gspo_rl.contract.admission import learner_connected, no_learner_text
 from gspo_rl.contract.queue.inflight import InFlightCounter, Snapshot
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.metrics import ServerMetrics
@@ -174,6 +175,8 @@ class AdmissionGate:
             if status := self.weight_status():
                 made_of += f" ({status})"
         counted = snap.others + snap.no_signal + self.local
+        if not learner_connected(snap.learner_age_s):
+            made_of = f"{no_learner_text(snap.learner_age_s)}; {made_of}"
         if snap.no_signal * 2 >= counted > 0:
             made_of += (f"; most are groups without a learning signal: the policy solves or "
                         f"fails every sample of most tasks it is given ({NO_SIGNAL_HINT})")

@@ -242,8 +242,8 @@ def test_every_service_command_is_a_valid_gspo_command(doc: dict[str, Any],
                 server_settings(svc, mp)
             elif sub == "learn":
                 learner_config(svc)
-            elif sub == "env":  # the specs and their arguments from GSPO_ENV, GSPO_ENV_ARGS
-                assert params["names"] and isinstance(params["env_arg"], list | tuple)
+            elif sub == "env":  # the spec(s) of GSPO_ENV (.env.example: the demo)
+                assert params["names"]
         checked.append(sub)
     assert sorted(set(checked)) == ["env", "learn", "serve", "tiny-model"]
 

@@ -28,7 +28,7 @@ from gspo_rl.contract.queue.inflight import PENDING_TTL_S, InFlightCounter
 from gspo_rl.contract.queue.ready.reader import GroupReader
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.published import publish_state, state_fields
+from gspo_rl.learner.published import Heartbeat, publish_state, state_fields
 from gspo_rl.learner.target import groups_in_flight
 from gspo_rl.server.rollouts.admission import POLL_S
 from tests.conftest import RedisServer
@@ -284,3 +284,31 @@ def test_in_flight_count_recovers_from_a_crashed_server_and_a_crashed_learner(
         assert post(s, "/v1/rollouts", ROLLOUT).status_code == 503
         members = redis.Redis.from_url(url).smembers(KEYS.admission_servers)
         assert members == {b"test-server"}
+
+
+def test_no_learner_is_said_in_those_words(tiny_model_dir: Path,
+                                           redis_server: RedisServer) -> None:
+    """A queue no learner reads: ``/health`` and the 503 say "no learner is connected" and
+    what to do; the learner's heartbeat makes it connected, and its absence disconnected."""
+    url = redis_server.url
+    with running_server(tiny_model_dir, url, admission=True, admission_wait_s=0.2,
+                        admission_capacity_without_learner=1) as s:
+        learner = httpx.get(s.url + "/health", timeout=10).json()["learner"]
+        assert learner["connected"] is False and learner["last_seen_s"] is None
+        assert "no learner is connected (no learner has read the queue yet)" in learner[
+            "message"] and "gspo learn" in learner["message"]
+        sample(s)  # the one place the fallback capacity allows
+        refused = post(s, "/v1/rollouts", ROLLOUT)
+        assert refused.status_code == 503
+        assert "no learner is connected" in refused.json()["error"]["message"]
+        client = redis.Redis.from_url(url)
+        beat = Heartbeat(client, KEYS).start()
+        try:
+            wait_until(lambda: httpx.get(s.url + "/health", timeout=10).json()["learner"][
+                "connected"], "the heartbeat to be seen")
+        finally:
+            beat.stop()
+        client.hset(KEYS.learner_state, "seen_at", "1")  # a learner gone long ago
+        wait_until(lambda: not httpx.get(s.url + "/health", timeout=10).json()["learner"][
+            "connected"], "an old heartbeat to read as gone")
+        client.close()
