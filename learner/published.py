@@ -70,7 +70,8 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="gspo-heartbeat", daemon=True)
 
     def start(self) -> Heartbeat:
-        self._thread.start()
+        if not self._thread.is_alive() and not self._stop.is_set():
+            self._thread.start()
         return self
 
     def stop(self) -> None:

@@ -143,3 +143,20 @@ def test_held_out_tasks_are_evaluated_unrecorded(served: Served, rkeys: RedisKey
 def test_what_cannot_run_is_refused_at_load(target: str, args: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_environment(f"verifiers:{target}", args=args)
+
+
+def test_another_verifiers_version_is_refused_saying_what_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An environment written for the 0.1.x API (SingleTurnEnv, ToolEnv) needs that version
+    installed, and the adapter runs 0.4's verifiers.v1: refused at load, saying so."""
+    import importlib.metadata
+
+    from gspo_rl.client.adapters.verifiers import hooks
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "0.1.9" if name == "verifiers" else real(name))
+    with pytest.raises(ValueError, match=r"verifiers 0.1.9 is installed; gspo runs the 0.4.x "
+                                         r"API .*0.1.x SingleTurnEnv/MultiTurnEnv/ToolEnv API "
+                                         "is not supported"):
+        hooks.check_version()
