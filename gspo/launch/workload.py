@@ -7,6 +7,7 @@ groups and once more after training (unrecorded: served also after the learner's
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ def environments_workload(specs: list[str], env_args: list[str], group_size: int
                for s in parsed]
     env = members[0].env if len(members) == 1 else Mix(members)
     work = Workload(env, " + ".join(s.spec for s in parsed))
-    watchers = [EvalWatcher(m.env, tasks, name=m.name.replace("/", "_") or "eval",
+    watchers = [EvalWatcher(m.env, tasks, name=eval_name(m.name),
                             every=eval_every or getattr(m.env, "eval_every", None) or EVAL_EVERY,
                             samples=getattr(m.env, "eval_samples", None) or EVAL_SAMPLES,
                             out=eval_out, on_report=work.on_report)
@@ -113,3 +114,9 @@ def environments_workload(specs: list[str], env_args: list[str], group_size: int
     if watchers:
         work.watcher = watchers[0] if len(watchers) == 1 else Watchers(watchers)
     return work
+
+
+def eval_name(name: str) -> str:
+    """An environment's name as an eval set's (letters, digits and ``_.-/@``, 64 at most:
+    ``POST /v1/evals``): ``leg_counting+basic_arithmetic`` -> ``leg_counting_basic_arithmetic``."""
+    return re.sub(r"[^A-Za-z0-9_.\-@]", "_", name)[:64] or "eval"

@@ -87,3 +87,12 @@ def test_processes_stop_newest_first_one_at_a_time(tmp_path: Path) -> None:
     order = log.read_text().splitlines()[3:]
     assert order == ["learner asked", "learner gone", "server asked", "server gone",
                      "redis asked", "redis gone"]
+
+
+def test_an_environment_name_becomes_a_valid_eval_set_name() -> None:
+    """POST /v1/evals takes letters, digits and ``_.-/@``: reasoning-gym's ``a+b`` and an
+    OpenEnv ``host:port`` are made valid (a gspo up run's final evaluation was refused)."""
+    from gspo_rl.launch.workload import eval_name
+
+    assert eval_name("leg_counting+basic_arithmetic") == "leg_counting_basic_arithmetic"
+    assert eval_name("127.0.0.1:8001") == "127.0.0.1_8001" and eval_name("") == "eval"
