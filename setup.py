@@ -25,7 +25,9 @@ def packages() -> list[str]:
     return out
 
 
-# The SDK's example data (tasks from data: clients/examples/math, scripts/make_math_problems.py).
-PACKAGE_DATA = {"gspo_rl.client.examples": ["math/*.jsonl", "math/*.toml"]}
+# The SDK's example data (tasks from data: clients/examples/math, scripts/make_math_problems.py)
+# and the servers' dashboard page (HTML, CSS, JS: served from the package, no CDN).
+PACKAGE_DATA = {"gspo_rl.client.examples": ["math/*.jsonl", "math/*.toml"],
+                "gspo_rl.server.api.dashboard": ["static/*"]}
 
 setup(package_dir=FOLDERS, packages=packages(), package_data=PACKAGE_DATA)

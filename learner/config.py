@@ -72,7 +72,12 @@ class LearnerConfig(BaseModel):
     (``GET /v1/groups/{id}?include=tokens`` reads them); 0 deletes them with the entry. Redis
     holds about this many seconds of trained rollouts."""
     minibatches: int = Field(default=1, ge=1)
-    """The step's batch is split into this many minibatches; each is one optimizer step."""
+    """The step's batch is split into this many minibatches; each is one optimizer step.
+    With 1 (and 1 epoch) in "recompute" mode the only update starts at pi_prox: every ratio
+    is exactly 1 and the clip never acts (``clip_inactive``; docs/reference/losses.md)."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over the step's minibatches (PPO's epochs): ``minibatches x epochs`` optimizer
+    steps per policy version, each pass in the same order."""
     micro_batch_tokens: int = Field(default=16384, ge=1)
     """Token budget of one forward/backward: rows x longest row when padded, the sum of the
     lengths when packed; gradients of the microbatches of a minibatch accumulate. Bounds
@@ -214,9 +219,9 @@ class LearnerConfig(BaseModel):
     report_to: list[TrackerName] = Field(default_factory=list)
     """Experiment trackers that get the run's config and git commit, then every record of the
     metrics JSONL (steps, stalls, checkpoints, evaluations): any of tensorboard, wandb,
-    mlflow, comma-separated on the command line. Each is an extra (``pip install
-    'gspo-rl[wandb]'``); a missing one stops the start with that hint (docs/tracking.md).
-    Default: none (no tracker)."""
+    mlflow, prometheus (an exporter at ``prometheus_port``), comma-separated on the command
+    line. Each of the first three is an extra (``pip install 'gspo-rl[wandb]'``); a missing one
+    stops the start with that hint (docs/tracking.md). Default: none (no tracker)."""
     run_name: str | None = None
     """Name of the tracked run (W&B, MLflow); ``None``: the tracker picks one."""
     tracking_project: str | None = None
@@ -226,6 +231,19 @@ class LearnerConfig(BaseModel):
     """Where trackers write locally (TensorBoard events, W&B's run directories, the MLflow
     SQLite database unless MLFLOW_TRACKING_URI is set); ``None``: ``tracking`` beside the
     metrics JSONL (``runs/tracking`` without one)."""
+
+    samples_every: int = Field(default=10, ge=0)
+    """Every this many steps, the trackers get a table of sampled episodes of the step's
+    batch: one per group (at most 8), prompt and completion decoded (the model's turns apart
+    from the environment's), reward, advantage, policy versions, staleness, group and task id
+    (``gspo_rl.learner.tracking.samples``). 0: none."""
+    prometheus_port: int = Field(default=9400, ge=0, le=65535)
+    """Port of the ``prometheus`` tracker's exporter (``/metrics`` on every interface; 0: a
+    free port)."""
+    final_eval_wait_s: float = Field(default=0.0, ge=0.0)
+    """After training: wait up to this long for the evaluation of the final weights, posted
+    by an environment, and log it to the metrics and trackers before exiting (``gspo up``
+    sets it when it evaluates; ``gspo_rl.learner.final_eval``). 0: exit at once."""
 
     @field_validator("report_to", mode="before")
     @classmethod
@@ -244,6 +262,17 @@ class LearnerConfig(BaseModel):
         if self.old_logprobs != "auto":
             return self.old_logprobs
         return "behavior" if self.max_staleness == 0 else "recompute"
+
+    @property
+    def clip_inactive(self) -> str | None:
+        """Why the loss's clip can never act under this schedule, or None when it can."""
+        if self.pi_old == "recompute" and self.minibatches == 1 and self.epochs == 1:
+            return ("one minibatch and one epoch per step: the update starts at pi_prox, every "
+                    "ratio is 1 and nothing is clipped (--minibatches or --epochs above 1 "
+                    "makes the trust region act; docs/reference/losses.md)")
+        if self.loss.kind == "sapo":
+            return "sapo has a soft gate, no hard clip"
+        return None
 
     @property
     def metrics_path(self) -> Path | None:

@@ -40,6 +40,7 @@ from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import AdvantageFn, split_invalid
+from gspo_rl.learner.final_eval import await_final_eval
 from gspo_rl.learner.follower import export_full, load_policy
 from gspo_rl.learner.healing import ServerHealer
 from gspo_rl.learner.metrics import (
@@ -79,6 +80,7 @@ from gspo_rl.learner.target import (
     read_in_flight,
 )
 from gspo_rl.learner.tracking.base import check_installed
+from gspo_rl.learner.tracking.samples import SampleLogger
 from gspo_rl.learner.trainer import Trainer
 from gspo_rl.learner.weights.base import NoSync, WeightSync
 
@@ -117,7 +119,7 @@ class Learner:
         self._load_model(ckpt.path if ckpt is not None else Path(config.model), advantage_fn)
         self.step, self.version, self.groups_trained = 0, 0, 0
         self.tokens_trained = 0  # sampled tokens trained on, since the run began
-        self.heartbeat = Heartbeat(self.client, self.keys).start()
+        self.heartbeat = Heartbeat(self.client, self.keys)  # started by run()
         self.pending_ack: list[str] = []
         self._partial_said: float | None = None  # when _say_partial last spoke
         # Acked after a checkpoint; acked again after a Redis outage (AOF may lose ~1 s).
@@ -131,7 +133,10 @@ class Learner:
         self.resumed_from = self.step
         self.metrics = MetricsLogger(config.metrics_path, config.console,
                                      open_tracking(config, self.run_id, self.step), self.step)
-        self.progress = ProgressMonitor(self.metrics, run_id=self.run_id)
+        self.progress = ProgressMonitor(  # stalls also in the state hash: the dashboard's
+            self.metrics, run_id=self.run_id,
+            publish=lambda fields: publish_state(self.client, self.keys, fields))
+        self.samples = SampleLogger(config.samples_every, self.tokenizer_src)
         self.retry = RedisRetry(config.redis_retry_s)
         self._pushed_version = -1
         if hasattr(self.sync, "on_stall"):  # a push's long waits: stall records, WARNINGs
@@ -238,6 +243,9 @@ class Learner:
         """Train until ``max_steps`` or a stop request; returns the final state."""
         log.info("start-up objects frozen out of the garbage collector: %d",
                  freeze_startup_objects())
+        if (why := self.config.clip_inactive) is not None:
+            log.info("the %s clip will not act: %s", self.config.loss.kind, why)
+        self.heartbeat.start()
         try:
             while not self.done():
                 self._iterate()
@@ -254,6 +262,9 @@ class Learner:
                                 self.client, self.keys))), continue_hint())
             if self.dist is not None:
                 send(self.dist, Stop())
+            await_final_eval(self.client, self.keys, self.metrics, self.run_id, self.step,
+                             self._pushed_version, self.config.final_eval_wait_s,
+                             lambda: self._stop)
         finally:
             gc.unfreeze()  # collectable again (tests run several learners in one process)
             self.heartbeat.stop()
@@ -347,6 +358,7 @@ class Learner:
         # Logged before the checkpoint that may cover it: a crash right after the save must
         # not leave a durable step missing from the audit log (``trained_history``).
         self.metrics.log(rec)
+        self.samples.log(self.metrics.tracker, self.step, batch)
         self._checkpoint(force=False)
         self._publish_state()
         return rec

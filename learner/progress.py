@@ -17,7 +17,9 @@
 
 Each state is logged at WARNING with its reason when it starts and then at most once per
 ``interval_s`` while it lasts (not once per loop iteration), written to the metrics JSONL as a
-``{"event": "stall", ...}`` record, and counted into the next step record (``stalls``).
+``{"event": "stall", ...}`` record, and counted into the next step record (``stalls``); with
+``publish`` (what writes the learner's state hash), each warning and each end is also published
+there (``gspo_rl.contract.stall``: the servers' dashboard shows the last stall and its cause).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gspo_rl.contract.queue.inflight import InFlightFacts
+from gspo_rl.contract.stall import stall_end_fields, stall_fields
 from gspo_rl.learner.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
@@ -45,8 +48,12 @@ class ProgressMonitor:
     """Tracks the no-progress states; ``stalled`` reports one, ``progressed`` ends them."""
 
     def __init__(self, metrics: MetricsLogger, interval_s: float = 30.0,
-                 run_id: str = "") -> None:
+                 run_id: str = "",
+                 publish: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """``publish``: writes fields to the learner's state hash (``publish_state``, which
+        never raises on Redis errors); None: stalls are not published."""
         self.metrics, self.run_id = metrics, run_id
+        self.publish = publish
         self.interval_s = interval_s
         self.since: dict[str, float] = {}  # reason -> when it started (monotonic)
         self._last_warned: dict[str, float] = {}
@@ -72,6 +79,8 @@ class ProgressMonitor:
         self.metrics.event({"event": "stall", "run_id": self.run_id, "reason": reason,
                             "detail": detail, "for_s": round(now - start, 3),
                             "time": time.time()})
+        if self.publish is not None:
+            self.publish(stall_fields(reason, detail, time.time(), now - start))
 
     def clear(self, reason: str) -> None:
         """``reason`` no longer holds (the next occurrence warns at once)."""
@@ -79,6 +88,8 @@ class ProgressMonitor:
         self._last_warned.pop(reason, None)
         if start is not None:
             log.info("%s ended after %.0f s", reason, time.monotonic() - start)
+            if self.publish is not None:
+                self.publish(stall_end_fields(time.time()))
 
     def progressed(self) -> dict[str, Any]:
         """A step was trained: the states about the queue end (the server states end when a

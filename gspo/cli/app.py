@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from gspo_rl.cli.options import parameters, with_parameters
+from gspo_rl.cli.panels import panel_command
 
 app = typer.Typer(
     name="gspo",
@@ -111,7 +112,9 @@ _SERVE_CONFIG = inspect.Parameter(
     default=typer.Option(None, "--config", help="TOML file of server settings "
                          "(ServerSettings fields, [queue] for its own); GSPO_* env vars and "
                          "flags override it."))
-app.command(short_help="Run the rollout server (HTTP API + engine).")(with_parameters(
+app.command(short_help="Run the rollout server (HTTP API + engine).",
+            cls=panel_command("serve", "serve_after_vllm_arg",
+                                vllm_arg="model and engine"))(with_parameters(
     serve, [_SERVE_CONFIG, *parameters("serve"), _VLLM_ARG,
             *parameters("serve_after_vllm_arg"), _SERVE_LOG_LEVEL]))
 
@@ -173,7 +176,8 @@ _CONFIG = inspect.Parameter(
                          "fields); flags override it."))
 _LEARN_LOG_LEVEL = inspect.Parameter("log_level", inspect.Parameter.KEYWORD_ONLY, annotation=str,
                                      default=typer.Option("info", help="Python logging level."))
-app.command(short_help="Run the learner: train on groups from Redis.")(with_parameters(
+app.command(short_help="Run the learner: train on groups from Redis.",
+            cls=panel_command("learn"))(with_parameters(
     learn, [_CONFIG, *parameters("learn"), _LEARN_LOG_LEVEL]))
 
 
@@ -220,7 +224,8 @@ _SFT_CONFIG = inspect.Parameter(
     "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
     default=typer.Option(None, "--config", help="TOML file of SFTConfig fields; flags "
                          "override it."))
-app.command(short_help="Supervised warm start on chat demonstrations.")(with_parameters(
+app.command(short_help="Supervised warm start on chat demonstrations.",
+            cls=panel_command("sft"))(with_parameters(
     sft, [_SFT_CONFIG, *parameters("sft"), _LEARN_LOG_LEVEL]))
 
 

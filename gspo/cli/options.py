@@ -39,12 +39,13 @@ LEARN = {name: name for name in (
     "model", "redis_url", "key_prefix", "consumer")} | {"loss": "loss.kind"} | {
     name: name for name in (
         "old_logprobs", "is_weight_cap", "max_staleness", "groups_per_step", "minibatches",
-        "micro_batch_tokens", "lora_rank", "lora_alpha", "lora_dropout",
+        "epochs", "micro_batch_tokens", "lora_rank", "lora_alpha", "lora_dropout",
         "lora_target_modules", "lr", "weight_decay", "grad_clip", "warmup_steps", "save_dir",
         "save_every", "save_every_s", "keep_last", "resume", "sync_every", "weight_sync",
         "max_steps", "target_reward", "target_window", "drain_timeout_s", "read_timeout_s",
         "device", "param_dtype", "data_parallel", "seed", "metrics_jsonl", "report_to",
-        "run_name", "tracking_project", "tracking_dir")}
+        "run_name", "tracking_project", "tracking_dir", "samples_every", "prometheus_port",
+        "final_eval_wait_s")}
 SFT = {name: name for name in (
     "model", "data", "save_dir", "epochs", "max_steps", "batch_size", "micro_batch_tokens",
     "max_length", "shuffle", "chat_template_kwargs", "sanitize_control_tokens", "lr",
@@ -68,6 +69,23 @@ def _attribute_docs(cls: type) -> dict[str, str]:
                 and isinstance(nxt.value.value, str)):
             docs[node.target.id] = nxt.value.value
     return docs
+
+
+_SECTION = re.compile(r"^\s*# -{8,}\s+(?P<title>\S.*)$")
+_ATTRIBUTE = re.compile(r"^    (?P<name>[a-z_][a-z0-9_]*)\s*:")
+
+
+def _sections(cls: type) -> dict[str, str]:
+    """Each field of ``cls`` -> the title of the section comment above it in the class
+    (``# ------ batching``); fields before any section: none."""
+    out: dict[str, str] = {}
+    title = None
+    for line in textwrap.dedent(inspect.getsource(cls)).splitlines():
+        if (m := _SECTION.match(line)) is not None:
+            title = m.group("title").strip()
+        elif title is not None and (m := _ATTRIBUTE.match(line)) is not None:
+            out.setdefault(m.group("name"), title)
+    return out
 
 
 def _field(model: type, path: str) -> tuple[type, str, Any]:
@@ -104,12 +122,14 @@ def _help(model: type, name: str, info: Any, env: str | None) -> str:
 def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
              env_names: dict[str, str] | None = None) -> dict[str, Any]:
     out = {}
+    sections = _sections(model)
     for flag, path in mapping.items():
         owner, name, info = _field(model, path)
         env = (env_names or {}).get(flag) if env_prefix is None \
             else env_prefix + path.replace(".", "__").upper()
         out[flag] = {"field": path, "type": _type_name(info.annotation),
-                     "help": _help(owner, name, info, env)}
+                     "help": _help(owner, name, info, env),
+                     "section": sections.get(path.split(".")[0], "")}
     return out
 
 

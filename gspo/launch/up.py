@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
+import logging
 import secrets
 import signal
 import time
@@ -33,10 +35,16 @@ from gspo_rl.launch.runlog import (
     step_records,
     version_curve,
 )
+from gspo_rl.launch.watch import until_exit, watch_learner
 from gspo_rl.launch.workload import Workload, make_workload
 from gspo_rl.learner.tracking.base import check_installed
 
 __all__ = ["LORA_LR", "UP_DEFAULTS", "UpConfig", "UpResult", "run_up"]
+log = logging.getLogger(__name__)
+# With an eval set, the learner waits this long after training for the final evaluation (an
+# evaluation under way, then the final one), and gspo up this long for it to exit after that.
+FINAL_EVAL_WAIT_S = 900.0
+LEARNER_EXIT_S = 60.0
 
 @dataclass
 class UpResult:
@@ -116,8 +124,10 @@ def _tracking_args(cfg: UpConfig) -> list[str]:
             *(["--tracking-project", cfg.tracking_project] if cfg.tracking_project else [])]
 
 
-def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
-    """Redis, model, server, learner. Returns (server URL, api key, redis URL, metrics)."""
+def start_stack(cfg: UpConfig, procs: Processes,
+                final_eval_wait_s: float = 0.0) -> tuple[str, str, str, Path]:
+    """Redis, model, server, learner (which waits ``final_eval_wait_s`` for the final
+    evaluation after training). Returns (server URL, api key, redis URL, metrics)."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     redis_url = cfg.redis_url or start_redis(procs, cfg.run_dir)
     model = cfg.model
@@ -159,9 +169,12 @@ def start_stack(cfg: UpConfig, procs: Processes) -> tuple[str, str, str, Path]:
         *(["--read-timeout-s", str(cfg.read_timeout_s)] if cfg.read_timeout_s else []),
         *(["--target-reward", str(cfg.target_reward)] if cfg.target_reward else []),
         *(["--device", cfg.device] if cfg.device else []), *_tracking_args(cfg),
+        *(["--final-eval-wait-s", str(final_eval_wait_s)] if final_eval_wait_s else []),
         *cfg.extra_learn_args),
         env=keys_env)
     wait_http(f"{url}/health", procs, "server", timeout_s=120)
+    # The key in the fragment: the browser never sends it, no server logs it (docs/dashboard.md)
+    print(f"dashboard: {url}/dashboard#key={api_key}", flush=True)
     return url, api_key, redis_url, metrics
 
 
@@ -198,8 +211,9 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
                  procs: Processes, on_status: Any) -> None:
     """Run the environment until the learner finishes (its step cap, or the target
     reward: ``gspo_rl.learner.target``) or the clock runs out; surface any child's crash at
-    once. With an eval set: evaluated every N versions meanwhile, and once more at the end.
-    The environments' ``serving`` contexts are held throughout (``gspo_rl.client.mixture``)."""
+    once. With an eval set: evaluated every N versions meanwhile, and once more at the end,
+    while the learner waits to log it (``gspo_rl.learner.final_eval``). The environments'
+    ``serving`` contexts are held throughout (``gspo_rl.client.mixture``)."""
     from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
     from gspo_rl.client.mixture import serving_all
     from gspo_rl.client.runner import arun_groups
@@ -229,9 +243,10 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
             work.env, client, None, concurrency=cfg.concurrency, seed=work.seed, stop=stop,
             on_group=on_group))
         evals = asyncio.create_task(work.watcher.run(client, stop)) if work.watcher else None
+        waiting = False
         try:
-            await _watch(cfg, runner, procs, JsonlTail(metrics), steps,
-                         lambda: on_status(_status(steps, env_rewards)))
+            waiting = await watch_learner(cfg.minutes, runner, procs, JsonlTail(metrics), steps,
+                                          lambda: on_status(_status(steps, env_rewards)))
         finally:
             env_log.close()
             stop.set()
@@ -243,28 +258,15 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
                     await asyncio.wait_for(evals, timeout=600)
         if work.watcher is not None and procs.alive("server"):  # after training, unrecorded
             on_status({**_status(steps, env_rewards), "final_eval": True})
-            await work.watcher.run_final(client)  # unless the last one was of this version
-
-
-async def _watch(cfg: UpConfig, runner: asyncio.Task[Any], procs: Processes, tail: JsonlTail,
-                 steps: deque[dict[str, Any]], show: Any) -> None:
-    """Every 0.5 s: surface an environment error or a child's crash, show the progress; return
-    once the learner exits (0: done) or the clock runs out."""
-    deadline = time.monotonic() + cfg.minutes * 60
-    while True:
-        await asyncio.sleep(0.5)
-        if runner.done():
-            runner.result()  # an environment error ends the run, loudly
-        procs.check("server")
-        steps.extend(step_records(tail.new_records()))
-        show()
-        code = procs.exit_code("learner")
-        if code is not None:
-            if code != 0:
-                procs.check("learner")
-            return
-        if time.monotonic() > deadline:
-            return
+            try:  # unless the last one was of this version; it must not end the run
+                await work.watcher.run_final(client)
+            except Exception as exc:  # noqa: BLE001 - reported, the run's results stand
+                log.warning("the final evaluation failed: %s: %s", type(exc).__name__, exc)
+        if waiting:  # the learner logs the final evaluation, then exits
+            await until_exit(procs, "learner", LEARNER_EXIT_S)
+    # the subprocess transports a cancelled episode left (verifiers' harness programs) are
+    # collected while the loop still runs: after asyncio.run closes it they raise at exit
+    gc.collect()
 
 
 def run_up(cfg: UpConfig) -> UpResult:
@@ -294,7 +296,8 @@ def run_up(cfg: UpConfig) -> UpResult:
     metrics, redis_url, interrupted = cfg.run_dir / "metrics.jsonl", None, False
     try:
         try:
-            url, api_key, redis_url, metrics = start_stack(cfg, procs)
+            url, api_key, redis_url, metrics = start_stack(
+                cfg, procs, FINAL_EVAL_WAIT_S if work.watcher is not None else 0.0)
             progress, task = make_progress(cfg.max_steps)
             with progress:
                 asyncio.run(_drive(cfg, work, url, api_key, metrics, procs,

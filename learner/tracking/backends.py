@@ -1,5 +1,6 @@
-"""The trackers (``BACKENDS``): TensorBoard, Weights & Biases and MLflow, each opened with the
-run's ``RunInfo`` and then given scalars at a step (``gspo_rl.learner.tracking.base``).
+"""The trackers (``BACKENDS``): TensorBoard, Weights & Biases, MLflow and the Prometheus exporter
+(``prometheus``), each opened with the run's ``RunInfo`` and then given scalars at a step and
+tables of sampled episodes (``gspo_rl.learner.tracking.base``, ``.samples``).
 
 Where each writes: TensorBoard event files in ``<directory>/tensorboard`` (a resumed run
 purges the events after its checkpoint's step, so the curves continue the trained history);
@@ -7,6 +8,8 @@ W&B wherever its own settings say (``WANDB_MODE=offline``: a run directory under
 ``<directory>/wandb``, ``wandb sync`` uploads it later); MLflow to ``MLFLOW_TRACKING_URI``,
 else a SQLite database ``<directory>/mlflow.db``. W&B and MLflow start a new run per process:
 a resumed learner's run says ``resumed_from`` and its steps continue the checkpoint's.
+Sample tables: TensorBoard text ``samples`` (a Markdown table), a W&B table ``samples``, an
+MLflow artifact ``samples/step_<step>.json`` (``{"step", "columns", "rows"}``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from gspo_rl.learner.tracking.base import Backend, RunInfo, Tracker, check_installed
+from gspo_rl.learner.tracking.prometheus import PrometheusBackend
+from gspo_rl.learner.tracking.samples import markdown_table
 
 log = logging.getLogger(__name__)
 DEFAULT_PROJECT = "gspo-rl"
@@ -52,6 +57,10 @@ class TensorBoardBackend:
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self.writer.add_text("samples", markdown_table(rows), step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -70,6 +79,13 @@ class WandbBackend:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        import wandb
+
+        columns = list(rows[0])
+        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+        self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -118,12 +134,17 @@ class MlflowBackend:
         for part in _chunks(batch, 1000):
             self.client.log_batch(self.run_id, metrics=part)
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        table = {"step": step, "columns": list(rows[0]), "rows": rows}
+        self.client.log_dict(self.run_id, table, f"samples/step_{step:06d}.json")
+
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
 
 
 BACKENDS: dict[str, Callable[[RunInfo], Backend]] = {
-    "tensorboard": TensorBoardBackend, "wandb": WandbBackend, "mlflow": MlflowBackend}
+    "tensorboard": TensorBoardBackend, "wandb": WandbBackend, "mlflow": MlflowBackend,
+    "prometheus": PrometheusBackend}
 
 
 def open_tracker(names: Sequence[str], info: RunInfo) -> Tracker | None:

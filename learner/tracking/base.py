@@ -1,6 +1,6 @@
 """Experiment tracking: the trackers by name, the installed check, records as scalars, and the
-fan-out (``Tracker``) the metrics logger sends every record through (``backends.open_tracker``
-opens one).
+fan-out (``Tracker``) the metrics logger sends every record, and every table of sampled
+episodes (``samples``), through (``backends.open_tracker`` opens one).
 
 A record is what the learner writes to its metrics JSONL: a step (``{"event": "step", ...}``),
 a stall, a checkpoint, an evaluation, the start and the stop. ``flatten`` turns one into
@@ -24,12 +24,13 @@ from typing import Any, Literal, Protocol
 
 log = logging.getLogger(__name__)
 
-TrackerName = Literal["tensorboard", "wandb", "mlflow"]
-# tracker -> (the modules it needs, the gspo-rl extra that installs them)
+TrackerName = Literal["tensorboard", "wandb", "mlflow", "prometheus"]
+# tracker -> (the modules it needs, the gspo-rl extra that installs them; "": the core install)
 REQUIREMENTS: dict[str, tuple[tuple[str, ...], str]] = {
     "tensorboard": (("tensorboard",), "tensorboard"),
     "wandb": (("wandb",), "wandb"),
     "mlflow": (("mlflow", "sqlalchemy", "alembic"), "mlflow"),
+    "prometheus": (("prometheus_client",), ""),
 }
 NAMESPACES = {"step": "train"}  # event -> namespace, where they differ
 _NOT_METRICS = frozenset({"event", "step", "time", "run_id", "reason"})
@@ -60,9 +61,10 @@ def check_installed(names: Iterable[str]) -> None:
         modules, extra = REQUIREMENTS[name]
         missing = [m for m in modules if importlib.util.find_spec(m) is None]
         if missing:
+            package = f"gspo-rl[{extra}]" if extra else "gspo-rl"
             raise TrackingUnavailable(
                 f"--report-to {name} needs {', '.join(missing)}, not installed here: "
-                f"pip install 'gspo-rl[{extra}]'")
+                f"pip install '{package}'")
 
 
 def flatten(record: Mapping[str, Any]) -> dict[str, float]:
@@ -99,11 +101,14 @@ class RunInfo:
 
 
 class Backend(Protocol):
-    """One tracker: scalars at a step, then closed."""
+    """One tracker: scalars at a step, tables of sampled episodes (rows of one dict each, the
+    same keys in every row: ``gspo_rl.learner.tracking.samples``), then closed."""
 
     name: str
 
     def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -123,6 +128,14 @@ class Tracker:
             return
         for b in self.backends:
             self._guarded(b, "log", lambda b=b: b.log(metrics, step))
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """A table of sampled episodes at ``step``, to each backend that shows tables."""
+        if not rows:
+            return
+        for b in self.backends:
+            if hasattr(b, "log_samples"):
+                self._guarded(b, "log samples", lambda b=b: b.log_samples(step, rows))
 
     def close(self) -> None:
         for b in self.backends:

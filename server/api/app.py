@@ -6,9 +6,10 @@ on ``app.state``, in that order, and torn down in reverse. Routes reach it throu
 ``Annotated`` dependencies of ``gspo_rl.server.api.deps``; the sampling routes share one
 ``SamplingService`` (``app.state.sampling``).
 
-Route guards (``gspo_rl.server.api.auth``): ``/health`` and ``/metrics`` are open; every
-``/v1`` route (``/v1/models`` too, as OpenAI and vLLM guard it) requires the API key (when one
-is set); ``/admin`` routes (weights) require the separate admin key; both are checked before a
+Route guards (``gspo_rl.server.api.auth``): ``/health``, ``/metrics`` and the dashboard's
+page (``/dashboard``: no data) are open; every ``/v1`` route (``/v1/models`` too, as OpenAI
+and vLLM guard it, and the dashboard's data) requires the API key (when one is set);
+``/admin`` routes (weights) require the separate admin key; both are checked before a
 request's body is read.
 
 A dead engine (``Engine.dead_reason``) is watched for (``gspo_rl.server.run``): ``/health``
@@ -40,6 +41,7 @@ from gspo_rl.contract.queue.inflight import InFlightCounter
 from gspo_rl.contract.queue.registry import ServerInfo, heartbeat_loop
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.server.api.auth import BearerAuthMiddleware
+from gspo_rl.server.api.dashboard.state import DashboardService
 from gspo_rl.server.api.deps import require_admin_key, require_api_key
 from gspo_rl.server.api.disconnect import CancelOnDisconnectMiddleware
 from gspo_rl.server.api.errors import install_error_handlers
@@ -50,6 +52,7 @@ from gspo_rl.server.api.routes import (
     admin,
     chat,
     completions,
+    dashboard,
     evals,
     groups,
     health,
@@ -144,6 +147,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                              lambda: engine.policy_version,
                              weight_status=app.state.weight_updates.describe)
         app.state.admission = gate
+        app.state.dashboard = DashboardService(settings, keys)  # GET /v1/dashboard/*
         tasks.append(asyncio.create_task(counter.publish_loop(lambda: gate.local)))
         app.state.tokenizer = load_tokenizer(engine)
         warm_chat_encoders(app.state.tokenizer)
@@ -199,8 +203,10 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)  # outermost
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(dashboard.page_router)  # the page, open: its data is under /v1
     api_guard = [Depends(require_api_key), Depends(check_request_json)]  # key first
-    for module in (chat, completions, rollouts, rewards, groups, models, evals, tasks):
+    for module in (chat, completions, rollouts, rewards, groups, models, evals, tasks,
+                   dashboard):
         app.include_router(module.router, dependencies=api_guard)
     app.include_router(admin.router, dependencies=[Depends(require_admin_key)])
     install_openapi(app, settings)  # the document says what this server accepts

@@ -29,14 +29,15 @@ SERVE_FLAGS = [
 LEARN_FLAGS = [
     "--config", "--model", "--redis-url", "--key-prefix", "--consumer", "--loss",
     "--old-logprobs", "--is-weight-cap", "--max-staleness", "--groups-per-step",
-    "--minibatches", "--micro-batch-tokens", "--lora-rank", "--lora-alpha",
+    "--minibatches", "--epochs", "--micro-batch-tokens", "--lora-rank", "--lora-alpha",
     "--lora-dropout", "--lora-target-modules", "--lr", "--weight-decay", "--grad-clip",
     "--warmup-steps", "--save-dir", "--save-every", "--save-every-s", "--keep-last",
     "--resume", "--sync-every", "--weight-sync", "--max-steps", "--target-reward",
     "--target-window", "--drain-timeout-s", "--read-timeout-s", "--device", "--param-dtype",
     "--data-parallel",
     "--seed", "--metrics-jsonl", "--report-to", "--run-name", "--tracking-project",
-    "--tracking-dir", "--log-level"]
+    "--tracking-dir", "--samples-every", "--prometheus-port", "--final-eval-wait-s",
+    "--log-level"]
 
 
 def test_the_config_models_import_without_torch_fastapi_or_redis() -> None:
@@ -99,3 +100,26 @@ def test_version_flag() -> None:
 
     r = CliRunner().invoke(app, ["--version"])
     assert r.exit_code == 0 and r.output.strip() == f"gspo-rl {__version__}"
+
+
+def test_help_is_grouped_by_the_config_models_sections() -> None:
+    """``gspo serve`` and ``gspo learn`` list their options under the section comments of
+    ServerSettings and LearnerConfig, in the models' order, non-field options first."""
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    for command, sections in {
+        "learn": {"Model and wiring": "--model", "The objective": "--loss",
+                  "Batching": "--epochs", "Metrics": "--report-to"},
+        "serve": {"Model and engine": "--vllm-arg", "Network and auth": "--api-key",
+                  "Queue (Redis)": "--group-ttl-s"},
+    }.items():
+        out = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80"}).output
+        heads = [line[:-1] for line in out.splitlines() if line and line[0] != " "
+                 and line.endswith(":")]
+        assert heads[0] == "Options", (command, heads)
+        assert [h for h in heads if h in sections] == list(sections), (command, heads)
+        for title, flag in sections.items():
+            block = out.split(f"\n{title}:\n")[1].split("\n\n")[0]
+            assert f"  {flag} " in block, (command, title, flag)
+        assert "--config" in out.split("\nOptions:\n")[1].split("\n\n")[0]

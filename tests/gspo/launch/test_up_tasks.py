@@ -1,7 +1,8 @@
 """`gspo up --tasks`: the whole stack trains on tasks from data and evaluates beside it. The
 eval set runs at the first version (the baseline), every N versions and once after training
 (when the learner has finished: unrecorded requests are still served); the learner logs the
-evaluations it saw in its metrics stream, and its step records carry per-source rewards."""
+evaluations it saw in its metrics stream, the one after training too (it waits for it), and its
+step records carry per-source rewards."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def test_gspo_up_trains_and_evaluates_tasks_from_data(tmp_path: Path) -> None:
     records = read_metrics(run_dir / "metrics.jsonl")
     logged = [r for r in records if r.get("event") == "eval"]
     assert logged and "eval/math/pass@1" in logged[0] and logged[0]["version"] == 0
+    (wait,) = [r for r in records if r.get("event") == "final_eval_wait"]
+    assert logged[-1]["version"] == wait["version"] == 4  # the final weights', logged
     steps = [r for r in records if r.get("event") == "step"]
     assert len(steps) == 4
     assert all(any(k.startswith("source/") for k in r) for r in steps)

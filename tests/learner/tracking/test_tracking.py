@@ -1,9 +1,11 @@
 """Experiment tracking (gspo_rl.learner.tracking): records as scalars, the fan-out, the missing
 extra named at start, and a real learner reporting to TensorBoard, W&B (offline mode, its run
-file read back) and MLflow (a local SQLite store) at once."""
+file read back), MLflow (a local SQLite store) and the Prometheus exporter at once: scalars,
+and tables of sampled episodes."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import subprocess
@@ -19,10 +21,12 @@ from gspo_rl.cli import app
 from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
-from gspo_rl.learner.tracking import base
+from gspo_rl.learner.tracking import backends, base
 from gspo_rl.learner.tracking.backends import mlflow_key
 from gspo_rl.learner.tracking.base import Tracker, TrackingUnavailable, check_installed, flatten
+from gspo_rl.learner.tracking.prometheus import PREFIX, PrometheusBackend
 from gspo_rl.learner.tracking.run_info import code_tags
+from gspo_rl.learner.tracking.samples import COLUMNS
 from gspo_rl.learner.weights.base import NoSync
 from tests.helpers.learner_data import sample_group
 from tests.helpers.wandb_offline import read_run
@@ -94,10 +98,26 @@ def _git_head() -> str:
                           text=True, check=True).stdout.strip()
 
 
+class _KeptPrometheus(PrometheusBackend):
+    """The exporter, kept after the run to read its registry."""
+
+    opened: list[PrometheusBackend] = []
+
+    def __init__(self, info: base.RunInfo) -> None:
+        super().__init__(info)
+        self.opened.append(self)
+
+
+def _gauges(exporter: PrometheusBackend) -> dict[str, float]:
+    return {s.name.removeprefix(PREFIX): s.value for fam in exporter.registry.collect()
+            for s in fam.samples if not s.labels}
+
+
 @pytest.mark.timeout(240)
-def test_a_learner_reports_every_record_to_three_trackers(tiny_model_dir, redis_url, tmp_path,
-                                                          monkeypatch) -> None:
+def test_a_learner_reports_every_record_to_four_trackers(tiny_model_dir, redis_url, tmp_path,
+                                                         monkeypatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setitem(backends.BACKENDS, "prometheus", _KeptPrometheus)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(REPO)  # the run's git commit is this checkout's
     client = redis.Redis.from_url(redis_url)
@@ -108,8 +128,9 @@ def test_a_learner_reports_every_record_to_three_trackers(tiny_model_dir, redis_
     cfg = LearnerConfig(model=str(tiny_model_dir), redis_url=redis_url,
                         save_dir=str(tmp_path / "ck"), groups_per_step=2, save_every=1,
                         max_steps=2, read_timeout_s=0.5, lr=1e-3, console=False,
-                        weight_sync="none", report_to="tensorboard,wandb,mlflow",
-                        run_name="tracked", tracking_project="gspo-test")
+                        weight_sync="none", report_to="tensorboard,wandb,mlflow,prometheus",
+                        run_name="tracked", tracking_project="gspo-test", samples_every=1,
+                        prometheus_port=0)
     Learner(cfg, client=client, sync=NoSync(client, Keys())).run()
     where = tmp_path / "ck" / "tracking"
     assert cfg.tracking_path == where
@@ -124,6 +145,10 @@ def test_a_learner_reports_every_record_to_three_trackers(tiny_model_dir, redis_
     assert [e.step for e in acc.Scalars("train/loss")] == [1, 2]
     assert [e.step for e in acc.Scalars("checkpoint/time_checkpoint_s")] == [1, 2]
     assert "run/text_summary" in acc.Tags()["tensors"]
+    tables = acc.Tensors("samples/text_summary")  # the sampled episodes, a Markdown table
+    assert [t.step for t in tables] == [1, 2]
+    text = tables[0].tensor_proto.string_val[0].decode()
+    assert text.startswith("| " + " | ".join(COLUMNS) + " |") and len(text.splitlines()) == 4
 
     # W&B, offline: the run file holds the config, the commit and every step
     (run_dir,) = (where / "wandb").glob("offline-run-*")
@@ -133,6 +158,11 @@ def test_a_learner_reports_every_record_to_three_trackers(tiny_model_dir, redis_
     assert wb["config"]["git_commit"] == commit and "admin_key" not in wb["config"]
     losses = {h["_step"]: h["train/loss"] for h in wb["history"] if "train/loss" in h}
     assert sorted(losses) == [1, 2] and all(math.isfinite(v) for v in losses.values())
+    tables = {h["_step"]: h for h in wb["history"] if "samples/path" in h}  # nested keys
+    assert sorted(tables) == [1, 2] and tables[1]["samples/_type"] == "table-file"
+    table = json.loads((run_dir / "files" / tables[1]["samples/path"]).read_text())
+    assert table["columns"] == list(COLUMNS) and len(table["data"]) == 2
+    assert {r[1] for r in table["data"]} <= set(_group_ids(where.parent / "metrics.jsonl"))
 
     # MLflow, a SQLite store in the tracking directory
     from mlflow.tracking import MlflowClient
@@ -145,3 +175,24 @@ def test_a_learner_reports_every_record_to_three_trackers(tiny_model_dir, redis_
     history = ml.get_metric_history(run.info.run_id, "train/loss")
     assert [m.step for m in history] == [1, 2]
     assert [m.value for m in history] == pytest.approx(list(losses.values()))
+    names = [a.path for a in ml.list_artifacts(run.info.run_id, "samples")]
+    assert names == ["samples/step_000001.json", "samples/step_000002.json"]
+    saved = json.loads(Path(ml.download_artifacts(run.info.run_id, names[0],
+                                                  str(tmp_path))).read_text())
+    assert saved["step"] == 1 and saved["columns"] == list(COLUMNS)
+    assert len(saved["rows"]) == 2 and saved["rows"][0]["completion"]
+
+    # Prometheus: the gauges hold the last step's values
+    (exporter,) = _KeptPrometheus.opened
+    gauges = _gauges(exporter)
+    assert gauges["step"] == 2 and gauges["policy_version"] == 2
+    assert gauges["loss"] == pytest.approx(losses[2])
+    for name in ("reward_trained", "clip_fraction", "grad_norm", "tokens_per_second",
+                 "trained_group_fraction", "trained_token_fraction", "groups_trained",
+                 "staleness_mean", "step_seconds", "is_weight_capped_fraction"):
+        assert math.isfinite(gauges[name]), name
+
+
+def _group_ids(jsonl: Path) -> list[str]:
+    return [g for line in jsonl.read_text().splitlines()
+            for g in json.loads(line).get("group_ids", [])]
