@@ -1,16 +1,16 @@
 """One training step: a list of ready groups in, AdamW updates and metrics out.
 
 A step is one policy version. Its rollouts are planned by ``gspo_rl.learner.data.batching``
-into ``M`` minibatches; each minibatch is one optimizer step, its microbatches accumulating
-gradients scaled so that their sum is the minibatch's seq-mean-token-mean loss
-(``MicroBatch.loss_scale``).
+into ``M`` minibatches, passed over ``epochs`` times; each minibatch is one optimizer step,
+its microbatches accumulating gradients scaled so that their sum is the minibatch's
+seq-mean-token-mean loss (``MicroBatch.loss_scale``).
 
 pi_old, by ``LearnerConfig.pi_old``: "behavior", the servers' sampling log-probabilities
 (GSPO paper, section 5.4); or "recompute", the decoupled objective: pi_prox, the weights at the
 start of the step, the loss multiplied by the truncated importance weight behaviour -> proximal
 at the loss's level (``gspo_rl.learner.algorithm.losses.decoupled_is_weights``: per sequence
-for gspo, per token otherwise). With several minibatches pi_prox is a pass without grad before
-the first update; with one (the default) the only update's own forward is taken at those
+for gspo, per token otherwise). With several minibatches (or epochs) pi_prox is a pass without
+grad before the first update; with one (the default) the only update's own forward is taken at those
 weights, so pi_prox is its log-probabilities, detached, and no extra pass runs (unless the
 model has active dropout, whose draws would differ).
 
@@ -160,11 +160,13 @@ class Trainer:
                          self.advantage_fn, min_micro=world, packed=self.policy.packing)
         mine = [self._my_share(mb) for mb in plan.minibatches]
         metrics: dict[str, float] = {}
-        fused = self.config.pi_old == "recompute" and len(mine) == 1 and not self._dropout()
+        epochs = self.config.epochs
+        fused = (self.config.pi_old == "recompute" and len(mine) == 1 and epochs == 1
+                 and not self._dropout())
         if self.config.pi_old == "recompute" and not fused:
             metrics.update(self._recompute(mine))
         is_acc = _is_acc() if fused else None
-        per_mb = [self._optimizer_step(s, is_acc) for s in mine]
+        per_mb = [self._optimizer_step(s, is_acc) for _ in range(epochs) for s in mine]
         if is_acc is not None:
             metrics.update(self._is_summary(is_acc))
         if self.policy.device.type == "cuda":

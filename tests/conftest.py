@@ -159,6 +159,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not have_gpu:
             item.add_marker(skip_gpu)
+    _long_modules_first(items)
+
+
+def _long_modules_first(items: list[pytest.Item]) -> None:
+    """The modules with a ``slow`` or ``vllm`` test first, each module's tests together and in
+    order: xdist's ``--dist loadfile`` hands modules out in this order, so the minutes-long
+    ones start at once instead of one of them ending the run alone on one worker."""
+    long_ = {item.path for item in items
+             if item.get_closest_marker("slow") or item.get_closest_marker("vllm")}
+    items.sort(key=lambda item: item.path not in long_)  # stable: the order within each kind
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

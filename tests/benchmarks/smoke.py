@@ -80,6 +80,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                       ["time ratio vs baseline", "clip=3"]),
     "compare_losses.py": (["--max-steps", "2", "--groups-per-step", "1", "--minutes", "3",
                            "--losses", "gspo,grpo"], ["gspo", "grpo", "clip fraction GSPO"]),
+    "bench_schedule.py": (["--losses", "gspo", "--schedules", "2x2", "--seeds", "0",
+                           "--max-steps", "2", "--minutes", "2"], ["gspo       2x2", "x base"]),
     "bench_signal.py": (["--tasks", "tool", "--seeds", "0", "--max-steps", "1",
                          "--minutes", "0.2"], ["ratio on/off, seconds"]),
     "bench_verifiers.py": (["--groups", "2", "--group-size", "2", "--concurrency", "2",
@@ -101,7 +103,7 @@ AREAS: dict[str, list[str]] = {
               "bench_weight_sync.py", "bench_lora.py", "bench_lora.py --merge",
               "bench_signal.py"],
     "learner": ["bench_losses.py", "bench_learner.py", "bench_learner.py --head",
-                "profile_learner.py", "compare_losses.py"],
+                "profile_learner.py", "compare_losses.py", "bench_schedule.py"],
     "async": ["bench_async.py", "bench_async.py --sweep", "tune_sweep.py", "bench_scoring.py",
               "bench_scoring.py --math", "bench_verifiers.py"],
 }

@@ -200,3 +200,24 @@ def test_nonfinite_gradient_skips_the_update(policy, tiny_model_dir):
     assert metrics["skipped_updates"] == 1 and metrics["optimizer_steps"] == 0
     for b, p in zip(before, policy.model.parameters(), strict=True):
         assert torch.equal(b, p)
+
+
+@pytest.mark.parametrize("minibatches,epochs", [(1, 1), (1, 2), (2, 2)])
+def test_epochs_pass_over_the_minibatches_and_let_the_clip_act(policy, tiny_model_dir,
+                                                               minibatches, epochs):
+    """``minibatches x epochs`` optimizer steps per step. One minibatch and one epoch in
+    recompute mode: the ratio is exactly 1 and nothing is clipped (``clip_inactive`` says
+    why); a second epoch starts from moved weights, so its ratios leave 1 and GSPO's narrow
+    band clips."""
+    groups = _groups(policy, n=4)
+    cfg = _cfg(tiny_model_dir, lr=1e-2, loss={"kind": "gspo"}, minibatches=minibatches,
+               epochs=epochs)
+    metrics = Trainer(policy, cfg).step(groups)
+    assert metrics["optimizer_steps"] == minibatches * epochs
+    if minibatches == epochs == 1:
+        assert cfg.clip_inactive is not None and "every ratio is 1" in cfg.clip_inactive
+        assert metrics["clip_fraction"] == 0.0
+        assert metrics["abs_log_ratio_mean"] < 1e-6
+    else:
+        assert cfg.clip_inactive is None
+        assert metrics["clip_fraction"] > 0.0

@@ -1,0 +1,112 @@
+"""The update schedule (minibatches x epochs per step) against the losses: does GSPO's trust
+region, active only when a step takes several optimizer steps, train better here?
+
+    .venv/bin/python benchmarks/bench_schedule.py [--losses gspo,grpo] \
+        [--schedules 1x1,4x1] [--seeds 0,1,2] [--workload demo] [--minutes 6] \
+        [--max-steps 60] [--json out.json]
+
+Each cell is a whole ``gspo up`` run (asynchronous, the default staleness bound, the same
+learning rate and seed for every schedule), one after the other in this process. A schedule
+``MxE`` is ``--minibatches M --epochs E``; ``1x1`` (the default) is the baseline: with it the
+update starts at pi_prox, every ratio is 1 and nothing is clipped. Workloads: ``demo`` (the
+alphabet task), ``math`` (the math tutorial's task file). Per loss and schedule it prints, over
+the seeds: how many reached the target reward (sampled: every group the environment scored),
+the median time to it and its ratio to the baseline's on the same seeds, the final sampled
+reward, the clip fraction, ``is_weight_capped_fraction`` and the learner's seconds per step
+(ratio to the baseline's). Results: BENCHMARKS.md ("Update schedule").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gspo_rl.launch.runlog import read_metrics, step_records, summarize  # noqa: E402
+from gspo_rl.launch.up import UpConfig, run_up  # noqa: E402
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "demo": {},
+    "math": {"tasks": str(ROOT / "clients/examples/math/tasks.toml")},
+}
+
+
+def one_run(root: Path, loss: str, schedule: str, seed: int, args: argparse.Namespace
+            ) -> dict[str, float]:
+    """One ``gspo up`` run; its figures."""
+    m, e = (int(x) for x in schedule.split("x"))
+    cfg = UpConfig(run_dir=root / f"{loss}-{schedule}-{seed}", loss=loss, seed=seed,
+                   max_steps=args.max_steps, minutes=args.minutes,
+                   target_reward=args.target, **WORKLOADS[args.workload],
+                   extra_learn_args=["--minibatches", str(m), "--epochs", str(e)])
+    result = run_up(cfg)
+    recs = [r for r in step_records(read_metrics(result.metrics_path)) if "reward_mean" in r]
+    env = read_metrics(cfg.run_dir / "env_rewards.jsonl")
+    s = summarize(recs, threshold=args.target, env_records=env)
+    mean = lambda k: statistics.fmean([float(r.get(k, 0.0)) for r in recs]) if recs else 0.0  # noqa: E731
+    return {"time_to_target_s": s.get("sampled_time_to_threshold_s", float("nan")),
+            "final_reward": s.get("sampled_final_reward", float("nan")),
+            "steps": float(len(recs)), "clip_fraction": mean("clip_fraction"),
+            "is_weight_capped_fraction": mean("is_weight_capped_fraction"),
+            "step_s": mean("compute_s")}
+
+
+def _median(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report(cells: dict[tuple[str, str], list[dict[str, float]]], baseline: str,
+           target: float) -> None:
+    print(f"{'loss':10} {'sched':5} {'reached':>7} {'t->tgt s':>8} {'x base':>6} "
+          f"{'final':>6} {'clip':>7} {'capped':>7} {'step s':>6} {'x base':>6}")
+    for (loss, sched), runs in cells.items():
+        base = cells.get((loss, baseline), runs)
+        reached = sum(r["time_to_target_s"] == r["time_to_target_s"] for r in runs)
+        t, tb = (_median([r["time_to_target_s"] for r in x]) for x in (runs, base))
+        st, stb = (statistics.fmean([r["step_s"] for r in x]) for x in (runs, base))
+        print(f"{loss:10} {sched:5} {reached:>3}/{len(runs):<3} {t:8.0f} {t / tb:6.2f} "
+              f"{_median([r['final_reward'] for r in runs]):6.3f} "
+              f"{statistics.fmean([r['clip_fraction'] for r in runs]):7.4f} "
+              f"{statistics.fmean([r['is_weight_capped_fraction'] for r in runs]):7.4f} "
+              f"{st:6.2f} {st / max(stb, 1e-9):6.2f}")
+    print(f"(target: sampled reward {target} over the last groups; 'x base': against "
+          f"{baseline} with the same loss and seeds; median over the seeds that reached it)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--losses", default="gspo,grpo")
+    ap.add_argument("--schedules", default="1x1,4x1",
+                    help="MxE: --minibatches M --epochs E; the first is the baseline")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="demo")
+    ap.add_argument("--minutes", type=float, default=6.0)
+    ap.add_argument("--max-steps", type=int, default=60)
+    ap.add_argument("--target", type=float, default=0.8)
+    ap.add_argument("--json", type=Path, default=None, help="also write every run's figures")
+    args = ap.parse_args()
+    schedules = [s for s in args.schedules.split(",") if s]
+    root = Path(tempfile.mkdtemp(prefix="bench-schedule-"))
+    cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for loss in args.losses.split(","):
+            for sched in schedules:
+                run = one_run(root, loss, sched, seed, args)
+                cells.setdefault((loss, sched), []).append(run)
+                print(f"[{loss} {sched} seed {seed}] {json.dumps(run)}", flush=True)
+    report(cells, schedules[0], args.target)
+    if args.json is not None:
+        args.json.write_text(json.dumps(
+            {f"{k[0]} {k[1]}": v for k, v in cells.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
