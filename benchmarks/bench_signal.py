@@ -2,7 +2,7 @@
 sampling budget, off against on, in the same run, on three workloads.
 
     .venv/bin/python benchmarks/bench_signal.py [--tasks math,rg,tool --seeds 0,1,2
-                                                 --max-steps 30 --minutes 8]
+        --max-steps 30 --minutes 8 --on-args='--no-signal-hold-s 5' --only on]
 
 Each run is a whole ``gspo up`` (Redis, a server on the tiny model, the learner, the
 environment) of ``--max-steps`` learner steps (or ``--minutes``), no target: "off" is
@@ -50,7 +50,7 @@ OFF = ["--no-selection", "--no-signal-hold-s", "0"]
 def run(task: str, setting: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict:
     """One ``gspo up``; its figures from its records."""
     run_dir = tmp / f"{task}-{setting}-{seed}"
-    extra = WORKLOADS[task] + (OFF if setting == "off" else [])
+    extra = WORKLOADS[task] + (OFF if setting == "off" else args.on_args.split())
     if task == "tool" and setting == "on":
         extra = [*extra, "--env-arg", "selection=true"]
     cmd = [sys.executable, "-m", "gspo_rl.cli", "up", "--run-dir", str(run_dir), "--seed",
@@ -58,7 +58,7 @@ def run(task: str, setting: str, seed: int, args: argparse.Namespace, tmp: Path)
            "--target-reward", "0", *extra]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "200"}, timeout=args.minutes * 60 + 300)
+                          env={**os.environ, "COLUMNS": "200"}, timeout=args.minutes * 60 + 900)
     seconds = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{task} {setting} seed {seed} failed:\n{proc.stderr[-3000:]}")
@@ -114,13 +114,18 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--max-steps", type=int, default=30)
     p.add_argument("--minutes", type=float, default=8.0)
+    p.add_argument("--on-args", default="", help="more gspo up flags for the 'on' setting, "
+                   "e.g. --on-args='--no-signal-hold-s 5'")
+    p.add_argument("--only", choices=("off", "on"), default=None,
+                   help="run one setting (its runs are printed; no ratios)")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory(prefix="gspo-signal-") as tmp:
         for task in args.tasks.split(","):
             results: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
             for seed in seeds:
-                for setting in (("off", "on") if seed % 2 == 0 else ("on", "off")):
+                order = ("off", "on") if seed % 2 == 0 else ("on", "off")
+                for setting in (s for s in order if args.only in (None, s)):
                     res = run(task, setting, seed, args, Path(tmp))
                     results[setting].append(res)
                     print(f"{task} {setting:>3} seed {seed}: {res['steps']} steps in "
@@ -128,7 +133,8 @@ def main() -> None:
                           f"generated, {res['groups_trained']} trained, tokens "
                           f"{res['token_share']:.1%} trained, eval {res['eval']:.3f} "
                           f"(load {os.getloadavg()[0]:.1f})", flush=True)
-            report(task, results)
+            if args.only is None:
+                report(task, results)
 
 
 if __name__ == "__main__":

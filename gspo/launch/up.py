@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 # evaluation under way, then the final one), and gspo up this long for it to exit after that.
 FINAL_EVAL_WAIT_S = 900.0
 LEARNER_EXIT_S = 60.0
+# After the clock or the learner ends the run: an evaluation is given this long to finish,
+# and a wait past EVAL_SAY_S is said while it lasts.
+EVAL_WAIT_S, EVAL_SAY_S = 300.0, 30.0
 
 @dataclass
 class UpResult:
@@ -253,13 +256,13 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(runner, timeout=10)
-            if evals is not None:
+            if evals is not None:  # an evaluation under way finishes, within EVAL_WAIT_S
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(evals, timeout=600)
+                    await _bounded(evals, "the evaluation under way")
         if work.watcher is not None and procs.alive("server"):  # after training, unrecorded
             on_status({**_status(steps, env_rewards), "final_eval": True})
             try:  # unless the last one was of this version; it must not end the run
-                await work.watcher.run_final(client)
+                await _bounded(work.watcher.run_final(client), "the final evaluation")
             except Exception as exc:  # noqa: BLE001 - reported, the run's results stand
                 log.warning("the final evaluation failed: %s: %s", type(exc).__name__, exc)
         if waiting:  # the learner logs the final evaluation, then exits
@@ -267,6 +270,21 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
     # the subprocess transports a cancelled episode left (verifiers' harness programs) are
     # collected while the loop still runs: after asyncio.run closes it they raise at exit
     gc.collect()
+
+
+async def _bounded(work: Any, what: str) -> Any:
+    """``work`` (a coroutine or task), cancelled after ``EVAL_WAIT_S`` with a warning that
+    says so; a wait past ``EVAL_SAY_S`` is said while it lasts."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=EVAL_SAY_S)
+    if not done:
+        log.warning("waiting for %s (at most %g s more)", what, EVAL_WAIT_S - EVAL_SAY_S)
+        done, _ = await asyncio.wait({task}, timeout=EVAL_WAIT_S - EVAL_SAY_S)
+    if not done:
+        task.cancel()
+        log.warning("%s took longer than %g s: cancelled", what, EVAL_WAIT_S)
+        raise TimeoutError(f"{what} took longer than {EVAL_WAIT_S:g} s")
+    return task.result()
 
 
 def run_up(cfg: UpConfig) -> UpResult:
