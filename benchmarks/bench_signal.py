@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,12 +58,20 @@ def run(task: str, setting: str, seed: int, args: argparse.Namespace, tmp: Path)
            str(seed), "--max-steps", str(args.max_steps), "--minutes", str(args.minutes),
            "--target-reward", "0", *extra]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "200"}, timeout=args.minutes * 60 + 900)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "COLUMNS": "200"},
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=args.minutes * 60 + 900)
+    except subprocess.TimeoutExpired:  # gspo up and every process it started
+        os.killpg(proc.pid, signal.SIGKILL)
+        limit = args.minutes * 60 + 900
+        raise SystemExit(f"{task} {setting} seed {seed}: gspo up still running after "
+                         f"{limit:.0f} s: killed (its run dir: {run_dir})") from None
     seconds = time.monotonic() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{task} {setting} seed {seed} failed:\n{proc.stderr[-3000:]}")
-    return figures(run_dir, seconds, proc.stdout)
+        raise SystemExit(f"{task} {setting} seed {seed} failed:\n{err[-3000:]}")
+    return figures(run_dir, seconds, out)
 
 
 SUMMARY = re.compile(r"groups: (\d+) generated, (\d+) trained .*sampled tokens: (\d+) "

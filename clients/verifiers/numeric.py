@@ -31,23 +31,34 @@ _HASHES = re.compile(r"####\s*([^\n]*)")
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*([^\n]*)", re.IGNORECASE)
 
 
+# Numbers beyond 10**+-MAX_EXPONENT are not compared: made exact, "9e999999999" is a
+# billion-digit integer (minutes of CPU on the caller's thread, a sampled completion's choice).
+MAX_EXPONENT = 1000
+
+
 def _decimal(text: str) -> Fraction:
     try:
-        return Fraction(Decimal(text.replace(",", "")))
+        value = Decimal(text.replace(",", ""))
     except (InvalidOperation, ValueError):
         raise ValueError(f"not a number: {text!r}") from None
+    if not value.is_finite() or abs(value.adjusted()) > MAX_EXPONENT:
+        raise ValueError(f"not a number compared here: {text[:40]!r} (beyond 1e{MAX_EXPONENT})")
+    return Fraction(value)
 
 
 def parse_number(text: str) -> Fraction | None:
     """The number ``text`` is (module docstring), exactly; None when it is not one."""
     s = text.strip().strip("$").replace("\\,", "").replace("\\!", "").strip()
     s = s.removesuffix(".").removesuffix("\\%").removesuffix("%").strip()
-    m = _WHOLE_FRAC.match(s)
-    if m is not None:
-        num, den = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-        d = _decimal(den)
-        return None if d == 0 else _decimal(num) / d
-    return _decimal(s) if _WHOLE_NUMBER.match(s) else None
+    try:
+        m = _WHOLE_FRAC.match(s)
+        if m is not None:
+            num, den = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            d = _decimal(den)
+            return None if d == 0 else _decimal(num) / d
+        return _decimal(s) if _WHOLE_NUMBER.match(s) else None
+    except ValueError:  # beyond MAX_EXPONENT
+        return None
 
 
 def last_number(text: str) -> Fraction | None:

@@ -17,6 +17,18 @@ from gspo_rl.client.verifiers.numeric import find_answer, parse_number
 from gspo_rl.client.verifiers.text import normalize
 
 
+@pytest.mark.timeout(20)
+def test_an_exponent_past_the_limit_is_no_number_and_costs_nothing() -> None:
+    """A sampled "9e999999999" made exact is a billion-digit integer (it held a math run's event
+    loop for minutes): beyond 1e1000 a number is not compared; the last one within is read."""
+    assert parse_number("9e999999999") is None
+    assert parse_number("1e-999999999") is None
+    assert parse_number("1/1e99999999") is None
+    assert parse_number("2.5e1000") == Fraction(25) * 10 ** 999
+    assert find_answer("it is 7 or 9e999999999") == 7
+    assert make_verifier("numeric")("Answer: 1e999999999", "5").correct is False
+
+
 @pytest.mark.parametrize(("completion", "answer", "correct"), [
     ("So the answer is 42.", "42", True),
     ("#### 1,234", 1234, True),
