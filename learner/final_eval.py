@@ -25,6 +25,7 @@ from gspo_rl.learner.metrics import MetricsLogger, log_new_evals
 log = logging.getLogger("gspo_rl.learner.loop")
 WAIT_EVENT = "final_eval_wait"
 POLL_S = 0.5
+SAY_EVERY_S = 30.0
 
 
 def newest_versions(client: redis.Redis, keys: Keys, seen: dict[str, int],
@@ -54,6 +55,7 @@ def await_final_eval(client: redis.Redis, keys: Keys, logger: MetricsLogger, run
     log.info("waiting up to %g s for the evaluation of version %d (final_eval_wait_s)", wait_s,
              version)
     deadline, seen, after = time.monotonic() + wait_s, dict[str, int](), "0-0"
+    said = time.monotonic()
     while True:
         try:  # read, then log: every result read is logged before the wait ends
             after = newest_versions(client, keys, seen, after)
@@ -69,4 +71,8 @@ def await_final_eval(client: redis.Redis, keys: Keys, logger: MetricsLogger, run
                         "result posted later stays in Redis for the next one)", version,
                         "before the stop" if stop else f"within {wait_s:g} s")
             return False
+        if time.monotonic() - said >= SAY_EVERY_S:  # a wait that lasts says so
+            said = time.monotonic()
+            log.info("still waiting for the evaluation of version %d (%.0f s left; newest "
+                     "evaluated: %s)", version, deadline - said, seen or "none yet")
         time.sleep(POLL_S)
