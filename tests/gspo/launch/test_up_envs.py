@@ -53,7 +53,7 @@ def test_three_verifiers_environments_train_side_by_side(tmp_path: Path) -> None
     names = ["gspo_vf_math", "gspo_vf_guess", "gspo_vf_tools"]
     args = [".venv/bin/gspo", "up", "--run-dir", str(tmp_path / "run"), "--max-steps", "3",
             "--groups-per-step", "2", "--group-size", "2", "--target-reward", "0",
-            "--read-timeout-s", "30", "--minutes", "5"]
+            "--read-timeout-s", "120", "--minutes", "6"]
     for n in names:
         args += ["--env", f"verifiers:{VF / n}", "--env-arg", f"{n}:harness=null",
                  "--env-arg", f"{n}:sampling.max_tokens=8"]
