@@ -33,6 +33,8 @@ SERVE_AFTER_VLLM_ARG = {name: name for name in (
     "max_episode_turns",
     "episode_history_rewrite", "tool_call_parser", "reasoning_parser")} | {
     "group_ttl_s": "queue.group_ttl_s", "group_idle_s": "queue.group_idle_s",
+    "finished_ttl_s": "queue.finished_ttl_s",
+    "dropped_records_ttl_s": "queue.dropped_records_ttl_s",
     "server_id": "server_id",
     "advertise_url": "advertise_url"}
 LEARN = {name: name for name in (

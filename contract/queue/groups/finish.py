@@ -141,10 +141,11 @@ def decide_finish(config: QueueConfig, group_id: str, snap: Snapshot) -> Decisio
 
 
 def publish_call(keys: Keys, group_id: str, decision: Decision,
-                 finished_ttl: int) -> tuple[list[str], list[Any]]:
+                 finished_ttl: int, records_ttl: int) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of the publish script (``PUBLISH_GROUP``), which carries out
     ``decision`` exactly once: the group must still be ``complete``; publishing XADDs the head
-    and moves the rollout records to the entry's ready keys."""
+    and moves the rollout records to the entry's ready keys. ``records_ttl``: what the records
+    left unpublished keep (``QueueConfig.dropped_records_ttl_s``)."""
     (r_head, r_tail), (m_head, m_tail) = key_template(keys.rollout), key_template(
         keys.rollout_group)
     b_head, b_tail = key_template(keys.group_records)
@@ -159,7 +160,8 @@ def publish_call(keys: Keys, group_id: str, decision: Decision,
               "packed_ids": msgpack.packb(decision.rollout_ids), "head_field": READY_HEAD_FIELD,
               "ids_field": READY_COUNT_FIELD, "n_rewards": len(decision.rewards),
               "reward_sum": repr(float(sum(decision.rewards))), "b_head": b_head,
-              "b_tail": b_tail, "records_field": READY_RECORDS_FIELD},
+              "b_tail": b_tail, "records_field": READY_RECORDS_FIELD,
+              "records_ttl": records_ttl},
         rest=decision.rollout_ids)
 
 

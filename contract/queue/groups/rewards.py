@@ -26,10 +26,11 @@ from gspo_rl.contract.queue.lua import LuaScript
 # bookkeeping: state, stream_id or drop_reason (and completed_at when now is given),
 # counters, the finished-rewards totals (n_rewards > 0: what the group scored, published or
 # dropped; ``gspo_rl.learner.target`` reads them), SREM from the complete set (in_set), the group's
-# keys, its rollout -> group mappings and its unpublished records shortened to finished_ttl.
+# keys and its rollout -> group mappings shortened to finished_ttl (P.ttl), its unpublished
+# records to records_ttl (P.rttl; 0 deletes them: the group's state is its tombstone).
 # A missing record (expired) turns a publish into a drop (missing_rollouts). Returns
 # {'published', sid} or {'dropped', reason}. P: gk, lk, wk (the group's keys), counters,
-# complete, stream, finished (the totals' hash), r_head, r_tail, m_head, m_tail, ttl,
+# complete, stream, finished (the totals' hash), r_head, r_tail, m_head, m_tail, ttl, rttl,
 # head_field, ids_field, records_field, and bk: the group's records key when the group was
 # recorded whole (its hash has ``records``), else nil; members: its rollout ids name it (no
 # rollout -> group keys).
@@ -75,11 +76,11 @@ local function end_group(P, gid, mode, reason, head, ids, packed_ids, all_rids, 
   if in_set then redis.call('SREM', P.complete, gid) end
   if not (P.bk and P.members) then
     for _, rid in ipairs(all_rids) do
-      if not P.bk and not moved[rid] then shorten(P.r_head .. rid .. P.r_tail, P.ttl) end
+      if not P.bk and not moved[rid] then shorten(P.r_head .. rid .. P.r_tail, P.rttl) end
       if not P.members then shorten(P.m_head .. rid .. P.m_tail, P.ttl) end
     end
   end
-  if P.bk and not sid then shorten(P.bk, P.ttl) end
+  if P.bk and not sid then shorten(P.bk, P.rttl) end
   shorten(P.gk, P.ttl)
   shorten(P.lk, P.ttl)
   shorten(P.wk, P.ttl)
@@ -99,7 +100,7 @@ PUBLISH_GROUP = LuaScript(
           "finished_key"),
     args=("group_id", "mode", "reason", "finished_ttl", "r_head", "r_tail", "m_head", "m_tail",
           "head", "packed_ids", "head_field", "ids_field", "n_rewards", "reward_sum", "b_head",
-          "b_tail", "records_field"),
+          "b_tail", "records_field", "records_ttl"),
     rest="rollout_ids",
     helpers=_END_GROUP,
     body="""
@@ -107,7 +108,8 @@ local st = redis.call('HMGET', group_key, 'state', 'partial', 'records', 'member
 if st[1] ~= 'complete' then return {} end
 local P = {gk = group_key, lk = rollouts_key, wk = rewards_key, complete = complete_key,
   counters = counters_key, stream = stream_key, finished = finished_key,
-  ttl = tonumber(finished_ttl), r_head = r_head, r_tail = r_tail, m_head = m_head,
+  ttl = tonumber(finished_ttl), rttl = tonumber(records_ttl), r_head = r_head,
+  r_tail = r_tail, m_head = m_head,
   m_tail = m_tail, head_field = head_field, ids_field = ids_field,
   records_field = records_field, bk = st[3] and (b_head .. group_id .. b_tail) or nil,
   members = st[4] == '1'}
@@ -132,8 +134,8 @@ POST_REWARDS = LuaScript(
           "active_key"),
     args=("m_head", "m_tail", "g_head", "g_tail", "w_head", "w_tail", "l_head", "l_tail", "r_head",
           "r_tail", "inline", "eps", "scale", "drop_zero_variance", "advantage_config",
-          "finished_ttl", "idle_s", "head_field", "ids_field", "b_head", "b_tail", "records_field",
-          "n_pairs"),
+          "finished_ttl", "records_ttl", "idle_s", "head_field", "ids_field", "b_head", "b_tail",
+          "records_field", "n_pairs"),
     rest="pairs",
     helpers=_END_GROUP + CREDIT_LUA,
     body="""
@@ -219,7 +221,8 @@ local function end_here(gid, gk, lk, wk, rids, now, items, n_records, members)
   local ids, rewards, has_tr, turns = outcome_entries(rids, vals)
   if not ids then return nil end
   local P = {gk = gk, lk = lk, wk = wk, complete = complete_key, counters = counters_key,
-    stream = stream_key, finished = finished_key, ttl = tonumber(finished_ttl), r_head = r_head,
+    stream = stream_key, finished = finished_key, ttl = tonumber(finished_ttl),
+    rttl = tonumber(records_ttl), r_head = r_head,
     r_tail = r_tail, m_head = m_head, m_tail = m_tail, head_field = head_field,
     ids_field = ids_field, records_field = records_field,
     bk = n_records > 0 and (b_head .. gid .. b_tail) or nil, members = members}

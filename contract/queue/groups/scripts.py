@@ -35,16 +35,18 @@ end
 local function shorten(key, ttl)
   redis.call('EXPIRE', key, ttl, 'LT')
 end
--- Shortens the TTL of a finished group's keys and of its rollouts to ttl seconds (bk: the
--- group's records key, when it was recorded whole; members: its ids name it, no mappings).
-local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl, bk, members)
+-- Shortens the TTL of a finished group's keys and rollout mappings to ttl seconds and of its
+-- records to rttl (0 deletes them; bk: the group's records key, when it was recorded whole;
+-- members: its ids name it, no mappings).
+local function expire_group(gk, rolk, rewk, r_head, r_tail, m_head, m_tail, ttl, bk, members,
+                            rttl)
   if not (bk and members) then
     for _, rid in ipairs(redis.call('LRANGE', rolk, 0, -1)) do
-      if not bk then shorten(r_head .. rid .. r_tail, ttl) end
+      if not bk then shorten(r_head .. rid .. r_tail, rttl) end
       if not members then shorten(m_head .. rid .. m_tail, ttl) end
     end
   end
-  if bk then shorten(bk, ttl) end
+  if bk then shorten(bk, rttl) end
   shorten(gk, ttl)
   shorten(rolk, ttl)
   shorten(rewk, ttl)
@@ -245,13 +247,14 @@ local function end_open(gid, now, why)
   redis.call('HINCRBY', counters_key, 'groups_' .. why .. '_dropped', 1)
   expire_group(gk, l_head .. gid .. l_tail, w_head .. gid .. w_tail,
     r_head, r_tail, m_head, m_tail, tonumber(finished_ttl),
-    st[3] and (b_head .. gid .. b_tail) or nil, st[4] == '1')
+    st[3] and (b_head .. gid .. b_tail) or nil, st[4] == '1', tonumber(records_ttl))
   return 'expired'
 end
 """
 _END_OPEN_KEYS = ("deadlines_key", "active_key", "complete_key", "counters_key")
 _END_OPEN_ARGS = ("g_head", "g_tail", "l_head", "l_tail", "w_head", "w_tail", "r_head", "r_tail",
-                  "m_head", "m_tail", "min_rewarded", "finished_ttl", "b_head", "b_tail")
+                  "m_head", "m_tail", "min_rewarded", "finished_ttl", "b_head", "b_tail",
+                  "records_ttl")
 
 # Open groups past their deadline, ended (end_open, 'expired'), at most limit per call.
 # Returns the ids of those left complete, for the caller to publish.

@@ -109,6 +109,7 @@ class RolloutStore:
         self._t_staging = key_template(k.rollout_staging)
         self._t_blob = key_template(k.group_records)
         self._finished_ttl = max(1, math.ceil(config.finished_ttl_s))
+        self._records_ttl = min(self._finished_ttl, math.ceil(config.dropped_records_ttl_s))
         adv = config.advantage
         # the constant arguments of the hot scripts, encoded once
         self._reward_args = POST_REWARDS.constants(
@@ -117,6 +118,7 @@ class RolloutStore:
             **template_args("r", self._t_rollout), inline=1, eps=repr(float(adv.eps)),
             scale=int(adv.scale), drop_zero_variance=int(config.drop_zero_variance),
             advantage_config=msgpack.packb(adv.to_dict()), finished_ttl=self._finished_ttl,
+            records_ttl=self._records_ttl,
             idle_s=config.group_idle_s, head_field=READY_HEAD_FIELD, ids_field=READY_COUNT_FIELD,
             **template_args("b", self._t_blob), records_field=READY_RECORDS_FIELD)
         # a record's TTL from its last write, never less than its group's keys
@@ -310,7 +312,8 @@ class RolloutStore:
                 return None
         decision = decide_finish(self.config, group_id, snapshot)
         res = await self._run(self._publish, publish_call(self.keys, group_id, decision,
-                                                          self._finished_ttl))
+                                                          self._finished_ttl,
+                                                          self._records_ttl))
         return publish_result(res)
 
     def _end_open_slots(self, script: LuaScript, **last: Any) -> tuple[list[Any], list[Any]]:
@@ -324,7 +327,7 @@ class RolloutStore:
                   **template_args("m", self._t_map),
                   "min_rewarded": self.config.min_rewarded_to_finalise,
                   "finished_ttl": self._finished_ttl, **template_args("b", self._t_blob),
-                  **last})
+                  "records_ttl": self._records_ttl, **last})
 
     async def abandon_group(self, group_id: str) -> str | None:
         """Ends an open group now, as its deadline would (``ABANDON_GROUP``): published with

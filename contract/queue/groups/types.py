@@ -37,6 +37,12 @@ class QueueConfig(BaseModel):
     finished_ttl_s: float = Field(default=600.0, gt=0)
     """How long a published / dropped / expired group's keys and rollouts stay, so that a
     repeated reward gets a 200, a late one a 410, and ``GET /v1/groups/{id}`` its state."""
+    dropped_records_ttl_s: float = Field(default=60.0, ge=0)
+    """How long the token records of rollouts that were not published stay after their group
+    ended (a dropped or expired group's, and a partial group's unrewarded ones), at most
+    ``finished_ttl_s``: the dashboard's rollout browser shows them this long. The group's
+    tombstone (its state, rewards and rollout ids, which answer a late or repeated reward)
+    stays ``finished_ttl_s``. 0 deletes them when the group ends."""
     stuck_complete_s: float = Field(default=5.0, ge=0)
     """The sweeper publishes a group left ``complete`` this long (its finisher died)."""
     sweep_limit: int = Field(default=500, ge=1)

@@ -301,3 +301,46 @@ def test_without_the_pipelined_connection_the_scripts_run_through_redis_py(
         assert len(await stream(store)) == 1
 
     run(redis_url, body)
+
+
+def test_a_dropped_group_keeps_a_tombstone_not_its_records(redis_url: str) -> None:
+    """``dropped_records_ttl_s``: the token records of groups that end unpublished go (0: at
+    once) while the group's state stays ``finished_ttl_s`` and still answers late rewards; by
+    each way a group can end unpublished: the reward script, the publish script (turn rewards:
+    the Python rule), expiry, and a group recorded whole."""
+    async def body(store: RolloutStore) -> None:
+        r = store.redis
+        flat = await open_group(store, "flat", 2)  # dropped in the reward script
+        await store.post_rewards([RewardItem(i, 1.0) for i in flat])
+        turns = await open_group(store, "turns", 2)  # dropped by the Python rule
+        await store.post_rewards([RewardItem(i, 0.5, [0.5]) for i in turns])
+        late = await open_group(store, "late", 3)  # expires with one reward
+        await store.post_rewards([RewardItem(late[0], 1.0)])
+        await store.record_group("whole", 2, None,
+                                 [make_rollout(f"w{i}", "whole", seed=i) for i in range(2)])
+        await store.post_rewards([RewardItem(f"w{i}", 0.0) for i in range(2)])
+        assert await store.abandon_group("late") == "expired"
+        for gid, reason in (("flat", "zero_variance"), ("turns", "zero_variance"),
+                            ("late", "abandoned"), ("whole", "zero_variance")):
+            view = await store.get_group(gid)
+            assert view is not None and view.drop_reason == reason, gid
+            assert 500 < await r.ttl(KEYS.group(gid)) <= 600, gid
+        gone = [KEYS.rollout(i) for i in flat + turns + late] + [KEYS.group_records("whole")]
+        assert await r.exists(*gone) == 0, "the records went with the drop"
+        # the tombstone answers: a repeated reward is a duplicate, a new one is refused
+        again = await store.post_rewards([RewardItem(flat[0], 1.0)])
+        assert [x.status for x in again.results] == ["duplicate"]
+        refused = await store.post_rewards([RewardItem(late[1], 1.0)])
+        assert not refused.applied and [x.status for x in refused.results] == ["expired"]
+        assert await stream(store) == []
+
+    run(redis_url, body, QueueConfig(dropped_records_ttl_s=0, finished_ttl_s=600,
+                                     group_ttl_s=600))
+
+    async def kept(store: RolloutStore) -> None:  # the default: kept a minute, for browsing
+        ids = await open_group(store, "flat-kept", 2)
+        await store.post_rewards([RewardItem(i, 1.0) for i in ids])
+        assert 0 < await store.redis.ttl(KEYS.rollout(ids[0])) <= 60
+        assert await store.redis.ttl(KEYS.group("flat-kept")) > 500
+
+    run(redis_url, kept, QueueConfig(finished_ttl_s=600))

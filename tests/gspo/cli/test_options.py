@@ -24,7 +24,8 @@ SERVE_FLAGS = [
     "--admission", "--admission-wait-s", "--no-signal-hold-s",
     "--admission-capacity-without-learner",
     "--max-episode-turns", "--episode-history-rewrite", "--tool-call-parser",
-    "--reasoning-parser", "--group-ttl-s", "--group-idle-s", "--server-id", "--advertise-url",
+    "--reasoning-parser", "--group-ttl-s", "--group-idle-s", "--finished-ttl-s",
+    "--dropped-records-ttl-s", "--server-id", "--advertise-url",
     "--log-level"]
 LEARN_FLAGS = [
     "--config", "--model", "--redis-url", "--key-prefix", "--consumer", "--loss",
