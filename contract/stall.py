@@ -1,7 +1,7 @@
 """The learner's last stall, as it publishes it in its state hash (``Keys.learner_state``).
 
 A stall is a state in which the learner makes no training progress (its reasons:
-``gspo_rl.learner.progress.STALL_REASONS``). Each time the learner warns about one it writes
+``gspo_rl.learner.runtime.progress.STALL_REASONS``). Each time the learner warns about one it writes
 ``stall_reason``, ``stall_detail`` (at most ``MAX_DETAIL`` characters), ``stall_at`` (Unix time
 of the warning) and ``stall_for_s`` (how long it had lasted then); when it ends,
 ``stall_ended_at``. The fields stay after the stall ends: they say what the last one was.

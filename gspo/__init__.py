@@ -24,7 +24,7 @@ _LAZY = {
     "UpConfig": "gspo_rl.launch.up", "UpResult": "gspo_rl.launch.up",
     "run_up": "gspo_rl.launch.up",
     "LearnerConfig": "gspo_rl.learner.config", "LossConfig": "gspo_rl.learner.algorithm.config",
-    "run_learner": "gspo_rl.learner.run", "LearnerState": "gspo_rl.learner.checkpoint",
+    "run_learner": "gspo_rl.learner.run", "LearnerState": "gspo_rl.learner.checkpoint.store",
     "SFTConfig": "gspo_rl.learner.sft.config", "run_sft": "gspo_rl.learner.sft.train",
     "SFTResult": "gspo_rl.learner.sft.train",
     "ServerSettings": "gspo_rl.server.config",

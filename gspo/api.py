@@ -173,7 +173,7 @@ def _decode(kind: Kind, data: dict[str, Any]) -> Any:
                            "metrics_path": Path(data["metrics_path"]),
                            "plot_path": Path(plot) if plot else None})
     if kind == "learn":
-        from gspo_rl.learner.checkpoint import LearnerState
+        from gspo_rl.learner.checkpoint.store import LearnerState
 
         return LearnerState(**data)
     from gspo_rl.learner.sft.train import SFTResult

@@ -164,7 +164,7 @@ class LearnerConfig(BaseModel):
     (every group it scored, trained or dropped for equal rewards) reaches this: the task is
     learned. The servers then start no new group, the groups in flight are trained, a
     checkpoint is saved and the learner returns (``gspo learn`` exits 0;
-    ``gspo_rl.learner.target``).
+    ``gspo_rl.learner.runtime.target``).
     ``None`` or 0: no target (train until ``max_steps`` or a signal)."""
     target_window: int = Field(default=32, ge=1)
     """Groups the ``target_reward`` mean is taken over (finished since this learner started)."""
@@ -243,7 +243,7 @@ class LearnerConfig(BaseModel):
     final_eval_wait_s: float = Field(default=0.0, ge=0.0)
     """After training: wait up to this long for the evaluation of the final weights, posted
     by an environment, and log it to the metrics and trackers before exiting (``gspo up``
-    sets it when it evaluates; ``gspo_rl.learner.final_eval``). 0: exit at once."""
+    sets it when it evaluates; ``gspo_rl.learner.runtime.final_eval``). 0: exit at once."""
 
     @field_validator("report_to", mode="before")
     @classmethod

@@ -2,14 +2,14 @@
 
 Components, wired here: ``GroupReader`` (``gspo_rl.contract.queue.ready.reader``), ``Trainer``
 (``gspo_rl.learner.trainer``) on a ``Policy``, ``save_checkpoint`` / ``load_latest``
-(``gspo_rl.learner.checkpoint``), ``WeightSync`` (``gspo_rl.learner.weights.base``) and
-``MetricsLogger`` (``gspo_rl.learner.metrics``).
+(``gspo_rl.learner.checkpoint.store``), ``WeightSync`` (``gspo_rl.learner.weights.base``) and
+``MetricsLogger`` (``gspo_rl.learner.tracking.metrics``).
 
 One iteration: ``read_batch`` -> ``trainer.step`` -> version += 1 -> every ``sync_every``
 steps push the weights -> every ``save_every`` steps checkpoint, *then* ack the groups trained
 since the previous checkpoint -> publish version, step and the admission parameters to
-``Keys.learner_state`` (``gspo_rl.learner.published``) -> log; then log the evaluation results
-posted since (``gspo_rl.contract.queue.evals``).
+``Keys.learner_state`` (``gspo_rl.learner.runtime.published``) -> log; then log the evaluation
+results posted since (``gspo_rl.contract.queue.evals``).
 
 Contract: a group is acknowledged only after a durable checkpoint contains its update (without
 ``save_dir``: right after its step, at-most-once on a crash); on resume the checkpoint's ids
@@ -37,34 +37,33 @@ from gspo_rl.contract.gc_freeze import freeze_startup_objects
 from gspo_rl.contract.queue.ready.lineage import Lineage
 from gspo_rl.contract.queue.ready.reader import Batch, GroupReader
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.learner.checkpoint import Checkpoint, LearnerState, restore_rng, save_checkpoint
+from gspo_rl.learner.checkpoint.store import Checkpoint, LearnerState, restore_rng, save_checkpoint
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import AdvantageFn, split_invalid
-from gspo_rl.learner.final_eval import await_final_eval
-from gspo_rl.learner.follower import export_full, load_policy
-from gspo_rl.learner.healing import ServerHealer
-from gspo_rl.learner.metrics import (
-    MetricsLogger,
-    fates_line,
-    group_fates,
-    log_new_evals,
-    read_counters,
-    step_fields,
-)
 from gspo_rl.learner.model.lora import count_params
 from gspo_rl.learner.parallel.distributed import DistContext
+from gspo_rl.learner.parallel.loading import export_full, load_policy
 from gspo_rl.learner.parallel.protocol import Gather, Idle, Resume, Stop, Train, send
-from gspo_rl.learner.progress import (
+from gspo_rl.learner.runtime.final_eval import await_final_eval
+from gspo_rl.learner.runtime.healing import ServerHealer
+from gspo_rl.learner.runtime.progress import (
     ProgressMonitor,
     RedisRetry,
     RedisUnavailable,
     no_groups_detail,
 )
-from gspo_rl.learner.published import (
+from gspo_rl.learner.runtime.published import (
     Heartbeat,
     publish_state,
     publish_training,
     state_fields,
+)
+from gspo_rl.learner.runtime.target import (
+    TargetStop,
+    continue_hint,
+    drain,
+    groups_in_flight,
+    read_in_flight,
 )
 from gspo_rl.learner.startup import (
     build_weight_sync,
@@ -72,14 +71,15 @@ from gspo_rl.learner.startup import (
     open_tracking,
     seed_everything,
 )
-from gspo_rl.learner.target import (
-    TargetStop,
-    continue_hint,
-    drain,
-    groups_in_flight,
-    read_in_flight,
-)
 from gspo_rl.learner.tracking.base import check_installed
+from gspo_rl.learner.tracking.metrics import (
+    MetricsLogger,
+    fates_line,
+    group_fates,
+    log_new_evals,
+    read_counters,
+    step_fields,
+)
 from gspo_rl.learner.tracking.samples import SampleLogger
 from gspo_rl.learner.trainer import Trainer
 from gspo_rl.learner.weights.base import NoSync, WeightSync
@@ -297,7 +297,7 @@ class Learner:
 
     def _finish_at_target(self) -> None:
         """The target is met: publish ``finished`` (servers start no new group), then train
-        the groups still in flight (``gspo_rl.learner.target.drain``)."""
+        the groups still in flight (``gspo_rl.learner.runtime.target.drain``)."""
         log.warning("%s", self.target.finish(self.step))
         self._publish_state()
         if not drain(lambda: self._retrying(lambda: groups_in_flight(self.client, self.keys)),
@@ -313,7 +313,7 @@ class Learner:
         self.reader.rearm(held=self.pending_ack, committed=self.recent_acked)
 
     def _heal(self) -> None:
-        """Push to restarted servers (``gspo_rl.learner.healing``); raises on Redis
+        """Push to restarted servers (``gspo_rl.learner.runtime.healing``); raises on Redis
         errors."""
         if self.healer is not None:
             self.healer.check(self._pushed_version, self.version, self._push_ok)
@@ -377,7 +377,7 @@ class Learner:
                  self.config.read_timeout_s, want)
 
     def _no_groups_detail(self) -> str:
-        """Why no group arrives (``gspo_rl.learner.progress.no_groups_detail``)."""
+        """Why no group arrives (``gspo_rl.learner.runtime.progress.no_groups_detail``)."""
         try:
             facts = read_in_flight(self.client, self.keys)
         except redis.RedisError as exc:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Protocol
 
-from gspo_rl.learner.checkpoint import LearnerState
+from gspo_rl.learner.checkpoint.store import LearnerState
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.follower import follow
 from gspo_rl.learner.loop import Learner

@@ -10,7 +10,7 @@ import redis
 import torch
 
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.learner.checkpoint import (
+from gspo_rl.learner.checkpoint.store import (
     Checkpoint,
     SaveDirError,
     list_checkpoints,

@@ -88,8 +88,9 @@ def test_nothing_imports_a_folder_by_its_bare_name() -> None:
 LAYERS: dict[str, dict[str, int]] = {
     "gspo_rl.server": {"api": 5, "run.py": 4, "rollouts": 3, "metrics.py": 2, "engines": 1,
                        "config.py": 0, "__init__.py": 0},
-    "gspo_rl.learner": {"sft": 10, "*.py": 9, "parallel": 2, "algorithm": 2, "model": 1,
-                        "weights": 1, "tracking": 1, "data": 0},
+    "gspo_rl.learner": {"sft": 10, "*.py": 9, "runtime": 4, "config.py": 3, "parallel": 2,
+                        "algorithm": 2, "checkpoint": 2, "model": 1, "weights": 1,
+                        "tracking": 1, "data": 0},
     "gspo_rl.contract": {"queue": 1, "weights": 1, "chat": 1, "*.py": 0},
 }
 

@@ -81,8 +81,8 @@ return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', learner_ke
   held, string.format('%.3f', now)}
 """)
 """The facts the in-flight count is made of, in one round trip (``gspo_rl.contract.queue.inflight``
-reads it for the gate, ``gspo_rl.learner.target`` to drain); ``in_flight_call`` gives its keys and
-arguments, ``InFlightFacts.from_reply`` reads its reply."""
+reads it for the gate, ``gspo_rl.learner.runtime.target`` to drain); ``in_flight_call`` gives
+its keys and arguments, ``InFlightFacts.from_reply`` reads its reply."""
 
 
 def in_flight_call(keys: Keys, server_id: str = "",

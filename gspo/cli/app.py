@@ -154,9 +154,9 @@ def learn(**params: Any) -> None:
         typer.echo(f"gspo learn: {exc}", err=True)
         raise typer.Exit(2) from exc
     log_config("gspo learn", cfg)
-    from gspo_rl.learner.checkpoint import SaveDirError
-    from gspo_rl.learner.progress import RedisUnavailable
+    from gspo_rl.learner.checkpoint.store import SaveDirError
     from gspo_rl.learner.run import run_learner
+    from gspo_rl.learner.runtime.progress import RedisUnavailable
 
     try:
         state = run_learner(cfg)
@@ -203,7 +203,7 @@ def sft(**params: Any) -> None:
         typer.echo("gspo sft: invalid settings:\n" + msg, err=True)
         raise typer.Exit(2) from exc
     log_config("gspo sft", cfg)
-    from gspo_rl.learner.checkpoint import SaveDirError
+    from gspo_rl.learner.checkpoint.store import SaveDirError
     from gspo_rl.learner.sft.data import DemonstrationError
     from gspo_rl.learner.sft.train import run_sft
 
@@ -419,7 +419,7 @@ def export(
     out: str = typer.Option(..., help="New directory for the merged Hugging Face model."),
 ) -> None:
     """Write a checkpoint as a plain Hugging Face model (LoRA merged into its base)."""
-    from gspo_rl.learner.export import export_merged
+    from gspo_rl.learner.checkpoint.export import export_merged
 
     try:
         path = export_merged(checkpoint, out)

@@ -83,7 +83,7 @@ class UpResult:
             lines.append("learner reward (trained groups, equal-reward groups excluded): last "
                          f"steps {sum(tail) / len(tail):.2f}")
         if self.groups is not None:
-            from gspo_rl.learner.metrics import fates_line
+            from gspo_rl.learner.tracking.metrics import fates_line
 
             lines.append(fates_line(self.groups))
         lines += self.workload or []
@@ -154,7 +154,7 @@ def start_stack(cfg: UpConfig, procs: Processes,
     url = f"http://127.0.0.1:{port}"
     # The learner starts while the server does (their imports and model loads overlap): it
     # pushes its weights to the servers registered when it is ready, and to any that
-    # registers later (``gspo_rl.learner.healing``), so the order does not matter. Not with
+    # registers later (``gspo_rl.learner.runtime.healing``), so the order does not matter. Not with
     # vLLM: it sizes its KV cache from the GPU memory free when it starts, which the learner would
     # take.
     if cfg.engine == "vllm":
@@ -197,11 +197,12 @@ def _status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str
 
 
 def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
-    """The fate of every group of the run, from Redis (``gspo_rl.learner.metrics.group_fates``)."""
+    """The fate of every group of the run, from Redis
+    (``gspo_rl.learner.tracking.metrics.group_fates``)."""
     import redis
 
     from gspo_rl.contract.queue.schema import Keys
-    from gspo_rl.learner.metrics import group_fates
+    from gspo_rl.learner.tracking.metrics import group_fates
 
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     try:
@@ -213,9 +214,9 @@ def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
 async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics: Path,
                  procs: Processes, on_status: Any) -> None:
     """Run the environment until the learner finishes (its step cap, or the target
-    reward: ``gspo_rl.learner.target``) or the clock runs out; surface any child's crash at
+    reward: ``gspo_rl.learner.runtime.target``) or the clock runs out; surface any child's crash at
     once. With an eval set: evaluated every N versions meanwhile, and once more at the end,
-    while the learner waits to log it (``gspo_rl.learner.final_eval``). The environments'
+    while the learner waits to log it (``gspo_rl.learner.runtime.final_eval``). The environments'
     ``serving`` contexts are held throughout (``gspo_rl.client.mixture``)."""
     from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
     from gspo_rl.client.mixture import serving_all

@@ -1,6 +1,7 @@
 """``gspo up`` following its learner: the progress from its metrics stream, a child's crash, its
 exit, and its wait for the final evaluation (a ``final_eval_wait`` record: the learner has
-trained and waits to log the evaluation of its final weights, ``gspo_rl.learner.final_eval``).
+trained and waits to log the evaluation of its final weights,
+``gspo_rl.learner.runtime.final_eval``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 from gspo_rl.launch.processes import Processes
 from gspo_rl.launch.runlog import JsonlTail, step_records
 
-WAIT_EVENT = "final_eval_wait"  # gspo_rl.learner.final_eval.WAIT_EVENT (not imported: no redis)
+# gspo_rl.learner.runtime.final_eval.WAIT_EVENT (not imported: it imports redis)
+WAIT_EVENT = "final_eval_wait"
 
 
 async def watch_learner(minutes: float, runner: asyncio.Task[Any], procs: Processes,

@@ -2,7 +2,7 @@
 
 The learner's ``Policy`` (float32 on the CPU; on CUDA bf16 with float32 masters, packing, the
 fused log-prob head, compiled layers: ``gspo_rl.learner.model.speed``) and ``Trainer`` (AdamW,
-clipping, non-finite updates skipped), its checkpoints (``gspo_rl.learner.checkpoint``, marked
+clipping, non-finite updates skipped), its checkpoints (``gspo_rl.learner.checkpoint.store``, marked
 ``"kind": "sft"``: ``gspo learn --model <checkpoint>`` and ``gspo serve --model <checkpoint>``
 load one as it is) and its metrics (a JSONL line per step, the experiment trackers).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gspo_rl.learner.checkpoint import (
+from gspo_rl.learner.checkpoint.store import (
     LearnerState,
     SaveDirError,
     list_checkpoints,
@@ -37,15 +37,15 @@ from gspo_rl.learner.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from gspo_rl.learner.follower import load_policy
-from gspo_rl.learner.metrics import MetricsLogger
 from gspo_rl.learner.model.policy import Policy
+from gspo_rl.learner.parallel.loading import load_policy
 from gspo_rl.learner.run import graceful_signals
 from gspo_rl.learner.sft.config import SFTConfig
 from gspo_rl.learner.sft.data import Demonstration, Layout, micro_batches, read_demonstrations
 from gspo_rl.learner.startup import seed_everything
 from gspo_rl.learner.tracking.backends import open_tracker
 from gspo_rl.learner.tracking.base import RunInfo, check_installed
+from gspo_rl.learner.tracking.metrics import MetricsLogger
 from gspo_rl.learner.tracking.run_info import code_tags
 from gspo_rl.learner.trainer import Trainer
 

@@ -542,7 +542,7 @@ def test_cpu_learner_stops_at_the_demo_target_and_is_not_restarted(
     _, env_params = parse_gspo(gspo_argv(env["command"]) or [])
     assert env_params["target_reward"] is None
     _, off = cpu_learner({**env_values, "GSPO_TARGET_REWARD": "0"})
-    assert off.target_reward == 0.0  # gspo_rl.learner.target: 0 is no target
+    assert off.target_reward == 0.0  # gspo_rl.learner.runtime.target: 0 is no target
     with pytest.raises(Exception, match="target_reward"):
         cpu_learner({**env_values, "GSPO_TARGET_REWARD": "-1"})
 

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gspo_rl.learner.metrics import eval_record
 from gspo_rl.learner.tracking.base import RunInfo, flatten
+from gspo_rl.learner.tracking.metrics import eval_record
 from gspo_rl.learner.tracking.prometheus import PrometheusBackend
 from tests.deploy.test_compose import learner_config, roles_of, server_settings
 from tests.helpers.compose import (

@@ -1,4 +1,5 @@
-"""gspo_rl.learner.checkpoint: round trip incl. optimiser state and RNG, atomicity, retention."""
+"""gspo_rl.learner.checkpoint.store: round trip incl. optimiser state and RNG, atomicity,
+retention."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import gspo_rl.learner.checkpoint as ckpt_mod
-from gspo_rl.learner.checkpoint import (
+import gspo_rl.learner.checkpoint.store as ckpt_mod
+from gspo_rl.learner.checkpoint.store import (
     LearnerState,
     list_checkpoints,
     load_latest,

@@ -8,7 +8,7 @@ import logging
 
 import redis
 
-from gspo_rl.learner.checkpoint import list_checkpoints, load_latest
+from gspo_rl.learner.checkpoint.store import list_checkpoints, load_latest
 from gspo_rl.learner.loop import Learner
 from tests.learner.test_loop import KEYS, RecordingSync, _cfg, publish, sampler  # noqa: F401
 
@@ -59,7 +59,7 @@ def test_a_waiting_push_is_a_stall_record_and_a_warning(tiny_model_dir, redis_ur
     publish(client, sampler, 2)
     sync = StallingSync()
     sync.on_stall = print  # replaced by the learner
-    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.runtime.progress"):
         learner = Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=1),
                           client=client, sync=sync)
         learner.run()

@@ -1,4 +1,4 @@
-"""gspo_rl.learner.config (TOML + overrides) and gspo_rl.learner.metrics (records, history,
+"""gspo_rl.learner.config (TOML + overrides) and gspo_rl.learner.tracking.metrics (records, history,
 sinks)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from gspo_rl.contract.queue.schema import ReadyGroup
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.metrics import (
+from gspo_rl.learner.tracking.metrics import (
     MetricsLogger,
     console_line,
     reward_stats,

@@ -27,7 +27,7 @@ import redis
 
 from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore, make_redis
 from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys, RolloutRecord
-from gspo_rl.learner.metrics import trained_history
+from gspo_rl.learner.tracking.metrics import trained_history
 from tests.learner.test_loop import _spawn, _toml
 
 KEYS = Keys()

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore, make_redis
-from gspo_rl.learner.metrics import trained_history
+from gspo_rl.learner.tracking.metrics import trained_history
 from tests.learner.test_crash import KEYS, _counter, _idle, _rollout, _run_steps, _wait
 from tests.learner.test_loop import _spawn, _toml
 

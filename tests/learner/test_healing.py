@@ -23,10 +23,10 @@ from transformers import AutoModelForCausalLM
 
 from gspo_rl.contract.queue.registry import ServerInfo, live_servers, register
 from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
-from gspo_rl.learner.checkpoint import load_latest
+from gspo_rl.learner.checkpoint.store import load_latest
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
-from gspo_rl.learner.progress import RedisUnavailable
+from gspo_rl.learner.runtime.progress import RedisUnavailable
 from gspo_rl.learner.weights.base import NoSyncReport
 from tests.conftest import RedisServer
 from tests.helpers.learner_data import sample_group
@@ -123,7 +123,7 @@ def test_the_learner_waits_for_redis_and_survives_its_restart(
                redis_retry_s=60)
     made: list[Learner] = []
     starting = threading.Thread(target=lambda: made.append(Learner(cfg)), daemon=True)
-    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.runtime.progress"):
         starting.start()  # Redis is down: the learner waits (bounded) instead of exiting
         time.sleep(1.5)
         redis_aof_server.start()
@@ -188,7 +188,7 @@ def test_every_no_progress_state_is_warned_once_and_recorded(
     # Sampled at 5, by weights that died with the previous learner: 5 updates from this
     # one's (the initial weights, labelled 11): all stale (lineage.py)
     _publish(client, sampler, 3, version=5, seed=0)
-    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.runtime.progress"):
         for _ in range(4):
             assert learner.run_step() is None
         learner.healer.last_check = 0.0  # due now (not 5 s after the start-up push)
@@ -231,11 +231,11 @@ def test_gspo_learn_exits_75_with_a_message_when_redis_never_answers(tiny_model_
 
 
 def test_a_server_state_is_not_warned_again_by_each_trained_step(tmp_path, caplog):
-    from gspo_rl.learner.metrics import MetricsLogger
-    from gspo_rl.learner.progress import ProgressMonitor
+    from gspo_rl.learner.runtime.progress import ProgressMonitor
+    from gspo_rl.learner.tracking.metrics import MetricsLogger
 
     monitor = ProgressMonitor(MetricsLogger(tmp_path / "m.jsonl", console=False))
-    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.runtime.progress"):
         for _ in range(3):  # training goes on from a backlog while no server is registered
             monitor.stalled("no_servers", "none registered")
             monitor.stalled("no_groups", "empty")
@@ -244,6 +244,6 @@ def test_a_server_state_is_not_warned_again_by_each_trained_step(tmp_path, caplo
     assert sum("(no_servers)" in m for m in warned) == 1  # once per interval, not per step
     assert sum("(no_groups)" in m for m in warned) == 3  # a trained step ends that state
     monitor.clear("no_servers")
-    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.progress"):
+    with caplog.at_level(logging.WARNING, logger="gspo_rl.learner.runtime.progress"):
         monitor.stalled("no_servers", "gone again")
     assert sum("(no_servers)" in r.getMessage() for r in caplog.records) == 2

@@ -25,10 +25,10 @@ from gspo_rl.contract.queue.schema import (
     Keys,
     pack_ready_group,
 )
-from gspo_rl.learner.checkpoint import list_checkpoints, load_latest
+from gspo_rl.learner.checkpoint.store import list_checkpoints, load_latest
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
-from gspo_rl.learner.metrics import trained_history
+from gspo_rl.learner.tracking.metrics import trained_history
 from tests.helpers.learner_data import sample_group
 
 KEYS = Keys()
@@ -245,9 +245,10 @@ def test_sigterm_finishes_the_step_checkpoints_and_acks(tiny_model_dir, redis_ur
 
 def test_target_reward_stops_taking_groups_trains_those_in_flight_and_stops(
         tiny_model_dir, redis_url, tmp_path, sampler):
-    """At the target (gspo_rl.learner.target) the learner publishes ``finished`` (servers start no
-    new group), trains every group still in flight, checkpoints and returns; a learner started
-    again clears ``finished``. The totals are what the servers record per finished group."""
+    """At the target (gspo_rl.learner.runtime.target) the learner publishes ``finished``
+    (servers start no new group), trains every group still in flight, checkpoints and returns; a
+    learner started again clears ``finished``. The totals are what the servers record per finished
+    group."""
     client = redis.Redis.from_url(redis_url)
     published = publish(client, sampler, 6)
     cfg = _cfg(tiny_model_dir, redis_url, tmp_path, target_reward=0.8, target_window=4,

@@ -1,12 +1,13 @@
-"""The reward window behind the learner's target stop (gspo_rl.learner.target): the mean reward per
-sample over the newest span of at least ``window`` finished groups, from running totals."""
+"""The reward window behind the learner's target stop (gspo_rl.learner.runtime.target): the
+mean reward per sample over the newest span of at least ``window`` finished groups, from running
+totals."""
 
 from __future__ import annotations
 
 import pytest
 
-import gspo_rl.learner.target
-from gspo_rl.learner.target import FinishedTotals, RewardWindow, TargetStop, drain
+import gspo_rl.learner.runtime.target
+from gspo_rl.learner.runtime.target import FinishedTotals, RewardWindow, TargetStop, drain
 
 
 def totals(groups: int, ones: int, size: int = 2) -> FinishedTotals:
@@ -58,7 +59,7 @@ def test_target_is_met_at_or_above_it_and_zero_means_none(target: float | None, 
 
 
 def test_drain_trains_until_nothing_is_in_flight_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gspo_rl.learner.target, "SETTLE_S", 0.0)
+    monkeypatch.setattr(gspo_rl.learner.runtime.target, "SETTLE_S", 0.0)
     left = [3]
     reads: list[int] = []
 
@@ -74,7 +75,7 @@ def test_drain_trains_until_nothing_is_in_flight_twice(monkeypatch: pytest.Monke
 
 
 def test_drain_gives_up_when_stopping_or_out_of_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gspo_rl.learner.target, "SETTLE_S", 0.0)
+    monkeypatch.setattr(gspo_rl.learner.runtime.target, "SETTLE_S", 0.0)
     steps: list[int] = []
     assert not drain(lambda: 5, lambda: steps.append(1), lambda: len(steps) >= 3,
                      timeout_s=60)

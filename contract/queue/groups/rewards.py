@@ -25,10 +25,10 @@ from gspo_rl.contract.queue.lua import LuaScript
 # the records' TTL removed) or drops the group, then the
 # bookkeeping: state, stream_id or drop_reason (and completed_at when now is given),
 # counters, the finished-rewards totals (n_rewards > 0: what the group scored, published or
-# dropped; ``gspo_rl.learner.target`` reads them), SREM from the complete set (in_set), the group's
-# keys and its rollout -> group mappings shortened to finished_ttl (P.ttl), its unpublished
-# records to records_ttl (P.rttl; 0 deletes them: the group's state is its tombstone).
-# A missing record (expired) turns a publish into a drop (missing_rollouts). Returns
+# dropped; ``gspo_rl.learner.runtime.target`` reads them), SREM from the complete set
+# (in_set), the group's keys and its rollout -> group mappings shortened to finished_ttl (P.ttl),
+# its unpublished records to records_ttl (P.rttl; 0 deletes them: the group's state is its
+# tombstone). A missing record (expired) turns a publish into a drop (missing_rollouts). Returns
 # {'published', sid} or {'dropped', reason}. P: gk, lk, wk (the group's keys), counters,
 # complete, stream, finished (the totals' hash), r_head, r_tail, m_head, m_tail, ttl, rttl,
 # head_field, ids_field, records_field, and bk: the group's records key when the group was

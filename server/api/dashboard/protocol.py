@@ -21,7 +21,7 @@ from pydantic import BaseModel
 class StallOut(BaseModel):
     reason: str
     """``no_groups``, ``all_stale``, ``redis_down``, ``no_servers``, ``servers_behind`` or
-    ``weight_push`` (``gspo_rl.learner.progress``)."""
+    ``weight_push`` (``gspo_rl.learner.runtime.progress``)."""
     detail: str
     at: float
     """When the learner last reported it (Unix time, the learner's clock)."""

@@ -103,7 +103,7 @@ def servers_out(src: Sources, admin_key: str | None, this_id: str) -> list[Serve
 
 
 def fates_out(src: Sources) -> FatesOut:
-    """The fate of every group (as ``gspo_rl.learner.metrics.group_fates`` reads it): the
+    """The fate of every group (as ``gspo_rl.learner.tracking.metrics.group_fates`` reads it): the
     counters, with ``trained`` and ``tokens_trained`` from the learner's state."""
     c = src.counters
     generated, tokens = c.get("groups_created", 0), c.get("tokens_generated", 0)

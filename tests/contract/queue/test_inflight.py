@@ -15,7 +15,7 @@ from gspo_rl.contract.queue.connection import pipe_for
 from gspo_rl.contract.queue.inflight import InFlightCounter, Snapshot
 from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.published import publish_state, state_fields
+from gspo_rl.learner.runtime.published import publish_state, state_fields
 from tests.conftest import RedisServer
 
 KEYS = Keys()

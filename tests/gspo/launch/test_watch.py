@@ -12,7 +12,7 @@ from typing import Any
 
 from gspo_rl.launch.runlog import JsonlTail
 from gspo_rl.launch.watch import WAIT_EVENT, until_exit, watch_learner
-from gspo_rl.learner.final_eval import WAIT_EVENT as LEARNER_WRITES
+from gspo_rl.learner.runtime.final_eval import WAIT_EVENT as LEARNER_WRITES
 
 
 class _Procs:

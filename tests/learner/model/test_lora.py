@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from gspo_rl.cli.app import app
-from gspo_rl.learner.checkpoint import LearnerState, SaveDirError, save_checkpoint
+from gspo_rl.learner.checkpoint.export import export_merged
+from gspo_rl.learner.checkpoint.store import LearnerState, SaveDirError, save_checkpoint
 from gspo_rl.learner.config import LORA_TARGETS, LearnerConfig
-from gspo_rl.learner.export import export_merged
 from gspo_rl.learner.model.policy import Policy
 from gspo_rl.learner.startup import checkpoint_to_resume
 from gspo_rl.learner.trainer import Trainer

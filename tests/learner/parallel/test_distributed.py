@@ -22,7 +22,7 @@ from gspo_rl.contract.queue.schema import (
     Keys,
     pack_ready_group,
 )
-from gspo_rl.learner.checkpoint import load_latest
+from gspo_rl.learner.checkpoint.store import load_latest
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import samples_from_groups, split_micro
 from gspo_rl.learner.loop import Learner

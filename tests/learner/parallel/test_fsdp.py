@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from gspo_rl.learner.algorithm.advantages import advantage_fn_for
-from gspo_rl.learner.checkpoint import list_checkpoints
+from gspo_rl.learner.checkpoint.store import list_checkpoints
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import plan_step
 from gspo_rl.learner.loop import Learner

@@ -17,14 +17,14 @@ from typer.testing import CliRunner
 
 from gspo_rl.cli import app
 from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
-from gspo_rl.learner.checkpoint import SaveDirError, list_checkpoints
+from gspo_rl.learner.checkpoint.store import SaveDirError, list_checkpoints
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
-from gspo_rl.learner.metrics import trained_history
 from gspo_rl.learner.model.policy import Policy
 from gspo_rl.learner.sft.config import SFTConfig
 from gspo_rl.learner.sft.data import Layout, read_demonstrations
 from gspo_rl.learner.sft.train import run_sft, token_nll
+from gspo_rl.learner.tracking.metrics import trained_history
 from gspo_rl.learner.weights.base import NoSync
 from tests.helpers.learner_data import sample_group
 from tests.helpers.serving import API_KEY, MODEL_NAME, running_server

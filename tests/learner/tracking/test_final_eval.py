@@ -1,7 +1,7 @@
-"""The evaluation of the final weights reaches the trackers (gspo_rl.learner.final_eval): a real
-learner, having trained, says it waits (the record ``gspo up`` reads), logs the result posted
-for its final version to TensorBoard, W&B (offline) and MLflow, and exits; the wait ends at
-its bound, or at a stop request, when no result comes."""
+"""The evaluation of the final weights reaches the trackers
+(gspo_rl.learner.runtime.final_eval): a real learner, having trained, says it waits (the record
+``gspo up`` reads), logs the result posted for its final version to TensorBoard, W&B (offline) and
+MLflow, and exits; the wait ends at its bound, or at a stop request, when no result comes."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from gspo_rl.contract.queue.evals import eval_entry
 from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from gspo_rl.launch.watch import WAIT_EVENT as UP_READS
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.final_eval import WAIT_EVENT, await_final_eval
 from gspo_rl.learner.loop import Learner
-from gspo_rl.learner.metrics import MetricsLogger
+from gspo_rl.learner.runtime.final_eval import WAIT_EVENT, await_final_eval
+from gspo_rl.learner.tracking.metrics import MetricsLogger
 from gspo_rl.learner.weights.base import NoSync
 from tests.helpers.learner_data import sample_group
 from tests.helpers.wandb_offline import read_run

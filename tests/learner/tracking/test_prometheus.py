@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gspo_rl.learner.metrics import eval_record
 from gspo_rl.learner.tracking.base import RunInfo, Tracker, check_installed, flatten
+from gspo_rl.learner.tracking.metrics import eval_record
 from gspo_rl.learner.tracking.prometheus import GAUGES, PREFIX, PrometheusBackend
 
 STEP = {"event": "step", "step": 7, "version": 9, "time": 1.0, "run_id": "r", "loss": 0.25,

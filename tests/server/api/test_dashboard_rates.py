@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gspo_rl.contract.stall import LastStall
-from gspo_rl.learner.metrics import MetricsLogger
-from gspo_rl.learner.progress import ProgressMonitor
+from gspo_rl.learner.runtime.progress import ProgressMonitor
+from gspo_rl.learner.tracking.metrics import MetricsLogger
 from gspo_rl.server.api.dashboard.history import MIN_SPAN_S, History, Sample
 
 

@@ -28,8 +28,8 @@ from gspo_rl.contract.queue.inflight import PENDING_TTL_S, InFlightCounter
 from gspo_rl.contract.queue.ready.reader import GroupReader
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.published import Heartbeat, publish_state, state_fields
-from gspo_rl.learner.target import groups_in_flight
+from gspo_rl.learner.runtime.published import Heartbeat, publish_state, state_fields
+from gspo_rl.learner.runtime.target import groups_in_flight
 from gspo_rl.server.rollouts.admission import POLL_S
 from tests.conftest import RedisServer
 from tests.helpers.serving import API_KEY, Served, running_server
@@ -71,7 +71,7 @@ def wait_until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> No
 
 def learner_publishes(redis_url: str, model: Path, *, max_staleness: int, groups_per_step: int,
                       version: int = 0, training: int = 0, finished: str = "") -> None:
-    """What the learner writes to ``Keys.learner_state`` (gspo_rl.learner.published)."""
+    """What the learner writes to ``Keys.learner_state`` (gspo_rl.learner.runtime.published)."""
     cfg = LearnerConfig(model=str(model), redis_url=redis_url, max_staleness=max_staleness,
                         groups_per_step=groups_per_step)
     client = redis.Redis.from_url(redis_url)
@@ -177,11 +177,11 @@ def test_refused_with_503_after_the_longest_hold_and_the_sdk_retries(
 @pytest.mark.parametrize("admission", [True, False])
 def test_a_finished_learner_gets_no_new_group_and_its_groups_in_flight_finish(
         tiny_model_dir: Path, redis_server: RedisServer, admission: bool) -> None:
-    """Once the learner met its target (``finished``, gspo_rl.learner.target) every route that
-    starts a group answers 503 training_finished at once, with or without admission; rewards of the
-    groups in flight are still taken. The server records what every finished group scored,
-    equal-reward ones too (the target's measure), and the learner's synchronous in-flight count
-    agrees with the server's. A learner that starts again lifts the refusal."""
+    """Once the learner met its target (``finished``, gspo_rl.learner.runtime.target) every
+    route that starts a group answers 503 training_finished at once, with or without admission;
+    rewards of the groups in flight are still taken. The server records what every finished group
+    scored, equal-reward ones too (the target's measure), and the learner's synchronous in-flight
+    count agrees with the server's. A learner that starts again lifts the refusal."""
     url = redis_server.url
     with running_server(tiny_model_dir, url, admission=admission, admission_wait_s=120) as s:
         first, second = sample(s), sample(s)

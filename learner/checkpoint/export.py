@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from gspo_rl.learner.checkpoint import copy_tokenizer
+from gspo_rl.learner.checkpoint.store import copy_tokenizer
 from gspo_rl.learner.model.lora import base_of, is_adapter_dir, load_base
 
 

@@ -6,7 +6,7 @@ group it samples is then too stale to train, no step is trained, so no push woul
 the registry (only verified entries, ``gspo_rl.contract.queue.registry``), and when a live server's
 heartbeat reports a version older than the last push, pushes again, also while nothing is trained.
 It names the states without progress it sees: ``no_servers``, and ``servers_behind`` when that
-push fails (``gspo_rl.learner.progress``).
+push fails (``gspo_rl.learner.runtime.progress``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import redis
 
 from gspo_rl.contract.queue.registry import read_registry
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.learner.progress import ProgressMonitor
+from gspo_rl.learner.runtime.progress import ProgressMonitor
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import redis
 
 from gspo_rl.contract.queue.evals import decode_entries
 from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.learner.metrics import MetricsLogger, log_new_evals
+from gspo_rl.learner.tracking.metrics import MetricsLogger, log_new_evals
 
 log = logging.getLogger("gspo_rl.learner.loop")
 WAIT_EVENT = "final_eval_wait"

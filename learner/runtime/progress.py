@@ -32,7 +32,7 @@ from typing import Any
 
 from gspo_rl.contract.queue.inflight import InFlightFacts
 from gspo_rl.contract.stall import stall_end_fields, stall_fields
-from gspo_rl.learner.metrics import MetricsLogger
+from gspo_rl.learner.tracking.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
 

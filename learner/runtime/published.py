@@ -2,8 +2,8 @@
 its policy version and step, groups trained, and the admission parameters the rollout servers
 bound the groups in flight with (``gspo_rl.contract.admission``): ``max_staleness`` (-1: none),
 ``groups_per_step``, ``training`` (groups of the step being trained, 0 between steps) and
-``finished`` (why it stopped taking groups, ``gspo_rl.learner.target``; empty while it trains);
-and its heartbeat, ``seen_at`` (Redis time of its latest read of the queue: ``beat``).
+``finished`` (why it stopped taking groups, ``gspo_rl.learner.runtime.target``; empty while it
+trains); and its heartbeat, ``seen_at`` (Redis time of its latest read of the queue: ``beat``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""The learner's checkpoints: saving and loading a run's state (``store``) and exporting a
+trained policy for serving (``export``)."""
