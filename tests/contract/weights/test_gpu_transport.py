@@ -299,7 +299,7 @@ def test_nccl_update_lands_on_the_engines_gpu() -> None:
 def test_hf_engine_greedy_and_seeded_on_cuda(tiny_model_dir: Path) -> None:
     """Finding 2: greedy and seeded requests on a CUDA engine, parity with a plain forward."""
     from gspo_rl.server.engines.hf.engine import HFEngine
-    from gspo_rl.server.engines.reference import sequence_logprobs
+    from tests.helpers.reference_logprobs import sequence_logprobs
 
     async def body() -> None:
         engine = HFEngine(str(tiny_model_dir), device="cuda")
@@ -358,7 +358,7 @@ def test_lora_adapter_over_cuda_ipc_reaches_the_hf_engine_exactly(tiny_model_dir
     """The CUDA IPC push of a LoRA learner carries the adapter tensors only; the hf engine on
     the same GPU merges them into its base and samples with the learner's log-probabilities."""
     from gspo_rl.server.engines.hf.engine import HFEngine
-    from gspo_rl.server.engines.reference import sequence_logprobs
+    from tests.helpers.reference_logprobs import sequence_logprobs
 
     ctx = mp.get_context("spawn")
     q, done = ctx.Queue(), ctx.Event()

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from gspo_rl.contract.weights.lora import BaseCopy, LoraSpec, adapter_pairs, merged_weight
 from gspo_rl.learner.weights.adapter import lora_payload
 from gspo_rl.learner.weights.broadcast import push_payload
-from gspo_rl.server.engines.reference import sequence_logprobs
+from tests.helpers.reference_logprobs import sequence_logprobs
 
 SPEC = LoraSpec(rank=2, alpha=4.0, target_modules=["q_proj"])
 

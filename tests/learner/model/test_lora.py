@@ -19,8 +19,8 @@ from gspo_rl.learner.config import LORA_TARGETS, LearnerConfig
 from gspo_rl.learner.model.policy import Policy
 from gspo_rl.learner.startup import checkpoint_to_resume
 from gspo_rl.learner.trainer import Trainer
-from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.helpers.learner_data import sample_group
+from tests.helpers.reference_logprobs import sequence_logprobs
 
 IDS = [5, 17, 42, 99, 7, 300, 12, 8, 64, 3]
 

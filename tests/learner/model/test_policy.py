@@ -13,8 +13,8 @@ from gspo_rl.learner.data.batching import collate, samples_from_groups
 from gspo_rl.learner.model.policy import Policy, selected_logprobs
 from gspo_rl.server.engines.base import SamplingParams
 from gspo_rl.server.engines.hf.engine import HFEngine
-from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.helpers.learner_data import sample_group
+from tests.helpers.reference_logprobs import sequence_logprobs
 
 
 def test_selected_logprobs_matches_log_softmax_and_its_gradient(monkeypatch):

@@ -21,8 +21,8 @@ from transformers import AutoModelForCausalLM
 from gspo_rl.contract.queue.registry import ServerInfo, live_servers, register
 from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.learner.weights.broadcast import BroadcastSync
-from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.conftest import free_port
+from tests.helpers.reference_logprobs import sequence_logprobs
 from tests.helpers.serving import ADMIN_KEY, API_KEY, running_server
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]

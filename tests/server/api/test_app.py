@@ -19,8 +19,8 @@ import openai
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.helpers.queue import stored_rollout
+from tests.helpers.reference_logprobs import sequence_logprobs
 from tests.helpers.serving import (
     API_KEY,
     MODEL_NAME,

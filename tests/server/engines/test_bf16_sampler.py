@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from gspo_rl.learner.algorithm.config import LossConfig
 from gspo_rl.learner.algorithm.losses import policy_loss
 from gspo_rl.learner.trainer import truncated_is_weights
-from gspo_rl.server.engines.reference import sequence_logprobs
+from tests.helpers.reference_logprobs import sequence_logprobs
 
 B, PROMPT, COMPLETION = 16, 6, 24
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gspo_rl.server.engines.base import Completion, SamplingParams
 from gspo_rl.server.engines.hf.engine import HFEngine
 from gspo_rl.server.engines.hf.requests import ArrivalWindow
-from gspo_rl.server.engines.reference import sequence_logprobs
+from tests.helpers.reference_logprobs import sequence_logprobs
 
 T = TypeVar("T")
 PROMPTS = [[5, 6, 7], list(range(10, 31)), [100], list(range(200, 212)), [42] * 7]

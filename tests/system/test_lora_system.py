@@ -25,7 +25,7 @@ from gspo_rl.learner.loop import Learner
 from tests.conftest import wait_until
 from tests.helpers.queue import stored_rollout
 from tests.helpers.serving import ADMIN_KEY, running_server
-from tests.learner.test_multiturn import play_group
+from tests.system.test_multiturn import play_group
 
 KEYS = Keys()
 pytestmark = pytest.mark.slow  # ~35 s on a loaded 2-core box

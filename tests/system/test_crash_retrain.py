@@ -25,8 +25,8 @@ import redis
 
 from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore, make_redis
 from gspo_rl.learner.tracking.metrics import trained_history
-from tests.learner.test_crash import KEYS, _counter, _idle, _rollout, _run_steps, _wait
 from tests.learner.test_loop import _spawn, _toml
+from tests.system.test_crash import KEYS, _counter, _idle, _rollout, _run_steps, _wait
 
 KILL_AFTER = 7  # steps; the checkpoint is at step 4
 
