@@ -23,8 +23,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gspo_rl.server.engines.base import Completion, SamplingParams
-from gspo_rl.server.engines.reference import sequence_logprobs
 from tests.conftest import free_port
+from tests.helpers.reference_logprobs import sequence_logprobs
 from tests.helpers.serving import ADMIN_KEY, API_KEY, MODEL_NAME
 
 T = TypeVar("T")
