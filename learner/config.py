@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -26,10 +26,110 @@ OldLogprobsMode = Literal["auto", "behavior", "recompute"]
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class LearnerConfig(BaseModel):
-    """Everything the learner process needs. Field docstrings are the reference."""
+class _Fields(BaseModel):
+    """A frozen config model whose field docstrings are the reference, loaded by ``from_toml``
+    (the one loader of the learner's and SFT's configs)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    @classmethod
+    def from_toml(cls, path: str | Path | None = None, **overrides: Any) -> Self:
+        """Fields from the TOML file at ``path`` (optional), then ``overrides`` that are not
+        ``None``. ``loss`` may be overridden by a kind string or a dict of loss fields."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        return cls.model_validate(merge_overrides(data, overrides))
+
+
+class OptimizerFields(_Fields):
+    """AdamW and its schedule, as the learner's ``Trainer`` builds them: the fields the
+    learner (``LearnerConfig``) and the supervised warm start (``SFTConfig``) share."""
+
+    # ---------------------------------------------------------------- optimiser
+    lr: float = Field(default=1e-5, gt=0.0)
+    """AdamW learning rate (after warm-up). The default moves a small (~1B) model within tens
+    of steps; large models usually want 1e-6, the tiny demo model 2e-3 (``gspo up``)."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear learning-rate warm-up, in optimizer steps; 0 (the default): no warm-up."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW decoupled weight decay; 0 (the default): none."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2)."""
+    adam_eps: float = Field(default=1e-8, gt=0.0)
+    """AdamW epsilon."""
+    grad_clip: float | None = Field(default=1.0, gt=0.0)
+    """Max global gradient norm per optimizer step; ``None`` disables clipping."""
+
+
+class RuntimeFields(_Fields):
+    """Where and how the model runs (device, precision, packing, compilation, seed): the
+    fields ``LearnerConfig`` and ``SFTConfig`` share."""
+
+    # ---------------------------------------------------------------- runtime
+    micro_batch_tokens: int = Field(default=16384, ge=1)
+    """Token budget of one forward/backward: rows x longest row when padded, the sum of the
+    lengths when packed; gradients of the microbatches of a minibatch accumulate. Bounds
+    activation memory, not the maths."""
+    device: str = "auto"
+    """"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1", ..."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in backward (less memory, ~30% more compute). ``None``: chosen
+    by size on CUDA (``gspo_rl.learner.model.speed.needs_checkpointing``), off on the CPU."""
+    param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Parameter dtype. "bfloat16": bf16 weights and activations, float32 master weights and
+    AdamW state held by the optimizer (``gspo_rl.learner.model.precision``). "auto": bfloat16 on
+    CUDA (unless FSDP2-sharded), float32 on the CPU (exact)."""
+    packing: Literal["auto", "on", "off"] = "auto"
+    """Run each microbatch as one packed row (no padding, variable-length attention;
+    ``gspo_rl.learner.data.packing``); ``micro_batch_tokens`` then counts real tokens.
+    "auto": on CUDA."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """``torch.compile`` each decoder layer (fuses the norms, rotary embeddings and MLP
+    activations; the attention stays eager). "auto": on CUDA with bf16 parameters, where it
+    measured 1.2-1.3x the tokens/s (BENCHMARKS.md), off on the CPU; a layer that fails to
+    compile runs eagerly (logged). The first steps pay for the compilation (tens of seconds).
+    ``true``/``false`` are read as "on"/"off"."""
+
+    seed: int = 0
+    """Seeds torch, numpy and random at start (restored from the checkpoint on resume)."""
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_bool(cls, v: Any) -> Any:
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+
+class TrackingFields(_Fields):
+    """The experiment trackers a run reports to: the fields ``LearnerConfig`` and
+    ``SFTConfig`` share."""
+
+    # ---------------------------------------------------------------- metrics
+    report_to: list[TrackerName] = Field(default_factory=list)
+    """Experiment trackers that get the run's config and git commit, then every record of the
+    metrics JSONL (steps, stalls, checkpoints, evaluations): any of tensorboard, wandb,
+    mlflow, prometheus (an exporter at ``prometheus_port``), comma-separated on the command
+    line. Each of the first three is an extra (``pip install 'gspo-rl[wandb]'``); a missing one
+    stops the start with that hint (docs/tracking.md). Default: none (no tracker)."""
+    run_name: str | None = None
+    """Name of the tracked run (W&B, MLflow); ``None``: the tracker picks one."""
+    tracking_project: str | None = None
+    """W&B project and MLflow experiment; ``None``: env WANDB_PROJECT /
+    MLFLOW_EXPERIMENT_NAME, else "gspo-rl"."""
+    tracking_dir: str | None = None
+    """Where trackers write locally (TensorBoard events, W&B's run directories, the MLflow
+    SQLite database unless MLFLOW_TRACKING_URI is set); ``None``: ``tracking`` beside the
+    metrics JSONL (``runs/tracking`` without one)."""
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _tracker_names(cls, v: Any) -> Any:
+        return parse_names(v) if isinstance(v, str | list | tuple) else v
+
+
+class LearnerConfig(OptimizerFields, RuntimeFields, TrackingFields):
+    """Everything the learner process needs. Field docstrings are the reference."""
 
     # ---------------------------------------------------------------- model and wiring
     model: str
@@ -78,10 +178,6 @@ class LearnerConfig(BaseModel):
     epochs: int = Field(default=1, ge=1)
     """Passes over the step's minibatches (PPO's epochs): ``minibatches x epochs`` optimizer
     steps per policy version, each pass in the same order."""
-    micro_batch_tokens: int = Field(default=16384, ge=1)
-    """Token budget of one forward/backward: rows x longest row when padded, the sum of the
-    lengths when packed; gradients of the microbatches of a minibatch accumulate. Bounds
-    activation memory, not the maths."""
 
     # ---------------------------------------------------------------- LoRA
     lora_rank: int | None = Field(default=None, ge=1)
@@ -106,48 +202,9 @@ class LearnerConfig(BaseModel):
             raise ValueError("lora_target_modules needs at least one module name")
         return v
 
-    # ---------------------------------------------------------------- optimiser
-    lr: float = Field(default=1e-5, gt=0.0)
-    """AdamW learning rate (after warm-up). The default moves a small (~1B) model within tens
-    of steps; large models usually want 1e-6, the tiny demo model 2e-3 (``gspo up``)."""
-    warmup_steps: int = Field(default=0, ge=0)
-    """Linear learning-rate warm-up, in optimizer steps; 0 (the default): no warm-up."""
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    """AdamW decoupled weight decay; 0 (the default): none."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW (beta1, beta2)."""
-    adam_eps: float = Field(default=1e-8, gt=0.0)
-    """AdamW epsilon."""
-    grad_clip: float | None = Field(default=1.0, gt=0.0)
-    """Max global gradient norm per optimizer step; ``None`` disables clipping."""
-
     # ---------------------------------------------------------------- runtime
-    device: str = "auto"
-    """"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1", ..."""
     bf16_autocast: bool = False
     """On CUDA, run forward passes under bf16 autocast (weights and optimiser stay float32)."""
-    gradient_checkpointing: bool | None = None
-    """Recompute activations in backward (less memory, ~30% more compute). ``None``: chosen
-    by size on CUDA (``gspo_rl.learner.model.speed.needs_checkpointing``), off on the CPU."""
-    param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Parameter dtype. "bfloat16": bf16 weights and activations, float32 master weights and
-    AdamW state held by the optimizer (``gspo_rl.learner.model.precision``). "auto": bfloat16 on
-    CUDA (unless FSDP2-sharded), float32 on the CPU (exact)."""
-    packing: Literal["auto", "on", "off"] = "auto"
-    """Run each microbatch as one packed row (no padding, variable-length attention;
-    ``gspo_rl.learner.data.packing``); ``micro_batch_tokens`` then counts real tokens.
-    "auto": on CUDA."""
-    compile: Literal["auto", "on", "off"] = "auto"
-    """``torch.compile`` each decoder layer (fuses the norms, rotary embeddings and MLP
-    activations; the attention stays eager). "auto": on CUDA with bf16 parameters, where it
-    measured 1.2-1.3x the tokens/s (BENCHMARKS.md), off on the CPU; a layer that fails to
-    compile runs eagerly (logged). The first steps pay for the compilation (tens of seconds).
-    ``true``/``false`` are read as "on"/"off"."""
-
-    @field_validator("compile", mode="before")
-    @classmethod
-    def _compile_bool(cls, v: Any) -> Any:
-        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
     data_parallel: Literal["auto", "allreduce", "fsdp2"] = "auto"
     """Under ``torchrun`` with several ranks: "allreduce" keeps a full replica per rank and
     sums gradients; "fsdp2" shards weights, gradients and optimiser state
@@ -155,8 +212,6 @@ class LearnerConfig(BaseModel):
     adapters trained); "auto" is fsdp2 on CUDA, allreduce on CPU, and allreduce with
     ``lora_rank`` (a replica per rank keeps bf16 weights and packing; ask for fsdp2 when the
     base does not fit one device). Ignored by one process."""
-    seed: int = 0
-    """Seeds torch, numpy and random at start (restored from the checkpoint on resume)."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many training steps (counting steps before a resume). ``None``: never."""
     target_reward: float | None = Field(default=None, ge=0.0)
@@ -216,22 +271,6 @@ class LearnerConfig(BaseModel):
     without ``save_dir``: no metrics file, the console line only)."""
     console: bool = True
     """Print one line per step to the terminal."""
-    report_to: list[TrackerName] = Field(default_factory=list)
-    """Experiment trackers that get the run's config and git commit, then every record of the
-    metrics JSONL (steps, stalls, checkpoints, evaluations): any of tensorboard, wandb,
-    mlflow, prometheus (an exporter at ``prometheus_port``), comma-separated on the command
-    line. Each of the first three is an extra (``pip install 'gspo-rl[wandb]'``); a missing one
-    stops the start with that hint (docs/tracking.md). Default: none (no tracker)."""
-    run_name: str | None = None
-    """Name of the tracked run (W&B, MLflow); ``None``: the tracker picks one."""
-    tracking_project: str | None = None
-    """W&B project and MLflow experiment; ``None``: env WANDB_PROJECT /
-    MLFLOW_EXPERIMENT_NAME, else "gspo-rl"."""
-    tracking_dir: str | None = None
-    """Where trackers write locally (TensorBoard events, W&B's run directories, the MLflow
-    SQLite database unless MLFLOW_TRACKING_URI is set); ``None``: ``tracking`` beside the
-    metrics JSONL (``runs/tracking`` without one)."""
-
     samples_every: int = Field(default=10, ge=0)
     """Every this many steps, the trackers get a table of sampled episodes of the step's
     batch: one per group (at most 8), prompt and completion decoded (the model's turns apart
@@ -244,11 +283,6 @@ class LearnerConfig(BaseModel):
     """After training: wait up to this long for the evaluation of the final weights, posted
     by an environment, and log it to the metrics and trackers before exiting (``gspo up``
     sets it when it evaluates; ``gspo_rl.learner.runtime.final_eval``). 0: exit at once."""
-
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _tracker_names(cls, v: Any) -> Any:
-        return parse_names(v) if isinstance(v, str | list | tuple) else v
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:
@@ -286,16 +320,6 @@ class LearnerConfig(BaseModel):
             return Path(self.tracking_dir)
         metrics = self.metrics_path
         return (metrics.parent if metrics is not None else Path("runs")) / "tracking"
-
-    @classmethod
-    def from_toml(cls, path: str | Path | None = None, **overrides: Any) -> LearnerConfig:
-        """Fields from the TOML file at ``path`` (optional), then ``overrides`` that are not
-        ``None``. ``loss`` may be overridden by a kind string or a dict of loss fields."""
-        data: dict[str, Any] = {}
-        if path is not None:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        return cls.model_validate(merge_overrides(data, overrides))
 
 
 def merge_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

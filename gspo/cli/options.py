@@ -80,13 +80,18 @@ _ATTRIBUTE = re.compile(r"^    (?P<name>[a-z_][a-z0-9_]*)\s*:")
 def _sections(cls: type) -> dict[str, str]:
     """Each field of ``cls`` -> the title of the section comment above it in the class
     (``# ------ batching``); fields before any section: none."""
+    from pydantic import BaseModel
+
     out: dict[str, str] = {}
-    title = None
-    for line in textwrap.dedent(inspect.getsource(cls)).splitlines():
-        if (m := _SECTION.match(line)) is not None:
-            title = m.group("title").strip()
-        elif title is not None and (m := _ATTRIBUTE.match(line)) is not None:
-            out.setdefault(m.group("name"), title)
+    for klass in cls.__mro__:  # a field declared in a shared base: that base's section
+        if klass is BaseModel or not (isinstance(klass, type) and issubclass(klass, BaseModel)):
+            continue
+        title = None
+        for line in textwrap.dedent(inspect.getsource(klass)).splitlines():
+            if (m := _SECTION.match(line)) is not None:
+                title = m.group("title").strip()
+            elif title is not None and (m := _ATTRIBUTE.match(line)) is not None:
+                out.setdefault(m.group("name"), title)
     return out
 
 
