@@ -9,6 +9,8 @@ same way. ``install_error_handlers(app)`` renders:
   status its problem maps to here;
 - ``StoreError`` (the Redis layer's refusals, ``gspo_rl.contract.queue.errors``) with the status its
   reason maps to here: this module is the one place a storage outcome becomes an HTTP status;
+- ``EngineError`` (an engine's typed failures, ``gspo_rl.server.engines.errors``) with the status
+  its type maps to here (``ENGINE_STATUS``);
 - request validation errors as 422 with the field path in the message, except malformed
   JSON, which is a 400 (the body is not JSON at all, nothing to validate);
 - bodies larger than ``max_body_bytes`` as 413, checked on ``Content-Length`` and while the
@@ -34,6 +36,13 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gspo_rl.contract.queue.errors import StoreError, StoreReason
+from gspo_rl.server.engines.errors import (
+    EngineError,
+    EngineUnavailable,
+    InvalidWeights,
+    RequestRefused,
+    WeightSyncFailed,
+)
 from gspo_rl.server.rollouts.errors import Problem, RolloutError
 
 logger = logging.getLogger(__name__)
@@ -78,6 +87,14 @@ ROLLOUT_STATUS = {
     Problem.UNAVAILABLE: 503,
 }
 """HTTP status of each problem the rollout layer refuses a request for."""
+
+ENGINE_STATUS: dict[type[EngineError], tuple[int, str | None, str | None]] = {
+    RequestRefused: (400, None, "invalid_request"),
+    EngineUnavailable: (503, None, "engine_unavailable"),
+    InvalidWeights: (400, None, "invalid_weights"),
+    WeightSyncFailed: (504, "weight_sync_error", None),
+}
+"""HTTP status, error type (None: the status's) and code of each engine failure."""
 
 
 def store_status(exc: StoreError) -> int:
@@ -131,6 +148,16 @@ def rollout_api_error(exc: RolloutError) -> APIError:
     headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
     return APIError(ROLLOUT_STATUS[exc.problem], exc.message, code=exc.code,
                     details=exc.details, headers=headers)
+
+
+def engine_api_error(exc: EngineError) -> APIError:
+    """The ``APIError`` an engine's typed failure renders as (its nearest type in
+    ``ENGINE_STATUS``; a 500 for a type not listed)."""
+    for klass in type(exc).__mro__:
+        if klass in ENGINE_STATUS:
+            status, kind, code = ENGINE_STATUS[klass]
+            return APIError(status, str(exc), type=kind, code=code)
+    return APIError(500, "internal server error", code="internal_error")
 
 
 def error_response(status: int, message: str, code: str | None = None) -> JSONResponse:
@@ -213,6 +240,11 @@ async def _rollout_error_handler(request: Request, exc: Exception) -> JSONRespon
     return rollout_api_error(exc).response()
 
 
+async def _engine_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EngineError)
+    return engine_api_error(exc).response()
+
+
 async def _store_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StoreError)
     return store_api_error(exc).response()
@@ -265,6 +297,8 @@ def api_error_of(exc: BaseException) -> APIError:
         return rollout_api_error(exc)
     if isinstance(exc, StoreError):
         return store_api_error(exc)
+    if isinstance(exc, EngineError):
+        return engine_api_error(exc)
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         return _redis_oom_error()
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError
@@ -295,6 +329,7 @@ def install_error_handlers(app: FastAPI, max_body_bytes: int = DEFAULT_MAX_BODY_
     app.add_exception_handler(APIError, _api_error_handler)
     app.add_exception_handler(RolloutError, _rollout_error_handler)
     app.add_exception_handler(StoreError, _store_error_handler)
+    app.add_exception_handler(EngineError, _engine_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
     app.add_exception_handler(redis.exceptions.ConnectionError, _redis_down_handler)

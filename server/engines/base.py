@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from gspo_rl.server.engines.errors import RequestRefused, WeightSyncFailed
+
 if TYPE_CHECKING:
     import torch.distributed as dist
 
@@ -176,7 +178,7 @@ class Engine(abc.ABC):
         from gspo_rl.contract.weights.collective import receive_tensors, transport_device
 
         if self._weight_pg is None or req.epoch != self._weight_epoch:
-            raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
+            raise WeightSyncFailed(f"not a member of broadcast group epoch {req.epoch} "
                                f"(member of {self._weight_epoch})")
         pg = self._weight_pg
         # NCCL: buckets land straight in the engine's GPU memory; gloo: in host memory.
@@ -197,7 +199,7 @@ class Engine(abc.ABC):
         try:
             await self.load_adapter(tensors, lora, version)
         except (KeyError, ValueError) as exc:
-            raise RuntimeError(f"refusing this adapter: {exc}") from exc
+            raise WeightSyncFailed(f"refusing this adapter: {exc}") from exc
 
     async def load_adapter(self, tensors: list[tuple[str, torch.Tensor]], lora: LoraSpec,
                            version: int) -> None:
@@ -231,18 +233,18 @@ class Engine(abc.ABC):
 
 def validate_request(prompt: list[int], p: SamplingParams, vocab_size: int,
                      max_model_len: int) -> None:
-    """Every engine's checks of a request, with one set of messages (ValueError: the server
-    answers 400): a non-empty prompt of in-vocabulary ids that leaves room for one new token,
+    """Every engine's checks of a request, with one set of messages (``RequestRefused``: the
+    server answers 400): a non-empty prompt of in-vocabulary ids that leaves room for one new token,
     at least one new token, sampling parameters in range."""
     if not prompt:
-        raise ValueError("prompt_token_ids must not be empty")
+        raise RequestRefused("prompt_token_ids must not be empty")
     if any(not 0 <= int(t) < vocab_size for t in prompt):
-        raise ValueError(f"prompt token ids must lie in [0, {vocab_size})")
+        raise RequestRefused(f"prompt token ids must lie in [0, {vocab_size})")
     if len(prompt) >= max_model_len:
-        raise ValueError(f"prompt has {len(prompt)} tokens; max_model_len is "
+        raise RequestRefused(f"prompt has {len(prompt)} tokens; max_model_len is "
                          f"{max_model_len} (prompt + at least one new token)")
     if p.max_tokens < 1:
-        raise ValueError("max_tokens must be >= 1")
+        raise RequestRefused("max_tokens must be >= 1")
     if p.temperature < 0 or not 0 < p.top_p <= 1 or p.top_k < 0 or p.top_logprobs < 0:
-        raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
+        raise RequestRefused("need temperature >= 0, 0 < top_p <= 1, top_k >= 0, "
                          "top_logprobs >= 0")

@@ -30,6 +30,7 @@ from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.contract.queue.schema import RolloutRecord, member_rollout_id
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
+from gspo_rl.server.engines.errors import EngineUnavailable, RequestRefused
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.errors import invalid, not_found, unavailable
 from gspo_rl.server.rollouts.limits import MAX_STOP_STRINGS, MIN_TEMPERATURE
@@ -172,10 +173,12 @@ def sample_params(plan: GenerationPlan) -> list[SamplingParams]:
 
 
 def engine_error(exc: BaseException) -> BaseException:
-    """What an engine failure of ``generate`` becomes for the client (anything else: itself)."""
-    if isinstance(exc, ValueError):  # the engine refused the request: a check above missed it
+    """What an engine's typed failure of ``generate`` (``gspo_rl.server.engines.errors``)
+    becomes for the client; anything else stays itself (a 500: the server's fault, never
+    reported as the client's)."""
+    if isinstance(exc, RequestRefused):  # the engine refused the request: a check above missed it
         return invalid(f"the engine refused the request: {exc}", code="invalid_request")
-    if isinstance(exc, RuntimeError):  # the engine is stopped or its scheduler failed
+    if isinstance(exc, EngineUnavailable):  # the engine is stopped or its scheduler failed
         return unavailable(f"the engine cannot generate: {exc}", code="engine_unavailable",
                            retry_after_s=1)
     return exc
@@ -195,14 +198,14 @@ async def generate_n(engine: Engine, plan: GenerationPlan) -> list[Completion]:
     if len(params) == 1:  # one sample: awaited as it is, no task to create and schedule
         try:
             completions = [await engine.generate(plan.prompt_token_ids, params[0])]
-        except (ValueError, RuntimeError) as exc:
+        except (RequestRefused, EngineUnavailable) as exc:
             raise engine_error(exc) from exc
     else:
         try:
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(engine.generate(plan.prompt_token_ids, p))
                          for p in params]
-        except* (ValueError, RuntimeError) as eg:
+        except* (RequestRefused, EngineUnavailable) as eg:
             raise engine_error(eg.exceptions[0]) from eg
         completions = [t.result() for t in tasks]
     check_not_aborted(completions)

@@ -18,6 +18,7 @@ from gspo_rl.server.api.deps import EngineDep
 from gspo_rl.server.api.error_docs import error_responses
 from gspo_rl.server.api.errors import APIError
 from gspo_rl.server.engines.base import Engine
+from gspo_rl.server.engines.errors import InvalidWeights, WeightSyncFailed
 from gspo_rl.server.engines.updates import WeightUpdates
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,11 @@ async def join(req: JoinRequest, engine: EngineDep) -> VersionResponse:
     """Join broadcast group ``epoch`` (blocks until every rank has joined, or times out)."""
     try:
         await asyncio.wait_for(engine.join_weight_group(req), timeout=req.timeout_s + 5)
-    except (TimeoutError, RuntimeError) as exc:
+    except (TimeoutError, RuntimeError) as exc:  # ours, or the collective's own
         engine.leave_weight_group(req.epoch)  # not a newer group joined meanwhile
         why = str(exc) or (f"the group did not form within {req.timeout_s:g} s: every rank "
                            f"must reach {req.master_addr}:{req.master_port} and each other")
-        raise APIError(504, f"could not join weight group epoch {req.epoch}: {why}",
-                       "weight_sync_error") from exc
+        raise WeightSyncFailed(f"could not join weight group epoch {req.epoch}: {why}") from exc
     return VersionResponse(policy_version=engine.policy_version)
 
 
@@ -66,11 +66,10 @@ async def update(req: UpdateBody, engine: EngineDep, request: Request) -> Versio
     try:
         await updates.track(req.version, req.timeout_s, asyncio.wait_for(
             engine.receive_weights(req, req.timeout_s), timeout=req.timeout_s + 5))
-    except (TimeoutError, RuntimeError) as exc:
+    except (TimeoutError, RuntimeError) as exc:  # ours, or the collective's own
         engine.leave_weight_group(req.epoch)  # the group is broken: the learner rebuilds it
         log.warning("weight update %s failed: %s", req.version, exc)
-        raise APIError(504, f"weight update to version {req.version} failed: {exc}",
-                       "weight_sync_error") from exc
+        raise WeightSyncFailed(f"weight update to version {req.version} failed: {exc}") from exc
     return VersionResponse(policy_version=engine.policy_version)
 
 
@@ -93,11 +92,10 @@ async def update_ipc(req: IpcUpdateRequest, engine: EngineDep,
         await updates.track(req.version, req.timeout_s, asyncio.wait_for(
             engine.receive_ipc(req), timeout=req.timeout_s))
     except (ValueError, KeyError) as exc:  # names, shapes or plan wrong; engine not on CUDA
-        raise APIError(400, f"bad IPC weight update: {exc}", code="invalid_ipc_update") from exc
+        raise InvalidWeights(f"bad IPC weight update: {exc}") from exc
     except (TimeoutError, RuntimeError) as exc:
         log.warning("IPC weight update %s failed: %s", req.version, exc)
-        raise APIError(504, f"weight update to version {req.version} failed: {exc}",
-                       "weight_sync_error") from exc
+        raise WeightSyncFailed(f"weight update to version {req.version} failed: {exc}") from exc
     return VersionResponse(policy_version=engine.policy_version)
 
 

@@ -39,6 +39,7 @@ from gspo_rl.server.engines.base import (
     SamplingParams,
     validate_request,
 )
+from gspo_rl.server.engines.errors import EngineUnavailable, InvalidWeights
 from gspo_rl.server.engines.hf import attention as hf_attention
 from gspo_rl.server.engines.hf import batch as hf_batch
 from gspo_rl.server.engines.hf.requests import (
@@ -182,7 +183,7 @@ class HFEngine(Engine):
                       progress=progress)
         with self._cond:
             if self._stopping or self._thread is None or self._error is not None:
-                raise RuntimeError(f"engine is not running (error: {self._error!r})")
+                raise EngineUnavailable(f"engine is not running (error: {self._error!r})")
             self._waiting.append(req)
             self._cond.notify_all()
         return req
@@ -257,7 +258,7 @@ class HFEngine(Engine):
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         if self.model is None:
-            raise RuntimeError("engine not started")
+            raise EngineUnavailable("engine not started")
         return dict(self.model.named_parameters(remove_duplicate=False))
 
     def _load_weights_sync(self, items: list[tuple[str, torch.Tensor]], version: int) -> None:
@@ -266,7 +267,7 @@ class HFEngine(Engine):
             if name not in params:
                 raise KeyError(f"unknown parameter {name!r}")
             if tuple(tensor.shape) != tuple(params[name].shape):
-                raise ValueError(f"{name}: shape {tuple(tensor.shape)}, expected "
+                raise InvalidWeights(f"{name}: shape {tuple(tensor.shape)}, expected "
                                  f"{tuple(params[name].shape)}")
         self._between_steps(version, self._copy_in, params, items)
 
@@ -326,7 +327,7 @@ class HFEngine(Engine):
                 doomed = list(self._waiting) + self._rows
                 self._waiting.clear()
                 self._rows = []
-            failed = RuntimeError(f"engine failed: {exc!r}")
+            failed = EngineUnavailable(f"engine failed: {exc!r}")
             deliver((req, failed) for req in doomed)
             return
         with self._cond:

@@ -24,6 +24,7 @@ import torch
 
 from gspo_rl.contract.weights.collective import TensorMeta
 from gspo_rl.contract.weights.lora import BaseCopy, LoraSpec, adapter_pairs
+from gspo_rl.server.engines.errors import InvalidWeights
 from gspo_rl.server.engines.vllm.convert import fused_siblings
 
 
@@ -36,7 +37,7 @@ def check_adapter(metas: list[TensorMeta], spec: LoraSpec,
         if name not in shapes:
             raise KeyError(f"the adapter targets {name!r}, which this model does not have")
         if (b.shape[0], a.shape[1]) != tuple(shapes[name]):
-            raise ValueError(f"{name}: B @ A is {(b.shape[0], a.shape[1])}, the weight "
+            raise InvalidWeights(f"{name}: B @ A is {(b.shape[0], a.shape[1])}, the weight "
                              f"{tuple(shapes[name])}")
 
 

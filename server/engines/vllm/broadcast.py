@@ -22,6 +22,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from gspo_rl.server.engines.errors import InvalidWeights, WeightSyncFailed
+
 if TYPE_CHECKING:
     from gspo_rl.contract.weights.collective import (
         JoinRequest,
@@ -69,7 +71,7 @@ class VLLMWeightUpdates:
         from gspo_rl.contract.weights.cuda_ipc import check_request
 
         if not self._devices or any(not d.startswith("GPU-") for d in self._devices):
-            raise ValueError(f"CUDA IPC weights need a CUDA engine, this one is on "
+            raise InvalidWeights(f"CUDA IPC weights need a CUDA engine, this one is on "
                              f"{self._devices}")
         check_request(req)
         self._check_push(req.tensors, req.lora)
@@ -110,12 +112,12 @@ class VLLMWeightUpdates:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         if req.epoch != self._weight_epoch:
-            raise RuntimeError(f"not a member of broadcast group epoch {req.epoch} "
+            raise WeightSyncFailed(f"not a member of broadcast group epoch {req.epoch} "
                                f"(member of {self._weight_epoch})")
         try:
             self._check_push(req.tensors, req.lora)
         except (KeyError, ValueError) as exc:
-            raise RuntimeError(f"refusing these weights: {exc}") from exc
+            raise WeightSyncFailed(f"refusing these weights: {exc}") from exc
         llm = self._require()
         info = {"epoch": req.epoch, "tensors": [m.model_dump() for m in req.tensors],
                 "bucket_bytes": req.bucket_bytes, "timeout_s": timeout_s,
@@ -151,7 +153,7 @@ class VLLMWeightUpdates:
             states = await self._rpc("gspo_transfer_status")
             failed = [s[error] for s in states if s[error]]
             if failed:
-                raise RuntimeError(f"weight transfer failed in the vLLM worker: {failed[0]}")
+                raise WeightSyncFailed(f"weight transfer failed in the vLLM worker: {failed[0]}")
             if all(s[flag] and (epoch is None or s["epoch"] == epoch) for s in states):
                 return
             if time.monotonic() > deadline:
@@ -173,11 +175,11 @@ class VLLMWeightUpdates:
 
 @contextlib.contextmanager
 def runtime_errors(what: str) -> Iterator[None]:
-    """vLLM reports a failed utility call as a bare ``Exception``: make it the RuntimeError the
-    admin routes answer with a 504 (timeouts and our own errors pass through)."""
+    """vLLM reports a failed utility call as a bare ``Exception``: make it the ``WeightSyncFailed``
+    the admin routes answer with a 504 (timeouts and our own errors pass through)."""
     try:
         yield
     except (TimeoutError, RuntimeError, KeyError, ValueError):
         raise
     except Exception as exc:
-        raise RuntimeError(f"{what} failed: {exc}") from exc
+        raise WeightSyncFailed(f"{what} failed: {exc}") from exc

@@ -40,6 +40,7 @@ from gspo_rl.server.engines.base import (
     SamplingParams,
     validate_request,
 )
+from gspo_rl.server.engines.errors import EngineUnavailable, InvalidWeights, RequestRefused
 from gspo_rl.server.engines.vllm import native_lora
 from gspo_rl.server.engines.vllm.broadcast import VLLMWeightUpdates, runtime_errors
 from gspo_rl.server.engines.vllm.convert import (
@@ -186,9 +187,9 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
 
     def _require(self) -> Any:
         if self.llm is None or self._stopping:
-            raise RuntimeError("engine is not running")
+            raise EngineUnavailable("engine is not running")
         if self._broken is not None:
-            raise RuntimeError(f"engine unusable: a weight load failed part-way "
+            raise EngineUnavailable(f"engine unusable: a weight load failed part-way "
                                f"({self._broken!r}); restart the server")
         return self.llm
 
@@ -202,7 +203,7 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
             async for item in it:
                 if isinstance(item, Completion):
                     return item
-        raise RuntimeError("vllm generation ended without a completion")
+        raise EngineUnavailable("vllm generation ended without a completion")
 
     async def generate_stream(self, prompt_token_ids: list[int],
                               params: SamplingParams) -> AsyncIterator[Partial | Completion]:
@@ -226,10 +227,10 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
                     out = await anext(stream, None)
                 except Exception as exc:
                     if isinstance(exc.__cause__, ValueError):  # vLLM refused the input
-                        raise exc.__cause__ from None
+                        raise RequestRefused(str(exc.__cause__)) from exc.__cause__
                     if self._stopping:  # during shutdown: "abort" with what arrived
                         break
-                    raise RuntimeError(f"vllm generation failed: {exc!r}") from exc
+                    raise EngineUnavailable(f"vllm generation failed: {exc!r}") from exc
                 if out is None:
                     break
                 last = out.outputs[0]
@@ -244,7 +245,7 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
                     tops: list[list[tuple[int, float]]], params: SamplingParams) -> Completion:
         reason = None if last is None else last.finish_reason
         if reason == "error":
-            raise RuntimeError("vllm reported an error for this request")
+            raise EngineUnavailable("vllm reported an error for this request")
         finish: FinishReason = reason if reason in ("stop", "length") else "abort"
         stop_reason = None if last is None else last.stop_reason
         return Completion(
@@ -324,10 +325,10 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
             if name not in self._shapes:
                 raise KeyError(f"unknown parameter {name!r}")
             if shape != self._shapes[name]:
-                raise ValueError(f"{name}: shape {shape}, expected {self._shapes[name]}")
+                raise InvalidWeights(f"{name}: shape {shape}, expected {self._shapes[name]}")
             for sibling in fused_siblings(name, self._packed):
                 if sibling not in names:
-                    raise ValueError(f"{name} is stored fused with {sibling}: load both")
+                    raise InvalidWeights(f"{name} is stored fused with {sibling}: load both")
 
     def dead_reason(self) -> str | None:
         if self._broken is not None:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from gspo_rl.contract.weights.lora import PEFT_PREFIX, LoraSpec, adapter_pairs
+from gspo_rl.server.engines.errors import InvalidWeights, WeightSyncFailed
 
 ADAPTER_ID = 1
 ADAPTER_NAME = "gspo-policy"
@@ -40,7 +41,7 @@ def rank_slot(rank: int) -> int:
     for slot in VLLM_RANKS:
         if slot >= rank:
             return slot
-    raise ValueError(f"LoRA rank {rank} is above vLLM's largest ({VLLM_RANKS[-1]})")
+    raise InvalidWeights(f"LoRA rank {rank} is above vLLM's largest ({VLLM_RANKS[-1]})")
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def policy_request() -> Any:
 def _manager(model: torch.nn.Module) -> Any:
     manager = getattr(model, "lora_manager", None)  # vLLM sets it when it wraps the layers
     if manager is None:
-        raise RuntimeError("this vLLM engine was started without LoRA (max_lora_rank)")
+        raise WeightSyncFailed("this vLLM engine was started without LoRA (max_lora_rank)")
     return manager
 
 
