@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
 from gspo_rl.learner.algorithm.config import LossConfig
-from gspo_rl.learner.tracking.base import TrackerName, parse_names
+from gspo_rl.learner.tracking.base import TrackerNames
 
 OldLogprobsMode = Literal["auto", "behavior", "recompute"]
 # Every attention and MLP projection of Llama / Qwen / Mistral-style decoder layers.
@@ -106,7 +106,7 @@ class TrackingFields(_Fields):
     ``SFTConfig`` share."""
 
     # ---------------------------------------------------------------- metrics
-    report_to: list[TrackerName] = Field(default_factory=list)
+    report_to: TrackerNames = Field(default_factory=list)
     """Experiment trackers that get the run's config and git commit, then every record of the
     metrics JSONL (steps, stalls, checkpoints, evaluations): any of tensorboard, wandb,
     mlflow, prometheus (an exporter at ``prometheus_port``), comma-separated on the command
@@ -121,11 +121,6 @@ class TrackingFields(_Fields):
     """Where trackers write locally (TensorBoard events, W&B's run directories, the MLflow
     SQLite database unless MLFLOW_TRACKING_URI is set); ``None``: ``tracking`` beside the
     metrics JSONL (``runs/tracking`` without one)."""
-
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _tracker_names(cls, v: Any) -> Any:
-        return parse_names(v) if isinstance(v, str | list | tuple) else v
 
 
 class LearnerConfig(OptimizerFields, RuntimeFields, TrackingFields):

@@ -139,12 +139,7 @@ def learn(**params: Any) -> None:
     try:
         cfg = LearnerConfig.from_toml(config, **flags)
     except (ValidationError, OSError, ValueError) as exc:
-        if isinstance(exc, ValidationError):
-            msg = "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
-                            for e in exc.errors())
-        else:
-            msg = f"  {exc}"
-        typer.echo("invalid learner settings:\n" + msg, err=True)
+        typer.echo("invalid learner settings:\n" + settings_errors(exc), err=True)
         raise typer.Exit(2) from exc
     from gspo_rl.learner.tracking.base import TrackingUnavailable, check_installed
 
@@ -198,9 +193,7 @@ def sft(**params: Any) -> None:
         cfg = SFTConfig.from_toml(params["config"], **flags)
         check_installed(cfg.report_to)
     except (ValidationError, OSError, ValueError, TrackingUnavailable) as exc:
-        msg = "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
-                        for e in exc.errors()) if isinstance(exc, ValidationError) else f"  {exc}"
-        typer.echo("gspo sft: invalid settings:\n" + msg, err=True)
+        typer.echo("gspo sft: invalid settings:\n" + settings_errors(exc), err=True)
         raise typer.Exit(2) from exc
     log_config("gspo sft", cfg)
     from gspo_rl.learner.checkpoint.store import SaveDirError

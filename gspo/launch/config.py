@@ -7,9 +7,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from gspo_rl.learner.tracking.base import TrackerName, parse_names
+from gspo_rl.learner.tracking.base import TrackerNames
 
 UP_DEFAULTS: dict[str, Any] = {"run_dir": "runs/up"}
 """Where ``gspo up`` (the command) differs from ``UpConfig``'s own defaults."""
@@ -90,7 +90,7 @@ class UpConfig(BaseModel):
     """The server's sampling budget (its ``no_signal_hold_s``, 30 s): a group that ends
     without a learning signal counts as in flight until the learner's next step, at most
     this long; 0: it leaves at once."""
-    report_to: list[TrackerName] = Field(default_factory=list)
+    report_to: TrackerNames = Field(default_factory=list)
     """Experiment trackers the learner reports to (tensorboard, wandb, mlflow; the learner's
     ``report_to``), writing locally under ``run_dir/tracking``."""
     run_name: str | None = None
@@ -118,10 +118,6 @@ class UpConfig(BaseModel):
             data["target_reward"] = None
         return cls.model_validate(data)
 
-    @field_validator("report_to", mode="before")
-    @classmethod
-    def _tracker_names(cls, v: Any) -> Any:
-        return parse_names(v) if isinstance(v, str | list | tuple) else v
 
     @property
     def learning_rate(self) -> float:

@@ -20,7 +20,9 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import BeforeValidator
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,14 @@ def parse_names(value: Any) -> list[str]:
         if name and name not in out:
             out.append(name)
     return out
+
+
+def _names(value: Any) -> Any:
+    return parse_names(value) if isinstance(value, str | list | tuple) else value
+
+
+TrackerNames = Annotated[list[TrackerName], BeforeValidator(_names)]
+"""A config's ``report_to``: tracker names, as a list or one comma-separated string."""
 
 
 def check_installed(names: Iterable[str]) -> None:
