@@ -127,8 +127,6 @@ def learn(**params: Any) -> None:
 
     if os.environ.get("GSPO_ADMIN_KEY"):
         flags["admin_key"] = os.environ["GSPO_ADMIN_KEY"]
-    if params["redis_url"] is None and os.environ.get("GSPO_REDIS_URL"):  # it may hold the password
-        flags["redis_url"] = os.environ["GSPO_REDIS_URL"]
     from gspo_rl.logs import configure_logging, log_config
 
     configure_logging(log_level)
@@ -281,108 +279,43 @@ def env(
         typer.echo(line)
 
 
-@app.command(short_help="Redis, server, learner and environment: train, plot.")
-def up(
-    config: str = typer.Option(None, "--config", help="TOML file of UpConfig fields (these "
-                               "flags' names with underscores; docs/reference/"
-                               "configuration.md); flags override it."),
-    run_dir: str = typer.Option(None, help="Where metrics, checkpoints, logs and the "
-                                "reward-curve PNG go. (default: runs/up)"),
-    model: str = typer.Option(None, help="Model directory (default: a tiny local model)."),
-    redis_url: str = typer.Option(None, envvar="REDIS_URL",
-                                  help="Use this Redis (default: start one)."),
-    loss: str = typer.Option(None, help="gspo | gspo_token | grpo | sapo. (default: gspo)"),
-    max_steps: int = typer.Option(None, help="Most learner steps to train. (default: 300)"),
-    groups_per_step: int = typer.Option(None, help="Groups per learner step. (default: 4)"),
-    group_size: int = typer.Option(None, help="Samples per prompt (G). (default: the task "
-                                   "file's; 8 for the alphabet demo)"),
-    tasks: str = typer.Option(None, help="Train on tasks from data: a task file (TOML or "
-                              "YAML; docs/tasks.md), or reasoning-gym:NAME[:weight],..."),
-    env: list[str] = typer.Option(None, "--env", help="Train on an environment, "
-                                  "SPEC[@WEIGHT] (repeatable: side by side): "
-                                  "path/to/my_env.py:MyEnv | module:MyEnv | verifiers:MODULE "
-                                  "| reasoning-gym:NAME,... | openenv:URL "
-                                  "(docs/environments/index.md)."),
-    env_arg: list[str] = typer.Option(None, "--env-arg", help="An environment's argument, "
-                                      "key=value (JSON value; dotted keys nest), repeatable; "
-                                      "NAME:key=value with several --env."),
-    selection: bool = typer.Option(None, "--selection/--no-selection", help="Task "
-                                   "selection by difficulty for tasks from data and "
-                                   "reasoning-gym (docs/learning-signal.md). (default: on)"),
-    no_signal_hold_s: float = typer.Option(None, help="The server's sampling budget: a group "
-                                           "without learning signal counts as in flight "
-                                           "until the next learner step, at most this long; "
-                                           "0: off. (default: 30)"),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --run-dir (its "
-                                "Redis, model, newest checkpoint and settings; flags given "
-                                "override them) instead of starting from scratch."),
-    data: list[str] = typer.Option(None, help="Train on tasks from these data files "
-                                   "(JSONL, JSON, Parquet, datasets directory)."),
-    verifier: str = typer.Option(None, help="With --data: the verifier (default: exact)."),
-    eval_every: int = typer.Option(None, help="Evaluate the task file's eval set every this "
-                                   "many versions (default: the file's)."),
-    lr: float = typer.Option(None, help="Learning rate (docs/tuning.md). (default: 2e-3 for "
-                             "the tiny demo model; 1e-2 with --lora-rank)"),
-    lora_rank: int = typer.Option(None, help="Train LoRA adapters of this rank on the frozen "
-                                  "model (docs/lora.md). (default: every weight)"),
-    read_timeout_s: float = typer.Option(None, help="The learner's longest wait for a full "
-                                         "batch before it trains the groups it has (a slow "
-                                         "environment: raise it). (default: 5)"),
-    max_staleness: int = typer.Option(None, help="Drop groups more than K versions old. "
-                                      "(default: 2)"),
-    concurrency: int = typer.Option(None, help="Groups the environment samples at once. "
-                                    "(default: 4)"),
-    minutes: float = typer.Option(None, help="Wall-clock limit. (default: 10)"),
-    target_reward: float = typer.Option(None, help="Stop once the mean reward of the last 32 "
-                                        "sampled groups reaches this (0: never). "
-                                        "(default: 0.8)"),
-    seed: int = typer.Option(None, help="Seed of the tiny model, the tasks and the learner. "
-                             "(default: 0)"),
-    device: str = typer.Option(None, help="Device of the server and the learner: cpu | cuda "
-                               "| cuda:N. One GPU: weights pass as CUDA IPC handles. "
-                               "(default: each picks, CUDA when available)"),
-    engine: str = typer.Option(None, help="Rollout engine: hf | vllm. (default: hf)"),
-    admission: bool = typer.Option(None, "--admission/--no-admission", help="The server "
-                                   "holds new groups back while as many are in flight as the "
-                                   "learner can train within --max-staleness. (default: on)"),
-    report_to: str = typer.Option(None, help="Experiment trackers, comma-separated: "
-                                  "tensorboard, wandb, mlflow (files under RUN_DIR/tracking; "
-                                  "docs/tracking.md)."),
-    run_name: str = typer.Option(None, help="Name of the tracked run."),
-) -> None:
+def up(**params: Any) -> None:
     """Start Redis, a rollout server, the learner and the demo environment (or tasks from
     data, --tasks / --data, or your environments, --env); train; plot."""
-    flags = dict(locals())
     from pathlib import Path
 
     from pydantic import ValidationError
 
+    from gspo_rl.cli.options import generate
     from gspo_rl.cli.tasks import TaskConfigError
     from gspo_rl.launch.run_dir import RunDirError, previous_settings
     from gspo_rl.launch.up import UP_DEFAULTS, UpConfig, run_up
 
-    flags.pop("config")
-    flags["data"] = list(data) if data else None
-    flags["env"], flags["env_args"] = list(env or []) or None, list(env_arg or []) or None
-    flags.pop("env_arg")
-    flags["resume"] = resume or None
+    spec = generate()["up"]
+    flags = {spec[k]["field"]: (v or None) if isinstance(v, list | bool) else v
+             for k, v in params.items() if k in spec}  # [] / False: not given
     try:
         defaults = UP_DEFAULTS
-        if resume:
-            where = run_dir or UP_DEFAULTS["run_dir"]
+        if flags.get("resume"):
+            where = flags.get("run_dir") or UP_DEFAULTS["run_dir"]
             defaults = {**UP_DEFAULTS, **previous_settings(Path(where))}
-        cfg = UpConfig.from_toml(config, defaults=defaults, **flags)
+        cfg = UpConfig.from_toml(params["config"], defaults=defaults, **flags)
     except RunDirError as exc:
         typer.echo(f"gspo up: {exc}", err=True)
         raise typer.Exit(2) from None
     except (ValidationError, OSError, ValueError) as exc:
         typer.echo("gspo up: invalid settings:\n" + settings_errors(exc), err=True)
         raise typer.Exit(2) from None
+    _run_up(cfg, run_up, (RunDirError, TaskConfigError))
+
+
+def _run_up(cfg: Any, run_up: Any, refusals: tuple[type[Exception], ...]) -> None:
+    """``run_up(cfg)``, its refusals and an interrupt turned into exit statuses."""
     from gspo_rl.learner.tracking.base import TrackingUnavailable
 
     try:
         result = run_up(cfg)
-    except (RunDirError, TaskConfigError, TrackingUnavailable) as exc:
+    except (*refusals, TrackingUnavailable) as exc:
         typer.echo(f"gspo up: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
@@ -392,6 +325,15 @@ def up(
         typer.echo(line)
     if result.interrupted:
         raise typer.Exit(130)
+
+
+_UP_CONFIG = inspect.Parameter(
+    "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+    default=typer.Option(None, "--config", help="TOML file of UpConfig fields (these flags' "
+                         "names with underscores, env_args for --env-arg; docs/reference/"
+                         "configuration.md); flags override it."))
+app.command(short_help="Redis, server, learner and environment: train, plot.",
+            cls=panel_command("up"))(with_parameters(up, [_UP_CONFIG, *parameters("up")]))
 
 
 def settings_errors(exc: Exception) -> str:

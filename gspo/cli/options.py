@@ -1,9 +1,10 @@
-"""``gspo serve``, ``gspo learn`` and ``gspo sft`` options, derived from the config models at
-run time.
+"""``gspo serve``, ``gspo learn``, ``gspo sft`` and ``gspo up`` options, derived from the config
+models at run time.
 
-Each option is a field of ``ServerSettings``, ``LearnerConfig`` or ``SFTConfig`` (``SERVE``,
-``LEARN`` and ``SFT`` map an option to its field's dotted path); its type, help text (the
-field's docstring) and default come from the model, so the CLI cannot drift from the fields.
+Each option is a field of ``ServerSettings``, ``LearnerConfig``, ``SFTConfig`` or ``UpConfig``
+(``SERVE``, ``LEARN``, ``SFT`` and ``UP`` map an option to its field's dotted path); its type,
+help text (the field's docstring) and default come from the model, so the CLI cannot drift
+from the fields.
 The models import without torch, FastAPI or Redis (tests/cli/test_options.py holds that), so
 reading them costs the CLI a fraction of a second.
 
@@ -54,8 +55,16 @@ SFT = {name: name for name in (
     "lr_schedule", "warmup_steps", "weight_decay", "grad_clip", "device", "param_dtype",
     "packing", "seed", "save_every", "keep_last", "resume", "metrics_jsonl", "report_to",
     "run_name", "tracking_project", "tracking_dir")}
-# ``gspo learn`` reads these from the environment itself (LearnerConfig is no settings model).
+UP = {name: name for name in (
+    "run_dir", "model", "redis_url", "loss", "max_steps", "groups_per_step", "group_size",
+    "tasks", "env")} | {"env_arg": "env_args"} | {name: name for name in (
+        "selection", "no_signal_hold_s", "resume", "data", "verifier", "eval_every", "lr",
+        "lora_rank", "read_timeout_s", "max_staleness", "concurrency", "minutes",
+        "target_reward", "seed", "device", "engine", "admission", "report_to", "run_name")}
+# ``gspo learn`` and ``gspo up`` read these from the environment (their configs are no
+# settings models): the option's ``envvar``.
 LEARN_ENV = {"redis_url": "GSPO_REDIS_URL"}
+UP_ENV = {"redis_url": "REDIS_URL"}
 _SECRET_NOTE = " Prefer the environment variable: flags show in `ps`."
 
 
@@ -104,6 +113,8 @@ def _field(model: type, path: str) -> tuple[type, str, Any]:
 
 
 def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is list and typing.get_args(annotation) == (str,):
+        return "list"  # a repeatable option
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         return _type_name(args[0])
@@ -136,13 +147,15 @@ def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
             else env_prefix + path.replace(".", "__").upper()
         out[flag] = {"field": path, "type": _type_name(info.annotation),
                      "help": _help(owner, name, info, env),
-                     "section": sections.get(path.split(".")[0], "")}
+                     "section": sections.get(path.split(".")[0], ""),
+                     "envvar": env if env_prefix is None else None}
     return out
 
 
 @cache
 def generate() -> dict[str, Any]:
     """What the CLI's options are, from the models."""
+    from gspo_rl.launch.config import UpConfig
     from gspo_rl.learner.config import LearnerConfig
     from gspo_rl.learner.sft.config import SFTConfig
     from gspo_rl.server.config import ServerSettings
@@ -152,20 +165,25 @@ def generate() -> dict[str, Any]:
         "serve_after_vllm_arg": _options(ServerSettings, SERVE_AFTER_VLLM_ARG, "GSPO_"),
         "learn": _options(LearnerConfig, LEARN, None, LEARN_ENV),
         "sft": _options(SFTConfig, SFT, None),
+        "up": _options(UpConfig, UP, None, UP_ENV),
     }
 
 
 def parameters(section: str) -> list[inspect.Parameter]:
-    """The typer parameters of one section of ``generate()``."""
+    """The typer parameters of one section of ``generate()`` (a ``list`` field: a repeatable
+    option; a field read from the environment: its ``envvar``)."""
     import typer
 
     spec = generate()[section]
     params = []
     for flag, opt in spec.items():
-        kind = {"bool": bool, "int": int, "float": float, "str": str}[opt["type"]]
+        kind = {"bool": bool, "int": int, "float": float, "str": str,
+                "list": list[str]}[opt["type"]]
         decls = [f"--{flag.replace('_', '-')}/--no-{flag.replace('_', '-')}"] if kind is bool \
             else []
-        default = typer.Option(None, *decls, help=opt["help"])
+        extra = {"metavar": "<str>..."} if opt["type"] == "list" else {}
+        default = typer.Option(None, *decls, help=opt["help"], envvar=opt["envvar"],
+                               show_envvar=False, **extra)  # the help says "(env NAME)"
         params.append(inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=kind))
     return params

@@ -12,6 +12,7 @@ import typer.main
 
 from gspo_rl.cli import app
 from gspo_rl.cli.options import generate
+from gspo_rl.launch.config import UpConfig
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.server.config import ServerSettings
 
@@ -39,6 +40,13 @@ LEARN_FLAGS = [
     "--seed", "--metrics-jsonl", "--report-to", "--run-name", "--tracking-project",
     "--tracking-dir", "--samples-every", "--prometheus-port", "--final-eval-wait-s",
     "--log-level"]
+UP_FLAGS = [
+    "--config", "--run-dir", "--model", "--redis-url", "--loss", "--max-steps",
+    "--groups-per-step", "--group-size", "--tasks", "--env", "--env-arg", "--selection",
+    "--no-signal-hold-s", "--resume", "--data", "--verifier", "--eval-every", "--lr",
+    "--lora-rank", "--read-timeout-s", "--max-staleness", "--concurrency", "--minutes",
+    "--target-reward", "--seed", "--device", "--engine", "--admission", "--report-to",
+    "--run-name"]
 
 
 def test_the_config_models_import_without_torch_fastapi_or_redis() -> None:
@@ -52,13 +60,24 @@ def test_the_config_models_import_without_torch_fastapi_or_redis() -> None:
 
 def test_flag_names_and_defaults_are_unchanged() -> None:
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
-    for name, flags in (("serve", SERVE_FLAGS), ("learn", LEARN_FLAGS)):
+    for name, flags in (("serve", SERVE_FLAGS), ("learn", LEARN_FLAGS), ("up", UP_FLAGS)):
         params = commands[name].params
         assert [p.opts[0] for p in params] == flags
         unset = [p for p in params if p.name != "log_level"]
         assert all(p.default is None for p in unset), name  # unset: the model decides
     resume = next(p for p in commands["learn"].params if p.name == "resume")
     assert resume.secondary_opts == ["--no-resume"]
+    up = {p.name: p for p in commands["up"].params}
+    assert up["env_arg"].multiple and up["data"].multiple  # repeatable, as before
+    assert up["redis_url"].envvar == "REDIS_URL"
+
+
+def test_up_flags_are_up_configs_fields() -> None:
+    """``gspo up``'s options derive from ``UpConfig`` (``--env-arg``: ``env_args``)."""
+    spec = generate()["up"]
+    assert spec["env_arg"]["field"] == "env_args" and spec["env"]["type"] == "list"
+    assert spec["max_steps"]["help"].endswith("(default: 300)")
+    assert all(name in UpConfig.model_fields for name in (o["field"] for o in spec.values()))
 
 
 def test_help_is_the_fields_docstring() -> None:
