@@ -25,12 +25,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 
 from gspo_rl.contract.queue.schema import ReadyGroup
 from gspo_rl.learner.algorithm.advantages import advantage_fn_for
 from gspo_rl.learner.algorithm.losses import decoupled_is_weights, policy_loss
+from gspo_rl.learner.algorithm.step_metrics import (
+    SEQ_WEIGHTED,
+    TOKEN_WEIGHTED,
+    accumulate,
+    combine_minibatches,
+    is_sums,
+)
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import AdvantageFn, MicroBatch, MiniBatch, plan_step
 from gspo_rl.learner.model.policy import Policy
@@ -44,17 +52,8 @@ from gspo_rl.learner.parallel.fsdp import (
     full_optimizer_state,
     grad_norm_value,
     load_optimizer_state,
+    names_to_ids,
 )
-
-
-def _is_acc() -> dict[str, float]:
-    """Sums behind the IS weights' step figures (``Trainer._set_prox``)."""
-    return {"w": 0.0, "units": 0.0, "capped": 0.0, "abs_lr": 0.0, "rows": 0.0}
-
-
-# Loss metrics averaged over tokens vs over sequences when minibatches are combined.
-_TOKEN_WEIGHTED = ("clip_fraction", "clip_low_fraction", "clip_high_fraction", "gate_mean")
-_SEQ_WEIGHTED = ("ratio_mean", "abs_log_ratio_mean")
 
 
 def truncated_is_weights(
@@ -105,7 +104,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda or (lambda k: min(1.0, (k + 1) / warmup) if warmup
                                           else 1.0))
-        self._token_keys = [k for k in _TOKEN_WEIGHTED
+        self._token_keys = [k for k in TOKEN_WEIGHTED
                             if k != "gate_mean" or config.loss.kind == "sapo"]
 
     # ---------------------------------------------------------------- state
@@ -116,8 +115,8 @@ class Trainer:
         if self.sharded:
             return {"optimizer": full_optimizer_state(self.policy.model, self.optimizer),
                     "optimizer_format": FULL_FORMAT, "scheduler": self.scheduler.state_dict()}
-        state = {"optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict()}
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(),
+                                 "scheduler": self.scheduler.state_dict()}
         if self.master is not None:  # the saved bf16 model alone would lose the low bits
             state["master_weights"] = self.master.state()
         return state
@@ -147,13 +146,13 @@ class Trainer:
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         if len(params) != len(tensors):
             raise ValueError(f"{len(tensors)} master tensors for {len(params)} parameters")
-        torch._foreach_copy_(params, [t.to(p.device) for p, t in zip(params, tensors,
+        torch._foreach_copy_(params, [t.to(p.device) for p, t in zip(params, tensors,  # type: ignore[arg-type]  # torch wants list[Tensor] (invariant): Parameters are Tensors
                                                                       strict=True)])
 
     # ---------------------------------------------------------------- the step
 
     def step(self, groups: Sequence[ReadyGroup]) -> dict[str, float]:
-        """Train on ``groups``; returns float metrics (see ``_combine``)."""
+        """Train on ``groups``; returns float metrics (``combine_minibatches``)."""
         t0 = time.perf_counter()
         world = self.dist.world if self.dist is not None else 1
         plan = plan_step(groups, self.config.minibatches, self.config.micro_batch_tokens,
@@ -165,20 +164,20 @@ class Trainer:
                  and not self._dropout())
         if self.config.pi_old == "recompute" and not fused:
             metrics.update(self._recompute(mine))
-        is_acc = _is_acc() if fused else None
+        is_acc = is_sums() if fused else None
         per_mb = [self._optimizer_step(s, is_acc) for _ in range(epochs) for s in mine]
         if is_acc is not None:
             metrics.update(self._is_summary(is_acc))
         if self.policy.device.type == "cuda":
             torch.cuda.synchronize(self.policy.device)
         seconds = time.perf_counter() - t0
-        metrics.update(self._combine(per_mb))
+        metrics.update(combine_minibatches(per_mb))
         metrics.update(
             compute_s=seconds, rollouts=plan.n_rollouts, tokens=plan.n_tokens,
             trained_tokens=plan.n_trained_tokens, padding_fraction=plan.padding_fraction,
             tokens_per_s=plan.n_tokens / max(seconds, 1e-9),
             trained_tokens_per_s=plan.n_trained_tokens / max(seconds, 1e-9),
-            lr=self.scheduler.get_last_lr()[0], ranks=world,
+            lr=cast(float, self.scheduler.get_last_lr()[0]), ranks=world,  # a float lr
         )
         return metrics
 
@@ -222,7 +221,7 @@ class Trainer:
     def _recompute(self, shares: list[Share]) -> dict[str, float]:
         """pi_prox for every microbatch, in a pass before any update, and the truncated IS
         weights (``_set_prox``)."""
-        acc = _is_acc()
+        acc = is_sums()
         for s in shares:
             self._pad_passes(s, backward=False)
         for m in (m for s in shares for m in s.micro):
@@ -276,7 +275,7 @@ class Trainer:
         self._pad_passes(share, backward=True)
         acc = {"loss": 0.0, "num_sequences": 0.0, "num_tokens": 0.0,
                **{k + "@tok": 0.0 for k in self._token_keys},
-               **{k + "@seq": 0.0 for k in _SEQ_WEIGHTED}}
+               **{k + "@seq": 0.0 for k in SEQ_WEIGHTED}}
         for m in micro:
             if m.n_valid == 0:
                 continue
@@ -288,7 +287,7 @@ class Trainer:
             out = policy_loss(lp, old, d["advantages"], d["mask"], self.config.loss,
                               is_weights=m.is_weights_B)
             self.backward(out.loss * m.loss_scale)
-            _accumulate(acc, out.metrics, m.loss_scale)
+            accumulate(acc, out.metrics, m.loss_scale)
         if self.dist is not None and not self.sharded:  # FSDP reduced them in backward
             self.dist.sum_grads(self.params)
         acc = self._sum(acc)
@@ -318,49 +317,3 @@ class Trainer:
                 self.master.copy_to_model()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
-
-    @staticmethod
-    def _combine(per_mb: list[dict[str, float]]) -> dict[str, float]:
-        """Step metrics from the minibatches': loss and grad norm averaged over minibatches,
-        ratios and clip fractions weighted by the sequences / tokens they cover."""
-        done = [m for m in per_mb if m]
-        if not done:
-            return {"optimizer_steps": 0.0}
-        n_seq = sum(m["num_sequences"] for m in done)
-        n_tok = sum(m["num_tokens"] for m in done)
-        out = {
-            "loss": sum(m["loss"] for m in done) / len(done),
-            "grad_norm": sum(m["grad_norm"] for m in done) / len(done),
-            "grad_norm_max": max(m["grad_norm"] for m in done),
-            "optimizer_steps": float(sum(1 for m in done if "skipped" not in m)),
-            "skipped_updates": float(sum(1 for m in done if "skipped" in m)),
-        }
-        for k in _TOKEN_WEIGHTED:
-            if k + "@tok" in done[0]:
-                out[k] = sum(m[k + "@tok"] for m in done) / max(n_tok, 1)
-        for k in _SEQ_WEIGHTED:
-            if k + "@seq" in done[0]:
-                out[k] = sum(m[k + "@seq"] for m in done) / max(n_seq, 1)
-        return out
-
-
-def names_to_ids(osd: dict, names: Sequence[str]) -> dict:
-    """A name-keyed full optimiser state (``gspo_rl.learner.parallel.fsdp``) numbered in ``names``
-    order: the inverse of ``gspo_rl.learner.parallel.fsdp.ids_to_names``."""
-    index = {n: i for i, n in enumerate(names)}
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]
-    return {"state": {index[n]: s for n, s in osd["state"].items()}, "param_groups": groups}
-
-
-def _accumulate(acc: dict[str, float], metrics: dict[str, float], loss_scale: float) -> None:
-    """Add one microbatch's loss metrics: the loss scaled, the rest as weighted sums."""
-    n_seq, n_tok = metrics["num_sequences"], metrics["num_tokens"]
-    acc["loss"] += metrics["loss"] * loss_scale
-    acc["num_sequences"] += n_seq
-    acc["num_tokens"] += n_tok
-    for k in _TOKEN_WEIGHTED:
-        if k in metrics:
-            acc[k + "@tok"] = acc.get(k + "@tok", 0.0) + metrics[k] * n_tok
-    for k in _SEQ_WEIGHTED:
-        if k in metrics:
-            acc[k + "@seq"] = acc.get(k + "@seq", 0.0) + metrics[k] * n_seq

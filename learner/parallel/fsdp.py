@@ -64,7 +64,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     if found:
         return found
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
+    return [*max(lists, key=len)] if lists else []  # (list(): mypy types max by the return)
 
 
 def shard_model(model: nn.Module, device: torch.device) -> None:
@@ -200,3 +200,11 @@ def fsdp_share(mb: MiniBatch, owners: Sequence[int], rank: int, world: int) -> S
     mine = [m for m, r in valid if r == rank]
     pad = min((m for m, _ in valid), key=lambda m: m.n_padded_tokens, default=None)
     return Share(mine, max(counts, default=0) - len(mine), pad)
+
+
+def names_to_ids(osd: dict, names: Sequence[str]) -> dict:
+    """A name-keyed full optimiser state (``gspo_rl.learner.parallel.fsdp``) numbered in ``names``
+    order: the inverse of ``gspo_rl.learner.parallel.fsdp.ids_to_names``."""
+    index = {n: i for i, n in enumerate(names)}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]
+    return {"state": {index[n]: s for n, s in osd["state"].items()}, "param_groups": groups}
