@@ -54,6 +54,17 @@ def capacity(max_staleness: int | None, groups_per_step: int, lag: int = 0) -> i
     return max(0, (max_staleness + 1 - max(0, lag)) * max(1, groups_per_step))
 
 
+def budget_counted(no_signal: int, bound: int | None, groups_per_step: int | None) -> int:
+    """How many of the groups that ended without a learning signal since the learner's last
+    step count as in flight (the sampling budget): all of them, but never so many that fewer
+    than one step's groups (``groups_per_step``) could be sampled. The budget slows an
+    environment whose groups teach nothing; it never starves a learner that waits for the
+    groups that would (docs/learning-signal.md)."""
+    if bound is None or not groups_per_step:
+        return no_signal
+    return min(no_signal, max(0, bound - groups_per_step))
+
+
 def admits(in_flight: int, bound: int | None) -> bool:
     """Whether one more group may start while ``in_flight`` are in flight."""
     return bound is None or in_flight + 1 <= bound
@@ -78,7 +89,8 @@ class LearnerParams:
         return self.groups_per_step is not None
 
     @classmethod
-    def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> LearnerParams:
+    def from_hash(cls, raw: Mapping[bytes, bytes] | Mapping[str, str]
+                  | Mapping[bytes | str, bytes | str]) -> LearnerParams:
         """From ``HGETALL Keys.learner_state`` (bytes or str; missing fields: unknown)."""
         d = {(k.decode() if isinstance(k, bytes) else k):
              (v.decode() if isinstance(v, bytes) else v) for k, v in raw.items()}

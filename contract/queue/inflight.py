@@ -17,11 +17,11 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import redis.asyncio as aioredis
 
-from gspo_rl.contract.admission import LearnerParams
+from gspo_rl.contract.admission import LearnerParams, budget_counted
 from gspo_rl.contract.queue.connection import RedisPipe, run_script
 from gspo_rl.contract.queue.lua import LuaScript
 from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys
@@ -120,6 +120,11 @@ class InFlightFacts:
     now: float = 0.0
     """Redis time of the read."""
 
+    def budget_counted(self, bound: int | None) -> int:
+        """The ``no_signal`` groups the sampling budget counts under ``bound``
+        (``gspo_rl.contract.admission.budget_counted``)."""
+        return budget_counted(self.no_signal, bound, self.learner.groups_per_step)
+
     @property
     def learner_age_s(self) -> float | None:
         """Seconds since the learner last read the queue (None: no learner ever did)."""
@@ -127,7 +132,7 @@ class InFlightFacts:
         return None if seen is None else max(0.0, self.now - seen)
 
     @classmethod
-    def from_reply(cls, reply: Sequence[Any]) -> InFlightFacts:
+    def from_reply(cls, reply: Sequence[Any]) -> Self:
         n_open, n_complete, depth, lag, remote, state, n_idle, held, now = reply
         depth, lag = int(depth), int(lag)
         return cls(open=int(n_open), complete=int(n_complete),

@@ -97,7 +97,7 @@ class AdmissionGate:
         """Re-read the facts and set the gauges (``/metrics``)."""
         snap = await self.snapshot(max_age_s=0.0)
         bound = self.bound(snap)
-        self.metrics.groups_in_flight.set(snap.others + snap.no_signal + self.local)
+        self.metrics.groups_in_flight.set(snap.others + snap.budget_counted(bound) + self.local)
         self.metrics.admission_bound.set(-1 if bound is None else bound)
 
     def bound(self, snap: Snapshot) -> int | None:
@@ -148,8 +148,8 @@ class AdmissionGate:
     def _try(self, snap: Snapshot, released_since: int) -> bool:
         """Counts the request in if one more group fits. ``released_since``: this server's
         groups released after ``snap``'s read began (in Redis by now, perhaps not in it)."""
-        in_flight = snap.others + snap.no_signal + self.local + released_since
         bound = self.bound(snap)
+        in_flight = snap.others + snap.budget_counted(bound) + self.local + released_since
         self.metrics.groups_in_flight.set(in_flight)
         self.metrics.admission_bound.set(-1 if bound is None else bound)
         if bound is not None and in_flight + 1 > bound:
@@ -174,10 +174,14 @@ class AdmissionGate:
                         "grows back when the learner's weights arrive here")
             if status := self.weight_status():
                 made_of += f" ({status})"
-        counted = snap.others + snap.no_signal + self.local
+        held = snap.budget_counted(bound)
+        counted = snap.others + held + self.local
         if not learner_connected(snap.learner_age_s):
             made_of = f"{no_learner_text(snap.learner_age_s)}; {made_of}"
-        if snap.no_signal * 2 >= counted > 0:
+        if held < snap.no_signal:
+            made_of += (f"; the sampling budget counts {held} of the {snap.no_signal} without "
+                        "a learning signal, leaving one learner step's groups free")
+        if held * 2 >= counted > 0:
             made_of += (f"; most are groups without a learning signal: the policy solves or "
                         f"fails every sample of most tasks it is given ({NO_SIGNAL_HINT})")
         self._warn(f"{counted} groups in flight ({made_of}; bound {bound}, "

@@ -3,7 +3,7 @@ flight so that the newest is trained within the learner's staleness bound."""
 
 from __future__ import annotations
 
-from gspo_rl.contract.admission import LearnerParams, admits, capacity
+from gspo_rl.contract.admission import LearnerParams, admits, budget_counted, capacity
 
 
 def test_capacity_is_staleness_plus_one_steps_of_groups_less_the_servers_lag() -> None:
@@ -34,3 +34,12 @@ def test_learner_params_from_the_published_hash() -> None:
     # No learner has published its parameters (none yet, or one from before admission).
     assert LearnerParams.from_hash({}).bound(server_version=0, fallback=12) == 12
     assert LearnerParams.from_hash({b"version": b"5"}).bound(server_version=0, fallback=6) == 6
+
+
+def test_the_budget_always_leaves_one_steps_groups_free() -> None:
+    assert budget_counted(5, bound=12, groups_per_step=4) == 5  # room: every one counts
+    assert budget_counted(10, bound=12, groups_per_step=4) == 8  # 4 slots stay free
+    assert budget_counted(3, bound=4, groups_per_step=4) == 0  # synchronous: never counted
+    assert budget_counted(3, bound=2, groups_per_step=4) == 0  # a lagging server's bound
+    assert budget_counted(3, bound=None, groups_per_step=4) == 3  # no bound: counted as is
+    assert budget_counted(3, bound=8, groups_per_step=None) == 3  # no learner yet

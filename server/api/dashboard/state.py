@@ -133,9 +133,11 @@ class DashboardService:
 
 def _queue(snap: Snapshot, gate: AdmissionGate) -> QueueOut:
     """The in-flight facts as the admission gate counts them."""
+    bound = gate.bound(snap)
+    held = snap.budget_counted(bound)
     return QueueOut(open=snap.open, idle=snap.idle, complete=snap.complete,
                     published_unread=snap.undelivered, training=snap.learner.training,
                     being_sampled=snap.remote_pending + gate.local,
-                    no_signal_held=snap.no_signal, ready_depth=snap.ready_depth,
-                    in_flight=snap.others + snap.no_signal + gate.local, bound=gate.bound(snap),
+                    no_signal_held=held, ready_depth=snap.ready_depth,
+                    in_flight=snap.others + held + gate.local, bound=bound,
                     admission=gate.enabled)

@@ -222,7 +222,7 @@ def save_page(browser: Any, path: Path) -> None:
 @pytest.mark.parametrize("width", [1280, 640])
 def test_the_page_fits_the_window(run: dict[str, Any], browser: Any, width: int) -> None:
     browser.set_window_size(width, 900)
-    browser.get(f"{run['served'].url}/dashboard")
+    browser.get(f"{run['served'].url}/dashboard#key={API_KEY}")  # the page alone, keyed
     wait_for(browser, "#group-detail .tok")
     overflow = browser.execute_script(
         "return document.documentElement.scrollWidth - document.documentElement.clientWidth")

@@ -123,26 +123,31 @@ def test_a_new_group_is_held_at_the_bound_and_released_when_the_learner_takes_gr
 
 def test_groups_without_signal_hold_their_place_until_a_step_or_the_hold_ends(
         tiny_model_dir: Path, redis_server: RedisServer) -> None:
-    """The sampling budget: an environment whose groups all end with equal rewards is held
-    at the bound (no learner step frees a place) until ``no_signal_hold_s`` has passed; the
+    """The sampling budget: groups that end with equal rewards count as in flight until a
+    learner step or ``no_signal_hold_s`` has passed, but never more of them than leaves one
+    step's groups free (the learner waiting for signal is never starved by the budget); the
     503 after the longest hold names the cause."""
     url = redis_server.url
-    learner_publishes(url, tiny_model_dir, max_staleness=0, groups_per_step=2)  # bound 2
+    learner_publishes(url, tiny_model_dir, max_staleness=1, groups_per_step=2)  # bound 4
     with running_server(tiny_model_dir, url, admission=True, admission_wait_s=0.3,
                         no_signal_hold_s=3.0) as s:
-        for _ in range(2):
+        for _ in range(3):
             reward(s, sample(s), [1.0, 1.0])  # solved by every sample: dropped, no signal
-        assert gauge(s, "gspo_groups_in_flight") == 2
+        assert gauge(s, "gspo_groups_in_flight") == 2  # 3 held, 2 counted: 4 - 2 free
+        live = [sample(s), sample(s)]  # one step's groups can always start
         refused = post(s, "/v1/rollouts", ROLLOUT)
         assert refused.status_code == 503, refused.text
         message = refused.json()["error"]["message"]
-        assert "2 ended without a learning signal since the learner's last step" in message
+        assert "3 ended without a learning signal since the learner's last step" in message
+        assert "the sampling budget counts 2 of the 3" in message
         assert "the policy solves or fails every sample of most tasks" in message
-        wait_until(lambda: gauge(s, "gspo_groups_in_flight") == 0, "the hold to end", 15)
+        wait_until(lambda: gauge(s, "gspo_groups_in_flight") == 2, "the hold to end", 15)
         sample(s)  # admitted again
+        for rollout in live:
+            reward(s, rollout, [0.0, 1.0])
     with running_server(tiny_model_dir, url, admission=True, admission_wait_s=0.3,
                         no_signal_hold_s=0.0) as s:  # off: such a group leaves at once
-        for _ in range(3):
+        for _ in range(5):
             reward(s, sample(s), [0.0, 0.0])
 
 
