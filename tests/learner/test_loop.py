@@ -191,37 +191,6 @@ def _toml(tmp_path: Path, tiny_model_dir, redis_url: str, **kw) -> Path:
     return path
 
 
-def test_sigkill_then_resume_trains_every_group_exactly_once(tiny_model_dir, redis_url,
-                                                             tmp_path, sampler):
-    client = redis.Redis.from_url(redis_url)
-    n = 10
-    published = publish(client, sampler, n)
-    # all sampled by version 0 and trained one per step, the resumed learner's version moved
-    # past every published one: far more than the default bound's versions old
-    toml = _toml(tmp_path, tiny_model_dir, redis_url, max_steps=n, max_staleness=1000)
-    jsonl = tmp_path / "ck" / "metrics.jsonl"
-    proc = _spawn(toml, tmp_path / "learner.log")
-    try:
-        _wait_for_step(jsonl, 3, proc, timeout=180)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    killed_at = max(json.loads(x).get("step", 0) for x in jsonl.read_text().splitlines())
-    saved = load_latest(tmp_path / "ck")
-    assert saved is not None and saved.state.step <= killed_at
-    proc = _spawn(toml, tmp_path / "learner.log", "--resume")
-    assert proc.wait(timeout=240) == 0, (tmp_path / "learner.log").read_text()[-3000:]
-    history = trained_history(jsonl)
-    assert [h["step"] for h in history] == list(range(1, n + 1))
-    trained = [g for h in history for g in h["group_ids"]]
-    assert sorted(trained) == sorted(published)  # each group once, none lost
-    assert pending(client) == 0
-    final = load_latest(tmp_path / "ck")
-    assert final is not None and final.state.step == n and final.state.groups_trained == n
-
-
 def test_sigterm_finishes_the_step_checkpoints_and_acks(tiny_model_dir, redis_url, tmp_path,
                                                         sampler):
     client = redis.Redis.from_url(redis_url)

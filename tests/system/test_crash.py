@@ -186,7 +186,9 @@ def test_sigkills_and_resumes_train_every_group_exactly_once(tiny_model_dir, red
               if x.startswith('{"event": "start"')]
     assert kills >= 2, f"only {kills} kills: the runs drained the groups too fast"
     assert len(starts) == kills + 1
-    trained = [g for h in trained_history(jsonl) for g in h["group_ids"]]
+    history = trained_history(jsonl)  # the durable steps: numbered on from each checkpoint
+    assert [h["step"] for h in history] == list(range(1, len(history) + 1))
+    trained = [g for h in history for g in h["group_ids"]]
     dropped = _counter(client, "groups_dropped_stale") + _counter(
         client, "groups_dropped_invalid")
     assert len(trained) == len(set(trained)), "a group was trained twice"
