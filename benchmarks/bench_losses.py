@@ -151,24 +151,25 @@ def peak_extra_cuda(impl: str, kind: str, x: dict[str, torch.Tensor]) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def peaks_cpu(B: int, T: int) -> dict[tuple[str, str], int]:
+def peaks_cpu(B: int, T: int, kinds: list[str]) -> dict[tuple[str, str], int]:
     """``peak_extra_cpu`` of every (impl, kind), each in its own process, as many at once as
     there are cores (after the timings: they would disturb them)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    jobs = [(impl, kind) for kind in KINDS for impl in ("ours", "ref")]
+    jobs = [(impl, kind) for kind in kinds for impl in ("ours", "ref")]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         peaks = pool.map(lambda job: peak_extra_cpu(job[0], job[1], B, T), jobs)
         return dict(zip(jobs, peaks, strict=True))
 
 
-def bench_device(device: str, B: int, T: int, repeats: int) -> list[dict[str, object]]:
+def bench_device(device: str, B: int, T: int, repeats: int,
+                 kinds: list[str]) -> list[dict[str, object]]:
     rows = []
     times = {}
-    for kind in KINDS:
+    for kind in kinds:
         times[kind] = time_pair(kind, make_inputs(B, T, kind, device), repeats)
-    peaks = peaks_cpu(B, T) if device == "cpu" else {}
-    for kind in KINDS:
+    peaks = peaks_cpu(B, T, kinds) if device == "cpu" else {}
+    for kind in kinds:
         x = make_inputs(B, T, kind, device)
         t_ours, t_ref = times[kind]
         if device == "cpu":
@@ -190,6 +191,7 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", action="store_true", help="print one JSON object per row")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="the losses, comma-separated")
     ap.add_argument("--device", choices=("all", "cpu", "cuda"), default="all",
                     help="all: the CPU, and CUDA when available")
     args = ap.parse_args()
@@ -201,7 +203,7 @@ def main() -> None:
            f"{'ours peak/in':>12} {'ref peak/in':>11}")
     print(hdr)
     for device in devices:
-        for r in bench_device(device, args.B, args.T, args.repeats):
+        for r in bench_device(device, args.B, args.T, args.repeats, args.kinds.split(",")):
             if args.json:
                 print(json.dumps(r))
                 continue
