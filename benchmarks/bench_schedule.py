@@ -9,7 +9,8 @@ Each cell is a whole ``gspo up`` run (asynchronous, the default staleness bound,
 learning rate and seed for every schedule), one after the other in this process. A schedule
 ``MxE`` is ``--minibatches M --epochs E``; ``1x1`` (the default) is the baseline: with it the
 update starts at pi_prox, every ratio is 1 and nothing is clipped. Workloads: ``demo`` (the
-alphabet task), ``math`` (the math tutorial's task file). Per loss and schedule it prints, over
+alphabet task), ``math`` (the math tutorial's task file), ``tool`` (the calculator, a
+multi-turn tool-use environment). Per loss and schedule it prints, over
 the seeds: how many reached the target reward (sampled: every group the environment scored),
 the median time to it and its ratio to the baseline's on the same seeds, the final sampled
 reward, the clip fraction, ``is_weight_capped_fraction`` and the learner's seconds per step
@@ -35,6 +36,9 @@ from gspo_rl.launch.up import UpConfig, run_up  # noqa: E402
 WORKLOADS: dict[str, dict[str, Any]] = {
     "demo": {},
     "math": {"tasks": str(ROOT / "clients/examples/math/tasks.toml")},
+    # multi-turn tool use: the calculator environment (clients/examples/calculator.py) over a
+    # pool of 64 problems, two model turns per episode
+    "tool": {"env": ["calculator"], "env_args": ["pool=64", "max_tokens=16"]},
 }
 
 
