@@ -6,9 +6,12 @@ groups with activity within ``group_idle_s`` (``Keys.group_activity``), complete
 learner's lag on the ready stream, the batch it is training), so the count is their sum, read
 in one round trip (``IN_FLIGHT_FACTS``, which the learner's drain reads too); open groups
 without recent activity are reported as idle, not counted. ``InFlightCounter`` reads the
-facts for a server's admission gate and publishes the server's own pending count with a short
-TTL, so a crashed server stops counting.
-docs/design/redis-protocol.md lists the stages."""
+facts for a server's admission gate and publishes the server's own pending count, valid for
+``PENDING_TTL_S``, so a crashed server stops counting. The servers' counts are kept with their
+sum (``Keys.admission_pending_total``) by the scripts that change them, and a count whose time
+is up leaves with its share of the sum: a read costs the same whatever the fleet's size
+(docs/scaling.md measured the per-server keys it replaced). docs/design/redis-protocol.md
+lists the stages."""
 
 from __future__ import annotations
 
@@ -32,16 +35,55 @@ PENDING_TTL_S = 5
 
 
 
+# Removes the pending counts whose time is up (seen score <= now) and their share of the sum:
+# O(counts removed), nothing while every server publishes.
+_SWEEP = """
+local function sweep_pending(counts_key, seen_key, total_key, now)
+  local gone = redis.call('ZRANGEBYSCORE', seen_key, '-inf', now)
+  for _, id in ipairs(gone) do
+    local v = tonumber(redis.call('HGET', counts_key, id) or '0')
+    if v ~= 0 then redis.call('DECRBY', total_key, v) end
+    redis.call('HDEL', counts_key, id)
+  end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', seen_key, '-inf', now) end
+end
+"""
+
+# A server's pending count: set (valid ttl seconds), with the sum changed by the difference.
+# pending -1: the server withdraws (its count and its share of the sum removed).
+PUBLISH_PENDING = LuaScript(
+    keys=("counts_key", "seen_key", "total_key"),
+    args=("server_id", "pending", "ttl"),
+    helpers=_SWEEP,
+    body="""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+sweep_pending(counts_key, seen_key, total_key, now)
+local old = tonumber(redis.call('HGET', counts_key, server_id) or '0')
+local new = tonumber(pending)
+if new < 0 then
+  if old ~= 0 then redis.call('DECRBY', total_key, old) end
+  redis.call('HDEL', counts_key, server_id)
+  redis.call('ZREM', seen_key, server_id)
+  return 0
+end
+redis.call('HSET', counts_key, server_id, new)
+if new ~= old then redis.call('INCRBY', total_key, new - old) end
+redis.call('ZADD', seen_key, now + tonumber(ttl), server_id)
+return new
+""")
+
 IN_FLIGHT_FACTS = LuaScript(
     keys=("deadlines_key", "active_key", "complete_key", "stream_key", "learner_key",
-          "servers_key", "no_signal_key"),
-    args=("pending_prefix", "server_id", "consumer_group", "hold_s"),
+          "counts_key", "seen_key", "total_key", "no_signal_key"),
+    args=("server_id", "consumer_group", "hold_s"),
+    helpers=_SWEEP,
     body="""
 -- server_id: the reading server ('': none)
 -- -> {open and active, complete, stream length, the group's lag (-1: unknown), other servers'
---     pending, the learner state's HGETALL, open but idle}; servers whose pending key expired
---     leave the set. An open group counts until its activity's score (last activity + the
---     recording server's group_idle_s) has passed; then it is idle: open, not counted.
+--     pending, the learner state's HGETALL, open but idle}; pending counts whose time is up
+--     leave the sum first. An open group counts until its activity's score (last activity +
+--     the recording server's group_idle_s) has passed; then it is idle: open, not counted.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local n_open = redis.call('ZCOUNT', active_key, '(' .. string.format('%.6f', now), '+inf')
@@ -62,12 +104,10 @@ if ok then
     end
   end
 end
-local remote = 0
-for _, id in ipairs(redis.call('SMEMBERS', servers_key)) do
-  if id ~= server_id then
-    local v = redis.call('GET', pending_prefix .. id)
-    if v then remote = remote + tonumber(v) else redis.call('SREM', servers_key, id) end
-  end
+sweep_pending(counts_key, seen_key, total_key, now)
+local remote = tonumber(redis.call('GET', total_key) or '0')
+if server_id ~= '' then
+  remote = remote - tonumber(redis.call('HGET', counts_key, server_id) or '0')
 end
 -- groups dropped for equal rewards hold a place until the learner's next step, at most hold_s
 local held = 0
@@ -94,9 +134,10 @@ def in_flight_call(keys: Keys, server_id: str = "",
         keys={"deadlines_key": keys.deadlines, "active_key": keys.group_activity,
               "complete_key": keys.complete,
               "stream_key": keys.ready_stream, "learner_key": keys.learner_state,
-              "servers_key": keys.admission_servers, "no_signal_key": keys.no_signal},
-        args={"pending_prefix": keys.admission_pending(""), "server_id": server_id,
-              "consumer_group": LEARNER_CONSUMER_GROUP, "hold_s": hold_s})
+              "counts_key": keys.admission_pending, "seen_key": keys.admission_seen,
+              "total_key": keys.admission_pending_total, "no_signal_key": keys.no_signal},
+        args={"server_id": server_id, "consumer_group": LEARNER_CONSUMER_GROUP,
+              "hold_s": hold_s})
 
 
 @dataclass(frozen=True)
@@ -179,6 +220,7 @@ class InFlightCounter:
         self.server_id = server_id
         self.pipe = pipe
         self._facts = client.register_script(IN_FLIGHT_FACTS.source)
+        self._publish = client.register_script(PUBLISH_PENDING.source)
         self._keys, self._args = in_flight_call(keys, server_id, no_signal_hold_s)
 
     async def read(self) -> Snapshot:
@@ -186,11 +228,16 @@ class InFlightCounter:
         return Snapshot.from_reply(await run_script(self.pipe, self.client, self._facts,
                                                     self._keys, self._args))
 
+    def _pending_slots(self, pending: int) -> tuple[list[str], list[Any]]:
+        k = self.keys
+        return PUBLISH_PENDING.slots(
+            keys={"counts_key": k.admission_pending, "seen_key": k.admission_seen,
+                  "total_key": k.admission_pending_total},
+            args={"server_id": self.server_id, "pending": pending, "ttl": PENDING_TTL_S})
+
     async def publish(self, pending: int) -> None:
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.set(self.keys.admission_pending(self.server_id), pending, ex=PENDING_TTL_S)
-            pipe.sadd(self.keys.admission_servers, self.server_id)
-            await pipe.execute()
+        """This server's pending count, valid for ``PENDING_TTL_S`` (``PUBLISH_PENDING``)."""
+        await run_script(None, self.client, self._publish, *self._pending_slots(max(0, pending)))
 
     async def publish_loop(self, pending: Callable[[], int]) -> None:
         """Publish ``pending()`` every ``PUBLISH_EVERY_S`` until cancelled (Redis errors are
@@ -205,4 +252,4 @@ class InFlightCounter:
     async def withdraw(self) -> None:
         """On shutdown: this server admits nothing more."""
         with contextlib.suppress(Exception):
-            await self.client.delete(self.keys.admission_pending(self.server_id))
+            await run_script(None, self.client, self._publish, *self._pending_slots(-1))

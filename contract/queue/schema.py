@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -108,11 +108,19 @@ class Keys:
         return f"{self.prefix}:learner:state"
 
     @property
-    def admission_servers(self) -> str:
-        return f"{self.prefix}:admission:servers"
+    def admission_pending(self) -> str:
+        """Hash: server id -> the requests it is sampling now (its admission gate's count)."""
+        return f"{self.prefix}:admission:pending_counts"
 
-    def admission_pending(self, server_id: str) -> str:
-        return f"{self.prefix}:admission:pending:{server_id}"
+    @property
+    def admission_pending_total(self) -> str:
+        """The sum of ``admission_pending``'s values, kept with them by the same scripts."""
+        return f"{self.prefix}:admission:pending_total"
+
+    @property
+    def admission_seen(self) -> str:
+        """Sorted set: server id -> until when (Redis time) its pending count holds."""
+        return f"{self.prefix}:admission:seen"
 
 
 @dataclass
@@ -152,7 +160,7 @@ class RolloutRecord:
 
 def _bin(a: np.ndarray, dtype: str) -> memoryview:
     """An array's bytes in ``dtype`` without copying them (msgpack packs a buffer as bin)."""
-    return memoryview(np.ascontiguousarray(a, dtype=dtype).view(np.uint8))
+    return memoryview(np.ascontiguousarray(a, dtype=dtype).view(np.uint8))  # type: ignore[arg-type]  # numpy: __buffer__ on Python >= 3.12 only
 
 
 def rollout_fields(r: RolloutRecord) -> dict[str, Any]:
@@ -176,7 +184,7 @@ def rollout_fields(r: RolloutRecord) -> dict[str, Any]:
 
 
 def pack_rollout(r: RolloutRecord) -> bytes:
-    return msgpack.packb(rollout_fields(r))
+    return cast(bytes, msgpack.packb(rollout_fields(r)))  # (msgpack ships no types)
 
 
 _I4, _U1, _F4 = np.dtype("<i4"), np.dtype("u1"), np.dtype("<f4")  # (parsing "<i4": ~1 us)
@@ -235,7 +243,7 @@ class ReadyGroup:
 
 
 def pack_ready_group(g: ReadyGroup) -> bytes:
-    return msgpack.packb({
+    return cast(bytes, msgpack.packb({
         "group_id": g.group_id,
         "metadata": g.metadata,
         "published_at": g.published_at,
@@ -245,7 +253,7 @@ def pack_ready_group(g: ReadyGroup) -> bytes:
         "turn_advantages": g.turn_advantages,
         "advantage_config": g.advantage_config.to_dict() if g.advantage_config else None,
         "rollouts": [rollout_fields(r) for r in g.rollouts],
-    })
+    }))
 
 
 def ready_group_from_dict(d: dict[str, Any], rollouts: list[RolloutRecord]) -> ReadyGroup:

@@ -1,7 +1,7 @@
-"""One read of the in-flight facts (``gspo_rl.contract.queue.inflight.ADMISSION_FACTS``) against a
-real Redis, through the store's connection and through redis-py: every stage counted as the
-admission rule defines it, this server's own pending count left to the gate, expired servers
-removed."""
+"""One read of the in-flight facts (``gspo_rl.contract.queue.inflight.IN_FLIGHT_FACTS``)
+against a real Redis, through the store's connection and through redis-py: every stage counted
+as the admission rule defines it, this server's own pending count left to the gate, the counts
+of servers whose time is up removed with their share of the sum."""
 
 from __future__ import annotations
 
@@ -59,10 +59,9 @@ def test_one_read_counts_every_stage(redis_server: RedisServer, tiny_model_dir,
     cfg = LearnerConfig(model=str(tiny_model_dir), redis_url=url, max_staleness=2,
                         groups_per_step=4)
     publish_state(r, KEYS, state_fields(cfg, 7, 7, 0, training=2))
-    for server, pending in (("me", 9), ("other", 4)):
-        r.set(KEYS.admission_pending(server), pending, ex=60)
-        r.sadd(KEYS.admission_servers, server)
-    r.sadd(KEYS.admission_servers, "gone")  # its pending key expired
+    for server, pending in (("me", 9), ("other", 4), ("gone", 5)):
+        asyncio.run(_publish(url, server, pending))
+    r.zadd(KEYS.admission_seen, {"gone": 1.0})  # its time is long up: it crashed
 
     snap = asyncio.run(_read(url, through_pipe))
     assert (snap.open, snap.complete, snap.undelivered, snap.ready_depth) == (2, 1, 3, 5)
@@ -71,7 +70,39 @@ def test_one_read_counts_every_stage(redis_server: RedisServer, tiny_model_dir,
     assert (snap.learner.version, snap.learner.training, snap.learner.max_staleness,
             snap.learner.groups_per_step) == (7, 2, 2, 4)
     assert snap.others == 2 + 1 + 3 + 2 + 4
-    assert r.smembers(KEYS.admission_servers) == {b"me", b"other"}
+    assert sorted(r.zrange(KEYS.admission_seen, 0, -1)) == [b"me", b"other"]
+    assert int(r.get(KEYS.admission_pending_total)) == 13  # "gone" left the sum
+    assert r.hgetall(KEYS.admission_pending) == {b"me": b"9", b"other": b"4"}
+    r.close()
+
+
+async def _publish(url: str, server: str, pending: int) -> None:
+    client = aioredis.Redis.from_url(url)
+    try:
+        await InFlightCounter(client, KEYS, server).publish(pending)
+    finally:
+        await client.aclose()
+
+
+def test_pending_counts_and_their_sum_move_together(redis_server: RedisServer) -> None:
+    """Each server's count replaces its last one and the sum follows; a server that withdraws
+    takes its share with it; a count whose time is up leaves at the next read."""
+    url, r = redis_server.url, redis.Redis.from_url(redis_server.url)
+    for server, pending in (("a", 3), ("b", 2), ("a", 5), ("c", 7)):
+        asyncio.run(_publish(url, server, pending))
+    assert int(r.get(KEYS.admission_pending_total)) == 5 + 2 + 7
+
+    async def withdraw_b() -> None:
+        client = aioredis.Redis.from_url(url)
+        await InFlightCounter(client, KEYS, "b").withdraw()
+        await client.aclose()
+
+    asyncio.run(withdraw_b())
+    assert int(r.get(KEYS.admission_pending_total)) == 12
+    r.zadd(KEYS.admission_seen, {"c": 1.0})  # c stopped publishing long ago
+    snap = asyncio.run(_read(url, through_pipe=False))  # read as "me": every count is remote
+    assert snap.remote_pending == 5 and int(r.get(KEYS.admission_pending_total)) == 5
+    assert r.hgetall(KEYS.admission_pending) == {b"a": b"5"}
     r.close()
 
 

@@ -130,7 +130,7 @@ def test_groups_without_signal_hold_their_place_until_a_step_or_the_hold_ends(
     url = redis_server.url
     learner_publishes(url, tiny_model_dir, max_staleness=1, groups_per_step=2)  # bound 4
     with running_server(tiny_model_dir, url, admission=True, admission_wait_s=0.3,
-                        no_signal_hold_s=3.0) as s:
+                        no_signal_hold_s=8.0) as s:  # long enough for 5 requests on a busy box
         for _ in range(3):
             reward(s, sample(s), [1.0, 1.0])  # solved by every sample: dropped, no signal
         assert gauge(s, "gspo_groups_in_flight") == 2  # 3 held, 2 counted: 4 - 2 free
@@ -141,7 +141,7 @@ def test_groups_without_signal_hold_their_place_until_a_step_or_the_hold_ends(
         assert "3 ended without a learning signal since the learner's last step" in message
         assert "the sampling budget counts 2 of the 3" in message
         assert "the policy solves or fails every sample of most tasks" in message
-        wait_until(lambda: gauge(s, "gspo_groups_in_flight") == 2, "the hold to end", 15)
+        wait_until(lambda: gauge(s, "gspo_groups_in_flight") == 2, "the hold to end", 25)
         sample(s)  # admitted again
         for rollout in live:
             reward(s, rollout, [0.0, 1.0])
@@ -287,8 +287,8 @@ def test_in_flight_count_recovers_from_a_crashed_server_and_a_crashed_learner(
             sample(s)
         assert gauge(s, "gspo_groups_in_flight") == 8
         assert post(s, "/v1/rollouts", ROLLOUT).status_code == 503
-        members = redis.Redis.from_url(url).smembers(KEYS.admission_servers)
-        assert members == {b"test-server"}
+        members = redis.Redis.from_url(url).zrange(KEYS.admission_seen, 0, -1)
+        assert members == [b"test-server"]
 
 
 def test_no_learner_is_said_in_those_words(tiny_model_dir: Path,
