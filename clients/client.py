@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
@@ -118,7 +118,7 @@ class GSPOClient:
             time.sleep(delay)
 
     def health(self) -> dict[str, Any]:
-        return self._request("GET", "/health")
+        return cast("dict[str, Any]", self._request("GET", "/health"))
 
     def rollouts(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
                  prompt_token_ids: list[int] | None = None, n: int = 8,
@@ -129,7 +129,8 @@ class GSPOClient:
 
     def open_group(self, size: int, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """Open ``size`` multi-turn episodes (``POST /v1/groups``): group_id and rollout_ids."""
-        return self._request("POST", "/v1/groups", {"size": size, "metadata": metadata or {}})
+        return cast("dict[str, Any]",
+                    self._request("POST", "/v1/groups", {"size": size, "metadata": metadata or {}}))
 
     def post_reward(self, rollout_id: str, reward: float,
                     turn_rewards: Sequence[float] | None = None) -> Any:
@@ -145,29 +146,31 @@ class GSPOClient:
         """Give a group up (``POST /v1/groups/{id}/abandon``): it stops holding admission
         capacity at once, published with the rewards it has when it has enough of them, else
         dropped. Idempotent; retried through a server restart."""
-        return self._request("POST", f"/v1/groups/{quote(group_id, safe='')}/abandon",
-                             patient=True)
+        return cast("dict[str, Any]", self._request(
+            "POST", f"/v1/groups/{quote(group_id, safe='')}/abandon", patient=True))
 
     def task_stats(self, task_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
         """How each task's recent groups ended (``POST /v1/tasks/stats``: groups, no_signal,
         streak, streak_value, reward_ema; None: no group of it has ended yet)."""
-        return self._request("POST", "/v1/tasks/stats", {"ids": list(task_ids)})["stats"]
+        return cast("dict[str, dict[str, Any] | None]",
+                    self._request("POST", "/v1/tasks/stats", {"ids": list(task_ids)})["stats"])
 
     def group(self, group_id: str, include: str | None = None) -> dict[str, Any]:
         """``GET /v1/groups/{id}``: its state and rewards; ``include="tokens"``: also each
         rollout's trajectory (tokens, turns with their text, advantages once published)."""
         query = f"?include={include}" if include else ""
-        return self._request("GET", f"/v1/groups/{quote(group_id, safe='')}{query}")
+        return cast("dict[str, Any]",
+                    self._request("GET", f"/v1/groups/{quote(group_id, safe='')}{query}"))
 
     def models(self) -> list[dict[str, Any]]:
         """``GET /v1/models``: the served model (its ``id`` is what requests pass as model)."""
-        return self._request("GET", "/v1/models")["data"]
+        return cast("list[dict[str, Any]]", self._request("GET", "/v1/models")["data"])
 
     def post_eval(self, name: str, policy_version: int, metrics: dict[str, float],
                   metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """``POST /v1/evals``: an evaluation's result, for the learner to log."""
-        return self._request("POST", "/v1/evals",
-                             _eval_body(name, policy_version, metrics, metadata))
+        return cast("dict[str, Any]", self._request(
+            "POST", "/v1/evals", _eval_body(name, policy_version, metrics, metadata)))
 
     def close(self) -> None:
         self.http.close()
@@ -206,7 +209,7 @@ class AsyncGSPOClient:
             await asyncio.sleep(delay)
 
     async def health(self) -> dict[str, Any]:
-        return await self._request("GET", "/health")
+        return cast("dict[str, Any]", await self._request("GET", "/health"))
 
     async def rollouts(self, *, prompt: str | None = None,
                        messages: list[dict[str, Any]] | None = None,
@@ -217,21 +220,21 @@ class AsyncGSPOClient:
 
     async def open_group(self, size: int,
                          metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        return await self._request("POST", "/v1/groups",
-                                   {"size": size, "metadata": metadata or {}})
+        return cast("dict[str, Any]", await self._request(
+            "POST", "/v1/groups", {"size": size, "metadata": metadata or {}}))
 
     async def post_rewards(self, rewards: Sequence[dict[str, Any]]) -> Any:
         return await self._request("POST", "/v1/rewards", _reward_items(rewards),
                                    patient=True)
 
     async def abandon_group(self, group_id: str) -> dict[str, Any]:
-        return await self._request("POST", f"/v1/groups/{quote(group_id, safe='')}/abandon",
-                                   patient=True)
+        return cast("dict[str, Any]", await self._request(
+            "POST", f"/v1/groups/{quote(group_id, safe='')}/abandon", patient=True))
 
     async def task_stats(self, task_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
         """Each task's statistics (``POST /v1/tasks/stats``; None: none yet)."""
-        return (await self._request("POST", "/v1/tasks/stats",
-                                    {"ids": list(task_ids)}))["stats"]
+        return cast("dict[str, dict[str, Any] | None]", (await self._request(
+            "POST", "/v1/tasks/stats", {"ids": list(task_ids)}))["stats"])
 
     async def post_reward(self, rollout_id: str, reward: float,
                           turn_rewards: Sequence[float] | None = None) -> Any:
@@ -240,15 +243,16 @@ class AsyncGSPOClient:
 
     async def group(self, group_id: str, include: str | None = None) -> dict[str, Any]:
         query = f"?include={include}" if include else ""
-        return await self._request("GET", f"/v1/groups/{quote(group_id, safe='')}{query}")
+        return cast("dict[str, Any]",
+                    await self._request("GET", f"/v1/groups/{quote(group_id, safe='')}{query}"))
 
     async def models(self) -> list[dict[str, Any]]:
-        return (await self._request("GET", "/v1/models"))["data"]
+        return cast("list[dict[str, Any]]", (await self._request("GET", "/v1/models"))["data"])
 
     async def post_eval(self, name: str, policy_version: int, metrics: dict[str, float],
                         metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        return await self._request("POST", "/v1/evals",
-                                   _eval_body(name, policy_version, metrics, metadata))
+        return cast("dict[str, Any]", await self._request(
+            "POST", "/v1/evals", _eval_body(name, policy_version, metrics, metadata)))
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -28,7 +28,7 @@ import contextlib
 import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from gspo_rl.client.client import AsyncGSPOClient
 from gspo_rl.client.errors import ServerUnavailable
@@ -237,10 +237,11 @@ async def _sample_and_score(env: Environment, client: AsyncGSPOClient, task: Any
                                                 for r, x in zip(group.rollouts, rewards,
                                                                 strict=True)])
         except Exception as exc:
-            await give_up(client, group.group_id, exc)
+            await give_up(client, cast(str, group.group_id), exc)  # recorded: it has an id
             raise
-        return GroupOutcome(group_id=group.group_id, rewards=rewards, task=task, texts=texts,
-                            prompt=p, versions=[r.policy_version for r in group.rollouts]), posted
+        return GroupOutcome(group_id=cast(str, group.group_id), rewards=rewards, task=task,
+                            texts=texts, prompt=p,
+                            versions=[r.policy_version for r in group.rollouts]), posted
     model = model or await served_model(client)
     opened = await client.open_group(env.group_size, group_metadata(env, task, tag, band))
     try:
@@ -289,7 +290,7 @@ async def _play_episodes(env: MultiTurnEnvironment, client: AsyncGSPOClient, tas
         {"rollout_id": s.rollout_id, "reward": o.reward, "turn_rewards": o.turn_rewards}
         for s, o in zip(sessions, outcomes, strict=True)])
     return GroupOutcome(group_id=opened["group_id"], rewards=[o.reward for o in outcomes],
-                        task=task, rollout_ids=[s.rollout_id for s in sessions],
+                        task=task, rollout_ids=[cast(str, s.rollout_id) for s in sessions],
                         turn_rewards=[o.turn_rewards for o in outcomes]), posted
 
 

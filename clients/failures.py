@@ -75,7 +75,8 @@ def describe_error(exc: BaseException) -> str:
     body = getattr(exc, "body", None)
     code = getattr(exc, "code", None)
     if code is None and isinstance(body, dict):
-        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        error = body.get("error")
+        inner = error if isinstance(error, dict) else body
         code = inner.get("code")
     parts = [type(exc).__name__] + [str(p) for p in (status, code) if p]
     return " ".join(parts)

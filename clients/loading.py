@@ -22,7 +22,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gspo_rl.client.adapters import adapter_prefix, load_adapter
 from gspo_rl.client.environment import Environment, MultiTurnEnvironment, SingleTurnEnvironment
@@ -139,9 +139,9 @@ def _construct(spec: str, obj: Any, args: dict[str, Any]) -> Environment:
         raise ValueError(f"{spec!r} is an instance: it takes no arguments (got "
                          f"{', '.join(sorted(args))}); name its class instead")
     if is_env or not callable(obj):
-        return obj
+        return cast(Environment, obj)
     try:
-        return obj(**args)
+        return cast(Environment, obj(**args))
     except TypeError as exc:
         raise ValueError(f"{spec!r} does not take these arguments: {exc}") from exc
 

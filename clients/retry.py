@@ -60,7 +60,8 @@ class RetryPolicy:
             yield self.delay(i)
 
     def delay(self, i: int) -> float:
-        return min(self.max_delay_s, self.base_delay_s * 2**i) * (0.5 + random.random())
+        backoff: float = self.base_delay_s * 2**i  # (int ** int is typed Any)
+        return min(self.max_delay_s, backoff) * (0.5 + random.random())
 
 
 class Throttle:

@@ -116,6 +116,7 @@ class TranscriptLog:
         self.written += 1
 
     async def _episodes(self, client: AsyncGSPOClient, g: GroupOutcome) -> list[dict[str, Any]]:
+        turns: dict[str, Any]
         try:
             view = await client.group(g.group_id, include="tokens")
             turns = {r["rollout_id"]: (r.get("trajectory") or {}).get("turns")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
@@ -137,7 +137,7 @@ async def arun_groups(
     return outcomes
 
 
-Alongside = Callable[[AsyncGSPOClient, asyncio.Event], Awaitable[Any]]
+Alongside = Callable[[AsyncGSPOClient, asyncio.Event], Coroutine[Any, Any, Any]]
 """A side task run next to the groups (an evaluation watcher): started with the run's client
 and an event that is set once the groups end; awaited before the run returns."""
 

@@ -47,7 +47,7 @@ class AdvantageConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> AdvantageConfig:
-        return cls(eps=float(d["eps"]), scale=bool(d["scale"]))  # type: ignore[arg-type]
+        return cls(eps=float(d["eps"]), scale=bool(d["scale"]))  # type: ignore[arg-type]  # stored values: float() checks them
 
 
 def turn_returns(reward: float, turn_rewards: Sequence[float] | None, n_turns: int) -> np.ndarray:

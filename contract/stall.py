@@ -44,7 +44,8 @@ class LastStall:
     ended_at: float | None
 
     @classmethod
-    def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> LastStall | None:
+    def from_hash(cls, raw: Mapping[bytes, bytes] | Mapping[str, str]
+                  | Mapping[bytes | str, bytes | str]) -> LastStall | None:
         """From ``HGETALL Keys.learner_state`` (bytes or str); None without a stall."""
         d = {(k.decode() if isinstance(k, bytes) else k):
              (v.decode(errors="replace") if isinstance(v, bytes) else v)

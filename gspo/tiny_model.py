@@ -188,7 +188,7 @@ def make_tiny_model(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers types .to unbound
     model.generation_config = GenerationConfig(
         do_sample=True,
         temperature=1.0,

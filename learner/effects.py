@@ -192,7 +192,7 @@ class LoopEffects:
             finished=self.target.finished, tokens_trained=self.tokens_trained))
 
     def _record(self, batch: Batch, metrics: dict[str, float], invalid: int,
-                times: dict[str, float]) -> dict[str, Any]:
+                times: dict[str, float | None]) -> dict[str, Any]:
         try:
             counters = read_counters(self.client, self.keys)
         except redis.RedisError:

@@ -13,7 +13,7 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -252,7 +252,7 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"no such config file: {path}")
         from pydantic_settings import PydanticBaseSettingsSource, TomlConfigSettingsSource
 
-        class FromFile(cls):  # type: ignore[valid-type,misc]
+        class FromFile(cls):  # type: ignore[valid-type,misc]  # a subclass of cls, a variable
             @classmethod
             def settings_customise_sources(
                 cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -261,7 +261,8 @@ class ServerSettings(BaseSettings):
                 file_secret_settings: PydanticBaseSettingsSource,
             ) -> tuple[PydanticBaseSettingsSource, ...]:
                 return (init_settings, env_settings,
-                        TomlConfigSettingsSource(settings_cls, toml_file=Path(path)))
+                        TomlConfigSettingsSource(settings_cls,
+                                                 toml_file=Path(cast("str | Path", path))))
 
         # the plain class again (picklable, its own name), from the merged values
         return cls.model_validate(dict(FromFile(**flags)))

@@ -108,7 +108,8 @@ def _registry() -> dict[str, tuple[type, type]]:
     _library()
     from reasoning_gym.factory import DATASETS
 
-    return DATASETS
+    datasets: dict[str, tuple[type, type]] = DATASETS  # (reasoning-gym ships no types)
+    return datasets
 
 
 def _suggest(name: str, known: list[str]) -> str:
@@ -338,7 +339,8 @@ def system_prompt_text(prompt: str | None) -> str | None:
 
     if not prompt or prompt in ("null", "none"):  # --env-arg system_prompt=null: none
         return None
-    return SYSTEM_PROMPTS.get(prompt, prompt)
+    text: str = SYSTEM_PROMPTS.get(prompt, prompt)  # (reasoning-gym ships no types)
+    return text
 
 
 def _int(args: Mapping[str, Any], key: str, default: int, least: int | None) -> int:

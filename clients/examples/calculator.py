@@ -27,8 +27,9 @@ import json
 import operator
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gspo_rl.client.environment import (
     EpisodeResult,
@@ -37,6 +38,9 @@ from gspo_rl.client.environment import (
 )
 from gspo_rl.client.runlog import run_and_print
 from gspo_rl.client.selection import TaskSelection
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 try:
     from openai import AsyncOpenAI
@@ -60,16 +64,18 @@ MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 1e18
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-           ast.Pow: operator.pow}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow}
+_UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {
+    ast.UAdd: operator.pos, ast.USub: operator.neg}
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def _eval(node: ast.AST) -> int | float:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return cast("int | float", node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -177,8 +183,11 @@ class CalculatorEnvironment(MultiTurnEnvironment):
                                api_key=session.api_key or "unused", timeout=self.timeout_s,
                                max_retries=2) as client:
             for turn in range(self.max_turns):
+                # (messages and tools: plain dicts, the shapes of openai's TypedDicts)
                 response = await client.chat.completions.create(
-                    model=session.model, messages=messages, tools=[CALCULATOR_TOOL],
+                    model=session.model,
+                    messages=cast("list[ChatCompletionMessageParam]", messages),
+                    tools=[cast("ChatCompletionToolParam", CALCULATOR_TOOL)],
                     max_tokens=self.max_tokens, temperature=self.temperature,
                     extra_body=session.extra_body)
                 msg = response.choices[0].message

@@ -16,7 +16,7 @@ import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 
 class Worker:
@@ -72,11 +72,11 @@ class Worker:
             finally:
                 child.close()  # the worker's end: only the worker holds it (EOF when it dies)
         self.conn.send_bytes(payload)
-        return self.conn.recv()
+        return cast("tuple[Any, ...]", self.conn.recv())  # (the worker's replies are tuples)
 
     def roundtrip(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         self.conn.send(args)
-        return self.conn.recv()
+        return cast("tuple[Any, ...]", self.conn.recv())  # (the worker's replies are tuples)
 
     def call(self, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         """Send one call; its reply as a future, read by the loop when the pipe is readable

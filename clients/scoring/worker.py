@@ -19,6 +19,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from typing import Any
 
 Preload = tuple[str, str | None]  # (module name, file to load it from; None: import by name)
 
@@ -62,6 +63,7 @@ def worker_main(conn: Connection, preload: Sequence[Preload]) -> None:
         except Exception as exc:  # noqa: BLE001 - arguments that do not unpickle here
             conn.send(("error", *_describe(exc)))
             continue
+        reply: tuple[Any, ...]
         try:
             reply = ("ok", scorer(*args))
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it

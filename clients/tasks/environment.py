@@ -24,7 +24,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gspo_rl.client.environment import (
     EpisodeResult,
@@ -39,6 +39,9 @@ from gspo_rl.client.tasks.records import read_records
 from gspo_rl.client.tasks.sampler import TaskMixture, TaskSource
 from gspo_rl.client.tasks.task import Fields, Task, make_tasks
 from gspo_rl.client.verifiers import Verdict, Verifier, make_verifier
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 log = logging.getLogger("gspo_rl.client.tasks")
 
@@ -166,8 +169,10 @@ class RetryEnvironment(_Judged, MultiTurnEnvironment):
             extra = {**session.extra_body, **({"top_k": self.sampling["top_k"]}
                                                if "top_k" in self.sampling else {})}
             for attempt in range(self.retry.max_attempts):
-                response = await client.chat.completions.create(
-                    model=session.model, messages=messages, extra_body=extra, **options)
+                response = await client.chat.completions.create(  # (messages: plain dicts)
+                    model=session.model,
+                    messages=cast("list[ChatCompletionMessageParam]", messages),
+                    extra_body=extra, **options)
                 content = response.choices[0].message.content or ""
                 verdict = self.judge(task, content)
                 if verdict.correct:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
@@ -50,8 +50,8 @@ def _parquet(path: Path) -> list[dict[str, Any]]:
         except ImportError as exc:
             raise ImportError("reading Parquet needs pyarrow (or pandas): pip install "
                               "'gspo-rl-client[data]'") from exc
-        return pd.read_parquet(path).to_dict("records")
-    return pq.read_table(path).to_pylist()
+        return cast("list[dict[str, Any]]", pd.read_parquet(path).to_dict("records"))  # (untyped)
+    return cast("list[dict[str, Any]]", pq.read_table(path).to_pylist())  # (pyarrow: untyped)
 
 
 def _dataset_dir(path: Path, split: str | None) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from gspo_rl.client.verifiers.base import Verifier
 
@@ -113,7 +113,7 @@ class NumericMatch(Verifier):
             find_answer(got) if self.extract is None else last_number(got))
         if value is None:
             return False, False
-        return abs(value - ref) <= self.tolerance * max(1, abs(ref)), True
+        return abs(value - ref) <= self.tolerance * cast("Fraction | int", max(1, abs(ref))), True
 
 
 class MathVerify(Verifier):

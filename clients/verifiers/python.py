@@ -41,7 +41,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
             module = importlib.import_module(where)
         except ImportError as exc:
             raise ValueError(f"cannot import {where!r}: {exc}") from exc
-    fn = getattr(module, name, None)
+    fn: object = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"{spec!r} is not a function")
     return fn

@@ -154,10 +154,11 @@ def chat_text(tokenizer: Any, messages: list[dict[str, Any]],
     ``sanitize_tools``) wrapped in markers."""
     enc = encoders(tokenizer)
     msgs = [mark(m, enc.pattern) if m.get("role") in sanitize_roles else m for m in messages]
-    return tokenizer.apply_chat_template(
+    text: str = tokenizer.apply_chat_template(
         msgs, tools=mark(tools, enc.pattern) if sanitize_tools else tools,
         add_generation_prompt=add_generation_prompt, tokenize=False,
         **check_template_kwargs(template_kwargs))
+    return text
 
 
 def chat_ids(tokenizer: Any, messages: list[dict[str, Any]],

@@ -17,7 +17,7 @@ import collections
 import contextlib
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
@@ -117,7 +117,9 @@ def as_exception(reply: Any) -> Exception | None:
     None for any other reply."""
     if not isinstance(reply, hiredis.ReplyError):
         return reply if isinstance(reply, Exception) else None
-    return BaseParser.parse_error(str(reply))  # redis-py's own mapping (LOADING, NOSCRIPT...)
+    # redis-py's own mapping (LOADING, NOSCRIPT...)
+    err: Exception = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]  # redis-py: unannotated
+    return err
 
 
 class _Call:
@@ -125,7 +127,7 @@ class _Call:
 
     __slots__ = ("future", "left", "replies")
 
-    def __init__(self, future: asyncio.Future, wanted: int) -> None:
+    def __init__(self, future: asyncio.Future[list[Any]], wanted: int) -> None:
         self.future, self.left, self.replies = future, wanted, [None] * wanted
 
     def put(self, slot: int, reply: Any) -> None:
@@ -151,7 +153,7 @@ class _Protocol(asyncio.Protocol):
         self._watchdog: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # create_connection's: a Transport
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
@@ -171,7 +173,7 @@ class _Protocol(asyncio.Protocol):
         if not self.closed.done():
             self.closed.set_result(None)
 
-    def send(self, commands: list[tuple[Any, ...]], want: list[bool]) -> asyncio.Future:
+    def send(self, commands: list[tuple[Any, ...]], want: list[bool]) -> asyncio.Future[list[Any]]:
         """Queues ``commands`` (written together at the end of this loop iteration); returns
         one future for the list of the wanted replies, in order (one future per call, not
         per command: a MULTI/EXEC of 11 commands costs one)."""
@@ -235,9 +237,9 @@ class RedisPipe:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._proto, self._loop, self._connecting = None, loop, asyncio.Lock()
-        proto = self._proto
-        if proto is not None and proto.transport is not None:
-            return proto
+        current = self._proto
+        if current is not None and current.transport is not None:
+            return current
         assert self._connecting is not None
         async with self._connecting:
             if self._proto is not None and self._proto.transport is not None:

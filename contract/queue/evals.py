@@ -32,6 +32,8 @@ def decode_entries(raw: list[tuple[Any, dict[Any, Any]]]) -> list[tuple[str, dic
     out = []
     for entry_id, fields in raw:
         data = fields.get(EVAL_FIELD.encode(), fields.get(EVAL_FIELD))
+        if data is None:
+            continue
         try:
             record = json.loads(data)
         except (TypeError, ValueError):

@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis
 import redis.asyncio as aredis
@@ -164,7 +165,8 @@ def read_registry(client: redis.Redis, keys: Keys, admin_key: str | None = None,
             dead.append(sid)
             continue
         try:
-            info = parse_registration(raw, admin_key, for_push)
+            # (None, a key that does not round-trip: json.loads' TypeError, malformed)
+            info = parse_registration(cast("bytes | str", raw), admin_key, for_push)
             if info.server_id != sid:
                 raise ValueError(f"registered under {sid!r} but names {info.server_id!r}")
         except ValueError as exc:

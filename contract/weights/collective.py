@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -178,19 +178,22 @@ def make_process_group(
         store = dist.TCPStore(master_addr, master_port, world_size=None, is_master=False,
                               timeout=timeout, wait_for_workers=False)
     prefixed = dist.PrefixStore(f"gspo-weights/{epoch}", store)
+    pg: dist.ProcessGroupNCCL | dist.ProcessGroupGloo  # Backends (below: as a ProcessGroup)
     if backend == "nccl":
         pin_nccl_interface(master_addr, master_port)
-        pg: dist.ProcessGroup = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)  # type: ignore[call-arg]  # torch's stub omits the options' default
     elif os.environ.get("GLOO_SOCKET_IFNAME"):  # the user's choice: torch reads it here
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
     else:
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size,
                                    gloo_options(master_addr, master_port, timeout))
-    return pg
+    # A Backend, used as a ProcessGroup: the same collectives (torch's stubs list them on
+    # ProcessGroup only)
+    return cast(dist.ProcessGroup, pg)
 
 
 def gloo_options(master_addr: str, master_port: int,
-                 timeout: datetime.timedelta) -> dist.ProcessGroupGloo._Options:
+                 timeout: datetime.timedelta) -> dist.ProcessGroupGloo._Options:  # type: ignore[name-defined]  # not in torch's stubs
     """Gloo's options with its device on this machine's address towards the rendezvous.
 
     By default gloo listens on the address its hostname resolves to and every rank connects to
@@ -199,7 +202,7 @@ def gloo_options(master_addr: str, master_port: int,
     network the learner is not on; the learner's connects then time out and no weight ever
     arrives. The address on the route to ``master_addr`` is the one the learner (who hosts the
     store there) and the other ranks, reaching the same store, can reach back."""
-    opts = dist.ProcessGroupGloo._Options()
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # not in torch's stubs
     opts._timeout = timeout
     address = route_source_address(master_addr, master_port)
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address) if address

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from pydantic import BaseModel, Field
@@ -59,7 +60,7 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def handle_message(shared: tuple, tensor_offset: int) -> CudaIpcTensor:
+def handle_message(shared: tuple[Any, ...], tensor_offset: int) -> CudaIpcTensor:
     """The message of one tensor from ``storage._share_cuda_()``'s tuple (device, handle,
     size, offset, ref counter handle, ref counter offset, event handle, event sync)."""
     (_device, handle, size_bytes, offset_bytes, ref_handle, ref_offset,
@@ -71,11 +72,12 @@ def handle_message(shared: tuple, tensor_offset: int) -> CudaIpcTensor:
         event_handle=_b64(event_handle or b""), event_sync_required=bool(event_sync))
 
 
-def rebuild_args(meta: TensorMeta, msg: CudaIpcTensor, device_index: int) -> tuple:
+def rebuild_args(meta: TensorMeta, msg: CudaIpcTensor, device_index: int) -> tuple[Any, ...]:
     """Arguments of ``torch.multiprocessing.reductions.rebuild_cuda_tensor`` for one tensor,
     opened on the receiver's ``device_index`` (its own number for the shared GPU: the two
     processes may see different CUDA_VISIBLE_DEVICES)."""
-    strides, acc = [], 1
+    strides: list[int] = []
+    acc = 1
     for d in reversed(meta.shape):  # contiguous strides of the shape
         strides.insert(0, acc)
         acc *= d
@@ -108,7 +110,7 @@ def open_tensors(req: IpcUpdateRequest, device: torch.device
         raise ValueError(f"CUDA IPC weights need a CUDA engine, this one is on {device}")
     check_request(req)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return [(meta.name, rebuild_cuda_tensor(*rebuild_args(meta, msg, index)))
+    return [(meta.name, rebuild_cuda_tensor(*rebuild_args(meta, msg, index)))  # type: ignore[no-untyped-call]  # torch: unannotated
             for meta, msg in zip(req.tensors, req.handles, strict=True)]
 
 
@@ -122,8 +124,8 @@ def export_tensors(named: Sequence[tuple[str, torch.Tensor]], device: torch.devi
     messages: list[CudaIpcTensor] = []
     for _, t in named:
         shared = t.detach().to(device).contiguous()
-        messages.append(handle_message(shared.untyped_storage()._share_cuda_(),
-                                       shared.storage_offset()))
+        messages.append(handle_message(shared.untyped_storage()._share_cuda_(),  # type: ignore[no-untyped-call]  # torch: unannotated
+                                       cast(int, shared.storage_offset())))  # (not traced: an int)
         kept.append(shared)
     torch.cuda.current_stream(device).synchronize()  # every copy written before we post
     return metas, kept, messages

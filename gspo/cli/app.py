@@ -292,8 +292,8 @@ def up(**params: Any) -> None:
     from gspo_rl.launch.up import UP_DEFAULTS, UpConfig, run_up
 
     spec = generate()["up"]
-    flags = {spec[k]["field"]: (v or None) if isinstance(v, list | bool) else v
-             for k, v in params.items() if k in spec}  # [] / False: not given
+    flags: dict[str, Any] = {spec[k]["field"]: (v or None) if isinstance(v, list | bool) else v
+                             for k, v in params.items() if k in spec}  # [] / False: not given
     try:
         defaults = UP_DEFAULTS
         if flags.get("resume"):
@@ -315,7 +315,7 @@ def _run_up(cfg: Any, run_up: Any, refusals: tuple[type[Exception], ...]) -> Non
 
     try:
         result = run_up(cfg)
-    except (*refusals, TrackingUnavailable) as exc:
+    except refusals + (TrackingUnavailable,) as exc:  # (mypy: no starred except tuples)
         typer.echo(f"gspo up: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

@@ -124,7 +124,7 @@ def run_env(run: EnvRun) -> list[str]:
 
     environment, watcher = build(run)
     try:
-        policy = FailurePolicy(on_error=run.on_error,  # type: ignore[arg-type]
+        policy = FailurePolicy(on_error=run.on_error,  # type: ignore[arg-type]  # a str: FailurePolicy checks it (ValueError)
                                max_retries=run.max_retries)
     except ValueError as exc:
         raise EnvRunError(str(exc), code=2) from exc

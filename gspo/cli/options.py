@@ -72,7 +72,7 @@ def _attribute_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings of a class (the string right after ``name: type = ...``), for
     models that do not set ``use_attribute_docstrings``."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    body = tree.body[0].body  # type: ignore[attr-defined]  # a class's source: a ClassDef
     docs: dict[str, str] = {}
     for node, nxt in zip(body, body[1:], strict=False):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
@@ -108,8 +108,8 @@ def _field(model: type, path: str) -> tuple[type, str, Any]:
     """The model class that owns ``path``'s last part, the part, and its FieldInfo."""
     *parents, name = path.split(".")
     for part in parents:
-        model = model.model_fields[part].annotation  # type: ignore[attr-defined]
-    return model, name, model.model_fields[name]  # type: ignore[attr-defined]
+        model = model.model_fields[part].annotation  # type: ignore[attr-defined]  # pydantic models
+    return model, name, model.model_fields[name]  # type: ignore[attr-defined]  # a pydantic model
 
 
 def _type_name(annotation: Any) -> str:
@@ -181,7 +181,7 @@ def parameters(section: str) -> list[inspect.Parameter]:
                 "list": list[str]}[opt["type"]]
         decls = [f"--{flag.replace('_', '-')}/--no-{flag.replace('_', '-')}"] if kind is bool \
             else []
-        extra = {"metavar": "<str>..."} if opt["type"] == "list" else {}
+        extra: dict[str, Any] = {"metavar": "<str>..."} if opt["type"] == "list" else {}
         default = typer.Option(None, *decls, help=opt["help"], envvar=opt["envvar"],
                                show_envvar=False, **extra)  # the help says "(env NAME)"
         params.append(inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=default,

@@ -9,8 +9,12 @@ changes only how ``--help`` is laid out (click's plain, wrapped format), never t
 
 from __future__ import annotations
 
-import click
+from typing import TYPE_CHECKING
+
 from typer.core import TyperCommand
+
+if TYPE_CHECKING:  # the click that typer vendors: its commands get its Context
+    from typer._click import Context, HelpFormatter
 
 
 def panel_command(*sections: str, **extra: str) -> type[TyperCommand]:
@@ -27,7 +31,7 @@ def panel_command(*sections: str, **extra: str) -> type[TyperCommand]:
 class _PanelCommand(TyperCommand):
     titles: dict[str, str] = {}
 
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
         groups: dict[str, list[tuple[str, str]]] = {"Options": []}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)

@@ -14,9 +14,12 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gspo_rl.logs import configure_logging, log_config
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 def _run(kind: str, config: dict[str, Any]) -> Any:
@@ -55,7 +58,9 @@ def main() -> int:
     except KeyboardInterrupt:  # a second signal, or run_up's way of stopping on one
         result_path.write_text(json.dumps({"interrupted": True}))
         return 130
-    body = dataclasses.asdict(out) if dataclasses.is_dataclass(out) else None
+    # (an instance: the runners return no class)
+    body = (dataclasses.asdict(cast("DataclassInstance", out)) if dataclasses.is_dataclass(out)
+            else None)
     interrupted = bool(getattr(out, "interrupted", False))  # run_up stopped by the signal
     result_path.write_text(json.dumps({"interrupted": interrupted, "result": body},
                                       default=str))

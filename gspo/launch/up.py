@@ -310,7 +310,7 @@ def run_up(cfg: UpConfig) -> UpResult:
     work.seed = cfg.seed + played  # a resumed run draws tasks past those it played
     if not cfg.selection:
         work.without_selection()
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    previous_sigterm = signal.signal(signal.SIGTERM, signal.default_int_handler)
     t0 = time.monotonic()
     metrics, redis_url, interrupted = cfg.run_dir / "metrics.jsonl", None, False
     try:
@@ -330,7 +330,7 @@ def run_up(cfg: UpConfig) -> UpResult:
                 groups = group_counts(redis_url)
     finally:
         procs.stop_all()
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous_sigterm)
     return _result(cfg, work, metrics, groups, time.monotonic() - t0, interrupted)
 
 

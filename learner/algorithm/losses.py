@@ -40,22 +40,22 @@ class _AttachGrad(torch.autograd.Function):
     """Returns ``value`` in forward and ``grad_out * grad_BT`` as d/d``logprobs`` in backward."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         logprobs_BT: torch.Tensor,
         value: torch.Tensor,
         grad_BT: torch.Tensor,
     ) -> torch.Tensor:
         ctx.save_for_backward(grad_BT)
-        ctx.input_dtype = logprobs_BT.dtype  # type: ignore[attr-defined]
+        ctx.input_dtype = logprobs_BT.dtype  # type: ignore[attr-defined]  # autograd's ctx: set at run time
         return value.clone()
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor
     ) -> tuple[torch.Tensor, None, None]:
-        (grad_BT,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        return (grad_BT * grad_out).to(ctx.input_dtype), None, None  # type: ignore[attr-defined]
+        (grad_BT,) = ctx.saved_tensors  # type: ignore[attr-defined]  # autograd's ctx: set at run time
+        return (grad_BT * grad_out).to(ctx.input_dtype), None, None  # type: ignore[attr-defined]  # autograd's ctx: set at run time
 
 
 def _check_inputs(

@@ -28,7 +28,7 @@ def export_merged(checkpoint: str | Path, out: str | Path,
         raise ValueError(f"{dst} exists and is not empty: choose a new directory")
     dst.mkdir(parents=True, exist_ok=True)
     model = load_base(src, dtype)
-    model.save_pretrained(dst, safe_serialization=True)
+    model.save_pretrained(dst, safe_serialization=True)  # type: ignore[operator]  # nn.Module's attributes: Tensor | Module
     copied = copy_tokenizer(src, dst)
     if not copied and is_adapter_dir(src):
         copy_tokenizer(Path(base_of(src)), dst)

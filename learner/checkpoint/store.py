@@ -30,7 +30,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -100,7 +100,8 @@ def capture_rng() -> dict[str, Any]:
     numpy's MT19937 key becomes an int64 tensor; CUDA states (one per device) are CPU byte
     tensors, as ``torch.cuda.get_rng_state_all`` returns them.
     """
-    kind, key, pos, has_gauss, cached = np.random.get_state()
+    kind, key, pos, has_gauss, cached = cast(  # legacy (the default): the tuple, not a dict
+        "tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     version, py_state, gauss = random.getstate()
     rng: dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -176,7 +177,7 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]  # nn.Module's attributes: Tensor | Module
     if tokenizer_src is not None:
         copy_tokenizer(Path(tokenizer_src), tmp)
     torch.save({**trainer_state, "rng": capture_rng()}, tmp / TRAINER_FILE)

@@ -71,7 +71,7 @@ def _rows_per_chunk(v: int, chunk_elems: int) -> int:
 
 class _FusedHead(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         hidden_ND: torch.Tensor,
         weight_VD: torch.Tensor,
@@ -94,17 +94,17 @@ class _FusedHead(torch.autograd.Function):
                 out_N[rows], lse_N[rows] = _kernels().lse_pick(logits_CV, targets_N[rows])
             else:
                 out_N[rows] = chunk_fn(logits_CV, targets_N[rows], rows)
-        ctx.save_for_backward(hidden_ND, weight_VD, targets_N, lse_N)
-        ctx.chunk_fn, ctx.step = chunk_fn, step  # type: ignore[attr-defined]
+        ctx.save_for_backward(hidden_ND, weight_VD, targets_N, lse_N)  # type: ignore[arg-type]  # None is saved as None (torch's stub: Tensor)
+        ctx.chunk_fn, ctx.step = chunk_fn, step  # type: ignore[attr-defined]  # autograd's ctx: set at run time
         return out_N
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_N: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
-        hidden_ND, weight_VD, targets_N, lse_N = ctx.saved_tensors  # type: ignore[attr-defined]
-        need_h, need_w = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
-        n, step = hidden_ND.shape[0], ctx.step  # type: ignore[attr-defined]
+        hidden_ND, weight_VD, targets_N, lse_N = ctx.saved_tensors  # type: ignore[attr-defined]  # autograd's ctx: set at run time
+        need_h, need_w = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]  # autograd's ctx: set at run time
+        n, step = hidden_ND.shape[0], ctx.step  # type: ignore[attr-defined]  # autograd's ctx: set at run time
         grad_h = torch.empty_like(hidden_ND) if need_h else None
         acc = torch.promote_types(weight_VD.dtype, torch.float32)
         grad_w = torch.zeros(weight_VD.shape, dtype=acc, device=weight_VD.device) \
@@ -116,7 +116,7 @@ class _FusedHead(torch.autograd.Function):
                 g_CV = _kernels().grad_into(h_CD @ weight_VD.T, targets_N[rows], lse_N[rows],
                                               grad_N[rows])
             else:
-                g_CV = _grad_logits(ctx.chunk_fn, h_CD @ weight_VD.T,  # type: ignore[attr-defined]
+                g_CV = _grad_logits(ctx.chunk_fn, h_CD @ weight_VD.T,  # type: ignore[attr-defined]  # autograd's ctx: set at run time
                                     targets_N[rows], rows, grad_N[rows])
             if grad_h is not None:
                 grad_h[rows] = g_CV @ weight_VD

@@ -54,7 +54,7 @@ def base_of(path: str | Path) -> str:
 def _peft_config(settings: Any) -> Any:
     from peft import LoraConfig
 
-    return LoraConfig(r=int(settings.lora_rank), lora_alpha=float(settings.lora_alpha),
+    return LoraConfig(r=int(settings.lora_rank), lora_alpha=float(settings.lora_alpha),  # type: ignore[arg-type]  # peft types it int; a float works (alpha / r)
                       lora_dropout=float(settings.lora_dropout),
                       target_modules=list(settings.lora_target_modules), bias="none",
                       task_type="CAUSAL_LM")

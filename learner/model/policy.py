@@ -55,7 +55,7 @@ class _SelectedLogprob(torch.autograd.Function):
     beyond one chunk; returns float32 ``[N]`` (float64 for float64 logits)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         logits_NV: torch.Tensor,
         targets_N: torch.Tensor,
@@ -76,10 +76,10 @@ class _SelectedLogprob(torch.autograd.Function):
         return out_N
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_N: torch.Tensor
     ) -> tuple[torch.Tensor, None, None]:
-        logits_NV, targets_N, temperature_N, lse_N = ctx.saved_tensors  # type: ignore[attr-defined]
+        logits_NV, targets_N, temperature_N, lse_N = ctx.saved_tensors  # type: ignore[attr-defined]  # autograd's ctx: set at run time
         grad_NV = torch.empty_like(logits_NV)
         n, v = logits_NV.shape
         step = max(1, _CHUNK_ELEMS // max(v, 1))
@@ -151,7 +151,7 @@ def fused_head_weight(model: nn.Module) -> torch.Tensor | None:
     ``None`` otherwise (the policy then uses the model's own logits)."""
     from torch.distributed.tensor import DTensor
 
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]  # nn.Module's attributes: Tensor | Module
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     cfg = getattr(model, "config", None)
     scaled = any(getattr(cfg, k, None) not in (None, 1.0)
@@ -166,10 +166,10 @@ def prepare_for_training(model: nn.Module, gradient_checkpointing: bool, lora: b
     """No KV cache in training passes; gradient checkpointing when asked (under LoRA the
     frozen embeddings' output is made to require grad, so checkpointed inputs carry it)."""
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable()  # type: ignore[operator]  # nn.Module's attributes: Tensor | Module
         if lora:
-            model.enable_input_require_grads()
-    model.config.use_cache = False
+            model.enable_input_require_grads()  # type: ignore[operator]  # nn.Module's attributes: Tensor | Module
+    model.config.use_cache = False  # type: ignore[union-attr]  # nn.Module's attributes: Tensor | Module
 
 
 class Policy:
@@ -274,7 +274,7 @@ class Policy:
         sel_BT = target_positions(attention_BT, mask_BT)
         if not bool(sel_BT.any()):
             return torch.zeros(B, T, dtype=torch.float32, device=self.device)
-        base = getattr(self.model, self.model.base_model_prefix)
+        base = getattr(self.model, self.model.base_model_prefix)  # type: ignore[call-overload]  # nn.Module's attributes: Tensor | Module
         with self._autocast(), self._attention():
             if self.packing:
                 p = pack_inputs(tokens_BT, attention_BT)

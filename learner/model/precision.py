@@ -46,7 +46,7 @@ class MasterWeights:
     @torch.no_grad()
     def copy_to_model(self) -> None:
         """Round the masters into the model's parameters."""
-        torch._foreach_copy_(self.params, self.master)
+        torch._foreach_copy_(self.params, self.master)  # type: ignore[arg-type]  # torch wants list[Tensor] (invariant): Parameters are Tensors
 
     def state(self) -> list[torch.Tensor]:
         """The masters on the CPU (for a checkpoint: the bf16 model alone loses precision)."""

@@ -36,7 +36,7 @@ class _FlashVarlen(torch.autograd.Function):
     """Causal FlashAttention-2 over packed sequences: ``[N, H, D]`` in and out."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx, q_NHD: torch.Tensor, k_NHD: torch.Tensor,
         v_NHD: torch.Tensor, cu_S1: torch.Tensor, max_len: int, scale: float | None,
     ) -> torch.Tensor:
@@ -44,18 +44,18 @@ class _FlashVarlen(torch.autograd.Function):
             q_NHD, k_NHD, v_NHD, cu_S1, cu_S1, max_len, max_len, 0.0, True, False,
             scale=scale)
         ctx.save_for_backward(q_NHD, k_NHD, v_NHD, out, lse, cu_S1, rng, unused)
-        ctx.max_len, ctx.scale = max_len, scale  # type: ignore[attr-defined]
+        ctx.max_len, ctx.scale = max_len, scale  # type: ignore[attr-defined]  # autograd's ctx: set at run time
         return out
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_NHD: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
-        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors  # type: ignore[attr-defined]
-        m = ctx.max_len  # type: ignore[attr-defined]
+        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors  # type: ignore[attr-defined]  # autograd's ctx: set at run time
+        m = ctx.max_len  # type: ignore[attr-defined]  # autograd's ctx: set at run time
         dq, dk, dv = torch.ops.aten._flash_attention_backward(
             grad_NHD.contiguous(), q, k, v, out, lse, cu, cu, m, m, 0.0, True, rng, unused,
-            scale=ctx.scale)  # type: ignore[attr-defined]
+            scale=ctx.scale)  # type: ignore[attr-defined]  # autograd's ctx: set at run time
         return dq, dk, dv, None, None, None
 
 

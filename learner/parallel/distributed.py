@@ -23,7 +23,7 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -65,8 +65,9 @@ class DistContext:
         bucket: list[torch.Tensor] = []
         size = 0
         for p in params:
-            bucket.append(p.grad)
-            size += p.grad.numel()
+            grad = cast(torch.Tensor, p.grad)  # set above
+            bucket.append(grad)
+            size += grad.numel()
             if size >= _BUCKET_ELEMS:
                 _reduce_bucket(bucket)
                 bucket, size = [], 0

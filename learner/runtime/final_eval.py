@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 import redis
 
@@ -33,7 +34,10 @@ def newest_versions(client: redis.Redis, keys: Keys, seen: dict[str, int],
     """Adds to ``seen`` (eval set -> newest policy version evaluated) the results posted after
     stream id ``after``; returns the id of the last one read."""
     while True:
-        raw = client.xrange(keys.eval_stream, min=f"({after}", count=500)
+        # redis-py types an entry's fields as optional: XRANGE's never are (nor str: bytes
+        # replies, decode_responses=False)
+        raw = cast("list[tuple[bytes, dict[bytes, bytes]]]",
+                   client.xrange(keys.eval_stream, min=f"({after}", count=500))
         if not raw:
             return after
         for entry_id, result in decode_entries(raw):

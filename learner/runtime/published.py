@@ -44,7 +44,7 @@ def state_fields(config: LearnerConfig, version: int, step: int, groups_trained:
 def publish_state(client: redis.Redis, keys: Keys, fields: dict[str, Any]) -> None:
     """HSET the fields; a Redis error is logged, not raised (the next step publishes again)."""
     try:
-        client.hset(keys.learner_state, mapping=fields)
+        client.hset(keys.learner_state, mapping=fields)  # type: ignore[arg-type]  # redis-py's key type (invariant) refuses dict[str, ...]
     except redis.RedisError as exc:
         log.warning("publishing the learner state failed: %s", exc)
 

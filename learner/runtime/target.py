@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import redis
@@ -38,7 +38,8 @@ class FinishedTotals:
     sum: float = 0.0
 
     @classmethod
-    def from_hash(cls, raw: dict[bytes, bytes]) -> FinishedTotals:
+    def from_hash(cls, raw: Mapping[bytes, bytes] | Mapping[bytes | str, bytes | str]
+                  ) -> FinishedTotals:
         d = {as_str(k): as_str(v) for k, v in raw.items()}
         return cls(groups=int(d.get("groups", 0)), rewards=int(d.get("rewards", 0)),
                    sum=float(d.get("sum", 0.0)))

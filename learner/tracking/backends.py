@@ -84,7 +84,7 @@ class WandbBackend:
         import wandb
 
         columns = list(rows[0])
-        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])  # type: ignore[arg-type]  # wandb: list[str | int] (invariant)
         self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:

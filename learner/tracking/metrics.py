@@ -179,7 +179,7 @@ def console_line(rec: dict[str, Any]) -> str:
     parts = [f"step {rec['step']} v{rec['version']}",
              f"groups {g('groups', 0)}",
              f"reward trained {_fmt(g('reward_mean', float('nan')))}"
-             + ("" if g("env_reward") is None else f" sampled {_fmt(g('env_reward'))}"),
+             + ("" if g("env_reward") is None else f" sampled {_fmt(rec['env_reward'])}"),
              f"loss {_fmt(g('loss', float('nan')))}",
              f"clip {_fmt(g('clip_fraction', 0.0))} (lo {_fmt(g('clip_low_fraction', 0.0))} "
              f"hi {_fmt(g('clip_high_fraction', 0.0))})",
@@ -322,7 +322,7 @@ def trained_history(jsonl_path: Path) -> list[dict[str, Any]]:
     return history
 
 
-def step_fields(batch: Batch, metrics: dict[str, float], times: dict[str, float],
+def step_fields(batch: Batch, metrics: dict[str, float], times: dict[str, float | None],
                 counters: dict[str, int], groups_trained: int, invalid: int,
                 tokens_trained: int = 0) -> dict[str, Any]:
     """The fields of a step's record that describe its batch and the run's group fates:

@@ -22,7 +22,7 @@ import html
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from gspo_rl.contract.queue.ready.reader import Batch
@@ -95,7 +95,7 @@ def sample_row(g: ReadyGroup, staleness: int, decode: Decode, step: int) -> dict
 def sample_rows(groups: Sequence[ReadyGroup], staleness: Sequence[int], decode: Decode,
                 step: int, max_rows: int = MAX_ROWS) -> list[dict[str, Any]]:
     """One row per group (those with a rollout), the first ``max_rows`` groups."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for g, s in zip(groups, staleness, strict=False):
         if g.rollouts and len(rows) < max_rows:
             rows.append(sample_row(g, s, decode, step))
@@ -149,7 +149,8 @@ class SampleLogger:
                 from transformers import AutoTokenizer
 
                 tok = AutoTokenizer.from_pretrained(str(self.tokenizer_src))
-                self._decode = lambda ids: tok.decode(ids, skip_special_tokens=False)
+                self._decode = lambda ids: cast(  # (token ids: one text)
+                    str, tok.decode(ids, skip_special_tokens=False))
             except (OSError, ValueError) as exc:
                 log.warning("no tokenizer in %s (%s): sampled episodes show token ids",
                             self.tokenizer_src, exc)

@@ -28,10 +28,10 @@ def lora_payload(model: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], Lora
         if len(a) != 1:
             raise ValueError(f"{name}: {len(a)} adapters; the push sends exactly one")
         key = next(iter(a.keys()))
-        settings.add((int(m.r[key]), float(m.lora_alpha[key])))  # type: ignore[index]
+        settings.add((int(m.r[key]), float(m.lora_alpha[key])))
         targets.add(name.rsplit(".", 1)[-1])
-        named.append((f"{name}.lora_A.weight", a[key].weight.detach()))
-        named.append((f"{name}.lora_B.weight", b[key].weight.detach()))
+        named.append((f"{name}.lora_A.weight", a[key].weight.detach()))  # type: ignore[operator]  # nn.Module's attributes: Tensor | Module
+        named.append((f"{name}.lora_B.weight", b[key].weight.detach()))  # type: ignore[operator]  # nn.Module's attributes: Tensor | Module
     if not named:
         return None
     if len(settings) != 1:

@@ -173,9 +173,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gc.unfreeze()  # collectable again (tests start and stop apps in one process)
         for task in reversed(tasks):
             await _cancel(task)
-        gate = getattr(app.state, "admission", None)
-        if gate is not None:
-            await gate.counter.withdraw()
+        started = getattr(app.state, "admission", None)
+        if started is not None:
+            await started.counter.withdraw()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(engine.shutdown(), SHUTDOWN_TIMEOUT_S)
         if store is not None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -63,7 +64,8 @@ class CancelOnDisconnectMiddleware:
                                 for k, v in message.get("headers", ()))
             await send(message)
 
-        handler = asyncio.create_task(self.app(scope, tracked_receive, tracked_send))
+        handler = asyncio.create_task(cast(  # (an async app: its call is a coroutine)
+            "Coroutine[Any, Any, None]", self.app(scope, tracked_receive, tracked_send)))
 
         async def watch() -> None:
             await body_read.wait()

@@ -25,6 +25,7 @@ same way. ``install_error_handlers(app)`` renders:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import redis.exceptions
@@ -119,7 +120,7 @@ class APIError(StarletteHTTPException):
         type: str | None = None,
         code: str | None = None,
         details: Any = None,
-        headers: dict[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(status_code=status, detail=message, headers=headers)
         self.status = status

@@ -105,4 +105,4 @@ def install_openapi(app: FastAPI, settings: ServerSettings) -> None:
         app.openapi_schema = doc
         return doc
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override

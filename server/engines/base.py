@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -110,8 +110,8 @@ class Engine(abc.ABC):
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Completion:
         """Sample one completion. Concurrent calls must be batched together by the engine."""
 
-    async def generate_stream(self, prompt_token_ids: list[int],
-                              params: SamplingParams) -> AsyncIterator[Partial | Completion]:
+    async def generate_stream(self, prompt_token_ids: list[int], params: SamplingParams
+                              ) -> AsyncGenerator[Partial | Completion, None]:
         """``generate``, reporting progress: a ``Partial`` each time the completion grows, then
         the finished ``Completion`` last. Closing the iterator (or cancelling its consumer)
         aborts the request, as cancelling ``generate`` does. Default: the completion alone

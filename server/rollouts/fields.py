@@ -10,7 +10,7 @@ schema where the body refuses it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import BeforeValidator, Field
 
@@ -50,4 +50,5 @@ Int = Annotated[int, BeforeValidator(_integral)]
 def int_in(**bounds: int) -> Any:
     """``Int`` with bounds (``ge``, ``lt``...): the bounds bind the integer before the
     conversion wraps it, so the schema says ``minimum``, not pydantic's own ``ge``."""
-    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
+    # (pydantic's Field overloads cannot match **kwargs of one type: they are its bounds)
+    return Annotated[int, Field(**cast("dict[str, Any]", bounds)), BeforeValidator(_integral)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import msgpack
 from pydantic import AfterValidator, WithJsonSchema
@@ -72,7 +72,7 @@ def json_problem(value: Any, max_depth: int, check_strings: bool = True) -> str 
             continue
         if v.__class__ not in _CONTAINERS:
             continue
-        kids = _children(v) if check_strings else (
+        kids = cast("Sequence[Any]", _children(v)) if check_strings else (  # (a container)
             list(v.values()) if v.__class__ is dict else v)
         if depth > max_depth:
             return f"nested deeper than {max_depth} levels"

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic.config import JsonDict
 
 from gspo_rl.contract.chat.sanitize import TEMPLATE_ARGS
 from gspo_rl.server.rollouts.fields import Int, doc_only, int_in, not_null
@@ -124,20 +125,20 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(strict=True)
 
-    n: int_in(ge=1) = 1
+    n: int_in(ge=1) = 1  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     temperature: Annotated[float | None, doc_only(minimum=MIN_TEMPERATURE)] = Field(
         default=None, ge=0.0, le=2.0)
     """At least 0.001 for a recorded request: 0 (greedy) is refused (400), greedy tokens come
     from no distribution the learner could train under. Any value with ``record: false``."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int_in(ge=-1) | None = None
+    top_k: int_in(ge=-1) | None = None  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     """vLLM extension; 0 or -1: off. ``top_p`` / ``top_k`` are recorded with the rollout and
     the learner trains under the same truncated distribution."""
-    max_tokens: int_in(ge=1) | None = None
+    max_tokens: int_in(ge=1) | None = None  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     stop: Annotated[str | list[str] | None, doc_only(
         minLength=1, maxItems=MAX_STOP_STRINGS, items={"type": "string", "minLength": 1})] = None
     """At most 16 strings, none empty."""
-    seed: int_in(ge=-(2**63), lt=2**63 - 2**16) | None = None
+    seed: int_in(ge=-(2**63), lt=2**63 - 2**16) | None = None  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     """With n > 1, sample i uses seed + i: n copies of one sample would carry no signal."""
     ignore_eos: bool = False
     """vLLM extension: do not stop at EOS / end of turn (benchmarks, fixed-length rollouts)."""
@@ -154,7 +155,7 @@ class SamplingFields(BaseModel):
 _NO_PENALTY = doc_only(minimum=0, maximum=0)
 _NO_LOGIT_BIAS = doc_only(maxProperties=0)
 _STREAM_OPTIONS = doc_only(properties={"include_usage": {"type": "boolean"}})
-_CHAT_RULES = {"allOf": [
+_CHAT_RULES: JsonDict = {"allOf": [
     {"if": {"required": ["top_logprobs"],
             "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
      "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
@@ -168,9 +169,9 @@ class ChatCompletionRequest(SamplingFields, _OpenAIBody):
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int_in(ge=1) | None = None
+    max_completion_tokens: int_in(ge=1) | None = None  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     logprobs: bool = False
-    top_logprobs: int_in(ge=0) | None = None
+    top_logprobs: int_in(ge=0) | None = None  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     """Needs ``logprobs: true``."""
     tools: list[Tool] | None = None
     tool_choice: Annotated[str | dict[str, Any] | None,
@@ -214,7 +215,7 @@ class CompletionRequest(SamplingFields, _OpenAIBody):
     prompt: Annotated[str | list[Int] | list[str] | list[list[Int]], _ONE_PROMPT]
     """One prompt (text or token ids, not empty; a list of one prompt is one prompt):
     ``n`` samples of it form one group."""
-    logprobs: int_in(ge=0) | None = None
+    logprobs: int_in(ge=0) | None = None  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     echo: Annotated[bool | None, doc_only(enum=[False, None])] = False
     """Not supported: the response's ``prompt_token_ids`` carry the prompt."""
     suffix: Annotated[str | None, doc_only(maxLength=0)] = None
@@ -230,7 +231,7 @@ class CompletionRequest(SamplingFields, _OpenAIBody):
 
 
 _PROMPT_FORMS = ("prompt", "messages", "prompt_token_ids")
-_ONE_PROMPT_FORM = {"oneOf": [{"required": [name]} for name in _PROMPT_FORMS],
+_ONE_PROMPT_FORM: JsonDict = {"oneOf": [{"required": [name]} for name in _PROMPT_FORMS],
                     "dependentRequired": {"tools": ["messages"]}}
 
 
@@ -246,7 +247,7 @@ class RolloutRequest(SamplingFields):
     prompt_token_ids: Annotated[list[Int] | None, WithJsonSchema(TOKEN_IDS_SCHEMA)] = None
     tools: Annotated[list[Tool] | None, not_null()] = None
     """Only with ``messages`` (the chat template renders them)."""
-    top_logprobs: int_in(ge=0) = 0
+    top_logprobs: int_in(ge=0) = 0  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     """Also return the k most likely tokens at each step."""
 
     @model_validator(mode="before")

@@ -22,7 +22,7 @@ import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -218,7 +218,7 @@ def rollout_record(group_id: str, sample: Sample, prompt_token_ids: list[int],
     c = sample.completion
     p, n = len(prompt_token_ids), len(c.token_ids)
     return RolloutRecord(
-        rollout_id=sample.rollout_id,
+        rollout_id=cast(str, sample.rollout_id),  # recorded: it has an id
         group_id=group_id,
         token_ids=np.asarray(prompt_token_ids + c.token_ids, dtype=np.int32),
         loss_mask=np.concatenate([np.zeros(p, np.uint8), np.ones(n, np.uint8)]),

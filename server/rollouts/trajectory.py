@@ -16,7 +16,7 @@ the entry), then its trajectories read as expired (None). Read-only.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -103,13 +103,16 @@ def _per_turn(group: ReadyGroup) -> list[list[float] | None]:
 
 
 async def _published(store: RolloutStore, stream_id: str) -> _Published:
-    entries = await store.redis.xrange(store.keys.ready_stream, stream_id, stream_id)
+    # (redis-py types replies bytes | str and an entry's fields optional: these are bytes,
+    # decode_responses=False, and XRANGE's fields never nil)
+    entries = cast("list[tuple[bytes, dict[bytes, bytes]]]",
+                   await store.redis.xrange(store.keys.ready_stream, stream_id, stream_id))
     if not entries:  # trimmed from the stream: fall back to the records
         return {}
     fields = entries[0][1]
     ref = ready_entry_refs(store.keys, fields)
     if ref is not None:  # published by reference: the records are the keys it names
-        group = unpack_entry(ref, await store.redis.mget(ref.keys))
+        group = unpack_entry(ref, cast("list[bytes | None]", await store.redis.mget(ref.keys)))
     else:
         data = fields.get(READY_STREAM_FIELD.encode())
         group = None if data is None else unpack_ready_group(data)
@@ -126,9 +129,9 @@ async def load_trajectories(store: RolloutStore, tokenizer: Any, group_id: str,
     published = await _published(store, stream_id) if stream_id else {}
     missing = [r for r in rollout_ids if r not in published]
     # the group's one records key (a group recorded whole), else one key per rollout
-    whole, *blobs = await store.redis.mget(
+    whole, *blobs = cast("list[bytes | None]", await store.redis.mget(
         [store.keys.group_records(group_id), *[store.keys.rollout(r) for r in missing]]
-    ) if missing else [None]
+    )) if missing else [None]
 
     def build() -> dict[str, TrajectoryOut | None]:  # decoding: off the event loop
         out: dict[str, TrajectoryOut | None] = {}

@@ -21,10 +21,13 @@ import contextlib
 import itertools
 import random
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gspo_rl.client.adapters.verifiers import hooks
 from gspo_rl.client.environment import EpisodeResult, EpisodeSession, MultiTurnEnvironment
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 MAX_TASKS = 100_000
 """Tasks read from a finite taskset (its first ones); an infinite one is read as it goes."""
@@ -34,7 +37,7 @@ class EpisodeFailed(RuntimeError):
     """A verifiers episode ended in error (its harness, tools, rubric or timeout)."""
 
 
-def _agent_fields(config_cls: type) -> list[str]:
+def _agent_fields(config_cls: type[BaseModel]) -> list[str]:
     from verifiers.v1.configs.agent import AgentConfig
 
     return [name for name, f in config_cls.model_fields.items()

@@ -71,16 +71,16 @@ def _relay_classes() -> tuple[type, type]:
     from verifiers.v1.dialects.chat import ChatDialect
     from verifiers.v1.errors import model_error
 
-    class RelayConfig(EvalClientConfig):
+    class RelayConfig(EvalClientConfig):  # type: ignore[misc]  # verifiers ships no types
         """Our rollout server as verifiers' model endpoint (``base_url`` ends in ``/v1``)."""
 
         api_key_var: str = "GSPO_API_KEY"
 
-    class EpisodeRelay(EvalClient):
+    class EpisodeRelay(EvalClient):  # type: ignore[misc]  # verifiers ships no types
         """``EvalClient`` that tags each request with its episode (module docstring)."""
 
-        def _bound(self, dialect: Any, body: dict, session_id: str | None
-                   ) -> tuple[dict, Binding]:
+        def _bound(self, dialect: Any, body: dict[str, Any], session_id: str | None
+                   ) -> tuple[dict[str, Any], Binding]:
             if not isinstance(dialect, ChatDialect):
                 raise model_error(f"the harness spoke the {type(dialect).__name__} API; the "
                                   "gspo rollout server serves chat completions only: use a "
@@ -98,14 +98,14 @@ def _relay_classes() -> tuple[type, type]:
                 headers.update(dialect.auth_headers(binding.api_key))
             return headers
 
-        async def get_response(self, dialect: Any, body: dict, sampling: Any,
+        async def get_response(self, dialect: Any, body: dict[str, Any], sampling: Any,
                                session_id: str | None = None, turn: Any = None,
                                headers: Mapping[str, str] | None = None) -> Any:
             tagged, _ = self._bound(dialect, body, session_id)
             return await super().get_response(dialect, tagged, sampling, session_id, turn,
                                               headers)
 
-        async def relay(self, dialect: Any, body: dict, session_id: str | None = None,
+        async def relay(self, dialect: Any, body: dict[str, Any], session_id: str | None = None,
                         headers: Mapping[str, str] | None = None) -> Any:
             tagged, _ = self._bound(dialect, body, session_id)
             return await super().relay(dialect, tagged, session_id, headers)
@@ -234,5 +234,5 @@ def install(runtime_python: str | None = None) -> None:
     if mode not in modes:
         raise ValueError(f"runtime_python must be {' | '.join(modes)}, got {mode!r}")
     # Process-wide (verifiers keeps it on the class): the last environment loaded decides.
-    SubprocessRuntime.prepare_uv_script = modes[mode]  # type: ignore[method-assign]
+    SubprocessRuntime.prepare_uv_script = modes[mode]
     _MODE[:] = [mode]

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 READY_TIMEOUT_S = 60.0
 _SERVERS: dict[tuple[str, ...], tuple[subprocess.Popen[bytes], str]] = {}
@@ -62,7 +63,7 @@ def launcher(modules: list[str], warm: str | None = None) -> list[str]:
 # ------------------------------------------------------------------ the server
 
 
-def _child(request: dict, fds: list[int], inherited: list[socket.socket]) -> None:
+def _child(request: dict[str, Any], fds: list[int], inherited: list[socket.socket]) -> None:
     """In the forked child: become the program, run it, exit with its status."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -136,9 +137,10 @@ def serve(path: str, parent: int, modules: list[str]) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
     while os.getppid() == parent:
-        ready, _, _ = select.select([listener, wake_r, *children], [], [], 1.0)
+        waits: list[socket.socket | int] = [listener, wake_r, *children]
+        ready, _, _ = select.select(waits, [], [], 1.0)
         for s in ready:
-            if s == wake_r:
+            if isinstance(s, int):  # wake_r (the only int)
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
             elif s is listener:

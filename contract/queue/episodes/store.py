@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -71,9 +71,9 @@ class EpisodeState:
     history_rewrites: int = 0
 
     def pack(self) -> bytes:
-        return msgpack.packb([self.messages, self.assistant, self.tools, self.temperature,
-                              self.render_len, self.render_hash, self.eot_count,
-                              self.history_rewrites])
+        return cast(bytes, msgpack.packb([  # (msgpack ships no types)
+            self.messages, self.assistant, self.tools, self.temperature, self.render_len,
+            self.render_hash, self.eot_count, self.history_rewrites]))
 
     @classmethod
     def unpack(cls, data: bytes) -> EpisodeState:

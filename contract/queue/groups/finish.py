@@ -63,14 +63,15 @@ def ready_group_head(
     """``pack_ready_group``'s bytes up to and including the rollouts' array header (same keys,
     same order): appending the G packed rollouts completes the record."""
     packer = msgpack.Packer()
-    head = packer.pack_map_header(9)
+    head: bytes = packer.pack_map_header(9)
     for key, value in (("group_id", group_id), ("metadata", metadata),
                        ("published_at", published_at), ("rewards", rewards_G),
                        ("advantages", advantages_G), ("turn_rewards", turn_rewards_G),
                        ("turn_advantages", turn_advantages_G),
                        ("advantage_config", advantage_config.to_dict())):
         head += packer.pack(key) + packer.pack(value)
-    return head + packer.pack("rollouts") + packer.pack_array_header(len(rewards_G))
+    head += packer.pack("rollouts") + packer.pack_array_header(len(rewards_G))
+    return head
 
 
 @dataclass(frozen=True)

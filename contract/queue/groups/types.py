@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field
@@ -113,5 +113,5 @@ def pack_reward(reward: float, turn_rewards: Sequence[float] | None,
     without turn rewards among the others' turns
     (``gspo_rl.contract.queue.groups.finish.reward_turns``)."""
     turns = None if turn_rewards is None else [float(t) + 0.0 for t in turn_rewards]
-    return msgpack.packb({"reward": float(reward) + 0.0, "turn_rewards": turns,
-                          "n_turns": n_turns})
+    return cast(bytes, msgpack.packb({"reward": float(reward) + 0.0,  # (untyped msgpack)
+                                      "turn_rewards": turns, "n_turns": n_turns}))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -62,7 +62,7 @@ def ready_entry_refs(keys: Keys, fields: dict[bytes, bytes]) -> EntryRefs | None
 
 def pack_group_records(records: Sequence[RolloutRecord]) -> bytes:
     """A group's records as one msgpack array (each element ``pack_rollout``'s bytes)."""
-    return msgpack.packb([rollout_fields(r) for r in records])
+    return cast(bytes, msgpack.packb([rollout_fields(r) for r in records]))  # (untyped msgpack)
 
 
 def split_group_records(blob: bytes) -> list[bytes]:
@@ -96,8 +96,8 @@ def entry_record_bytes(ref: EntryRefs, values: Sequence[bytes | None]) -> list[b
     if any(v is None for v in values):
         return None
     if not ref.grouped:
-        return list(values)  # type: ignore[arg-type]
-    raw = split_group_records(values[0])  # type: ignore[arg-type]
+        return cast("list[bytes]", list(values))  # no None: checked above
+    raw = split_group_records(cast(bytes, values[0]))
     if len(raw) == len(ref.rollout_ids):
         return raw  # every record published (the common case): the same ids, same order
     ids = [msgpack.unpackb(r)["rollout_id"] for r in raw]
@@ -111,9 +111,9 @@ def unpack_entry(ref: EntryRefs, values: Sequence[bytes | None]) -> ReadyGroup |
     if any(v is None for v in values):
         return None
     if ref.grouped:
-        dicts = _pick(ref.rollout_ids, *_ids_and_dicts(values[0]))  # type: ignore[arg-type]
+        dicts = _pick(ref.rollout_ids, *_ids_and_dicts(cast(bytes, values[0])))  # not None
     else:
-        dicts = [msgpack.unpackb(v) for v in values]  # type: ignore[arg-type]
+        dicts = [msgpack.unpackb(v) for v in values]
     d = msgpack.unpackb(ref.head + _NIL * len(dicts))
     return ready_group_from_dict(d, [rollout_from_dict(x) for x in dicts])
 

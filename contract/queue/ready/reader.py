@@ -17,8 +17,10 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import redis
+from redis.typing import StreamIdT
 
 from gspo_rl.contract.queue.ready.entry import EntryRefs, ready_entry_refs, unpack_entry
 from gspo_rl.contract.queue.ready.lineage import Lineage
@@ -39,6 +41,11 @@ logger = logging.getLogger(__name__)
 
 _CLAIM_PAGE = 100
 KEEP_TRAINED_S = 600  # default: how long a trimmed group's rollout records stay readable
+# Stream entries as redis-py gives them, (id, fields): bytes, the clients here using
+# decode_responses=False (redis-py's types also allow str)
+_Entries = list[tuple[bytes | None, dict[bytes, bytes] | None]]
+# XPENDING's rows: the ids and consumer names bytes too (redis-py: bytes | str | int)
+_Pending = list[dict[str, Any]]
 
 
 @dataclass
@@ -145,7 +152,7 @@ class GroupReader:
         # Entries are decoded once the batch is full (or the time is up): one MGET of the
         # records for the whole batch, not one per delivery; drops (stale, unreadable) are
         # then made up for while time remains.
-        read: list = []
+        read: _Entries = []
         while len(batch.groups) < n_groups:
             have = len(batch.groups) + len(read)
             entries, since = self._deliver(n_groups - have, have, count_to)
@@ -168,7 +175,7 @@ class GroupReader:
         return batch
 
     def _deliver(self, count: int, have: int,
-                 count_to: tuple[str, str] | None) -> tuple[list, str]:
+                 count_to: tuple[str, str] | None) -> tuple[_Entries, str]:
         """New entries (``DELIVER``), as redis-py's XREADGROUP gives them, and where a wait for
         more starts (the group's last-delivered id) when there were none."""
         counted = ({"count_field": count_to[1], "delivered": have} if count_to else {})
@@ -177,10 +184,11 @@ class GroupReader:
             args={"consumer_group": self.group, "consumer": self.consumer, "count": count,
                   **counted})
         raw, since = self._deliver_script(keys=keys, args=args)
-        entries = [(eid, dict(zip(flat[::2], flat[1::2], strict=True))) for eid, flat in raw]
+        entries: _Entries = [(eid, dict(zip(flat[::2], flat[1::2], strict=True)))
+                             for eid, flat in raw]
         return entries, as_str(since) if since is not None else "0-0"
 
-    def _resolve(self, entries: list) -> list[tuple[str, ReadyGroup | None]]:
+    def _resolve(self, entries: _Entries) -> list[tuple[str, ReadyGroup | None]]:
         """Each entry's group (None: unreadable): inline ones decoded as they are,
         by-reference ones from their head and records (one key per group recorded whole, one
         per rollout otherwise), fetched for the whole batch with one MGET."""
@@ -192,7 +200,7 @@ class GroupReader:
             refs.append((entry_id, ref, fields.get(READY_STREAM_FIELD.encode())))
             if ref is not None:
                 wanted += ref.keys
-        blobs = iter(self.client.mget(wanted) if wanted else [])
+        blobs = iter(cast("list[bytes | None]", self.client.mget(wanted)) if wanted else [])
         out: list[tuple[str, ReadyGroup | None]] = []
         for entry_id, ref, inline in refs:
             values = [next(blobs) for _ in ref.keys] if ref is not None else []
@@ -209,7 +217,7 @@ class GroupReader:
             out.append((entry_id, group))
         return out
 
-    def _take(self, batch: Batch, entries: list, current_version: int) -> None:
+    def _take(self, batch: Batch, entries: _Entries, current_version: int) -> None:
         """Decodes entries into ``batch``; stale and unreadable ones are acked and counted."""
         drop: list[str] = []
         stale = 0
@@ -239,26 +247,28 @@ class GroupReader:
                     pipe.hincrby(self.keys.counters, "groups_dropped_stale", stale)
                 pipe.execute()
 
-    def _claim(self, limit: int) -> list:
+    def _claim(self, limit: int) -> _Entries:
         """Pending entries to redeliver, oldest first, at most ``limit``: on startup every
         pending entry of the consumer group; later those of other consumers idle longer than
         ``claim_idle_s``. Entries deleted from the stream are acked and skipped."""
         if self._startup_claim:
-            rows = self.client.xpending_range(self._stream, self.group, self._cursor,
-                                              self._claim_end, limit)
+            rows = cast("_Pending", self.client.xpending_range(
+                self._stream, self.group, self._cursor, self._claim_end, limit))
             if len(rows) < limit:
                 self._startup_claim = False  # everything pending at startup is now ours
             if rows:
                 self._cursor = f"({as_str(rows[-1]['message_id'])}"  # exclusive: next page
         else:
             idle_ms = int(self.claim_idle_s * 1000)
-            rows = [r for r in self.client.xpending_range(
-                self._stream, self.group, "-", "+", _CLAIM_PAGE, idle=idle_ms)
+            rows = [r for r in cast("_Pending", self.client.xpending_range(
+                self._stream, self.group, "-", "+", _CLAIM_PAGE, idle=idle_ms))
                 if as_str(r["consumer"]) != self.consumer][:limit]
         if not rows:
             return []
-        ids = [as_str(r["message_id"]) for r in rows]
-        claimed = self.client.xclaim(self._stream, self.group, self.consumer, 0, ids)
+        ids: list[StreamIdT] = [as_str(r["message_id"]) for r in rows]
+        # entries, not ids (no JUSTID)
+        claimed = cast("_Entries", self.client.xclaim(self._stream, self.group, self.consumer,
+                                                      0, ids))
         got = {as_str(i) for i, _ in claimed}
         gone = [i for i in ids if i not in got]
         if gone:  # trimmed or deleted while pending: nothing to train
@@ -303,7 +313,7 @@ class GroupReader:
         out: list[str] = []
         start = "-"
         while True:
-            rows = self.client.xpending_range(self._stream, self.group, start, "+", 1000,
+            rows: _Pending = self.client.xpending_range(self._stream, self.group, start, "+", 1000,
                                               consumername=self.consumer)
             out += [as_str(r["message_id"]) for r in rows]
             if len(rows) < 1000:

@@ -13,6 +13,7 @@ once per ``MIN_EVERY_S``; every request that needs the list calls it, none reads
 from __future__ import annotations
 
 import asyncio
+import builtins
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,7 +149,8 @@ class RecentGroups:
         self.groups.pop(gid, None)
         self.groups[gid] = Recent(summary, ref, inline=ref is None)
 
-    async def _remember_dropped(self, redis: Redis, dropped: list[tuple[str, float]]) -> None:
+    async def _remember_dropped(self, redis: Redis,
+                                dropped: builtins.list[tuple[str, float]]) -> None:
         new = [(g, t) for g, t in dropped if g not in self.groups][:READ]
         if not new:
             return

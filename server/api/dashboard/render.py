@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -57,8 +57,9 @@ async def _published(redis: Redis, recent: RecentGroups, view: GroupView) -> Rea
     ref: EntryRefs | None = known.ref if known is not None else None
     try:
         if ref is None and view.stream_id:
-            entries = await redis.xrange(recent.keys.ready_stream, view.stream_id,
-                                         view.stream_id)
+            # (bytes replies, decode_responses=False; XRANGE's fields never nil)
+            entries = cast("list[tuple[bytes, dict[bytes, bytes]]]", await redis.xrange(
+                recent.keys.ready_stream, view.stream_id, view.stream_id))
             if entries:
                 fields = entries[0][1]
                 ref = ready_entry_refs(recent.keys, fields)
@@ -67,7 +68,7 @@ async def _published(redis: Redis, recent: RecentGroups, view: GroupView) -> Rea
                     return unpack_ready_group(inline)
         if ref is None:
             return None
-        return unpack_entry(ref, await redis.mget(ref.keys))
+        return unpack_entry(ref, cast("list[bytes | None]", await redis.mget(ref.keys)))
     except _BAD:
         return None  # not what this code base writes: shown from the records, if any
 
@@ -82,8 +83,8 @@ async def load(store: RolloutStore, recent: RecentGroups, view: GroupView,
     missing = [r for r in rollout_ids if r not in records]
     if missing:
         keys = store.keys
-        whole, *blobs = await store.redis.mget(
-            [keys.group_records(view.group_id), *[keys.rollout(r) for r in missing]])
+        whole, *blobs = cast("list[bytes | None]", await store.redis.mget(
+            [keys.group_records(view.group_id), *[keys.rollout(r) for r in missing]]))
         recs = {r.rollout_id: r for r in _records(whole)} if whole else {}
         for rid, blob in zip(missing, blobs, strict=True):
             rec = recs.get(rid) or (None if blob is None else _record(blob))

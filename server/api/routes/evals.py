@@ -46,7 +46,7 @@ class EvalIn(BaseModel):
 
     name: str = Field(pattern=NAME_PATTERN)
     """The eval set (letters, digits and ``_.-/@``; the learner logs ``eval/<name>/<metric>``)."""
-    policy_version: int_in(ge=0)  # type: ignore[valid-type]
+    policy_version: int_in(ge=0)  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     """The version of the weights that sampled every answer (the environment checks)."""
     metrics: Annotated[dict[str, float], AfterValidator(_finite)] = Field(
         min_length=1, max_length=MAX_METRICS,

@@ -36,7 +36,7 @@ class OpenGroupIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    size: int_in(ge=1)
+    size: int_in(ge=1)  # type: ignore[valid-type]  # int_in: an Annotated type made at run time
     """Episodes in the group (G); at most the queue's ``max_group_size``."""
     metadata: Metadata | None = None
     """Stored with the group and handed to the learner (task id, answer key, ...)."""
@@ -115,7 +115,7 @@ async def abandon_group(group_id: Annotated[str, Path(min_length=1, max_length=2
     if state is None:
         raise APIError(404, f"unknown group {group_id!r} (never created, or expired)",
                        code="unknown_group")
-    return AbandonOut(group_id=group_id, state=state)  # type: ignore[arg-type]
+    return AbandonOut(group_id=group_id, state=state)
 
 
 # exclude_unset: ``trajectory`` appears only with ?include=tokens (every other field is set).
@@ -149,7 +149,7 @@ async def get_group(
             reward=None if rw is None else rw["reward"],
             turn_rewards=None if rw is None else rw["turn_rewards"], **extra))
     return GroupOut(
-        group_id=g.group_id, state=g.state, size=g.size,  # type: ignore[arg-type]
+        group_id=g.group_id, state=g.state, size=g.size,
         n_rollouts=len(g.rollout_ids), n_rewarded=g.n_rewarded, created_at=g.created_at,
         deadline=g.deadline, partial=g.partial, stream_id=g.stream_id,
         drop_reason=g.drop_reason, metadata=g.metadata, rollouts=rollouts)

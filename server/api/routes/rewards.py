@@ -101,7 +101,7 @@ async def post_rewards(body: RewardsBody, store: StoreDep) -> Response:
     items_in = body if isinstance(body, list) else [body]
     outcome = await store.post_rewards(
         [RewardItem(i.rollout_id, i.reward, i.turn_rewards) for i in items_in])
-    results = [RewardItemOut(rollout_id=r.rollout_id, status=r.status,  # type: ignore[arg-type]
+    results = [RewardItemOut(rollout_id=r.rollout_id, status=r.status,
                              group_id=r.group_id, group_complete=r.group_complete)
                for r in outcome.results]
     if not outcome.applied:

@@ -25,7 +25,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +91,7 @@ class HFEngine(Engine):
             raise ValueError("max_batch_size must be >= 1")
         self.model_path = str(model_path)
         # A LoRA checkpoint (PEFT adapter directory): its base, with the adapter merged at start
-        self._adapter = None
+        self._adapter: list[Any] | None = None  # [adapter tensors, LoraSpec]
         self._base_copy: BaseCopy | None = None  # W0 that adapters merge into
         self._base_path = self.model_path
         if (Path(self.model_path) / "adapter_config.json").is_file():
@@ -148,7 +148,7 @@ class HFEngine(Engine):
 
         model = AutoModelForCausalLM.from_pretrained(
             self._base_path, dtype=self.dtype, attn_implementation=hf_attention.register()
-        ).to(self.device).eval()
+        ).to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to unbound
         if self._adapter is not None:  # merged into a kept copy of the base, as pushes are
             from gspo_rl.contract.weights.lora import BaseCopy
 
@@ -196,8 +196,8 @@ class HFEngine(Engine):
             req.cancelled = True  # the scheduler drops it before its next step
             raise
 
-    async def generate_stream(self, prompt_token_ids: list[int],
-                              params: SamplingParams) -> AsyncIterator[Partial | Completion]:
+    async def generate_stream(self, prompt_token_ids: list[int], params: SamplingParams
+                              ) -> AsyncGenerator[Partial | Completion, None]:
         """The scheduler wakes the reader after each step that added tokens (one wake-up per
         event loop and step, ``hf_requests.notify_progress``); the reader reports what the
         step recorded (``Request.produced``, set after every list was appended)."""

@@ -54,7 +54,7 @@ class RunningKV:
         """``seqs`` as one left-padded batch into a fresh cache: the cache, its mask, each
         row's next position id and its last logits ``[B, V]``."""
         ids_BT, mask_BT, pos_BT = hf_batch.left_pad(seqs, self.pad_id, self.device)
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.model.config)  # type: ignore[arg-type]  # nn.Module's attributes: Tensor | Module
         out = self.model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=pos_BT,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.past_key_values, mask_BT, pos_BT[:, -1] + 1, out.logits[:, -1]
@@ -83,7 +83,7 @@ class RunningKV:
             self.cache = self.mask_BT = self.pending_B = self.pos_B = None
             return
         assert self.mask_BT is not None and self.pending_B is not None
-        assert self.pos_B is not None
+        assert self.pos_B is not None and self.cache is not None
         keep_B = torch.tensor(keep, device=self.device)
         hf_batch.select_rows(self.cache, keep_B)
         self.mask_BT, self.pending_B = self.mask_BT[keep_B], self.pending_B[keep_B]

@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any
 
 import torch
@@ -126,7 +126,7 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
             raise ValueError(f"engine args {reserved} are set by the gspo vLLM engine itself")
         self._engine_kw.update(engine_args or {})
         self.lora_native = max_lora_rank is not None
-        if self.lora_native:
+        if max_lora_rank is not None:  # (lora_native)
             self._engine_kw.update(native_lora.engine_kwargs(int(max_lora_rank)))
         self._lora_request: Any = None  # every request names the served adapter (native)
         self._ranks = tensor_parallel_size
@@ -205,8 +205,8 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
                     return item
         raise EngineUnavailable("vllm generation ended without a completion")
 
-    async def generate_stream(self, prompt_token_ids: list[int],
-                              params: SamplingParams) -> AsyncIterator[Partial | Completion]:
+    async def generate_stream(self, prompt_token_ids: list[int], params: SamplingParams
+                              ) -> AsyncGenerator[Partial | Completion, None]:
         """vLLM's outputs as they come (one per engine step, DELTA kind); closing this
         iterator closes vLLM's, which aborts the request."""
         from vllm.inputs import TokensPrompt

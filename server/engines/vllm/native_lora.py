@@ -124,7 +124,7 @@ def install(model: torch.nn.Module, named: Iterable[tuple[str, torch.Tensor]] | 
     manager.remove_adapter(ADAPTER_ID)
     manager.add_adapter(lora)
     manager.activate_adapter(ADAPTER_ID)
-    model._gspo_lora = kept  # type: ignore[assignment]
+    model._gspo_lora = kept  # type: ignore[assignment]  # nn.Module's attributes: Tensor | Module
     return len(lora.loras)
 
 

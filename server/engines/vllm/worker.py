@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -146,7 +146,8 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
         info = init_info
         self._join_epoch, self._join_backend = info.epoch, info.backend
         self._join = _Job(lambda: make_process_group(
-            info.backend, info.master_addr, info.master_port, rank, info.world_size,
+            cast(Literal["gloo", "nccl"], info.backend),  # checked above
+            info.master_addr, info.master_port, rank, info.world_size,
             info.epoch, info.timeout_s), name=f"gspo-join-{info.epoch}")
 
     def _group(self, epoch: int) -> Any:
@@ -161,7 +162,7 @@ class GspoWeightTransferEngine(WeightTransferEngine[GspoInitInfo, GspoUpdateInfo
         """Forget any earlier staged set; the model stays live until everything arrived."""
         self._receive = None
 
-    def update_weights(self, update_info: dict[str, Any]) -> None:  # type: ignore[override]
+    def update_weights(self, update_info: dict[str, Any]) -> None:
         # No accelerator sync here (the base class has one): nothing is loaded yet.
         self.receive_weights(self.parse_update_info(update_info))
 
@@ -232,7 +233,7 @@ def adapters_of(vllm_config: Any, model: torch.nn.Module) -> WorkerAdapters:
         packed = {k: list(v) for k, v in (getattr(model, "packed_modules_mapping", {}) or {})
                   .items()}
         found = WorkerAdapters(vllm_config.model_config.model, packed)
-        model._gspo_adapters = found  # type: ignore[assignment]
+        model._gspo_adapters = found  # type: ignore[assignment]  # nn.Module's attributes: Tensor | Module
     return found
 
 

@@ -100,7 +100,7 @@ def _mistral_piece(piece: str) -> list[ParsedToolCall] | None:
             return None
         calls = [make_call(o.get("name"), o.get("arguments", {})) if isinstance(o, dict)
                  else None for o in objs]
-        return None if None in calls else calls  # type: ignore[return-value]
+        return None if None in calls else calls  # type: ignore[return-value]  # no None in it: checked
     name, sep, args = piece.partition("[ARGS]")
     if not sep:  # name{...}
         brace = piece.find("{")
