@@ -41,7 +41,8 @@ SERVE_AFTER_VLLM_ARG = {name: name for name in (
 LEARN = {name: name for name in (
     "model", "redis_url", "key_prefix", "consumer")} | {"loss": "loss.kind"} | {
     name: name for name in (
-        "old_logprobs", "is_weight_cap", "max_staleness", "groups_per_step", "minibatches",
+        "old_logprobs", "is_weight_cap", "max_staleness", "groups_per_step", "keep_trained_s",
+        "minibatches",
         "epochs", "micro_batch_tokens", "lora_rank", "lora_alpha", "lora_dropout",
         "lora_target_modules", "lr", "weight_decay", "grad_clip", "warmup_steps", "save_dir",
         "save_every", "save_every_s", "keep_last", "resume", "sync_every", "weight_sync",

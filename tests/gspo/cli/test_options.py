@@ -31,7 +31,8 @@ SERVE_FLAGS = [
 LEARN_FLAGS = [
     "--config", "--model", "--redis-url", "--key-prefix", "--consumer", "--loss",
     "--old-logprobs", "--is-weight-cap", "--max-staleness", "--groups-per-step",
-    "--minibatches", "--epochs", "--micro-batch-tokens", "--lora-rank", "--lora-alpha",
+    "--keep-trained-s", "--minibatches", "--epochs", "--micro-batch-tokens", "--lora-rank",
+    "--lora-alpha",
     "--lora-dropout", "--lora-target-modules", "--lr", "--weight-decay", "--grad-clip",
     "--warmup-steps", "--save-dir", "--save-every", "--save-every-s", "--keep-last",
     "--resume", "--sync-every", "--weight-sync", "--max-steps", "--target-reward",
