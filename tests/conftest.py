@@ -19,6 +19,7 @@ from gspo_rl.contract.net import free_port
 
 if TYPE_CHECKING:  # tests.helpers.serving imports this module
     import openai
+    import redis
 
     from tests.helpers.serving import RedisKeys, Served
 
@@ -115,6 +116,16 @@ def redis_aof_server(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A redis-py client (bytes replies) of the test's own ``redis_server``."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
 
 
 @contextlib.contextmanager

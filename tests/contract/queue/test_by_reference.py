@@ -7,7 +7,6 @@ from its records, and the auto-pipelined connection surviving a killed connectio
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -30,17 +29,9 @@ from gspo_rl.contract.queue.schema import (
     pack_ready_group,
     unpack_ready_group,
 )
-from tests.conftest import RedisServer
 from tests.helpers.queue import make_rollout, publish_groups, ready_records, stored_rollout
 
 KEYS = Keys()
-
-
-@pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
 
 
 def with_store(url: str, fn, config: QueueConfig | None = None) -> object:  # type: ignore[no-untyped-def]

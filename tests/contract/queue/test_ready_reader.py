@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -12,17 +11,9 @@ import redis
 from gspo_rl.contract.admission import FIELD_TRAINING
 from gspo_rl.contract.queue.ready.reader import KEEP_TRAINED_S, GroupReader
 from gspo_rl.contract.queue.schema import Keys
-from tests.conftest import RedisServer
 from tests.helpers.queue import publish_groups
 
 KEYS = Keys()
-
-
-@pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
 
 
 def publish(url: str, names: list[str], version: int = 0) -> list[str]:

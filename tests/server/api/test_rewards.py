@@ -29,13 +29,6 @@ def api(redis_server: RedisServer) -> Iterator[ApiServer]:
     server.close()
 
 
-@pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
-
-
 def post(api: ApiServer, body: Any) -> httpx.Response:
     return httpx.post(f"{api.url}/v1/rewards", json=body, timeout=30)
 
