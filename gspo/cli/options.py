@@ -66,6 +66,9 @@ UP = {name: name for name in (
 # settings models): the option's ``envvar``.
 LEARN_ENV = {"redis_url": "GSPO_REDIS_URL"}
 UP_ENV = {"redis_url": "REDIS_URL"}
+# Options given once per value (``--env a --env b``); every other list field is one
+# comma-separated value (``--lora-target-modules q_proj,v_proj``), split by its model.
+REPEATABLE = {"env", "env_arg", "data"}
 _SECRET_NOTE = " Prefer the environment variable: flags show in `ps`."
 
 
@@ -114,8 +117,6 @@ def _field(model: type, path: str) -> tuple[type, str, Any]:
 
 
 def _type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) is list and typing.get_args(annotation) == (str,):
-        return "list"  # a repeatable option
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         return _type_name(args[0])
@@ -146,7 +147,8 @@ def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
         owner, name, info = _field(model, path)
         env = (env_names or {}).get(flag) if env_prefix is None \
             else env_prefix + path.replace(".", "__").upper()
-        out[flag] = {"field": path, "type": _type_name(info.annotation),
+        out[flag] = {"field": path,
+                     "type": "list" if flag in REPEATABLE else _type_name(info.annotation),
                      "help": _help(owner, name, info, env),
                      "section": sections.get(path.split(".")[0], ""),
                      "envvar": env if env_prefix is None else None}

@@ -229,16 +229,23 @@ def source_text() -> str:
 
 @functools.cache
 def class_fields(name: str) -> dict[str, ast.expr | None]:
-    """Annotated attributes of the project's class ``name`` (its settings fields), from the
-    source, wherever the class lives now."""
+    """Annotated attributes of the project's class ``name`` (its settings fields), those of
+    its project bases included (``LearnerConfig``'s shared field models), from the source,
+    wherever the class lives now."""
     for path in project_sources():
         text = path.read_text(errors="replace")
         if f"class {name}(" not in text:
             continue
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef) and node.name == name:
-                return {n.target.id: n.value for n in node.body
-                        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+                fields: dict[str, ast.expr | None] = {}
+                for base in node.bases:
+                    if isinstance(base, ast.Name) and base.id not in ("BaseModel",
+                                                                      "BaseSettings"):
+                        fields |= class_fields(base.id)
+                return fields | {n.target.id: n.value for n in node.body
+                                 if isinstance(n, ast.AnnAssign)
+                                 and isinstance(n.target, ast.Name)}
     raise AssertionError(f"class {name} not found in the project's sources")
 
 

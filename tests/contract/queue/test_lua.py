@@ -83,7 +83,7 @@ def test_every_protocol_script_loads_and_names_no_positional_slot(redis_url: str
     scripts = {name: obj for module in (group_scripts, reward_scripts, episode_scripts,
                                         ready_scripts, inflight)
                for name, obj in vars(module).items() if isinstance(obj, LuaScript)}
-    assert len(scripts) == 14, sorted(scripts)
+    assert len(scripts) == 15, sorted(scripts)  # with PUBLISH_PENDING (inflight)
     client = redis.Redis.from_url(redis_url)
     try:
         for name, script in scripts.items():
