@@ -66,9 +66,9 @@ UP = {name: name for name in (
 # settings models): the option's ``envvar``.
 LEARN_ENV = {"redis_url": "GSPO_REDIS_URL"}
 UP_ENV = {"redis_url": "REDIS_URL"}
-# Options given once per value (``--env a --env b``); every other list field is one
+# gspo up's options given once per value (``--env a --env b``); every other list field is one
 # comma-separated value (``--lora-target-modules q_proj,v_proj``), split by its model.
-REPEATABLE = {"env", "env_arg", "data"}
+UP_REPEATABLE = frozenset({"env", "env_arg", "data"})
 _SECRET_NOTE = " Prefer the environment variable: flags show in `ps`."
 
 
@@ -140,7 +140,8 @@ def _help(model: type, name: str, info: Any, env: str | None) -> str:
 
 
 def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
-             env_names: dict[str, str] | None = None) -> dict[str, Any]:
+             env_names: dict[str, str] | None = None,
+             repeatable: frozenset[str] = frozenset()) -> dict[str, Any]:
     out = {}
     sections = _sections(model)
     for flag, path in mapping.items():
@@ -148,7 +149,7 @@ def _options(model: type, mapping: dict[str, str], env_prefix: str | None,
         env = (env_names or {}).get(flag) if env_prefix is None \
             else env_prefix + path.replace(".", "__").upper()
         out[flag] = {"field": path,
-                     "type": "list" if flag in REPEATABLE else _type_name(info.annotation),
+                     "type": "list" if flag in repeatable else _type_name(info.annotation),
                      "help": _help(owner, name, info, env),
                      "section": sections.get(path.split(".")[0], ""),
                      "envvar": env if env_prefix is None else None}
@@ -168,7 +169,7 @@ def generate() -> dict[str, Any]:
         "serve_after_vllm_arg": _options(ServerSettings, SERVE_AFTER_VLLM_ARG, "GSPO_"),
         "learn": _options(LearnerConfig, LEARN, None, LEARN_ENV),
         "sft": _options(SFTConfig, SFT, None),
-        "up": _options(UpConfig, UP, None, UP_ENV),
+        "up": _options(UpConfig, UP, None, UP_ENV, UP_REPEATABLE),
     }
 
 
