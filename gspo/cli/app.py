@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from gspo_rl.cli.options import parameters, with_parameters
+from gspo_rl.cli.options import config_option, parameters, with_parameters
 from gspo_rl.cli.panels import panel_command
 
 app = typer.Typer(
@@ -107,11 +107,9 @@ _VLLM_ARG = inspect.Parameter(
                          "--vllm-arg swap_space=8."))
 _SERVE_LOG_LEVEL = inspect.Parameter("log_level", inspect.Parameter.KEYWORD_ONLY, annotation=str,
                                      default=typer.Option("info", help="uvicorn log level."))
-_SERVE_CONFIG = inspect.Parameter(
-    "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
-    default=typer.Option(None, "--config", help="TOML file of server settings "
+_SERVE_CONFIG = config_option("TOML file of server settings "
                          "(ServerSettings fields, [queue] for its own); GSPO_* env vars and "
-                         "flags override it."))
+                         "flags override it.")
 app.command(short_help="Run the rollout server (HTTP API + engine).",
             cls=panel_command("serve", "serve_after_vllm_arg",
                                 vllm_arg="model and engine"))(with_parameters(
@@ -163,10 +161,8 @@ def learn(**params: Any) -> None:
         typer.echo(f"stopped at step {state.step}, policy version {state.version}", err=True)
 
 
-_CONFIG = inspect.Parameter(
-    "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
-    default=typer.Option(None, "--config", help="TOML file of learner settings (LearnerConfig "
-                         "fields); flags override it."))
+_CONFIG = config_option("TOML file of learner settings (LearnerConfig "
+                         "fields); flags override it.")
 _LEARN_LOG_LEVEL = inspect.Parameter("log_level", inspect.Parameter.KEYWORD_ONLY, annotation=str,
                                      default=typer.Option("info", help="Python logging level."))
 app.command(short_help="Run the learner: train on groups from Redis.",
@@ -211,10 +207,8 @@ def sft(**params: Any) -> None:
                f"\n     serve it: gspo serve --model {result.checkpoint} ...")
 
 
-_SFT_CONFIG = inspect.Parameter(
-    "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
-    default=typer.Option(None, "--config", help="TOML file of SFTConfig fields; flags "
-                         "override it."))
+_SFT_CONFIG = config_option("TOML file of SFTConfig fields; flags "
+                         "override it.")
 app.command(short_help="Supervised warm start on chat demonstrations.",
             cls=panel_command("sft"))(with_parameters(
     sft, [_SFT_CONFIG, *parameters("sft"), _LEARN_LOG_LEVEL]))
@@ -327,11 +321,9 @@ def _run_up(cfg: Any, run_up: Any, refusals: tuple[type[Exception], ...]) -> Non
         raise typer.Exit(130)
 
 
-_UP_CONFIG = inspect.Parameter(
-    "config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
-    default=typer.Option(None, "--config", help="TOML file of UpConfig fields (these flags' "
+_UP_CONFIG = config_option("TOML file of UpConfig fields (these flags' "
                          "names with underscores, env_args for --env-arg; docs/reference/"
-                         "configuration.md); flags override it."))
+                         "configuration.md); flags override it.")
 app.command(short_help="Redis, server, learner and environment: train, plot.",
             cls=panel_command("up"))(with_parameters(up, [_UP_CONFIG, *parameters("up")]))
 

@@ -197,3 +197,11 @@ def with_parameters(func: Any, params: list[inspect.Parameter]) -> Any:
     """``func(**params)`` with ``params`` as its signature, which typer reads."""
     func.__signature__ = inspect.Signature(params, return_annotation=None)
     return func
+
+
+def config_option(help_text: str) -> inspect.Parameter:
+    """A command's ``--config`` (a TOML file of its config model's fields)."""
+    import typer
+
+    return inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+                             default=typer.Option(None, "--config", help=help_text))
