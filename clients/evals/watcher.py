@@ -51,10 +51,22 @@ class EvalWatcher:
         self.next_due: int | None = None
         self._warned_at = -WARN_EVERY_S
 
-    async def run_final(self, client: AsyncGSPOClient) -> EvalReport | None:
+    async def run_final(self, client: AsyncGSPOClient,
+                        trained: int | None = None) -> EvalReport | None:
         """The evaluation after training: ``run_once``, unless the latest one already
-        evaluated the version the server now holds (None then)."""
+        evaluated the version the server now holds (None then). ``trained``: the version the
+        learner trained last; the evaluation first waits for the server to hold it (its push
+        may still be on the way), saying so every ``WARN_EVERY_S`` (the caller bounds it)."""
         version = await self._version(client)
+        waited_at = time.monotonic()
+        while trained is not None and (version is None or version < trained):
+            if time.monotonic() - waited_at >= WARN_EVERY_S:
+                waited_at = time.monotonic()
+                log.warning("the final evaluation waits for the server to hold version %d (it "
+                            "holds %s): the learner's last push has not reached it", trained,
+                            version)
+            await asyncio.sleep(min(self.poll_s, 0.5))
+            version = await self._version(client)
         if self.reports and version is not None and self.reports[-1].newest_version == version:
             return None
         return await self.run_once(client)
@@ -123,8 +135,9 @@ class Watchers:
     async def run_once(self, client: AsyncGSPOClient) -> list[EvalReport]:
         return [await w.run_once(client) for w in self.watchers]
 
-    async def run_final(self, client: AsyncGSPOClient) -> list[EvalReport | None]:
-        return [await w.run_final(client) for w in self.watchers]
+    async def run_final(self, client: AsyncGSPOClient,
+                        trained: int | None = None) -> list[EvalReport | None]:
+        return [await w.run_final(client, trained) for w in self.watchers]
 
     async def run(self, client: AsyncGSPOClient, stop: asyncio.Event) -> list[EvalReport]:
         await asyncio.gather(*(w.run(client, stop) for w in self.watchers))

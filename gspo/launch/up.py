@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo_rl.contract.net import free_port
+from gspo_rl.launch.aio import run_interruptible
 from gspo_rl.launch.config import LORA_LR, UP_DEFAULTS, UpConfig
 from gspo_rl.launch.processes import Processes, gspo_command, start_redis, wait_http
 from gspo_rl.launch.run_dir import groups_played, set_aside_previous_run
@@ -48,6 +49,8 @@ LEARNER_EXIT_S = 60.0
 # After the clock or the learner ends the run: an evaluation is given this long to finish,
 # and a wait past EVAL_SAY_S is said while it lasts.
 EVAL_WAIT_S, EVAL_SAY_S = 300.0, 30.0
+# after Ctrl-C, each stage of the environment's cancellation gets this long (gspo_rl.launch.aio)
+INTERRUPT_GRACE_S = 20.0
 
 @dataclass
 class UpResult:
@@ -247,30 +250,46 @@ async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics:
             work.env, client, None, concurrency=cfg.concurrency, seed=work.seed, stop=stop,
             on_group=on_group))
         evals = asyncio.create_task(work.watcher.run(client, stop)) if work.watcher else None
-        waiting = False
+        waiting: int | None = None  # the version the learner waits to see evaluated
+        interrupted = True  # until the watch returns
         try:
             waiting = await watch_learner(cfg.minutes, runner, procs, JsonlTail(metrics), steps,
                                           lambda: on_status(_status(steps, env_rewards)))
+            interrupted = False
         finally:
-            env_log.close()
             stop.set()
-            runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(runner, timeout=10)
-            if evals is not None:  # an evaluation under way finishes, within EVAL_WAIT_S
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await _bounded(evals, "the evaluation under way")
+            await _end_side_tasks(runner, evals, interrupted)
+            env_log.close()
         if work.watcher is not None and procs.alive("server"):  # after training, unrecorded
             on_status({**_status(steps, env_rewards), "final_eval": True})
             try:  # unless the last one was of this version; it must not end the run
-                await _bounded(work.watcher.run_final(client), "the final evaluation")
+                await _bounded(work.watcher.run_final(client, waiting),
+                               "the final evaluation")
             except Exception as exc:  # noqa: BLE001 - reported, the run's results stand
                 log.warning("the final evaluation failed: %s: %s", type(exc).__name__, exc)
-        if waiting:  # the learner logs the final evaluation, then exits
+        if waiting is not None:  # the learner logs the final evaluation, then exits
             await until_exit(procs, "learner", LEARNER_EXIT_S)
     # the subprocess transports a cancelled episode left (verifiers' harness programs) are
-    # collected while the loop still runs: after asyncio.run closes it they raise at exit
+    # collected while the loop still runs: once it is closed they raise at exit
     gc.collect()
+
+
+async def _end_side_tasks(runner: asyncio.Task[Any], evals: asyncio.Task[Any] | None,
+                          interrupted: bool) -> None:
+    """The groups are cancelled (10 s for it: one that hangs is named at exit,
+    ``gspo_rl.launch.aio``); an evaluation under way finishes within ``EVAL_WAIT_S``, unless
+    the run was interrupted (then it is cancelled too)."""
+    runner.cancel()
+    if evals is not None and interrupted:
+        evals.cancel()
+    side = {runner} if evals is None else {runner, evals}
+    await asyncio.wait(side, timeout=10)
+    if evals is not None and not interrupted:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await _bounded(evals, "the evaluation under way")
+    for t in side:  # retrieved: an environment error was raised by the watch already
+        if t.done() and not t.cancelled():
+            t.exception()
 
 
 async def _bounded(work: Any, what: str) -> Any:
@@ -319,8 +338,9 @@ def run_up(cfg: UpConfig) -> UpResult:
                 cfg, procs, FINAL_EVAL_WAIT_S if work.watcher is not None else 0.0)
             progress, task = make_progress(cfg.max_steps)
             with progress:
-                asyncio.run(_drive(cfg, work, url, api_key, metrics, procs,
-                                   lambda s: show(progress, task, s, work.status())))
+                run_interruptible(_drive(cfg, work, url, api_key, metrics, procs,
+                                         lambda s: show(progress, task, s, work.status())),
+                                  INTERRUPT_GRACE_S)
         except KeyboardInterrupt:
             interrupted = True
             print("interrupted: stopping every process, the learner first (Ctrl-C again "

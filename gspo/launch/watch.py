@@ -19,10 +19,10 @@ WAIT_EVENT = "final_eval_wait"
 
 
 async def watch_learner(minutes: float, runner: asyncio.Task[Any], procs: Processes,
-                        tail: JsonlTail, steps: deque[dict[str, Any]], show: Any) -> bool:
+                        tail: JsonlTail, steps: deque[dict[str, Any]], show: Any) -> int | None:
     """Every 0.5 s: surface an environment error or a child's crash, show the progress; return
-    once the learner exits (0: done), waits for the final evaluation (True) or ``minutes``
-    have passed."""
+    once the learner exits (0: done: None), waits for the final evaluation (the version it
+    waits for: the weights it trained last) or ``minutes`` have passed (None)."""
     deadline = time.monotonic() + minutes * 60
     while True:
         await asyncio.sleep(0.5)
@@ -32,15 +32,16 @@ async def watch_learner(minutes: float, runner: asyncio.Task[Any], procs: Proces
         records = tail.new_records()
         steps.extend(step_records(records))
         show()
-        if any(r.get("event") == WAIT_EVENT for r in records):
-            return True
+        for r in records:
+            if r.get("event") == WAIT_EVENT:
+                return int(r.get("version", 0))
         code = procs.exit_code("learner")
         if code is not None:
             if code != 0:
                 procs.check("learner")
-            return False
+            return None
         if time.monotonic() > deadline:
-            return False
+            return None
 
 
 async def until_exit(procs: Processes, name: str, timeout_s: float) -> None:

@@ -30,10 +30,10 @@ async def _idle() -> None:
     await asyncio.sleep(3600)
 
 
-def _watch(metrics: Path, procs: _Procs, minutes: float) -> tuple[bool, list[Any]]:
+def _watch(metrics: Path, procs: _Procs, minutes: float) -> tuple[int | None, list[Any]]:
     steps: deque[dict[str, Any]] = deque(maxlen=5)
 
-    async def go() -> bool:
+    async def go() -> int | None:
         runner = asyncio.create_task(_idle())
         try:
             return await watch_learner(minutes, runner, procs, JsonlTail(metrics), steps,
@@ -50,14 +50,14 @@ def test_the_learners_wait_record_ends_the_watch(tmp_path: Path) -> None:
     metrics.write_text("".join(json.dumps(r) + "\n" for r in [
         {"event": "step", "step": 1}, {"event": "step", "step": 2},
         {"event": WAIT_EVENT, "step": 2, "version": 2, "wait_s": 900.0}]))
-    assert _watch(metrics, _Procs(), minutes=1) == (True, [1, 2])
+    assert _watch(metrics, _Procs(), minutes=1) == (2, [1, 2])  # the version it waits for
 
 
 def test_an_exit_or_the_clock_ends_it_without_a_final_evaluation_wait(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps({"event": "step", "step": 1}) + "\n")
-    assert _watch(metrics, _Procs(code=0), minutes=1) == (False, [1])
-    assert _watch(metrics, _Procs(), minutes=0) == (False, [1])
+    assert _watch(metrics, _Procs(code=0), minutes=1) == (None, [1])
+    assert _watch(metrics, _Procs(), minutes=0) == (None, [1])
 
 
 def test_until_exit_is_bounded(tmp_path: Path) -> None:
