@@ -58,7 +58,11 @@ def test_ctrl_c_summarises_plots_and_lets_the_last_ack_land(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, "no learner steps"
             time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=300)
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:  # what it said while it hung, not only the timeout
+            proc.kill()
+            pytest.fail(f"no exit within 300 s of the Ctrl-C:\n{proc.communicate()[0][-8000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
