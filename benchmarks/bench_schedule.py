@@ -3,18 +3,22 @@ region, active only when a step takes several optimizer steps, train better here
 
     .venv/bin/python benchmarks/bench_schedule.py [--losses gspo,grpo] \
         [--schedules 1x1,4x1] [--seeds 0,1,2] [--workload demo] [--minutes 6] \
-        [--max-steps 60] [--json out.json]
+        [--max-steps 60] [--json out.json] [--plot curves.png]
 
 Each cell is a whole ``gspo up`` run (asynchronous, the default staleness bound, the same
 learning rate and seed for every schedule), one after the other in this process. A schedule
 ``MxE`` is ``--minibatches M --epochs E``; ``1x1`` (the default) is the baseline: with it the
 update starts at pi_prox, every ratio is 1 and nothing is clipped. Workloads: ``demo`` (the
 alphabet task), ``math`` (the math tutorial's task file), ``tool`` (the calculator, a
-multi-turn tool-use environment). Per loss and schedule it prints, over
+multi-turn tool-use environment), ``long`` (``long_letters``: 256-token completions with
+partial credit, where sequence- and token-level ratios differ most). Per loss and schedule it
+prints, over
 the seeds: how many reached the target reward (sampled: every group the environment scored),
 the median time to it and its ratio to the baseline's on the same seeds, the final sampled
 reward, the clip fraction, ``is_weight_capped_fraction`` and the learner's seconds per step
-(ratio to the baseline's). Results: BENCHMARKS.md ("Update schedule").
+(ratio to the baseline's). ``--plot``: every run's sampled reward by policy version, one colour
+per loss and schedule, their mean over the seeds drawn thick. Results: BENCHMARKS.md ("Update
+schedule").
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gspo_rl.launch.runlog import read_metrics, step_records, summarize  # noqa: E402
+from gspo_rl.launch.runlog import (  # noqa: E402
+    read_metrics,
+    step_records,
+    summarize,
+    version_curve,
+)
 from gspo_rl.launch.up import UpConfig, run_up  # noqa: E402
 
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -39,12 +48,14 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     # multi-turn tool use: the calculator environment (clients/examples/calculator.py) over a
     # pool of 64 problems, two model turns per episode
     "tool": {"env": ["calculator"], "env_args": ["pool=64", "max_tokens=16"]},
+    # long completions (docs/reference/losses.md: the stability claim)
+    "long": {"env": ["long_letters"], "env_args": ["length=256"]},
 }
 
 
 def one_run(root: Path, loss: str, schedule: str, seed: int, args: argparse.Namespace
-            ) -> dict[str, float]:
-    """One ``gspo up`` run; its figures."""
+            ) -> dict[str, Any]:
+    """One ``gspo up`` run; its figures, and its sampled reward by version (``curve``)."""
     m, e = (int(x) for x in schedule.split("x"))
     cfg = UpConfig(run_dir=root / f"{loss}-{schedule}-{seed}", loss=loss, seed=seed,
                    max_steps=args.max_steps, minutes=args.minutes,
@@ -59,7 +70,8 @@ def one_run(root: Path, loss: str, schedule: str, seed: int, args: argparse.Name
             "final_reward": s.get("sampled_final_reward", float("nan")),
             "steps": float(len(recs)), "clip_fraction": mean("clip_fraction"),
             "is_weight_capped_fraction": mean("is_weight_capped_fraction"),
-            "step_s": mean("compute_s")}
+            "step_s": mean("compute_s"),
+            "curve": [[v, round(r, 4)] for v, r, _ in version_curve(env)]}
 
 
 def _median(xs: list[float]) -> float:
@@ -67,7 +79,37 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def report(cells: dict[tuple[str, str], list[dict[str, float]]], baseline: str,
+def plot(cells: dict[tuple[str, str], list[dict[str, Any]]], path: Path, title: str) -> None:
+    """Sampled reward by version: each run thin, the mean over seeds thick, a colour per
+    cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, ((loss, sched), runs) in enumerate(cells.items()):
+        colour = f"C{i}"
+        by_version: dict[int, list[float]] = {}
+        for run in runs:
+            xs, ys = zip(*run["curve"], strict=True) if run["curve"] else ((), ())
+            ax.plot(xs, ys, color=colour, alpha=0.25, linewidth=0.8)
+            for v, r in run["curve"]:
+                by_version.setdefault(int(v), []).append(float(r))
+        mean = sorted((v, statistics.fmean(r)) for v, r in by_version.items())
+        if mean:
+            ax.plot(*zip(*mean, strict=True), color=colour, linewidth=2.2,
+                    label=f"{loss} {sched} (mean of {len(runs)} seeds)")
+    ax.set_xlabel("policy version (learner step)")
+    ax.set_ylabel("sampled reward (every group scored)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def report(cells: dict[tuple[str, str], list[dict[str, Any]]], baseline: str,
            target: float) -> None:
     print(f"{'loss':10} {'sched':5} {'reached':>7} {'t->tgt s':>8} {'x base':>6} "
           f"{'final':>6} {'clip':>7} {'capped':>7} {'step s':>6} {'x base':>6}")
@@ -96,17 +138,21 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=60)
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--json", type=Path, default=None, help="also write every run's figures")
+    ap.add_argument("--plot", type=Path, default=None, help="the reward curves, as a PNG")
     args = ap.parse_args()
     schedules = [s for s in args.schedules.split(",") if s]
     root = Path(tempfile.mkdtemp(prefix="bench-schedule-"))
-    cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for seed in (int(s) for s in args.seeds.split(",")):
         for loss in args.losses.split(","):
             for sched in schedules:
                 run = one_run(root, loss, sched, seed, args)
                 cells.setdefault((loss, sched), []).append(run)
-                print(f"[{loss} {sched} seed {seed}] {json.dumps(run)}", flush=True)
+                figures = {k: v for k, v in run.items() if k != "curve"}
+                print(f"[{loss} {sched} seed {seed}] {json.dumps(figures)}", flush=True)
     report(cells, schedules[0], args.target)
+    if args.plot is not None:
+        plot(cells, args.plot, f"{args.workload}: sampled reward, {len(cells)} cells")
     if args.json is not None:
         args.json.write_text(json.dumps(
             {f"{k[0]} {k[1]}": v for k, v in cells.items()}, indent=1))

@@ -1,12 +1,12 @@
 """Find the environment a spec names: a built-in example, your own class, or an adapter.
 
-``alphabet`` | ``calculator`` | ``path/to/my_env.py:MyEnv`` | ``my_package.my_env:MyEnv`` |
-``verifiers:MODULE`` | ``reasoning-gym:NAME[:weight],...`` | ``openenv:URL``
-(``gspo_rl.client.adapters``). A class (or a function returning an environment) is called with
-the spec's arguments as keyword arguments (``--env-arg key=value``: the value parsed as JSON
-when it is JSON other than ``null``, else kept as a string; dotted keys nest: ``a.b=1`` ->
-``{"a": {"b": 1}}``); an instance named the same way is used as it is and takes no arguments.
-``group_size``, when given, is set on the environment afterwards.
+``alphabet`` | ``calculator`` | ``long_letters`` | ``path/to/my_env.py:MyEnv`` |
+``my_package.my_env:MyEnv`` | ``verifiers:MODULE`` | ``reasoning-gym:NAME[:weight],...`` |
+``openenv:URL`` (``gspo_rl.client.adapters``). A class (or a function returning an environment)
+is called with the spec's arguments as keyword arguments (``--env-arg key=value``: the value
+parsed as JSON when it is JSON other than ``null``, else kept as a string; dotted keys nest:
+``a.b=1`` -> ``{"a": {"b": 1}}``); an instance named the same way is used as it is and takes no
+arguments. ``group_size``, when given, is set on the environment afterwards.
 
 Several environments run side by side (``gspo_rl.client.mixture``): each spec may end in
 ``@WEIGHT`` (its share of the groups, default 1), and an argument is addressed to one of them
@@ -28,8 +28,10 @@ from gspo_rl.client.adapters import adapter_prefix, load_adapter
 from gspo_rl.client.environment import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 
 BUILTIN = {"alphabet": ("gspo_rl.client.examples.alphabet", "AlphabetEnvironment"),
-           "calculator": ("gspo_rl.client.examples.calculator", "CalculatorEnvironment")}
-SPEC_FORMS = ("alphabet | calculator | path/to/module.py:EnvClass | package.module:EnvClass | "
+           "calculator": ("gspo_rl.client.examples.calculator", "CalculatorEnvironment"),
+           "long_letters": ("gspo_rl.client.examples.long_letters", "LongLettersEnvironment")}
+SPEC_FORMS = ("alphabet | calculator | long_letters | path/to/module.py:EnvClass | "
+              "package.module:EnvClass | "
               "verifiers:MODULE | reasoning-gym:NAME[,NAME...] | openenv:URL")
 
 

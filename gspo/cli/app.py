@@ -218,7 +218,8 @@ app.command(short_help="Supervised warm start on chat demonstrations.",
 def env(
     names: list[str] = typer.Argument(None, metavar="[SPEC[@WEIGHT]]...",
                                       help="Environment(s), side by side by weight: "
-                                      "alphabet (default) | calculator | path/to/module.py:Cls "
+                                      "alphabet (default) | calculator | long_letters | "
+                                      "path/to/module.py:Cls "
                                       "| package.module:Cls | verifiers:MODULE | "
                                       "reasoning-gym:NAME,... | openenv:URL | tasks.toml "
                                       "(tasks from data) | data (with --data)."),
