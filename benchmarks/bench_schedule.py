@@ -3,22 +3,22 @@ region, active only when a step takes several optimizer steps, train better here
 
     .venv/bin/python benchmarks/bench_schedule.py [--losses gspo,grpo] \
         [--schedules 1x1,4x1] [--seeds 0,1,2] [--workload demo] [--minutes 6] \
-        [--max-steps 60] [--json out.json] [--plot curves.png]
+        [--max-steps 60] [--json out.json] [--plot curves.png] [--warm-start] [--lr LR]
 
 Each cell is a whole ``gspo up`` run (asynchronous, the default staleness bound, the same
 learning rate and seed for every schedule), one after the other in this process. A schedule
 ``MxE`` is ``--minibatches M --epochs E``; ``1x1`` (the default) is the baseline: with it the
 update starts at pi_prox, every ratio is 1 and nothing is clipped. Workloads: ``demo`` (the
 alphabet task), ``math`` (the math tutorial's task file), ``tool`` (the calculator, a
-multi-turn tool-use environment), ``long`` (``long_letters``: 256-token completions with
-partial credit, where sequence- and token-level ratios differ most). Per loss and schedule it
-prints, over
-the seeds: how many reached the target reward (sampled: every group the environment scored),
-the median time to it and its ratio to the baseline's on the same seeds, the final sampled
-reward, the clip fraction, ``is_weight_capped_fraction`` and the learner's seconds per step
-(ratio to the baseline's). ``--plot``: every run's sampled reward by policy version, one colour
-per loss and schedule, their mean over the seeds drawn thick. Results: BENCHMARKS.md ("Update
-schedule").
+multi-turn tool-use environment; ``--warm-start`` starts every run from its supervised warm
+start, docs/sft.md, made once), ``long`` (``long_letters``: 256-token completions with partial
+credit, where sequence- and token-level ratios differ most). Per loss and schedule it prints,
+over the seeds: how many reached the target reward (sampled: every group the environment
+scored), the median time to it and its ratio to the baseline's on the same seeds, the final
+sampled reward, the clip fraction, ``is_weight_capped_fraction`` and the learner's seconds per
+step (ratio to the baseline's). ``--plot``: every run's sampled reward by policy version, one
+colour per loss and schedule, their mean over the seeds drawn thick. Results: BENCHMARKS.md
+("Update schedule").
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -53,13 +54,30 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
+def warm_start(root: Path) -> str:
+    """The calculator's supervised warm start (docs/sft.md's recipe): demonstrations, a tiny
+    model, ``gspo sft``; the checkpoint's directory. Made once, every run starts from it."""
+    demos, tiny, sft = root / "demos.jsonl", root / "tiny", root / "sft"
+    for cmd in (["-m", "gspo_rl.client.examples.calculator_demos", "--n", "128", "--out",
+                 str(demos)],
+                ["-m", "gspo_rl.cli", "tiny-model", str(tiny)],
+                ["-m", "gspo_rl.cli", "sft", "--model", str(tiny), "--data", str(demos),
+                 "--save-dir", str(sft), "--epochs", "4", "--batch-size", "8", "--lr", "3e-3",
+                 "--warmup-steps", "4"]):
+        subprocess.run([sys.executable, *cmd], check=True, stdout=subprocess.DEVNULL)
+    checkpoint = sorted(sft.glob("step-*"))[-1]
+    print(f"warm start: {checkpoint}", flush=True)
+    return str(checkpoint)
+
+
 def one_run(root: Path, loss: str, schedule: str, seed: int, args: argparse.Namespace
             ) -> dict[str, Any]:
     """One ``gspo up`` run; its figures, and its sampled reward by version (``curve``)."""
     m, e = (int(x) for x in schedule.split("x"))
     cfg = UpConfig(run_dir=root / f"{loss}-{schedule}-{seed}", loss=loss, seed=seed,
-                   max_steps=args.max_steps, minutes=args.minutes,
-                   target_reward=args.target, **WORKLOADS[args.workload],
+                   max_steps=args.max_steps, minutes=args.minutes, model=args.model,
+                   learning_rate=args.lr, target_reward=args.target,
+                   **WORKLOADS[args.workload],
                    extra_learn_args=["--minibatches", str(m), "--epochs", str(e)])
     result = run_up(cfg)
     recs = [r for r in step_records(read_metrics(result.metrics_path)) if "reward_mean" in r]
@@ -139,9 +157,15 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.8)
     ap.add_argument("--json", type=Path, default=None, help="also write every run's figures")
     ap.add_argument("--plot", type=Path, default=None, help="the reward curves, as a PNG")
+    ap.add_argument("--model", default=None, help="a model directory (default: the tiny one)")
+    ap.add_argument("--warm-start", action="store_true",
+                    help="tool: start every run from the calculator's SFT warm start")
+    ap.add_argument("--lr", type=float, default=None, help="default: gspo up's")
     args = ap.parse_args()
     schedules = [s for s in args.schedules.split(",") if s]
     root = Path(tempfile.mkdtemp(prefix="bench-schedule-"))
+    if args.warm_start:
+        args.model = warm_start(root)
     cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for seed in (int(s) for s in args.seeds.split(",")):
         for loss in args.losses.split(","):
