@@ -30,7 +30,12 @@ def run_interruptible(main: Coroutine[Any, Any, T], grace_s: float = 30.0) -> T:
     asyncio.set_event_loop(loop)
     task = loop.create_task(main)
     ended: asyncio.Future[None] = loop.create_future()
-    task.add_done_callback(lambda _: ended.done() or ended.set_result(None))
+
+    def end(*_: Any) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    task.add_done_callback(end)
     interrupts = 0
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -39,8 +44,7 @@ def run_interruptible(main: Coroutine[Any, Any, T], grace_s: float = 30.0) -> T:
         if interrupts > 1 or task.done():
             raise KeyboardInterrupt
         task.cancel()
-        loop.call_soon_threadsafe(  # the main task's cancellation, bounded
-            loop.call_later, grace_s, lambda: ended.done() or ended.set_result(None))
+        loop.call_soon_threadsafe(loop.call_later, grace_s, end)  # its cancellation, bounded
 
     previous = {s: signal.signal(s, on_signal) for s in SIGNALS}
     try:
