@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from gspo_rl.server.engines.base import Engine
+from gspo_rl.server.engines.sampler import SamplingEngine
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -76,7 +76,7 @@ class ServerMetrics:
         self.prompt_tokens.labels(route).inc(prompt_tokens)
         self.completion_tokens.labels(route).inc(completion_tokens)
 
-    def render(self, engine: Engine | None) -> bytes:
+    def render(self, engine: SamplingEngine | None) -> bytes:
         """Refresh the point-in-time gauges from the engine, then serialise everything."""
         if engine is not None:
             stats = engine.stats()

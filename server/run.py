@@ -29,7 +29,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from gspo_rl.server.engines.base import Engine
+from gspo_rl.server.engines.sampler import SamplingEngine
 
 log = logging.getLogger(__name__)
 CHECK_INTERVAL_S = 0.5
@@ -37,7 +37,7 @@ ENGINE_DEAD_EXIT_CODE = 4
 STARTUP_FAILURE_EXIT_CODE = 3  # uvicorn's own (``uvicorn.run``)
 
 
-async def watch_engine(app: FastAPI, engine: Engine, exit_delay_s: float,
+async def watch_engine(app: FastAPI, engine: SamplingEngine, exit_delay_s: float,
                        interval_s: float = CHECK_INTERVAL_S) -> None:
     """Wait until ``engine`` is dead, then make it visible and, ``exit_delay_s`` later, stop
     the server."""

@@ -3,8 +3,10 @@
 ``create_app(settings)`` builds the app; everything with a lifetime (the engine, the Redis
 pool, the store, the sweeper and the registry heartbeat) is created in ``lifespan`` and put
 on ``app.state``, in that order, and torn down in reverse. Routes reach it through the
-``Annotated`` dependencies of ``gspo_rl.server.api.deps``; the sampling routes share one
-``SamplingService`` (``app.state.sampling``).
+``Annotated`` dependencies of ``gspo_rl.server.api.deps``: each resource's one serving object
+(``gspo_rl.server.rollouts.serving``, built by ``build_serving``: chat, completions, rollouts
+over one ``SamplingService``; groups, rewards, evals, tasks, models, health, the admin
+weights), as ``app.state.serving_<resource>``.
 
 Route guards (``gspo_rl.server.api.auth``): ``/health``, ``/metrics`` and the dashboard's
 page (``/dashboard``: no data) are open; every ``/v1`` route (``/v1/models`` too, as OpenAI
@@ -69,6 +71,16 @@ from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.admission import AdmissionGate
 from gspo_rl.server.rollouts.chat.render import TokenTexts
 from gspo_rl.server.rollouts.service import SamplingService
+from gspo_rl.server.rollouts.serving.chat import ChatServing
+from gspo_rl.server.rollouts.serving.completions import CompletionServing
+from gspo_rl.server.rollouts.serving.evals import EvalServing
+from gspo_rl.server.rollouts.serving.groups import GroupServing
+from gspo_rl.server.rollouts.serving.health import HealthServing
+from gspo_rl.server.rollouts.serving.models import ModelServing
+from gspo_rl.server.rollouts.serving.rewards import RewardServing
+from gspo_rl.server.rollouts.serving.rollouts import RolloutServing
+from gspo_rl.server.rollouts.serving.tasks import TaskServing
+from gspo_rl.server.rollouts.serving.weights import WeightServing
 from gspo_rl.server.run import watch_engine
 
 log = logging.getLogger(__name__)
@@ -113,6 +125,30 @@ def load_tokenizer(engine: Engine) -> Any:
     return tokenizer
 
 
+def build_serving(app: FastAPI, engine: Engine, store: EpisodeStore,
+                  settings: ServerSettings) -> None:
+    """The tokenizer, the sampling service and one serving object per resource, on
+    ``app.state`` (the routes' dependencies read them there); after the engine, Redis and
+    the admission gate."""
+    state = app.state
+    state.tokenizer = load_tokenizer(engine)
+    warm_chat_encoders(state.tokenizer)
+    state.token_texts = TokenTexts(state.tokenizer)
+    state.sampling = SamplingService(engine, store, state.tokenizer, state.token_texts,
+                                     settings, state.metrics)
+    state.serving_chat = ChatServing(state.sampling)
+    state.serving_completions = CompletionServing(state.sampling)
+    state.serving_rollouts = RolloutServing(state.sampling)
+    state.serving_groups = GroupServing(store, settings, state.metrics, state.tokenizer)
+    state.serving_rewards = RewardServing(store)
+    state.serving_weights = WeightServing(engine, state.weight_updates)
+    state.serving_evals = EvalServing(state.redis, state.keys)
+    state.serving_tasks = TaskServing(state.redis, state.keys)
+    state.serving_models = ModelServing(settings, engine, state.started_at)
+    state.serving_health = HealthServing(settings, engine, state.redis, state.keys,
+                                         state.admission)
+
+
 def advertised_url(settings: ServerSettings) -> str:
     """The base URL the learner uses to reach this server's admin routes."""
     if settings.advertise_url:
@@ -149,11 +185,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.admission = gate
         app.state.dashboard = DashboardService(settings, keys)  # GET /v1/dashboard/*
         tasks.append(asyncio.create_task(counter.publish_loop(lambda: gate.local)))
-        app.state.tokenizer = load_tokenizer(engine)
-        warm_chat_encoders(app.state.tokenizer)
-        app.state.token_texts = TokenTexts(app.state.tokenizer)
-        app.state.sampling = SamplingService(engine, store, app.state.tokenizer,
-                                             app.state.token_texts, settings, app.state.metrics)
+        build_serving(app, engine, store, settings)
         tasks.append(asyncio.create_task(store.run_sweeper(settings.sweep_interval_s)))
         tasks.append(asyncio.create_task(  # dead: 503s, then stop, exit != 0
             watch_engine(app, engine, settings.engine_dead_exit_delay_s)))

@@ -1,5 +1,9 @@
 """FastAPI dependencies: what a route may ask for, all taken from ``app.state`` (created in the
-app's lifespan, never lazily), and the two keys that guard the routes.
+app's lifespan, never lazily), and the two keys that guard the routes. A route asks for the
+one serving object of its resource (``gspo_rl.server.rollouts.serving``). The one exception
+to "never lazily": an app that serves only the queue (``app.state.store`` alone, with the
+groups and rewards routers: the tests' and benchmarks' queue apps) gets those two serving
+objects built over its store on first use.
 
 The keys (``gspo_rl.server.api.auth``) are checked before a body is read, by
 ``BearerAuthMiddleware``; ``require_api_key`` / ``require_admin_key`` check them again through
@@ -20,15 +24,22 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
 
 from gspo_rl.contract.queue.groups.store import RolloutStore
-from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.server.api.auth import Guard, key_error
 from gspo_rl.server.api.limits import parsed_body
 from gspo_rl.server.config import ServerSettings
-from gspo_rl.server.engines.base import Engine
+from gspo_rl.server.engines.sampler import SamplingEngine
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.admission import AdmissionGate
-from gspo_rl.server.rollouts.service import SamplingService
-from gspo_rl.server.rollouts.serving.chat import plain_call
+from gspo_rl.server.rollouts.serving.chat import ChatServing, plain_call
+from gspo_rl.server.rollouts.serving.completions import CompletionServing
+from gspo_rl.server.rollouts.serving.evals import EvalServing
+from gspo_rl.server.rollouts.serving.groups import GroupServing
+from gspo_rl.server.rollouts.serving.health import HealthServing
+from gspo_rl.server.rollouts.serving.models import ModelServing
+from gspo_rl.server.rollouts.serving.rewards import RewardServing
+from gspo_rl.server.rollouts.serving.rollouts import RolloutServing
+from gspo_rl.server.rollouts.serving.tasks import TaskServing
+from gspo_rl.server.rollouts.serving.weights import WeightServing
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <key>")
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
@@ -38,7 +49,8 @@ async def get_settings(request: Request) -> ServerSettings:
     return request.app.state.settings
 
 
-async def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> SamplingEngine:
+    """The engine's sampling half, as the read-only routes use it (metrics, dashboard)."""
     return request.app.state.engine
 
 
@@ -46,16 +58,54 @@ async def get_store(request: Request) -> RolloutStore:
     return request.app.state.store
 
 
-async def get_sampling(request: Request) -> SamplingService:
-    return request.app.state.sampling
+async def get_chat(request: Request) -> ChatServing:
+    return request.app.state.serving_chat
+
+
+async def get_completions(request: Request) -> CompletionServing:
+    return request.app.state.serving_completions
+
+
+async def get_rollouts(request: Request) -> RolloutServing:
+    return request.app.state.serving_rollouts
+
+
+async def get_groups(request: Request) -> GroupServing:
+    state = request.app.state
+    if getattr(state, "serving_groups", None) is None:  # a queue-only app (module docstring)
+        state.serving_groups = GroupServing(state.store)
+    return state.serving_groups
+
+
+async def get_rewards(request: Request) -> RewardServing:
+    state = request.app.state
+    if getattr(state, "serving_rewards", None) is None:  # a queue-only app (module docstring)
+        state.serving_rewards = RewardServing(state.store)
+    return state.serving_rewards
+
+
+async def get_weights(request: Request) -> WeightServing:
+    return request.app.state.serving_weights
+
+
+async def get_evals(request: Request) -> EvalServing:
+    return request.app.state.serving_evals
+
+
+async def get_tasks(request: Request) -> TaskServing:
+    return request.app.state.serving_tasks
+
+
+async def get_models(request: Request) -> ModelServing:
+    return request.app.state.serving_models
+
+
+async def get_health(request: Request) -> HealthServing:
+    return request.app.state.serving_health
 
 
 async def get_redis(request: Request) -> Redis:
     return request.app.state.redis
-
-
-async def get_keys(request: Request) -> Keys:
-    return request.app.state.keys
 
 
 async def get_admission(request: Request) -> AdmissionGate | None:
@@ -73,11 +123,19 @@ async def get_metrics(request: Request) -> ServerMetrics:
 
 
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
-EngineDep = Annotated[Engine, Depends(get_engine)]
+EngineDep = Annotated[SamplingEngine, Depends(get_engine)]
 StoreDep = Annotated[RolloutStore, Depends(get_store)]
-SamplingDep = Annotated[SamplingService, Depends(get_sampling)]
+ChatDep = Annotated[ChatServing, Depends(get_chat)]
+CompletionsDep = Annotated[CompletionServing, Depends(get_completions)]
+RolloutsDep = Annotated[RolloutServing, Depends(get_rollouts)]
+GroupsDep = Annotated[GroupServing, Depends(get_groups)]
+RewardsDep = Annotated[RewardServing, Depends(get_rewards)]
+WeightsDep = Annotated[WeightServing, Depends(get_weights)]
+EvalsDep = Annotated[EvalServing, Depends(get_evals)]
+TasksDep = Annotated[TaskServing, Depends(get_tasks)]
+ModelsDep = Annotated[ModelServing, Depends(get_models)]
+HealthDep = Annotated[HealthServing, Depends(get_health)]
 RedisDep = Annotated[Redis, Depends(get_redis)]
-KeysDep = Annotated[Keys, Depends(get_keys)]
 AdmissionDep = Annotated[AdmissionGate | None, Depends(get_admission)]
 OptionalTokenizerDep = Annotated[Any | None, Depends(get_optional_tokenizer)]
 MetricsDep = Annotated[ServerMetrics, Depends(get_metrics)]

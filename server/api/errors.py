@@ -74,11 +74,6 @@ STORE_STATUS = {
 }
 """HTTP status of each reason the store refuses a request for."""
 
-REWARD_ITEM_STATUS = {"stored": 200, "duplicate": 200, "unknown_rollout": 404, "conflict": 409,
-                      "expired": 410, "closed": 410}
-"""HTTP status of one reward item's outcome (``RewardResult.status``; others: 200)."""
-
-
 ROLLOUT_STATUS = {
     Problem.INVALID: 400,
     Problem.NOT_FOUND: 404,
@@ -100,10 +95,6 @@ ENGINE_STATUS: dict[type[EngineError], tuple[int, str | None, str | None]] = {
 
 def store_status(exc: StoreError) -> int:
     return STORE_STATUS[exc.reason]
-
-
-def reward_item_status(status: str) -> int:
-    return REWARD_ITEM_STATUS.get(status, 200)
 
 
 class APIError(StarletteHTTPException):

@@ -37,7 +37,7 @@ from gspo_rl.contract.queue.episodes.store import Episode, EpisodeState, Episode
 from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.contract.queue.schema import RolloutRecord
 from gspo_rl.server.config import ServerSettings
-from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
+from gspo_rl.server.engines.sampler import Completion, SamplingEngine, SamplingParams
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.chat.render import (
     completion_text,
@@ -46,7 +46,7 @@ from gspo_rl.server.rollouts.chat.render import (
 )
 from gspo_rl.server.rollouts.errors import RolloutError, conflict, invalid, unsupported
 from gspo_rl.server.rollouts.parsers import parse_assistant
-from gspo_rl.server.rollouts.protocol import ChatCompletionRequest
+from gspo_rl.server.rollouts.protocol.chat import ChatCompletionRequest
 from gspo_rl.server.rollouts.sampling import (
     GenerationPlan,
     GroupResult,
@@ -255,7 +255,7 @@ class PlannedTurn:
 
 
 async def plan_turn(
-    body: ChatCompletionRequest, *, store: RolloutStore, engine: Engine, tokenizer: Any,
+    body: ChatCompletionRequest, *, store: RolloutStore, engine: SamplingEngine, tokenizer: Any,
     settings: ServerSettings, top_logprobs: int,
 ) -> PlannedTurn:
     """Every check of a turn of the episode ``body.rollout_id`` (a 4xx changes nothing) and
@@ -311,7 +311,7 @@ async def commit_turn(
 
 
 async def episode_turn(
-    body: ChatCompletionRequest, *, store: RolloutStore, engine: Engine, tokenizer: Any,
+    body: ChatCompletionRequest, *, store: RolloutStore, engine: SamplingEngine, tokenizer: Any,
     settings: ServerSettings, metrics: ServerMetrics, top_logprobs: int, with_tools: bool,
 ) -> GroupResult:
     """One model turn of the episode ``body.rollout_id``: checked, sampled on the stored

@@ -29,12 +29,12 @@ import numpy as np
 from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.contract.queue.schema import RolloutRecord, member_rollout_id
 from gspo_rl.server.config import ServerSettings
-from gspo_rl.server.engines.base import Completion, Engine, SamplingParams
 from gspo_rl.server.engines.errors import EngineUnavailable, RequestRefused
+from gspo_rl.server.engines.sampler import Completion, SamplingEngine, SamplingParams
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.errors import invalid, not_found, unavailable
 from gspo_rl.server.rollouts.limits import MAX_STOP_STRINGS, MIN_TEMPERATURE
-from gspo_rl.server.rollouts.protocol import SamplingFields
+from gspo_rl.server.rollouts.protocol.base import SamplingFields
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, engine: Engine,
+def resolve_max_tokens(requested: int | None, prompt_len: int, engine: SamplingEngine,
                        settings: ServerSettings) -> int:
     """The request's max_tokens, checked against the cap and the context; None: the most
     both allow."""
@@ -128,7 +128,7 @@ def plan_generation(
     max_tokens: int | None,
     top_logprobs: int,
     stop_token_ids: tuple[int, ...],
-    engine: Engine,
+    engine: SamplingEngine,
     settings: ServerSettings,
     route: str,
 ) -> GenerationPlan:
@@ -191,7 +191,7 @@ def check_not_aborted(completions: list[Completion]) -> None:
                           code="generation_aborted", retry_after_s=1)
 
 
-async def generate_n(engine: Engine, plan: GenerationPlan) -> list[Completion]:
+async def generate_n(engine: SamplingEngine, plan: GenerationPlan) -> list[Completion]:
     """The plan's n samples, concurrently (the engine batches them). With a seed, sample i
     uses seed + i. If one fails, the others are cancelled."""
     params = sample_params(plan)
@@ -234,7 +234,7 @@ def rollout_record(group_id: str, sample: Sample, prompt_token_ids: list[int],
     )
 
 
-async def sample_group(engine: Engine, store: RolloutStore, plan: GenerationPlan,
+async def sample_group(engine: SamplingEngine, store: RolloutStore, plan: GenerationPlan,
                        metrics: ServerMetrics, server_id: str) -> GroupResult:
     """Samples the plan, records the group and its rollouts (unless ``plan.record`` is
     False), returns them."""
@@ -278,7 +278,7 @@ async def record_samples(store: RolloutStore, plan: GenerationPlan,
     return result
 
 
-def first_version(completion: Completion, engine: Engine) -> int:
+def first_version(completion: Completion, engine: SamplingEngine) -> int:
     """The version that sampled the first token (an empty completion: the current one)."""
     return completion.policy_versions[0] if completion.policy_versions else (
         engine.policy_version)

@@ -3,9 +3,9 @@
 Each of those routes runs the same pipeline: check the model name, turn the request into
 prompt token ids (the one step that differs per route), plan the generation, sample ``n``
 completions and record them as a group. The service holds the six objects that pipeline
-needs (engine, store, tokenizer, token texts, settings, metrics); it is built once in the
-app's lifespan (``app.state.sampling``) and a route asks for it alone (``SamplingDep``), the
-way vLLM's OpenAI layer gives each resource one serving object.
+needs (the engine's sampling half, store, tokenizer, token texts, settings, metrics); it is
+built once in the app's lifespan (``app.state.sampling``) and shared by the three sampling
+routes' serving objects (``gspo_rl.server.rollouts.serving``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from gspo_rl.contract.chat.messages import end_token_ids
 from gspo_rl.contract.queue.groups.store import RolloutStore
 from gspo_rl.server.config import ServerSettings
-from gspo_rl.server.engines.base import Completion, Engine
+from gspo_rl.server.engines.sampler import Completion, SamplingEngine
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.chat.render import (
     TokenTexts,
@@ -25,7 +25,8 @@ from gspo_rl.server.rollouts.chat.render import (
     sequence_decoder,
 )
 from gspo_rl.server.rollouts.episodes import PlannedTurn, commit_turn, episode_turn, plan_turn
-from gspo_rl.server.rollouts.protocol import ChatCompletionRequest, SamplingFields
+from gspo_rl.server.rollouts.protocol.base import SamplingFields
+from gspo_rl.server.rollouts.protocol.chat import ChatCompletionRequest
 from gspo_rl.server.rollouts.sampling import (
     GenerationPlan,
     GroupResult,
@@ -40,7 +41,7 @@ from gspo_rl.server.rollouts.sampling import (
 class SamplingService:
     """One per app; every method is safe to call from concurrent requests."""
 
-    engine: Engine
+    engine: SamplingEngine
     store: RolloutStore
     tokenizer: Any
     texts: TokenTexts
@@ -92,7 +93,7 @@ class SamplingService:
 
     async def plan_turn(self, body: ChatCompletionRequest, *,
                         top_logprobs: int) -> PlannedTurn:
-        """A checked episode turn, ready to sample (streamed turns: ``routes.chat``)."""
+        """A checked episode turn, ready to sample (streamed turns: ``ChatServing.plan_turn``)."""
         return await plan_turn(body, store=self.store, engine=self.engine,
                                tokenizer=self.tokenizer, settings=self.settings,
                                top_logprobs=top_logprobs)

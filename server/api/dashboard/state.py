@@ -39,7 +39,7 @@ from gspo_rl.server.api.dashboard.sources import (
     stall_out,
 )
 from gspo_rl.server.config import ServerSettings
-from gspo_rl.server.engines.base import Engine
+from gspo_rl.server.engines.sampler import SamplingEngine
 from gspo_rl.server.rollouts.admission import AdmissionGate
 
 FACTS_MAX_AGE_S = 0.05  # the admission gate's own (POLL_S): a read it just made is shared
@@ -69,7 +69,7 @@ class DashboardService:
         self.history = History()
         self.recent = RecentGroups(keys)
 
-    async def state(self, engine: Engine, redis: Redis,
+    async def state(self, engine: SamplingEngine, redis: Redis,
                     gate: AdmissionGate | None) -> DashboardState:
         src = await read_sources(redis, self.keys)
         snap = await gate.snapshot(FACTS_MAX_AGE_S) if gate is not None else None
@@ -122,7 +122,7 @@ class DashboardService:
             training=params.training, finished=params.finished,
             pace_steps_per_min=self.history.pace_steps_per_min(), last_stall=stall_out(src))
 
-    def _engine(self, engine: Engine) -> EngineOut:
+    def _engine(self, engine: SamplingEngine) -> EngineOut:
         stats = engine.stats()
         extra = {str(k)[:64]: float(v) for k, v in list(stats.extra.items())[:32]
                  if isinstance(v, int | float) and math.isfinite(v)}

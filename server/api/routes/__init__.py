@@ -1,2 +1,3 @@
-"""One router per resource, thin: parse the body, call ``gspo_rl.server.rollouts`` (or the
-store), shape the response."""
+"""One router per resource, thin: parse the request, call the resource's serving object
+(``gspo_rl.server.rollouts.serving``), return its wire model
+(``gspo_rl.server.rollouts.protocol``)."""

@@ -28,7 +28,7 @@ from starlette.responses import StreamingResponse
 from gspo_rl.server.api.errors import APIError, api_error_of
 from gspo_rl.server.api.streaming.sse import sse, sse_response
 from gspo_rl.server.api.streaming.views import as_partial
-from gspo_rl.server.engines.base import Completion, Engine, Partial
+from gspo_rl.server.engines.sampler import Completion, Partial, SamplingEngine
 from gspo_rl.server.rollouts.errors import RolloutError
 from gspo_rl.server.rollouts.sampling import (
     GenerationPlan,
@@ -62,7 +62,7 @@ class ChunkView(Protocol):
 class GroupRun:
     """The n samples of a plan, their progress in one queue (index, item)."""
 
-    def __init__(self, engine: Engine, plan: GenerationPlan) -> None:
+    def __init__(self, engine: SamplingEngine, plan: GenerationPlan) -> None:
         self.engine, self.plan = engine, plan
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.tasks: list[asyncio.Task[None]] = []
@@ -111,7 +111,7 @@ Finish = Callable[[list[Completion]], Awaitable[Any]]
 """Records the finished samples and returns the non-streamed response object."""
 
 
-async def start_stream(engine: Engine, plan: GenerationPlan, view: ChunkView, *,
+async def start_stream(engine: SamplingEngine, plan: GenerationPlan, view: ChunkView, *,
                        group_id: str | None, model: str, finish: Finish,
                        with_usage: bool) -> StreamingResponse:
     """Starts the samples (errors: JSON), then answers with the SSE stream (module doc)."""

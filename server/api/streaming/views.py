@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gspo_rl.server.engines.base import Completion, Partial
+from gspo_rl.server.engines.sampler import Completion, Partial
 from gspo_rl.server.rollouts.chat.render import TokenTexts
 from gspo_rl.server.rollouts.partial_text import TextStream, remainder, stable_split
-from gspo_rl.server.rollouts.protocol import ChatChoice, CompletionChoice
+from gspo_rl.server.rollouts.protocol.chat import ChatChoice
+from gspo_rl.server.rollouts.protocol.completions import CompletionChoice
 from gspo_rl.server.rollouts.sampling import GenerationPlan
 from gspo_rl.server.rollouts.serving.formatting import chat_logprobs, completion_logprobs
 

@@ -29,7 +29,7 @@ from jinja2 import TemplateError
 from gspo_rl.contract.chat.messages import ContentError
 from gspo_rl.contract.chat.messages import template_messages as _template_messages
 from gspo_rl.contract.chat.sanitize import ALL_ROLES, chat_ids, check_template_kwargs
-from gspo_rl.server.engines.base import Completion
+from gspo_rl.server.engines.sampler import Completion
 from gspo_rl.server.rollouts.errors import invalid
 
 T = TypeVar("T")

@@ -1,6 +1,12 @@
 """Chat completions below HTTP: the options a request may use, its prompt through the chat
 template, its completions parsed (reasoning, tool calls) and shaped as OpenAI choices.
 
+``ChatServing`` (one per app) runs a request: ``prepare`` checks it, ``create`` samples and
+records it (a new group of n, or one more turn of the multi-turn episode its ``rollout_id``
+names: ``gspo_rl.server.rollouts.episodes``) and shapes the response; a streamed request
+takes the same steps one at a time (``plan`` or ``plan_turn``, then ``response`` or
+``commit_turn``: ``gspo_rl.server.api.streaming.serve``).
+
 A plain call (one sample, no ``rollout_id``, no ``"record"``: what an OpenAI tool sends) is
 served unrecorded (``plain_call``): recorded, it would be a one-sample group, which never
 trains (no spread of rewards) yet stays open until its deadline and counts against
@@ -10,16 +16,20 @@ admission. The response says so in its ``GSPO-Recorded`` header (``PLAIN_CALL_NO
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from gspo_rl.server.config import ServerSettings
+from gspo_rl.server.engines.sampler import Completion
 from gspo_rl.server.rollouts.chat.render import approx_chars, off_loop_if_large
 from gspo_rl.server.rollouts.chat.render import render_chat_prompt as render
+from gspo_rl.server.rollouts.episodes import PlannedTurn
 from gspo_rl.server.rollouts.errors import invalid
 from gspo_rl.server.rollouts.parsers import AssistantParse, parse_assistant
-from gspo_rl.server.rollouts.protocol import (
+from gspo_rl.server.rollouts.protocol.chat import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
@@ -28,6 +38,7 @@ from gspo_rl.server.rollouts.protocol import (
     ToolCallOut,
 )
 from gspo_rl.server.rollouts.sampling import (
+    GenerationPlan,
     GroupResult,
     Sample,
     check_prompt_ids,
@@ -36,6 +47,8 @@ from gspo_rl.server.rollouts.sampling import (
 from gspo_rl.server.rollouts.service import SamplingService
 from gspo_rl.server.rollouts.serving.formatting import chat_logprobs, response_id, usage
 
+log = logging.getLogger(__name__)
+ROUTE = "chat"
 RECORDED_HEADER = "GSPO-Recorded"
 PLAIN_CALL_NOTE = ("false; a chat call with one sample and no rollout_id is served "
                    "unrecorded (a one-sample group never trains); to record it for training, "
@@ -118,3 +131,73 @@ def chat_response(result: GroupResult, body: ChatCompletionRequest, svc: Samplin
     return ChatCompletionResponse(id=response_id("chatcmpl-", result), created=int(time.time()),
                                   model=svc.model_name, choices=choices,
                                   usage=usage(result), group_id=result.group_id)
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """What ``ChatServing.prepare`` found in a request."""
+
+    with_tools: bool  # parse tool calls out of the completions
+    top_k: int  # top log-probs per token
+    plain: bool  # a plain call, served unrecorded (``PLAIN_CALL_NOTE`` says so)
+
+
+class ChatServing:
+    """``POST /v1/chat/completions`` below HTTP; one per app (``app.state.serving_chat``)."""
+
+    def __init__(self, svc: SamplingService) -> None:
+        self.svc = svc
+        self._said_plain = False
+
+    def prepare(self, body: ChatCompletionRequest) -> ChatCall:
+        """Checks the model and the options; a plain call is marked unrecorded."""
+        self.svc.check_model(body.model)
+        with_tools, top_k = check_chat_options(body)
+        plain = plain_call(body.rollout_id, body.n, "record" in body.model_fields_set)
+        if plain:
+            body.record = False
+            self._say_plain_calls_once()
+        return ChatCall(with_tools, top_k, plain)
+
+    async def create(self, body: ChatCompletionRequest, call: ChatCall) -> ChatCompletionResponse:
+        """Samples and records the request (a new group, or one more turn of an episode)."""
+        if body.rollout_id is not None:
+            result = await self.svc.episode_turn(body, top_logprobs=call.top_k,
+                                                 with_tools=call.with_tools)
+        else:
+            prompt_ids = await chat_prompt(body, self.svc.tokenizer, self.svc.settings)
+            result = await self.svc.sample(
+                body, prompt_ids, max_tokens=body.max_completion_tokens or body.max_tokens,
+                top_logprobs=call.top_k, route=ROUTE)
+        return self.response(result, body, call)
+
+    async def plan(self, body: ChatCompletionRequest, call: ChatCall) -> GenerationPlan:
+        """A new group's checked generation, to stream."""
+        prompt_ids = await chat_prompt(body, self.svc.tokenizer, self.svc.settings)
+        return self.svc.plan(body, prompt_ids,
+                             max_tokens=body.max_completion_tokens or body.max_tokens,
+                             top_logprobs=call.top_k, route=ROUTE)
+
+    async def plan_turn(self, body: ChatCompletionRequest, call: ChatCall) -> PlannedTurn:
+        """An episode's checked next turn, to stream."""
+        return await self.svc.plan_turn(body, top_logprobs=call.top_k)
+
+    async def commit_turn(self, turn: PlannedTurn, completion: Completion,
+                          body: ChatCompletionRequest, call: ChatCall,
+                          started: float) -> ChatCompletionResponse:
+        """Appends a streamed turn to its episode; the non-streamed response."""
+        result = await self.svc.commit_turn(turn, completion, body,
+                                            with_tools=call.with_tools, started=started)
+        return self.response(result, body, call)
+
+    def response(self, result: GroupResult, body: ChatCompletionRequest,
+                 call: ChatCall) -> ChatCompletionResponse:
+        return chat_response(result, body, self.svc, call.with_tools, call.top_k)
+
+    def _say_plain_calls_once(self) -> None:
+        if not self._said_plain:
+            self._said_plain = True
+            log.info("plain chat calls (one sample, no rollout_id, no \"record\") are served "
+                     "unrecorded: a one-sample group never trains. Training traffic sends "
+                     "n >= 2 or an episode's rollout_id; the GSPO-Recorded response header "
+                     "says so")

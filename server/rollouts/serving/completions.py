@@ -1,5 +1,7 @@
 """Legacy completions below HTTP: the options a request may use, its one prompt as token ids,
-its completions shaped as OpenAI choices."""
+its completions shaped as OpenAI choices. ``CompletionServing`` (one per app) runs a request:
+``prepare`` checks it, ``create`` samples, records and shapes it; a streamed request is
+planned (``plan``) and shaped (``response``) by ``gspo_rl.server.api.streaming.serve``."""
 
 from __future__ import annotations
 
@@ -8,10 +10,21 @@ from typing import Any
 
 from gspo_rl.server.rollouts.chat.render import off_loop_if_large
 from gspo_rl.server.rollouts.errors import invalid
-from gspo_rl.server.rollouts.protocol import CompletionChoice, CompletionRequest, CompletionResponse
-from gspo_rl.server.rollouts.sampling import GroupResult, check_prompt_ids, reject_unsupported
+from gspo_rl.server.rollouts.protocol.completions import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+)
+from gspo_rl.server.rollouts.sampling import (
+    GenerationPlan,
+    GroupResult,
+    check_prompt_ids,
+    reject_unsupported,
+)
 from gspo_rl.server.rollouts.service import SamplingService
 from gspo_rl.server.rollouts.serving.formatting import completion_logprobs, response_id, usage
+
+ROUTE = "completions"
 
 
 def check_completion_options(body: CompletionRequest) -> int:
@@ -44,8 +57,6 @@ async def completion_prompt(prompt: Any, tokenizer: Any) -> list[int]:
     return check_prompt_ids(ids, len(tokenizer))
 
 
-
-
 def completion_response(result: GroupResult, body: CompletionRequest, svc: SamplingService,
                         top_k: int) -> CompletionResponse:
     stop_ids = svc.stop_token_ids()
@@ -65,3 +76,32 @@ def completion_response(result: GroupResult, body: CompletionRequest, svc: Sampl
     return CompletionResponse(id=response_id("cmpl-", result), created=int(time.time()),
                               model=svc.model_name, choices=choices,
                               usage=usage(result), group_id=result.group_id)
+
+
+class CompletionServing:
+    """``POST /v1/completions`` below HTTP; one per app (``app.state.serving_completions``)."""
+
+    def __init__(self, svc: SamplingService) -> None:
+        self.svc = svc
+
+    def prepare(self, body: CompletionRequest) -> int:
+        """Checks the model and the options; returns the number of top log-probs."""
+        self.svc.check_model(body.model)
+        return check_completion_options(body)
+
+    async def create(self, body: CompletionRequest, top_k: int) -> CompletionResponse:
+        """Samples the prompt ``n`` times, records the group, shapes the response."""
+        prompt_ids = await completion_prompt(body.prompt, self.svc.tokenizer)
+        result = await self.svc.sample(body, prompt_ids, max_tokens=body.max_tokens,
+                                       top_logprobs=top_k, route=ROUTE)
+        return self.response(result, body, top_k)
+
+    async def plan(self, body: CompletionRequest, top_k: int) -> GenerationPlan:
+        """The request's checked generation, to stream."""
+        prompt_ids = await completion_prompt(body.prompt, self.svc.tokenizer)
+        return self.svc.plan(body, prompt_ids, max_tokens=body.max_tokens, top_logprobs=top_k,
+                             route=ROUTE)
+
+    def response(self, result: GroupResult, body: CompletionRequest,
+                 top_k: int) -> CompletionResponse:
+        return completion_response(result, body, self.svc, top_k)

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import uuid
 
-from gspo_rl.server.engines.base import Completion
+from gspo_rl.server.engines.sampler import Completion
 from gspo_rl.server.rollouts.chat.render import TokenTexts
-from gspo_rl.server.rollouts.protocol import (
-    ChoiceLogprobs,
-    CompletionLogprobs,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
-)
+from gspo_rl.server.rollouts.protocol.base import TokenLogprob, TopLogprob, Usage
+from gspo_rl.server.rollouts.protocol.chat import ChoiceLogprobs
+from gspo_rl.server.rollouts.protocol.completions import CompletionLogprobs
 from gspo_rl.server.rollouts.sampling import GroupResult
 
 LOGPROB_FLOOR = -9999.0

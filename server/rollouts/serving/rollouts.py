@@ -1,5 +1,5 @@
 """Native rollouts below HTTP: one prompt (text, messages or token ids) sampled ``n`` times as
-one group, shaped as the native response."""
+one group, shaped as the native response. ``RolloutServing`` (one per app) runs a request."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from typing import Any
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.rollouts.chat.render import approx_chars, off_loop_if_large, render_chat_prompt
 from gspo_rl.server.rollouts.errors import invalid
-from gspo_rl.server.rollouts.protocol import RolloutOut, RolloutRequest, RolloutResponse
+from gspo_rl.server.rollouts.protocol.rollouts import RolloutOut, RolloutRequest, RolloutResponse
 from gspo_rl.server.rollouts.sampling import GroupResult, check_prompt_ids
 from gspo_rl.server.rollouts.service import SamplingService
 from gspo_rl.server.rollouts.serving.formatting import rollout_top_logprobs, shown_all, usage
+
+ROUTE = "rollouts"
 
 
 async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
@@ -38,6 +40,7 @@ async def rollout_prompt(body: RolloutRequest, tokenizer: Any,
         ids = list(body.prompt_token_ids or [])
     return check_prompt_ids(ids, len(tokenizer))
 
+
 def rollout_response(result: GroupResult, body: RolloutRequest,
                      svc: SamplingService) -> RolloutResponse:
     stop_ids = svc.stop_token_ids()
@@ -56,3 +59,18 @@ def rollout_response(result: GroupResult, body: RolloutRequest,
     return RolloutResponse(group_id=result.group_id, model=svc.model_name,
                            prompt_token_ids=result.prompt_token_ids, rollouts=out,
                            usage=usage(result))
+
+
+class RolloutServing:
+    """``POST /v1/rollouts`` below HTTP; one per app (``app.state.serving_rollouts``)."""
+
+    def __init__(self, svc: SamplingService) -> None:
+        self.svc = svc
+
+    async def create(self, body: RolloutRequest) -> RolloutResponse:
+        """Checks the model, samples the group of ``n``, records it, shapes the response."""
+        self.svc.check_model(body.model)
+        prompt_ids = await rollout_prompt(body, self.svc.tokenizer, self.svc.settings)
+        result = await self.svc.sample(body, prompt_ids, max_tokens=body.max_tokens,
+                                       top_logprobs=body.top_logprobs, route=ROUTE)
+        return rollout_response(result, body, self.svc)
