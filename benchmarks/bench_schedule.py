@@ -76,7 +76,7 @@ def one_run(root: Path, loss: str, schedule: str, seed: int, args: argparse.Name
     m, e = (int(x) for x in schedule.split("x"))
     cfg = UpConfig(run_dir=root / f"{loss}-{schedule}-{seed}", loss=loss, seed=seed,
                    max_steps=args.max_steps, minutes=args.minutes, model=args.model,
-                   learning_rate=args.lr, target_reward=args.target,
+                   lr=args.lr, target_reward=args.target,
                    **WORKLOADS[args.workload],
                    extra_learn_args=["--minibatches", str(m), "--epochs", str(e)])
     result = run_up(cfg)
