@@ -89,7 +89,9 @@ class GroupOutcome:
     texts: list[str] = field(default_factory=list)
     prompt: Any = None  # single-turn: the prompt string or chat messages sampled
     rollout_ids: list[str] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # policy version of each sample
+    versions: list[int] = field(default_factory=list)
+    """The policy version of each sample (multi-turn: the server's when it opened the group,
+    empty from a server that does not say it)."""
     turn_rewards: list[list[float] | None] = field(default_factory=list)
     fate: str | None = None
     """The group's end as the server reported it when asked (``resample_equal_rewards``):
@@ -289,9 +291,14 @@ async def _play_episodes(env: MultiTurnEnvironment, client: AsyncGSPOClient, tas
     posted = await client.post_rewards([
         {"rollout_id": s.rollout_id, "reward": o.reward, "turn_rewards": o.turn_rewards}
         for s, o in zip(sessions, outcomes, strict=True)])
+    # the version the group was opened at: its episodes sampled at it or later (their
+    # completions are the episode's own client's, not seen here)
+    version = opened.get("policy_version")
     return GroupOutcome(group_id=opened["group_id"], rewards=[o.reward for o in outcomes],
                         task=task, rollout_ids=[cast(str, s.rollout_id) for s in sessions],
-                        turn_rewards=[o.turn_rewards for o in outcomes]), posted
+                        turn_rewards=[o.turn_rewards for o in outcomes],
+                        versions=[] if version is None else [int(version)] * len(outcomes)
+                        ), posted
 
 
 async def give_up(client: AsyncGSPOClient, group_id: str, why: Exception) -> None:

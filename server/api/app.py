@@ -139,7 +139,7 @@ def build_serving(app: FastAPI, engine: Engine, store: EpisodeStore,
     state.serving_chat = ChatServing(state.sampling)
     state.serving_completions = CompletionServing(state.sampling)
     state.serving_rollouts = RolloutServing(state.sampling)
-    state.serving_groups = GroupServing(store, settings, state.metrics, state.tokenizer)
+    state.serving_groups = GroupServing(store, settings, state.metrics, state.tokenizer, engine)
     state.serving_rewards = RewardServing(store)
     state.serving_weights = WeightServing(engine, state.weight_updates)
     state.serving_evals = EvalServing(state.redis, state.keys)

@@ -28,6 +28,9 @@ class OpenGroupOut(BaseModel):
     rollout_ids: list[str]
     """One per episode: pass it with every chat completion of that episode
     (``extra_body={"rollout_id": ...}``) and with its reward."""
+    policy_version: int | None = None
+    """The policy version this server held when it opened the group: its episodes sample at
+    it or at a later one (null: a server without an engine)."""
 
 
 class GroupRolloutOut(BaseModel):

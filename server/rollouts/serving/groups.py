@@ -14,6 +14,7 @@ from typing import Any
 
 from gspo_rl.contract.queue.groups.store import GroupView, RolloutStore
 from gspo_rl.server.config import ServerSettings
+from gspo_rl.server.engines.sampler import SamplingEngine
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.episodes import open_episode_group
 from gspo_rl.server.rollouts.errors import RolloutError, not_found, unsupported
@@ -37,12 +38,13 @@ def _unknown(group_id: str) -> RolloutError:
 class GroupServing:
     """One per app (``app.state.serving_groups``). ``settings`` and ``metrics`` None: an app
     that serves only the queue (it opens no groups); ``tokenizer`` None: it decodes no
-    trajectories."""
+    trajectories; ``engine``: the policy version a new group's episodes start at."""
 
     store: RolloutStore
     settings: ServerSettings | None = None
     metrics: ServerMetrics | None = None
     tokenizer: Any | None = None
+    engine: SamplingEngine | None = None
 
     async def open(self, body: OpenGroupIn) -> OpenGroupOut:
         """Opens ``body.size`` empty episodes as one group, recorded before it returns."""
@@ -53,7 +55,8 @@ class GroupServing:
                                                          self.settings.server_id)
         self.metrics.groups.inc()
         self.metrics.rollouts.inc(len(rollout_ids))
-        return OpenGroupOut(group_id=group_id, rollout_ids=rollout_ids)
+        version = self.engine.policy_version if self.engine is not None else None
+        return OpenGroupOut(group_id=group_id, rollout_ids=rollout_ids, policy_version=version)
 
     async def abandon(self, group_id: str) -> AbandonOut:
         """Ends an open group now, as its deadline would; idempotent."""

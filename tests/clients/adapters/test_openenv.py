@@ -256,6 +256,7 @@ def test_json_actions_and_invalid_ones(served: Served, guess_url: str, r: redis.
     [outcome] = run_groups(served, env, 1)  # the tiny random model writes no JSON
     assert outcome.task == 3 and outcome.rewards == [-1.0, -1.0]
     assert outcome.turn_rewards == [[-0.5, -0.5], [-0.5, -0.5]] and len(calls) == 4
+    assert outcome.versions == [0, 0]  # the server's version at the group's opening
     second = [c for c in calls if c["rid"] == outcome.rollout_ids[0]][1]
     assert second["messages"][-1]["content"].startswith("Invalid action: ")
     check_tokens(calls)

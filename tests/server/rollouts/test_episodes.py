@@ -98,6 +98,7 @@ def expect_error(fn: Any, status: int, code: str) -> str:
 def test_open_group_records_empty_episodes(served: Served, r: redis.Redis) -> None:
     g = open_group(served, 3, {"task": "t1"})
     assert len(g["rollout_ids"]) == len(set(g["rollout_ids"])) == 3
+    assert g["policy_version"] == 0  # the version its episodes start at
     view = httpx.get(f"{served.url}/v1/groups/{g['group_id']}", headers=AUTH).json()
     assert (view["state"], view["size"], view["n_rollouts"]) == ("open", 3, 3)
     assert view["metadata"] == {"task": "t1"}
