@@ -1,7 +1,7 @@
 """What the Redis layer reports when it refuses a request: a storage-level reason, a
-machine-readable code and a message. No HTTP here: ``gspo_rl.server.api.errors`` alone maps a reason
-(and a reward item's outcome) to an HTTP status, so the stores can be used, and read, without the
-API.
+machine-readable code and a message. No HTTP here: ``gspo_rl.server.api.errors`` alone maps a
+reason (a refused reward item's included) to an HTTP status, so the stores can be used, and
+read, without the API.
 """
 
 from __future__ import annotations
