@@ -15,10 +15,10 @@ start, docs/sft.md, made once), ``long`` (``long_letters``: 256-token completion
 credit, where sequence- and token-level ratios differ most). Per loss and schedule it prints,
 over the seeds: how many reached the target reward (sampled: every group the environment
 scored), the median time to it and its ratio to the baseline's on the same seeds, the final
-sampled reward, the clip fraction, ``is_weight_capped_fraction`` and the learner's seconds per
-step (ratio to the baseline's). ``--plot``: every run's sampled reward by policy version, one
-colour per loss and schedule, their mean over the seeds drawn thick. Results: BENCHMARKS.md
-("Update schedule").
+sampled reward, the last evaluation's mean reward (workloads with an eval set), the clip
+fraction, ``is_weight_capped_fraction`` and the learner's seconds per step (ratio to the
+baseline's). ``--plot``: every run's sampled reward by policy version, one colour per loss and
+schedule, their mean over the seeds drawn thick. Results: BENCHMARKS.md ("Update schedule").
 """
 
 from __future__ import annotations
@@ -88,8 +88,14 @@ def one_run(root: Path, loss: str, schedule: str, seed: int, args: argparse.Name
             "final_reward": s.get("sampled_final_reward", float("nan")),
             "steps": float(len(recs)), "clip_fraction": mean("clip_fraction"),
             "is_weight_capped_fraction": mean("is_weight_capped_fraction"),
-            "step_s": mean("compute_s"),
+            "step_s": mean("compute_s"), "final_eval": _last_eval(cfg.run_dir),
             "curve": [[v, round(r, 4)] for v, r, _ in version_curve(env)]}
+
+
+def _last_eval(run_dir: Path) -> float:
+    """The mean reward of the run's last evaluation (its eval set: math); NaN without one."""
+    evals = read_metrics(run_dir / "evals.jsonl") if (run_dir / "evals.jsonl").exists() else []
+    return float(evals[-1]["metrics"]["mean_reward"]) if evals else float("nan")
 
 
 def _median(xs: list[float]) -> float:
@@ -130,7 +136,7 @@ def plot(cells: dict[tuple[str, str], list[dict[str, Any]]], path: Path, title: 
 def report(cells: dict[tuple[str, str], list[dict[str, Any]]], baseline: str,
            target: float) -> None:
     print(f"{'loss':10} {'sched':5} {'reached':>7} {'t->tgt s':>8} {'x base':>6} "
-          f"{'final':>6} {'clip':>7} {'capped':>7} {'step s':>6} {'x base':>6}")
+          f"{'final':>6} {'eval':>6} {'clip':>7} {'capped':>7} {'step s':>6} {'x base':>6}")
     for (loss, sched), runs in cells.items():
         base = cells.get((loss, baseline), runs)
         reached = sum(r["time_to_target_s"] == r["time_to_target_s"] for r in runs)
@@ -138,6 +144,7 @@ def report(cells: dict[tuple[str, str], list[dict[str, Any]]], baseline: str,
         st, stb = (statistics.fmean([r["step_s"] for r in x]) for x in (runs, base))
         print(f"{loss:10} {sched:5} {reached:>3}/{len(runs):<3} {t:8.0f} {t / tb:6.2f} "
               f"{_median([r['final_reward'] for r in runs]):6.3f} "
+              f"{_median([r['final_eval'] for r in runs]):6.3f} "
               f"{statistics.fmean([r['clip_fraction'] for r in runs]):7.4f} "
               f"{statistics.fmean([r['is_weight_capped_fraction'] for r in runs]):7.4f} "
               f"{st:6.2f} {st / max(stb, 1e-9):6.2f}")
