@@ -2,9 +2,10 @@
 
 The folders stay where the product's layout puts them (``server/``, ``learner/``, ...); in
 site-packages they are ``gspo_rl.server``, ``gspo_rl.learner``, ``gspo_rl.contract``,
-``gspo_rl.client`` (the environment SDK, from ``clients/``) and ``gspo_rl`` itself (the CLI,
-from ``gspo/``), so that no generic name (``server``, ``clients``) lands at the top of a user's
-environment. Everything else is in pyproject.toml.
+``gspo_rl.redisq`` (the Redis implementation of the contract), ``gspo_rl.client`` (the
+environment SDK, from ``clients/``) and ``gspo_rl`` itself (the CLI, from ``gspo/``), so
+that no generic name (``server``, ``clients``) lands at the top of a user's environment.
+Everything else is in pyproject.toml.
 """
 
 from setuptools import find_packages, setup
@@ -12,6 +13,7 @@ from setuptools import find_packages, setup
 FOLDERS = {
     "gspo_rl": "gspo",
     "gspo_rl.contract": "contract",
+    "gspo_rl.redisq": "redisq",
     "gspo_rl.server": "server",
     "gspo_rl.learner": "learner",
     "gspo_rl.client": "clients",

@@ -58,7 +58,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord  # noqa: E402
+from gspo_rl.contract.schema import ReadyGroup, RolloutRecord  # noqa: E402
 from gspo_rl.learner.algorithm.losses import group_advantages  # noqa: E402
 from gspo_rl.learner.config import LearnerConfig  # noqa: E402
 from gspo_rl.learner.model.policy import Policy  # noqa: E402

@@ -128,7 +128,7 @@ def push_case(args: argparse.Namespace, root: Path) -> dict[str, tuple[float, in
     from bench_weight_sync import ADMIN, start_servers, stop_servers
     from peft import LoraConfig, get_peft_model
 
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
     from gspo_rl.learner.weights.broadcast import BroadcastSync
     from gspo_rl.tiny_model import make_tiny_model
     from tests.conftest import RedisServer

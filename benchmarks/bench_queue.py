@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from fastapi import FastAPI  # noqa: E402
 
-from gspo_rl.contract.queue.groups.store import RolloutStore, make_redis  # noqa: E402
+from gspo_rl.redisq.groups.store import RolloutStore, make_redis  # noqa: E402
 from gspo_rl.server.api.errors import install_error_handlers  # noqa: E402
 from gspo_rl.server.api.routes import groups, rewards  # noqa: E402
 from tests.conftest import free_port, wait_for_port  # noqa: E402
@@ -207,8 +207,8 @@ def _consume(url: str, n_groups: int, raw: bool, batch: int, out: Any) -> None:
     import redis
 
     from gspo_rl.contract.gc_freeze import freeze_startup_objects
-    from gspo_rl.contract.queue.ready.reader import GroupReader
-    from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys
+    from gspo_rl.contract.schema import LEARNER_CONSUMER_GROUP, Keys
+    from gspo_rl.redisq.ready.reader import GroupReader
 
     client = redis.Redis.from_url(url)
     stream = Keys().ready_stream
@@ -241,7 +241,7 @@ def _consume(url: str, n_groups: int, raw: bool, batch: int, out: Any) -> None:
 
 
 async def _produce_ours(url: str, records: list[list[Any]], concurrency: int) -> None:
-    from gspo_rl.contract.queue.groups.store import RewardItem
+    from gspo_rl.redisq.groups.store import RewardItem
 
     n_groups = len(records)
     client = make_redis(url)
@@ -265,7 +265,7 @@ async def _produce_ours(url: str, records: list[list[Any]], concurrency: int) ->
 async def _produce_raw(url: str, payloads: list[bytes], concurrency: int) -> None:
     import redis.asyncio as aioredis
 
-    from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys
+    from gspo_rl.contract.schema import READY_STREAM_FIELD, Keys
 
     client = aioredis.Redis.from_url(url, max_connections=concurrency * 2)
     sem = asyncio.Semaphore(concurrency)
@@ -283,7 +283,7 @@ def _group_records(n: int, tokens: int) -> list[list[Any]]:
     """The rollout records of ``n`` groups (made before the clock starts, as the raw
     baseline's payloads are: building them is the sampler's work, not the queue's; packing
     them is the store's, and is timed)."""
-    from gspo_rl.contract.queue.schema import member_rollout_id
+    from gspo_rl.contract.schema import member_rollout_id
     from tests.helpers.queue import make_rollout
 
     templates = [make_rollout(f"t{i}", "t", tokens, seed=i) for i in range(GROUP)]
@@ -293,7 +293,7 @@ def _group_records(n: int, tokens: int) -> list[list[Any]]:
 
 
 def _ready_payloads(n: int, tokens: int) -> list[bytes]:
-    from gspo_rl.contract.queue.schema import ReadyGroup, pack_ready_group
+    from gspo_rl.contract.schema import ReadyGroup, pack_ready_group
     from tests.helpers.queue import make_rollout
 
     rollouts = [make_rollout(f"r{i}", "g", tokens, seed=i) for i in range(GROUP)]
@@ -358,7 +358,7 @@ def bench_e2e(url: str, redis_pid: int, n_groups: int, concurrency: int, tokens:
 
 
 def bench_codec(n: int, tokens: int) -> dict[str, float]:
-    from gspo_rl.contract.queue.schema import pack_ready_group, unpack_ready_group
+    from gspo_rl.contract.schema import pack_ready_group, unpack_ready_group
 
     payloads = _ready_payloads(n, tokens)
     groups = [unpack_ready_group(p) for p in payloads]

@@ -141,8 +141,8 @@ def missing_in_redis(redis_url: str, rollout_ids: list[str]) -> int:
     (its id is in each rollout's id), a rollout recorded on its own has its own."""
     import redis
 
-    from gspo_rl.contract.queue.ready.entry import unpack_group_records
-    from gspo_rl.contract.queue.schema import Keys, member_of
+    from gspo_rl.contract.schema import Keys, member_of
+    from gspo_rl.redisq.ready.entry import unpack_group_records
 
     client = redis.Redis.from_url(redis_url, socket_timeout=30)
     keys = Keys()

@@ -37,8 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gspo_rl.contract.queue.registry import live_servers  # noqa: E402
-from gspo_rl.contract.queue.schema import Keys  # noqa: E402
+from gspo_rl.contract.schema import Keys  # noqa: E402
 from gspo_rl.contract.weights.collective import (  # noqa: E402
     DEFAULT_BUCKET_BYTES,
     host_store,
@@ -48,6 +47,7 @@ from gspo_rl.contract.weights.collective import (  # noqa: E402
     tensor_metas,
 )
 from gspo_rl.learner.weights.broadcast import BroadcastSync, named_weights  # noqa: E402
+from gspo_rl.redisq.registry import live_servers  # noqa: E402
 from tests.conftest import RedisServer, free_port  # noqa: E402
 
 ADMIN = "bench-admin-key"

@@ -40,11 +40,11 @@ sys.path.insert(0, str(REPO))
 import redis  # noqa: E402
 
 from benchmarks.bench_queue import GROUP, cpu_s, start_redis, stop  # noqa: E402
-from gspo_rl.contract.queue.connection import run_script  # noqa: E402
-from gspo_rl.contract.queue.groups.scripts import CREATE_GROUP, RECORD_ROLLOUTS  # noqa: E402
-from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore, make_redis  # noqa: E402
-from gspo_rl.contract.queue.ready.reader import GroupReader  # noqa: E402
-from gspo_rl.contract.queue.schema import RolloutRecord, member_rollout_id, pack_rollout  # noqa: E402
+from gspo_rl.contract.schema import RolloutRecord, member_rollout_id, pack_rollout  # noqa: E402
+from gspo_rl.redisq.connection import run_script  # noqa: E402
+from gspo_rl.redisq.groups.scripts import CREATE_GROUP, RECORD_ROLLOUTS  # noqa: E402
+from gspo_rl.redisq.groups.store import RewardItem, RolloutStore, make_redis  # noqa: E402
+from gspo_rl.redisq.ready.reader import GroupReader  # noqa: E402
 from tests.helpers.queue import make_rollout  # noqa: E402
 
 _PER_ROLLOUT_WRITES = ("    redis.call('RENAME', sk, r_head .. rid .. r_tail)\n"

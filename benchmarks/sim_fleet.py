@@ -139,8 +139,8 @@ def main() -> None:
     import timeit
 
     from benchmarks.bench_queue import start_redis, stop
-    from gspo_rl.contract.queue.groups.types import QueueConfig
-    from gspo_rl.contract.queue.ready.reader import KEEP_TRAINED_S
+    from gspo_rl.redisq.groups.types import QueueConfig
+    from gspo_rl.redisq.ready.reader import KEEP_TRAINED_S
 
     calib = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
     print(f"cpus: {os.cpu_count()}, load average before: {os.getloadavg()}, "

@@ -14,7 +14,7 @@ write get 0. Zero spread is decided exactly, so ``GroupCredit.has_signal`` (the 
 zero-variance drop) is false exactly when every advantage is 0.
 
 Arithmetic: doubles, every mean summed left to right (``_mean``), which the server's Lua copy
-of the outcome-only rule (``gspo_rl.contract.queue.groups.credit``) reproduces bit for bit:
+of the outcome-only rule (``gspo_rl.redisq.groups.credit``) reproduces bit for bit:
 change the rule here and there together. Why this rule, and its wiring: docs/design/credit.md.
 """
 
@@ -67,7 +67,7 @@ def turn_rewards_to_go(turn_rewards: Sequence[float] | None, n_turns: int) -> np
 def _mean(x: np.ndarray) -> float:
     """The mean in a defined order: ``(((x_0 + x_1) + x_2) + ...) / n``, one rounding per
     addition (doubles), not numpy's pairwise/unrolled order, so that the Lua copy of the
-    outcome-only rule (``gspo_rl.contract.queue.groups.credit``) gets the same bits; 0 for an empty
+    outcome-only rule (``gspo_rl.redisq.groups.credit``) gets the same bits; 0 for an empty
     array."""
     total = 0.0
     for v in x.tolist():

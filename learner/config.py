@@ -17,7 +17,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
+from gspo_rl.contract.schema import DEFAULT_PREFIX
 from gspo_rl.learner.algorithm.config import LossConfig
 from gspo_rl.learner.tracking.base import TrackerNames
 
@@ -132,7 +132,7 @@ class LearnerConfig(OptimizerFields, RuntimeFields, TrackingFields):
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis holding the ready-group stream, the counters and the learner state."""
     key_prefix: str = DEFAULT_PREFIX
-    """Prefix of every Redis key (``gspo_rl.contract.queue.schema.Keys``); must match the
+    """Prefix of every Redis key (``gspo_rl.contract.schema.Keys``); must match the
     servers'."""
     consumer: str = "learner-0"
     """Consumer name in the Redis consumer group; keep it stable across restarts."""

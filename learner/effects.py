@@ -18,9 +18,7 @@ from typing import Any
 import redis
 import torch
 
-from gspo_rl.contract.queue.ready.lineage import Lineage
-from gspo_rl.contract.queue.ready.reader import Batch, GroupReader
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.checkpoint.store import Checkpoint, LearnerState, restore_rng, save_checkpoint
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import AdvantageFn
@@ -36,6 +34,8 @@ from gspo_rl.learner.startup import seed_everything
 from gspo_rl.learner.tracking.metrics import MetricsLogger, read_counters, step_fields
 from gspo_rl.learner.trainer import Trainer
 from gspo_rl.learner.weights.base import WeightSync
+from gspo_rl.redisq.ready.lineage import Lineage
+from gspo_rl.redisq.ready.reader import Batch, GroupReader
 
 log = logging.getLogger("gspo_rl.learner.loop")
 

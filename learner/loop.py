@@ -1,6 +1,6 @@
 """The learner process: read groups, train, checkpoint, acknowledge, push weights, log.
 
-Components, wired here: ``GroupReader`` (``gspo_rl.contract.queue.ready.reader``), ``Trainer``
+Components, wired here: ``GroupReader`` (``gspo_rl.redisq.ready.reader``), ``Trainer``
 (``gspo_rl.learner.trainer``) on a ``Policy``, ``save_checkpoint`` / ``load_latest``
 (``gspo_rl.learner.checkpoint.store``), ``WeightSync`` (``gspo_rl.learner.weights.base``) and
 ``MetricsLogger`` (``gspo_rl.learner.tracking.metrics``).
@@ -9,7 +9,7 @@ One iteration: ``read_batch`` -> ``trainer.step`` -> version += 1 -> every ``syn
 steps push the weights -> every ``save_every`` steps checkpoint, *then* ack the groups trained
 since the previous checkpoint -> publish version, step and the admission parameters to
 ``Keys.learner_state`` (``gspo_rl.learner.runtime.published``) -> log; then log the evaluation
-results posted since (``gspo_rl.contract.queue.evals``).
+results posted since (``gspo_rl.redisq.evals``).
 
 Contract: a group is acknowledged only after a durable checkpoint contains its update (without
 ``save_dir``: right after its step, at-most-once on a crash); on resume the checkpoint's ids
@@ -33,9 +33,7 @@ import redis
 
 from gspo_rl.contract.admission import FIELD_TRAINING, capacity
 from gspo_rl.contract.gc_freeze import freeze_startup_objects
-from gspo_rl.contract.queue.ready.lineage import Lineage
-from gspo_rl.contract.queue.ready.reader import Batch, GroupReader
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.checkpoint.store import LearnerState
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import AdvantageFn, split_invalid
@@ -76,6 +74,8 @@ from gspo_rl.learner.tracking.metrics import (
 )
 from gspo_rl.learner.tracking.samples import SampleLogger
 from gspo_rl.learner.weights.base import NoSync, WeightSync
+from gspo_rl.redisq.ready.lineage import Lineage
+from gspo_rl.redisq.ready.reader import Batch, GroupReader
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -101,7 +101,7 @@ class Learner(LoopEffects):
         self.dist = dist
         self.run_id = uuid.uuid4().hex[:12]
         # Bounded socket waits: a paused Redis is an error to retry, not a hang (reads block
-        # in slices of at most 1 s, see gspo_rl.contract.queue.ready.reader).
+        # in slices of at most 1 s, see gspo_rl.redisq.ready.reader).
         self.client = client or redis.Redis.from_url(
             config.redis_url, socket_timeout=_REDIS_SOCKET_TIMEOUT_S,
             socket_connect_timeout=_REDIS_SOCKET_TIMEOUT_S)

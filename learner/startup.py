@@ -9,7 +9,7 @@ import numpy as np
 import redis
 import torch
 
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.checkpoint.store import (
     Checkpoint,
     SaveDirError,

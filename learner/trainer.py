@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import torch
 
-from gspo_rl.contract.queue.schema import ReadyGroup
+from gspo_rl.contract.schema import ReadyGroup
 from gspo_rl.learner.algorithm.advantages import advantage_fn_for
 from gspo_rl.learner.algorithm.losses import decoupled_is_weights, policy_loss
 from gspo_rl.learner.algorithm.step_metrics import (

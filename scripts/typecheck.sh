@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Type-check the whole package with mypy ([tool.mypy] in pyproject.toml: strict on contract/ and
-# clients/). Exits with mypy's status; tests/test_types.py runs it in CI.
+# Type-check the whole package with mypy ([tool.mypy] in pyproject.toml: strict on contract/,
+# redisq/ and clients/). Exits with mypy's status; tests/test_types.py runs it in CI.
 #
 #     bash scripts/typecheck.sh [MYPY OPTIONS]   # e.g. --warn-unused-ignores
 #
 # The folders are installed as one namespace, gspo_rl (setup.py's package_dir), through an
 # editable finder hook that mypy cannot follow, so this links them into a temporary tree laid
-# out as the installed package (T/gspo_rl/<each entry of gspo/>, T/gspo_rl/{contract,server,
-# learner}, T/gspo_rl/client -> clients) and maps the paths in mypy's report back to the
+# out as the installed package (T/gspo_rl/<each entry of gspo/>, T/gspo_rl/{contract,redisq,
+# server,learner}, T/gspo_rl/client -> clients) and maps the paths in mypy's report back to the
 # repository's. The cache is .mypy_cache/ in the checkout (git ignores it): a second run is fast.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,12 +20,13 @@ for entry in gspo/*; do
     ln -s "$ROOT/$entry" "$T/gspo_rl/$(basename "$entry")"
 done
 ln -s "$ROOT/contract" "$T/gspo_rl/contract"
+ln -s "$ROOT/redisq" "$T/gspo_rl/redisq"
 ln -s "$ROOT/server" "$T/gspo_rl/server"
 ln -s "$ROOT/learner" "$T/gspo_rl/learner"
 ln -s "$ROOT/clients" "$T/gspo_rl/client"
 # gspo_rl/<x>/ -> <folder>/, any other gspo_rl/<entry> -> gspo/<entry> (also in notes' texts).
-MAP='s#gspo_rl/client/#clients/#g; s#gspo_rl/contract/#contract/#g; s#gspo_rl/server/#server/#g;'
-MAP+=' s#gspo_rl/learner/#learner/#g; s#gspo_rl/#gspo/#g'
+MAP='s#gspo_rl/client/#clients/#g; s#gspo_rl/contract/#contract/#g; s#gspo_rl/redisq/#redisq/#g;'
+MAP+=' s#gspo_rl/server/#server/#g; s#gspo_rl/learner/#learner/#g; s#gspo_rl/#gspo/#g'
 (cd "$T" && MYPYPATH="$T" "$ROOT/.venv/bin/mypy" --config-file "$ROOT/pyproject.toml" \
     --cache-dir "$ROOT/.mypy_cache" "$@" -p gspo_rl) | sed -E "$MAP"
 exit "${PIPESTATUS[0]}"

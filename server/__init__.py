@@ -1,1 +1,2 @@
-"""The rollout server: inference engines and the HTTP API (the Redis schema: ``contract``)."""
+"""The rollout server: inference engines and the HTTP API (the Redis schema: ``contract``; its
+stores: ``redisq``)."""

@@ -18,8 +18,8 @@ from typing import Any, Literal, cast
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gspo_rl.contract.queue.groups.types import QueueConfig
-from gspo_rl.contract.queue.schema import DEFAULT_PREFIX
+from gspo_rl.contract.schema import DEFAULT_PREFIX
+from gspo_rl.redisq.groups.types import QueueConfig
 
 EngineKind = Literal["hf", "vllm"]
 ToolParserName = Literal["hermes", "llama3_json", "mistral", "qwen3_coder", "none"]
@@ -114,7 +114,7 @@ class ServerSettings(BaseSettings):
 
     # ---------------------------------------------------------------- queue (Redis)
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis that stores rollouts and groups (``gspo_rl.contract.queue.schema`` lists the keys)."""
+    """Redis that stores rollouts and groups (``gspo_rl.contract.schema`` lists the keys)."""
     key_prefix: str = DEFAULT_PREFIX
     """Prefix of every Redis key; servers and the learner of one run must agree on it."""
     queue: QueueConfig = Field(default_factory=QueueConfig)
@@ -149,7 +149,7 @@ class ServerSettings(BaseSettings):
     """The sampling budget: a group that ends without a learning signal (all rewards equal,
     dropped) still counts as in flight until the learner's next step, at most this long, so
     an environment whose groups all end so is slowed to the learner's pace instead of
-    sampling as fast as the server allows (``gspo_rl.contract.queue.inflight``). 0: such a
+    sampling as fast as the server allows (``gspo_rl.redisq.inflight``). 0: such a
     group leaves the count at once."""
     admission_capacity_without_learner: int = Field(default=12, ge=1)
     """Groups in flight admitted while no learner has published its staleness bound and

@@ -58,7 +58,7 @@ class ServerMetrics:
                                  "is stopping and exits non-zero), else 0", registry=r)
         self.groups_in_flight = Gauge("gspo_groups_in_flight", "Groups admitted and not yet "
                                       "trained, dropped or expired, over every server "
-                                      "(gspo_rl.contract.queue.inflight)", registry=r)
+                                      "(gspo_rl.redisq.inflight)", registry=r)
         self.admission_bound = Gauge("gspo_admission_bound", "Most groups in flight the "
                                      "learner's staleness bound allows (-1: no bound)",
                                      registry=r)

@@ -207,7 +207,7 @@ def client(served: Served) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def rkeys(redis_mod: RedisServer) -> Iterator[RedisKeys]:
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
     from tests.helpers.serving import RedisKeys
 
     keys = RedisKeys(redis_mod.url, Keys())

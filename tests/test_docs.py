@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("gspo", "server", "learner", "contract", "clients")
+PACKAGES = ("gspo", "server", "learner", "contract", "redisq", "clients")
 MAX_DOCSTRING_LINES = 25
 README_MAX_LINES = 250
 README_CODE_COLUMNS = 80

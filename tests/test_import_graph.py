@@ -3,16 +3,17 @@
 Every package is installed under one namespace, ``gspo_rl`` (setup.py maps the top-level
 folders into it), and no module imports a folder by its bare name (``server``, ``clients``):
 that would work from a checkout and fail once installed. ``gspo_rl.contract`` (the wire
-contract) imports no other package of the project; ``gspo_rl.server`` and ``gspo_rl.learner``
-import the contract and never each other; ``gspo_rl.client`` (the environment SDK) imports none
-of them and no torch; the CLI (``gspo_rl`` itself, from ``gspo/``) may import everything.
-Inside a side, the wings depend one way (``LAYERS``): the server's HTTP layer on the rollout
-layer, that on the engines and the config, all of them on the contract; the learner's
-top-level modules (the process) on its components, and components never on the process. No
-import cycle anywhere. Checked twice: statically, over every import statement of every module
-(fast, and it names the file and line), and in a fresh interpreter, over what importing one side
-actually loads into ``sys.modules`` (catches an import hidden behind a dynamic ``importlib`` call or
-a package ``__init__``).
+contract) imports no other package of the project; ``gspo_rl.redisq`` (its Redis
+implementation) imports the contract only; ``gspo_rl.server`` and ``gspo_rl.learner`` import
+both and never each other; ``gspo_rl.client`` (the environment SDK) imports none of them and no
+torch; the CLI (``gspo_rl`` itself, from ``gspo/``) may import everything. Inside a package,
+the wings depend one way (``LAYERS``): the server's HTTP layer on the rollout layer, that on the
+engines and the config; the learner's top-level modules (the process) on its components, and
+components never on the process; the Redis stores on the ready stream, that on the scripts'
+plumbing. No import cycle anywhere. Checked twice: statically, over every import statement of
+every module (fast, and it names the file and line), and in a fresh interpreter, over what
+importing one side actually loads into ``sys.modules`` (catches an import hidden behind a
+dynamic ``importlib`` call or a package ``__init__``).
 """
 
 from __future__ import annotations
@@ -28,17 +29,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-FOLDER = {"gspo_rl.contract": "contract", "gspo_rl.server": "server",
+FOLDER = {"gspo_rl.contract": "contract", "gspo_rl.redisq": "redisq", "gspo_rl.server": "server",
           "gspo_rl.learner": "learner", "gspo_rl.client": "clients", "gspo_rl": "gspo"}
-BARE = {"contract", "server", "learner", "clients", "gspo"}  # the folders' own names
+BARE = {"contract", "redisq", "server", "learner", "clients", "gspo"}  # the folders' own names
 
 # package -> packages it must never import (at module level or inside a function)
 FORBIDDEN: dict[str, set[str]] = {
-    "gspo_rl.contract": {"gspo_rl.server", "gspo_rl.learner", "gspo_rl.client", "gspo_rl.cli"},
+    "gspo_rl.contract": {"gspo_rl.redisq", "gspo_rl.server", "gspo_rl.learner", "gspo_rl.client",
+                         "gspo_rl.cli"},
+    "gspo_rl.redisq": {"gspo_rl.server", "gspo_rl.learner", "gspo_rl.client", "gspo_rl.cli"},
     "gspo_rl.server": {"gspo_rl.learner", "gspo_rl.client", "gspo_rl.cli"},
     "gspo_rl.learner": {"gspo_rl.server", "gspo_rl.client", "gspo_rl.cli"},
-    "gspo_rl.client": {"torch", "gspo_rl.contract", "gspo_rl.server", "gspo_rl.learner",
-                       "gspo_rl.cli"},
+    "gspo_rl.client": {"torch", "gspo_rl.contract", "gspo_rl.redisq", "gspo_rl.server",
+                       "gspo_rl.learner", "gspo_rl.cli"},
 }
 
 
@@ -91,7 +94,8 @@ LAYERS: dict[str, dict[str, int]] = {
     "gspo_rl.learner": {"sft": 10, "*.py": 9, "runtime": 4, "config.py": 3, "parallel": 2,
                         "algorithm": 2, "checkpoint": 2, "model": 1, "weights": 1,
                         "tracking": 1, "data": 0},
-    "gspo_rl.contract": {"queue": 1, "weights": 1, "chat": 1, "*.py": 0},
+    "gspo_rl.contract": {"weights": 1, "chat": 1, "*.py": 0},
+    "gspo_rl.redisq": {"episodes": 3, "groups": 2, "ready": 1, "*.py": 0},
 }
 
 
@@ -130,7 +134,7 @@ def test_wings_depend_one_way(package: str) -> None:
 # Below the server's HTTP layer nothing knows HTTP: domain code raises domain errors, which
 # gspo_rl.server.api.errors maps to statuses in one place.
 HTTP_FREE = ("server/rollouts", "server/engines", "server/config.py", "server/metrics.py",
-             "contract", "learner")
+             "contract", "redisq", "learner")
 
 
 def test_nothing_below_the_http_layer_imports_an_http_framework() -> None:
@@ -255,15 +259,21 @@ def loaded_by(*packages: str) -> set[str]:
 
 
 def test_importing_the_learner_loads_no_server_module() -> None:
-    assert loaded_by("gspo_rl.learner") == {"gspo_rl.learner", "gspo_rl.contract", "torch"}
+    assert loaded_by("gspo_rl.learner") == {"gspo_rl.learner", "gspo_rl.redisq",
+                                            "gspo_rl.contract", "torch"}
 
 
 def test_importing_the_server_loads_no_learner_module() -> None:
-    assert loaded_by("gspo_rl.server") == {"gspo_rl.server", "gspo_rl.contract", "torch"}
+    assert loaded_by("gspo_rl.server") == {"gspo_rl.server", "gspo_rl.redisq",
+                                           "gspo_rl.contract", "torch"}
 
 
 def test_importing_the_contract_loads_neither_side() -> None:
     assert loaded_by("gspo_rl.contract") == {"gspo_rl.contract", "torch"}
+
+
+def test_importing_the_redis_implementation_loads_the_contract_only() -> None:
+    assert loaded_by("gspo_rl.redisq") == {"gspo_rl.redisq", "gspo_rl.contract"}
 
 
 def test_importing_the_sdk_loads_no_torch_and_neither_side() -> None:

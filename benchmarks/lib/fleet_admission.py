@@ -26,9 +26,9 @@ async def _cpu(client: object) -> RedisCpu:
 
 
 async def _per_read(url: str, servers: int, reads: int) -> float:
-    from gspo_rl.contract.queue.groups.store import RolloutStore, make_redis
-    from gspo_rl.contract.queue.inflight import InFlightCounter
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
+    from gspo_rl.redisq.groups.store import RolloutStore, make_redis
+    from gspo_rl.redisq.inflight import InFlightCounter
 
     client = make_redis(url)
     store, keys = RolloutStore(client), Keys()

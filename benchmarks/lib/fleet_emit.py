@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gspo_rl.contract.queue.schema import RolloutRecord, member_rollout_id
+from gspo_rl.contract.schema import RolloutRecord, member_rollout_id
 
 VOCAB = 151_936  # Qwen3's vocabulary
 BYTES_PER_TOKEN = 13  # int32 token id + uint8 mask + float32 logprob + int32 version

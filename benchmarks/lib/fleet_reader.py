@@ -42,8 +42,8 @@ def reader_main(url: str, mode: str, n_groups: int, batch_groups: int, group_siz
     import redis
 
     from gspo_rl.contract.gc_freeze import freeze_startup_objects
-    from gspo_rl.contract.queue.ready.reader import GroupReader
-    from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys
+    from gspo_rl.contract.schema import LEARNER_CONSUMER_GROUP, Keys
+    from gspo_rl.redisq.ready.reader import GroupReader
 
     client = redis.Redis.from_url(url)
     stream = Keys().ready_stream

@@ -51,7 +51,7 @@ def used_memory(client: redis.Redis) -> int:
 
 
 async def _with_store(url: str, fn: Callable[[Any], Awaitable[None]]) -> None:
-    from gspo_rl.contract.queue.groups.store import RolloutStore, make_redis
+    from gspo_rl.redisq.groups.store import RolloutStore, make_redis
 
     client = make_redis(url)
     store = RolloutStore(client)
@@ -70,7 +70,7 @@ def _record(url: str, groups: list[tuple[str, list[Any]]], size: int) -> None:
 
 
 def _reward(url: str, groups: list[tuple[str, list[Any]]], drop: bool, seed: int) -> None:
-    from gspo_rl.contract.queue.groups.store import RewardItem
+    from gspo_rl.redisq.groups.store import RewardItem
 
     rng = np.random.default_rng(seed)
 
@@ -83,7 +83,7 @@ def _reward(url: str, groups: list[tuple[str, list[Any]]], drop: bool, seed: int
 
 
 def _read_all(url: str, n_groups: int) -> None:
-    from gspo_rl.contract.queue.ready.reader import GroupReader
+    from gspo_rl.redisq.ready.reader import GroupReader
 
     client = redis.Redis.from_url(url)
     reader, got, tries = GroupReader(client), 0, 0
@@ -97,7 +97,7 @@ def _read_all(url: str, n_groups: int) -> None:
 
 
 def _raw_stream(client: redis.Redis, groups: list[tuple[str, list[Any]]]) -> None:
-    from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, ReadyGroup, pack_ready_group
+    from gspo_rl.contract.schema import READY_STREAM_FIELD, ReadyGroup, pack_ready_group
 
     for gid, recs in groups:
         n = len(recs)
@@ -114,7 +114,7 @@ def _ttl(client: redis.Redis, key: str) -> float:
 
 def _drop_records(client: redis.Redis, groups: list[tuple[str, list[Any]]]) -> int:
     """Deletes the groups' records keys (what is left is their tombstone); used memory after."""
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
 
     client.delete(*[Keys().group_records(g) for g, _ in groups])
     return used_memory(client)
@@ -122,8 +122,8 @@ def _drop_records(client: redis.Redis, groups: list[tuple[str, list[Any]]]) -> i
 
 def measure_memory(url: str, shape: Shape, n_groups: int, seed: int = 7) -> dict[str, float]:
     """Bytes per sample in each state (module docstring); flushes the database first."""
-    from gspo_rl.contract.queue.ready.entry import pack_group_records
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
+    from gspo_rl.redisq.ready.entry import pack_group_records
 
     client, keys = redis.Redis.from_url(url), Keys()
     client.flushall()

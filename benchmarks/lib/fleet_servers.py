@@ -111,9 +111,9 @@ async def _every_second(call: Callable[[], Awaitable[Any]], stop: asyncio.Event)
 async def serve_ours(spec: ServerSpec, run: RunSpec, pool: Any, tally: Tally,
                      gate: Gate) -> None:
     """One server and its environment through the real store (module docstring)."""
-    from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore, make_redis
-    from gspo_rl.contract.queue.inflight import InFlightCounter
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
+    from gspo_rl.redisq.groups.store import RewardItem, RolloutStore, make_redis
+    from gspo_rl.redisq.inflight import InFlightCounter
 
     client = make_redis(run.url, max_connections=8)
     store = RolloutStore(client)
@@ -156,8 +156,8 @@ async def serve_raw(spec: ServerSpec, run: RunSpec, pool: Any, tally: Tally,
     """The baseline: one XADD of the packed ready group per published group."""
     import redis.asyncio as aioredis
 
-    from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, ReadyGroup
-    from gspo_rl.contract.queue.schema import pack_ready_group as pack
+    from gspo_rl.contract.schema import READY_STREAM_FIELD, Keys, ReadyGroup
+    from gspo_rl.contract.schema import pack_ready_group as pack
 
     client = aioredis.Redis.from_url(run.url, max_connections=2)
     stream = Keys().ready_stream

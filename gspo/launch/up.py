@@ -204,7 +204,7 @@ def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
     (``gspo_rl.learner.tracking.metrics.group_fates``)."""
     import redis
 
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
     from gspo_rl.learner.tracking.metrics import group_fates
 
     client = redis.Redis.from_url(redis_url, socket_timeout=5)

@@ -8,15 +8,15 @@ from collections.abc import Callable
 import numpy as np
 
 from gspo_rl.contract.credit import AdvantageConfig, token_advantages
-from gspo_rl.contract.queue.ready.advantages import ready_turn_advantages
-from gspo_rl.contract.queue.schema import ReadyGroup
+from gspo_rl.contract.schema import ReadyGroup
+from gspo_rl.contract.turn_advantages import ready_turn_advantages
 
 
 class TurnAdvantages:
     """``gspo_rl.learner.data.batching.AdvantageFn`` of the per-token kinds (gspo_token, grpo,
     sapo): the credit rule (``gspo_rl.contract.credit``), spread over each rollout's model turns.
 
-    The per-turn values are ``gspo_rl.contract.queue.ready.advantages.ready_turn_advantages``
+    The per-turn values are ``gspo_rl.contract.turn_advantages.ready_turn_advantages``
     (what the server's trajectory view shows), with this object's ``eps`` and ``scale`` for
     records that carry no ``advantage_config``. A count that does not match a rollout's
     turns raises ``ValueError`` (the learner drops the group as invalid and counts it). The

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gspo_rl.contract.queue.ready.reader import Batch
-from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
+from gspo_rl.contract.schema import ReadyGroup, RolloutRecord
+from gspo_rl.redisq.ready.reader import Batch
 
 logger = logging.getLogger("gspo_rl.learner.loop")
 

@@ -1,7 +1,7 @@
 """The evaluation of the final weights, logged by the learner that trained them.
 
 Evaluations run on the environment's side and reach the learner through Redis
-(``gspo_rl.contract.queue.evals``); it logs them after each step, to its metrics JSONL and its
+(``gspo_rl.redisq.evals``); it logs them after each step, to its metrics JSONL and its
 trackers. One that is posted after the last step would reach no tracker once the learner has
 exited. With ``final_eval_wait_s`` (``gspo up`` sets it when it evaluates), the learner, having
 trained and checkpointed, writes a ``{"event": "final_eval_wait", "version": V}`` record (``gspo
@@ -19,9 +19,9 @@ from typing import cast
 
 import redis
 
-from gspo_rl.contract.queue.evals import decode_entries
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.tracking.metrics import MetricsLogger, log_new_evals
+from gspo_rl.redisq.evals import decode_entries
 
 log = logging.getLogger("gspo_rl.learner.loop")
 WAIT_EVENT = "final_eval_wait"

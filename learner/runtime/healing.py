@@ -3,7 +3,7 @@
 A server that restarts comes back at policy version 0 while the learner is far ahead: every
 group it samples is then too stale to train, no step is trained, so no push would ever come.
 ``ServerHealer.check`` (called by the loop every iteration, acting every ``interval_s``) reads
-the registry (only verified entries, ``gspo_rl.contract.queue.registry``), and when a live server's
+the registry (only verified entries, ``gspo_rl.redisq.registry``), and when a live server's
 heartbeat reports a version older than the last push, pushes again, also while nothing is trained.
 It names the states without progress it sees: ``no_servers``, and ``servers_behind`` when that
 push fails (``gspo_rl.learner.runtime.progress``).
@@ -17,9 +17,9 @@ from collections.abc import Callable, Collection
 
 import redis
 
-from gspo_rl.contract.queue.registry import read_registry
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.runtime.progress import ProgressMonitor
+from gspo_rl.redisq.registry import read_registry
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from gspo_rl.contract.queue.inflight import InFlightFacts
 from gspo_rl.contract.stall import stall_end_fields, stall_fields
 from gspo_rl.learner.tracking.metrics import MetricsLogger
+from gspo_rl.redisq.inflight import InFlightFacts
 
 log = logging.getLogger(__name__)
 

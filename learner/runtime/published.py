@@ -23,7 +23,7 @@ from gspo_rl.contract.admission import (
     FIELD_TRAINING,
     FIELD_VERSION,
 )
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 
 log = logging.getLogger("gspo_rl.learner.loop")

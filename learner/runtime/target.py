@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import redis
 
-from gspo_rl.contract.queue.inflight import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
-from gspo_rl.contract.queue.schema import Keys, as_str
+from gspo_rl.contract.schema import Keys, as_str
+from gspo_rl.redisq.inflight import IN_FLIGHT_FACTS, InFlightFacts, in_flight_call
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,14 @@ class RewardWindow:
 
 
 def read_in_flight(client: redis.Redis, keys: Keys) -> InFlightFacts:
-    """The in-flight facts (``gspo_rl.contract.queue.inflight``), read synchronously; its
+    """The in-flight facts (``gspo_rl.redisq.inflight``), read synchronously; its
     ``no_signal``: the groups dropped for equal rewards since the learner's last step."""
     keys_, args = in_flight_call(keys, hold_s=NO_SIGNAL_SINCE_STEP_S)
     return InFlightFacts.from_reply(client.register_script(IN_FLIGHT_FACTS.source)(keys_, args))
 
 
 def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
-    """Groups started and not yet trained or dropped (``gspo_rl.contract.queue.inflight``'s count;
+    """Groups started and not yet trained or dropped (``gspo_rl.redisq.inflight``'s count;
     the learner's own ``training`` is 0 between its steps): sampling at a server, open (with
     recent activity), complete, or published and not yet read by the learner."""
     f = read_in_flight(client, keys)
@@ -91,7 +91,7 @@ def groups_in_flight(client: redis.Redis, keys: Keys) -> int:
 
 
 NO_SIGNAL_SINCE_STEP_S = 3600.0  # the learner reads every no-signal drop since its last step
-# > gspo_rl.contract.queue.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
+# > gspo_rl.redisq.inflight.PUBLISH_EVERY_S: a request being sampled shows by then
 SETTLE_S = 1.5
 
 

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from gspo_rl.contract.queue.evals import mark_logged, read_unlogged
-from gspo_rl.contract.queue.schema import Keys, ReadyGroup, as_str
+from gspo_rl.contract.schema import Keys, ReadyGroup, as_str
 from gspo_rl.learner.tracking.base import Tracker
+from gspo_rl.redisq.evals import mark_logged, read_unlogged
 
 if TYPE_CHECKING:
-    from gspo_rl.contract.queue.ready.reader import Batch
+    from gspo_rl.redisq.ready.reader import Batch
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def source_stats(groups: Sequence[ReadyGroup], key: str = "source") -> dict[str,
 
 def eval_record(entry_id: str, result: dict[str, Any], run_id: str,
                 step: int) -> dict[str, Any]:
-    """An evaluation result (``gspo_rl.contract.queue.evals``) as a metrics record: flat
+    """An evaluation result (``gspo_rl.redisq.evals``) as a metrics record: flat
     ``eval/<name>/<metric>`` numbers, the policy version it evaluated, the learner's step."""
     name = str(result.get("name", "eval"))
     metrics = result.get("metrics") or {}
@@ -280,7 +280,7 @@ class MetricsLogger:
 
 def log_new_evals(client: redis.Redis, keys: Keys, logger: MetricsLogger, run_id: str,
                   step: int) -> int:
-    """Logs the evaluation results no learner has logged yet (``gspo_rl.contract.queue.evals``)
+    """Logs the evaluation results no learner has logged yet (``gspo_rl.redisq.evals``)
     and moves the cursor past each; returns how many. Raises on Redis errors (the next call
     logs them)."""
     entries = read_unlogged(client, keys)

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from gspo_rl.contract.queue.ready.reader import Batch
-    from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
+    from gspo_rl.contract.schema import ReadyGroup, RolloutRecord
     from gspo_rl.learner.tracking.base import Tracker
+    from gspo_rl.redisq.ready.reader import Batch
 
 log = logging.getLogger(__name__)
 MAX_ROWS = 8

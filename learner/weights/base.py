@@ -15,8 +15,8 @@ from typing import Protocol, runtime_checkable
 import redis
 import torch
 
-from gspo_rl.contract.queue.registry import live_servers
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
+from gspo_rl.redisq.registry import live_servers
 
 log = logging.getLogger(__name__)
 

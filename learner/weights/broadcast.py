@@ -2,7 +2,7 @@
 takes the next ranks.
 
 One push: (1) read the live servers from Redis (only registrations signed with the admin key,
-``gspo_rl.contract.queue.registry``), leave out those whose ``/health`` does not answer, and
+``gspo_rl.redisq.registry``), leave out those whose ``/health`` does not answer, and
 rebuild the group when the set changed or the last push failed (a fresh ``TCPStore``, every
 server asked over HTTP to join epoch ``e``); (2) post ``/admin/weights/update`` to every
 server while broadcasting the buckets; (3) drop a server whose call fails or times out,
@@ -33,8 +33,7 @@ import torch
 import torch.distributed as dist
 
 from gspo_rl.contract.net import free_port
-from gspo_rl.contract.queue.registry import ServerInfo, read_registry
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.contract.weights.collective import (
     DEFAULT_BUCKET_BYTES,
     Backend,
@@ -51,6 +50,7 @@ from gspo_rl.contract.weights.cuda_ipc import IpcUpdateRequest, export_tensors
 from gspo_rl.contract.weights.lora import LoraSpec
 from gspo_rl.learner.weights.adapter import lora_payload
 from gspo_rl.learner.weights.replies import Replies, StallFn, reply_error
+from gspo_rl.redisq.registry import ServerInfo, read_registry
 
 log = logging.getLogger(__name__)
 

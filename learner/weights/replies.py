@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import httpx
 
-from gspo_rl.contract.queue.registry import ServerInfo
+from gspo_rl.redisq.registry import ServerInfo
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

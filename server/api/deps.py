@@ -23,7 +23,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
 
-from gspo_rl.contract.queue.groups.store import RolloutStore
+from gspo_rl.redisq.groups.store import RolloutStore
 from gspo_rl.server.api.auth import Guard, key_error
 from gspo_rl.server.api.limits import parsed_body
 from gspo_rl.server.config import ServerSettings

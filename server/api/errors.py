@@ -7,7 +7,7 @@ same way. ``install_error_handlers(app)`` renders:
 - ``APIError`` raised by a route or a dependency, as is;
 - ``RolloutError`` (the rollout layer's refusals, ``gspo_rl.server.rollouts.errors``) with the
   status its problem maps to here;
-- ``StoreError`` (the Redis layer's refusals, ``gspo_rl.contract.queue.errors``) with the status its
+- ``StoreError`` (the Redis layer's refusals, ``gspo_rl.contract.errors``) with the status its
   reason maps to here: this module is the one place a storage outcome becomes an HTTP status;
 - ``EngineError`` (an engine's typed failures, ``gspo_rl.server.engines.errors``) with the status
   its type maps to here (``ENGINE_STATUS``);
@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gspo_rl.contract.queue.errors import StoreError, StoreReason
+from gspo_rl.contract.errors import StoreError, StoreReason
 from gspo_rl.server.engines.errors import (
     EngineError,
     EngineUnavailable,

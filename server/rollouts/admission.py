@@ -2,7 +2,7 @@
 staleness bound; otherwise the request is held, then refused.
 
 The rule (``gspo_rl.contract.admission``): with ``n`` groups in flight (summed over every
-server from facts in Redis, ``gspo_rl.contract.queue.inflight``) a new group is admitted when
+server from facts in Redis, ``gspo_rl.redisq.inflight``) a new group is admitted when
 ``n + 1 <= (max_staleness + 1 - lag) * groups_per_step``, the learner's published parameters,
 ``lag`` the learner's version minus this server's; until a learner has published them the
 bound is ``admission_capacity_without_learner``; a learner without ``max_staleness`` sets none.
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from gspo_rl.contract.admission import learner_connected, no_learner_text
-from gspo_rl.contract.queue.inflight import InFlightCounter, Snapshot
+from gspo_rl.redisq.inflight import InFlightCounter, Snapshot
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.errors import RolloutError, unavailable

@@ -2,7 +2,7 @@
 
 An agent opens ``G`` episodes of one task (``POST /v1/groups``) and drives each with ordinary
 chat completions that carry the episode's ``rollout_id``. The server keeps each episode's
-token trajectory (``gspo_rl.contract.queue.episodes.store``): turn 1 renders the messages like
+token trajectory (``gspo_rl.redisq.episodes.store``): turn 1 renders the messages like
 a single-turn chat call; turn k+1 repeats the whole conversation (the assistant messages as
 the server returned them) plus new messages, and only the tokens that follow the model's turn
 in the new rendering (the end-of-turn marker, the new messages, the generation prompt) are
@@ -33,9 +33,9 @@ import numpy as np
 
 from gspo_rl.contract.chat.messages import end_token_ids
 from gspo_rl.contract.chat.turns import after_turn, count_eot
-from gspo_rl.contract.queue.episodes.store import Episode, EpisodeState, EpisodeStore
-from gspo_rl.contract.queue.groups.store import RolloutStore
-from gspo_rl.contract.queue.schema import RolloutRecord
+from gspo_rl.contract.schema import RolloutRecord
+from gspo_rl.redisq.episodes.store import Episode, EpisodeState, EpisodeStore
+from gspo_rl.redisq.groups.store import RolloutStore
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.sampler import Completion, SamplingEngine, SamplingParams
 from gspo_rl.server.metrics import ServerMetrics

@@ -26,8 +26,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from gspo_rl.contract.queue.groups.store import RolloutStore
-from gspo_rl.contract.queue.schema import RolloutRecord, member_rollout_id
+from gspo_rl.contract.schema import RolloutRecord, member_rollout_id
+from gspo_rl.redisq.groups.store import RolloutStore
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.errors import EngineUnavailable, RequestRefused
 from gspo_rl.server.engines.sampler import Completion, SamplingEngine, SamplingParams

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gspo_rl.contract.chat.messages import end_token_ids
-from gspo_rl.contract.queue.groups.store import RolloutStore
+from gspo_rl.redisq.groups.store import RolloutStore
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.sampler import Completion, SamplingEngine
 from gspo_rl.server.metrics import ServerMetrics

@@ -5,11 +5,11 @@ log-probabilities and per-token policy versions, the model turns' ``[start, end)
 the decoded text of each turn and of the context before it (prompt, tool results, template
 tokens), and, once the group is published, the advantages the learner trains on: one per
 rollout (``--loss gspo``) and one per model turn (the per-token losses: gspo_token, grpo,
-sapo; ``gspo_rl.contract.queue.ready.advantages``, the learner's own function). A published
+sapo; ``gspo_rl.contract.turn_advantages``, the learner's own function). A published
 group is read from its ready-stream entry and the rollout records it references, the very bytes
 the learner trains on; otherwise from the rollout records. Once the learner has trained a group
 and trimmed its entry, its records stay readable for
-``gspo_rl.contract.queue.ready.reader.KEEP_TRAINED_S`` (600 s; without the advantage, which lived in
+``gspo_rl.redisq.ready.reader.KEEP_TRAINED_S`` (600 s; without the advantage, which lived in
 the entry), then its trajectories read as expired (None). Read-only.
 """
 
@@ -20,16 +20,16 @@ from typing import Any, cast
 
 from pydantic import BaseModel
 
-from gspo_rl.contract.queue.groups.store import RolloutStore
-from gspo_rl.contract.queue.ready.advantages import ready_turn_advantages
-from gspo_rl.contract.queue.ready.entry import ready_entry_refs, unpack_entry, unpack_group_records
-from gspo_rl.contract.queue.schema import (
+from gspo_rl.contract.schema import (
     READY_STREAM_FIELD,
     ReadyGroup,
     RolloutRecord,
     unpack_ready_group,
     unpack_rollout,
 )
+from gspo_rl.contract.turn_advantages import ready_turn_advantages
+from gspo_rl.redisq.groups.store import RolloutStore
+from gspo_rl.redisq.ready.entry import ready_entry_refs, unpack_entry, unpack_group_records
 
 
 class TurnOut(BaseModel):

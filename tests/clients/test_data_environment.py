@@ -17,9 +17,9 @@ from gspo_rl.client.client import AsyncGSPOClient
 from gspo_rl.client.evals import EvalWatcher, evaluate
 from gspo_rl.client.runner import arun_groups
 from gspo_rl.client.tasks import TaskConfig, build_environment, eval_environment
-from gspo_rl.contract.queue.ready.reader import GroupReader
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.tracking.metrics import MetricsLogger, log_new_evals, source_stats
+from gspo_rl.redisq.ready.reader import GroupReader
 from tests.helpers.serving import API_KEY, RedisKeys, Served
 
 CHECK = "def check(completion, answer, task):\n    return float(len(completion) % 2)\n"

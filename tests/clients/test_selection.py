@@ -18,7 +18,7 @@ from gspo_rl.client.client import AsyncGSPOClient
 from gspo_rl.client.environment import SingleTurnEnvironment
 from gspo_rl.client.runner import arun_groups
 from gspo_rl.client.selection import TaskSelection, band_of
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from tests.conftest import RedisServer, free_port
 from tests.helpers.serving import API_KEY, Served
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from gspo_rl.client.signal import SignalWatch, kind_of
 from gspo_rl.contract.admission import LearnerParams
-from gspo_rl.contract.queue.inflight import InFlightFacts
 from gspo_rl.learner.runtime.progress import no_groups_detail
+from gspo_rl.redisq.inflight import InFlightFacts
 
 
 def test_kinds() -> None:

@@ -13,8 +13,8 @@ import pytest
 import redis
 import torch
 
-from gspo_rl.contract.queue.schema import Keys
 from gspo_rl.contract.sampling_dist import keep_mask, sampled_logprobs, truncating
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.algorithm.config import LossConfig
 from gspo_rl.learner.algorithm.losses import policy_loss
 from gspo_rl.learner.config import LearnerConfig

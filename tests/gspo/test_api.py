@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import gspo_rl
-from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
+from gspo_rl.contract.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from tests.helpers.learner_data import sample_group
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import torch
 
-from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
+from gspo_rl.contract.schema import ReadyGroup, RolloutRecord
 from gspo_rl.learner.algorithm.losses import group_advantages
 
 

@@ -20,13 +20,7 @@ import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI
 
-from gspo_rl.contract.queue.groups.store import QueueConfig, RewardItem, RolloutStore, make_redis
-from gspo_rl.contract.queue.ready.entry import (
-    entry_record_bytes,
-    ready_entry_refs,
-    unpack_group_records,
-)
-from gspo_rl.contract.queue.schema import (
+from gspo_rl.contract.schema import (
     READY_STREAM_FIELD,
     Keys,
     ReadyGroup,
@@ -36,6 +30,12 @@ from gspo_rl.contract.queue.schema import (
     member_of,
     unpack_ready_group,
     unpack_rollout,
+)
+from gspo_rl.redisq.groups.store import QueueConfig, RewardItem, RolloutStore, make_redis
+from gspo_rl.redisq.ready.entry import (
+    entry_record_bytes,
+    ready_entry_refs,
+    unpack_group_records,
 )
 from gspo_rl.server.api.errors import install_error_handlers
 from gspo_rl.server.api.routes import groups, rewards

@@ -21,7 +21,7 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from tests.conftest import free_port
 
 START_TIMEOUT_S = 60.0

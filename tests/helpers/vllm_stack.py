@@ -177,9 +177,9 @@ def broadcast_to(stack: Stack) -> Iterator[Any]:
     """A ``BroadcastSync`` to the stack's server, once it has registered."""
     import redis
 
-    from gspo_rl.contract.queue.registry import live_servers
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
     from gspo_rl.learner.weights.broadcast import BroadcastSync
+    from gspo_rl.redisq.registry import live_servers
 
     client = redis.Redis.from_url(stack.redis_url)
     deadline = time.monotonic() + 30

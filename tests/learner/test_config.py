@@ -10,7 +10,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from gspo_rl.contract.queue.schema import ReadyGroup
+from gspo_rl.contract.schema import ReadyGroup
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.tracking.metrics import (
     MetricsLogger,

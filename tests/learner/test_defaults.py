@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from gspo_rl.client.client import GSPOClient
-from gspo_rl.contract.queue.registry import live_servers
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
 from gspo_rl.learner.tracking.metrics import console_line
+from gspo_rl.redisq.registry import live_servers
 from tests.conftest import RedisServer
 from tests.helpers.serving import ADMIN_KEY, API_KEY, Served, running_server
 

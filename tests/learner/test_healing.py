@@ -21,13 +21,13 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.queue.registry import ServerInfo, live_servers, register
-from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
+from gspo_rl.contract.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from gspo_rl.learner.checkpoint.store import load_latest
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
 from gspo_rl.learner.runtime.progress import RedisUnavailable
 from gspo_rl.learner.weights.base import NoSyncReport
+from gspo_rl.redisq.registry import ServerInfo, live_servers, register
 from tests.conftest import RedisServer
 from tests.helpers.learner_data import sample_group
 from tests.helpers.serving import ADMIN_KEY, running_server

@@ -19,7 +19,7 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.queue.schema import (
+from gspo_rl.contract.schema import (
     LEARNER_CONSUMER_GROUP,
     READY_STREAM_FIELD,
     Keys,

@@ -15,7 +15,7 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.server.api.app import create_app
 from gspo_rl.server.config import ServerSettings
 from tests.conftest import RedisServer, free_port

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 import redis
 
-from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore, make_redis
-from gspo_rl.contract.queue.schema import LEARNER_CONSUMER_GROUP, Keys, RolloutRecord
+from gspo_rl.contract.schema import LEARNER_CONSUMER_GROUP, Keys, RolloutRecord
 from gspo_rl.learner.tracking.metrics import trained_history
+from gspo_rl.redisq.groups.store import RewardItem, RolloutStore, make_redis
 from tests.learner.test_loop import _spawn, _toml
 
 KEYS = Keys()

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import redis
 
-from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore, make_redis
 from gspo_rl.learner.tracking.metrics import trained_history
+from gspo_rl.redisq.groups.store import RewardItem, RolloutStore, make_redis
 from tests.learner.test_loop import _spawn, _toml
 from tests.system.test_crash import KEYS, _counter, _idle, _rollout, _run_steps, _wait
 

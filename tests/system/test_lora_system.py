@@ -16,12 +16,12 @@ import pytest
 import redis
 import torch
 
-from gspo_rl.contract.queue.groups.store import QueueConfig
-from gspo_rl.contract.queue.registry import live_servers
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.algorithm.config import LossConfig
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
+from gspo_rl.redisq.groups.store import QueueConfig
+from gspo_rl.redisq.registry import live_servers
 from tests.conftest import wait_until
 from tests.helpers.queue import stored_rollout
 from tests.helpers.serving import ADMIN_KEY, running_server

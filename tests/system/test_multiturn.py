@@ -30,8 +30,7 @@ from gspo_rl.client.client import AsyncGSPOClient, GSPOClient
 from gspo_rl.client.examples.calculator import CalculatorEnvironment
 from gspo_rl.client.runner import arun_groups
 from gspo_rl.contract.credit import group_turn_advantages
-from gspo_rl.contract.queue.groups.store import QueueConfig
-from gspo_rl.contract.queue.schema import Keys, ReadyGroup, unpack_rollout
+from gspo_rl.contract.schema import Keys, ReadyGroup, unpack_rollout
 from gspo_rl.learner.algorithm.advantages import TurnAdvantages, advantage_fn_for
 from gspo_rl.learner.algorithm.config import LossConfig
 from gspo_rl.learner.algorithm.losses import group_advantages, policy_loss
@@ -40,6 +39,7 @@ from gspo_rl.learner.data.batching import plan_step, sequence_advantage
 from gspo_rl.learner.model.policy import Policy
 from gspo_rl.learner.run import run_learner
 from gspo_rl.learner.trainer import Trainer
+from gspo_rl.redisq.groups.store import QueueConfig
 from tests.helpers.queue import ready_groups as ready_groups_of
 from tests.helpers.serving import API_KEY, MODEL_NAME, Served, running_server
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import redis
 
-from gspo_rl.contract.queue.registry import ServerInfo, register
 from gspo_rl.learner.loop import Learner
 from gspo_rl.learner.weights.broadcast import BroadcastSync
+from gspo_rl.redisq.registry import ServerInfo, register
 from tests.learner.test_loop import KEYS, _cfg, publish, sampler  # noqa: F401
 
 KEY = "the-admin-key"

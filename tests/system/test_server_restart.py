@@ -39,7 +39,7 @@ from gspo_rl.client.environment import SingleTurnEnvironment
 from gspo_rl.client.failures import FailurePolicy, RunStats
 from gspo_rl.client.retry import Throttle
 from gspo_rl.client.runner import arun_groups
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from tests.conftest import RedisServer, free_port
 from tests.helpers.serving import ADMIN_KEY, API_KEY
 

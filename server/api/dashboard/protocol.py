@@ -4,8 +4,8 @@ rollout browser's ``GET /v1/dashboard/groups`` (``GroupList``) and
 
 Every number says where it comes from (docs/dashboard.md): the learner's state hash
 (``Keys.learner_state``), the queue's counters (``Keys.counters``), the finished-rewards totals
-(``Keys.finished_rewards``), the in-flight facts (``gspo_rl.contract.queue.inflight``), the
-registry (``gspo_rl.contract.queue.registry``), the evaluation stream, the ready stream and the
+(``Keys.finished_rewards``), the in-flight facts (``gspo_rl.redisq.inflight``), the
+registry (``gspo_rl.redisq.registry``), the evaluation stream, the ready stream and the
 group records. Rates are measured by this server between the dashboard's reads (``Rates``);
 None where nothing was measured yet. Sampled rewards (what the environment scored) and the
 rewards of published groups (what the learner reads) are separate fields, never one number.

@@ -22,14 +22,14 @@ import msgpack
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gspo_rl.contract.queue.ready.entry import EntryRefs, ready_entry_refs
-from gspo_rl.contract.queue.schema import (
+from gspo_rl.contract.schema import (
     LEARNER_CONSUMER_GROUP,
     READY_STREAM_FIELD,
     Keys,
     as_str,
     unpack_ready_group,
 )
+from gspo_rl.redisq.ready.entry import EntryRefs, ready_entry_refs
 from gspo_rl.server.api.dashboard.protocol import GroupSummary, Where
 
 KEEP = 64

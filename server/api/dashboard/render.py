@@ -20,21 +20,21 @@ import msgpack
 import numpy as np
 from redis.asyncio import Redis
 
-from gspo_rl.contract.queue.groups.store import RolloutStore
-from gspo_rl.contract.queue.groups.types import GroupView
-from gspo_rl.contract.queue.ready.advantages import ready_turn_advantages
-from gspo_rl.contract.queue.ready.entry import (
-    EntryRefs,
-    ready_entry_refs,
-    unpack_entry,
-    unpack_group_records,
-)
-from gspo_rl.contract.queue.schema import (
+from gspo_rl.contract.schema import (
     READY_STREAM_FIELD,
     ReadyGroup,
     RolloutRecord,
     unpack_ready_group,
     unpack_rollout,
+)
+from gspo_rl.contract.turn_advantages import ready_turn_advantages
+from gspo_rl.redisq.groups.store import RolloutStore
+from gspo_rl.redisq.groups.types import GroupView
+from gspo_rl.redisq.ready.entry import (
+    EntryRefs,
+    ready_entry_refs,
+    unpack_entry,
+    unpack_group_records,
 )
 from gspo_rl.server.api.dashboard.protocol import GroupDetail, RolloutView, SegmentOut
 from gspo_rl.server.api.dashboard.recent import RecentGroups, labels_of

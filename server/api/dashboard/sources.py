@@ -14,10 +14,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gspo_rl.contract.queue.evals import decode_entries
-from gspo_rl.contract.queue.registry import parse_registration
-from gspo_rl.contract.queue.schema import Keys, as_str
+from gspo_rl.contract.schema import Keys, as_str
 from gspo_rl.contract.stall import LastStall
+from gspo_rl.redisq.evals import decode_entries
+from gspo_rl.redisq.registry import parse_registration
 from gspo_rl.server.api.dashboard.protocol import DashboardEval, FatesOut, ServerOut, StallOut
 
 MAX_SERVERS = 64
@@ -82,7 +82,7 @@ async def read_sources(redis: Redis, keys: Keys) -> Sources:
 
 
 def servers_out(src: Sources, admin_key: str | None, this_id: str) -> list[ServerOut]:
-    """The registry's servers (``gspo_rl.contract.queue.registry``), verified with this
+    """The registry's servers (``gspo_rl.redisq.registry``), verified with this
     server's admin key; an entry that does not parse or verify is shown with why."""
     out = []
     for sid, raw in src.servers.items():

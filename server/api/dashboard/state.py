@@ -16,8 +16,8 @@ import time
 from redis.asyncio import Redis
 
 from gspo_rl.contract.admission import LearnerParams, learner_connected, no_learner_text
-from gspo_rl.contract.queue.inflight import Snapshot
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
+from gspo_rl.redisq.inflight import Snapshot
 from gspo_rl.server.api.dashboard.history import History, Sample
 from gspo_rl.server.api.dashboard.protocol import (
     DashboardState,

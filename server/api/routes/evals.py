@@ -1,7 +1,7 @@
 """``/v1/evals``: evaluation results, posted by environments, logged by the learner.
 
 ``POST /v1/evals`` appends one result (an eval set's name, the policy version it evaluated,
-its metrics) to the results stream in Redis (``gspo_rl.contract.queue.evals``); the learner
+its metrics) to the results stream in Redis (``gspo_rl.redisq.evals``); the learner
 writes it to its metrics stream beside the step metrics. ``GET /v1/evals`` lists the latest
 (or those after ``?after=<id>``). The evaluation itself runs where the environment runs
 (``gspo_rl.client.evals``), with unrecorded requests (``"record": false``); the server only

@@ -1,5 +1,5 @@
 """``POST /v1/tasks/stats``: the per-task statistics every server keeps in Redis (how each
-task's recent groups ended: ``gspo_rl.contract.queue.tasks``), for environments choosing what
+task's recent groups ended: ``gspo_rl.redisq.tasks``), for environments choosing what
 to sample (``gspo_rl.client.selection``). Read-only; a task no group of which has ended (or
 whose statistics expired) is ``null``. The work is ``TaskServing``'s
 (``gspo_rl.server.rollouts.serving.tasks``).

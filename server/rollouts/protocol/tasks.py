@@ -1,5 +1,5 @@
 """``POST /v1/tasks/stats``: task ids in (strict, at most ``MAX_IDS``), each task's statistics
-out (``null``: none yet; ``gspo_rl.contract.queue.tasks``)."""
+out (``null``: none yet; ``gspo_rl.redisq.tasks``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from gspo_rl.contract.queue.tasks import MAX_TASK_ID
+from gspo_rl.redisq.tasks import MAX_TASK_ID
 
 MAX_IDS = 1000
 TaskId = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TASK_ID)]

@@ -1,5 +1,5 @@
 """``/v1/evals`` below HTTP: evaluation results appended to the results stream in Redis, and
-read back (``gspo_rl.contract.queue.evals``); the learner logs them."""
+read back (``gspo_rl.redisq.evals``); the learner logs them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gspo_rl.contract.queue.evals import append_eval, list_evals
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
+from gspo_rl.redisq.evals import append_eval, list_evals
 from gspo_rl.server.rollouts.protocol.evals import EvalIn, EvalList, EvalOut
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gspo_rl.contract.queue.groups.store import GroupView, RolloutStore
+from gspo_rl.redisq.groups.store import GroupView, RolloutStore
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.sampler import SamplingEngine
 from gspo_rl.server.metrics import ServerMetrics

@@ -18,7 +18,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from gspo_rl.contract.admission import learner_connected, no_learner_text
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.sampler import SamplingEngine
 from gspo_rl.server.rollouts.admission import AdmissionGate

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gspo_rl.contract.queue.errors import StoreError, StoreReason
-from gspo_rl.contract.queue.groups.store import RewardItem, RolloutStore
+from gspo_rl.contract.errors import StoreError, StoreReason
+from gspo_rl.redisq.groups.store import RewardItem, RolloutStore
 from gspo_rl.server.rollouts.protocol.rewards import RewardIn, RewardItemOut, RewardsOut
 
 ITEM_REASON = {"unknown_rollout": StoreReason.NOT_FOUND, "conflict": StoreReason.CONFLICT,

@@ -1,5 +1,5 @@
 """``/v1/tasks/stats`` below HTTP: the per-task statistics every server keeps in Redis
-(``gspo_rl.contract.queue.tasks``); the counts are served as integers."""
+(``gspo_rl.redisq.tasks``); the counts are served as integers."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from gspo_rl.contract.queue.schema import Keys
-from gspo_rl.contract.queue.tasks import read_task_stats
+from gspo_rl.contract.schema import Keys
+from gspo_rl.redisq.tasks import read_task_stats
 from gspo_rl.server.rollouts.protocol.tasks import TaskStats, TaskStatsList, TaskStatsQuery
 
 _COUNTS = ("groups", "no_signal", "streak")  # stored as floats, served as ints

@@ -33,7 +33,7 @@ from gspo_rl.client.client import AsyncGSPOClient
 from gspo_rl.client.environment import GroupOutcome
 from gspo_rl.client.evals import evaluate
 from gspo_rl.client.runner import arun_groups
-from gspo_rl.contract.queue.schema import Keys, unpack_rollout
+from gspo_rl.contract.schema import Keys, unpack_rollout
 from tests.conftest import RedisServer, free_port
 from tests.helpers.serving import API_KEY, RedisKeys, Served, serve_app
 

@@ -139,8 +139,8 @@ def test_choose_transport_ipc_only_on_the_learners_own_gpu() -> None:
 
 
 def test_learner_on_cpu_never_asks_servers_for_ipc() -> None:
-    from gspo_rl.contract.queue.registry import ServerInfo
     from gspo_rl.learner.weights.broadcast import BroadcastSync
+    from gspo_rl.redisq.registry import ServerInfo
 
     sync = BroadcastSync(client=None, backend="gloo")  # type: ignore[arg-type]
     try:
@@ -206,8 +206,8 @@ def test_ipc_route_refuses_a_cpu_engine_and_reports_its_devices(tiny_model_dir: 
 
 
 def _learner_asks_servers_for_their_devices(url: str) -> None:
-    from gspo_rl.contract.queue.registry import ServerInfo
     from gspo_rl.learner.weights.broadcast import BroadcastSync
+    from gspo_rl.redisq.registry import ServerInfo
     from tests.conftest import free_port
 
     sync = BroadcastSync(client=None, admin_key=ADMIN_KEY)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
+from gspo_rl.contract.schema import ReadyGroup, RolloutRecord
 from gspo_rl.learner.data.batching import (
     collate,
     deal_minibatches,

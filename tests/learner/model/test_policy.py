@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
+from gspo_rl.contract.schema import ReadyGroup, RolloutRecord
 from gspo_rl.learner.data.batching import collate, samples_from_groups
 from gspo_rl.learner.model.policy import Policy, selected_logprobs
 from gspo_rl.server.engines.base import SamplingParams

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.queue.schema import (
+from gspo_rl.contract.schema import (
     LEARNER_CONSUMER_GROUP,
     READY_STREAM_FIELD,
     Keys,

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
+from gspo_rl.contract.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from gspo_rl.learner.algorithm.advantages import advantage_fn_for
 from gspo_rl.learner.checkpoint.store import list_checkpoints
 from gspo_rl.learner.config import LearnerConfig

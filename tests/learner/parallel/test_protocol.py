@@ -54,7 +54,7 @@ def test_only_rank_0_sends_and_only_messages() -> None:
 
 def test_the_reader_is_the_only_learner_module_that_acknowledges() -> None:
     """The learner acknowledges only through the ready stream's reader (in the protocol)."""
-    ackers = sorted(str(p.relative_to(REPO)) for folder in ("learner", "contract")
+    ackers = sorted(str(p.relative_to(REPO)) for folder in ("learner", "contract", "redisq")
                     for p in (REPO / folder).rglob("*.py")
                     if re.search(r"\.xack\(", p.read_text()))
-    assert ackers == ["contract/queue/ready/reader.py"]
+    assert ackers == ["redisq/ready/reader.py"]

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from gspo_rl.contract.chat.messages import end_token_ids, template_messages
-from gspo_rl.contract.queue.episodes.store import EpisodeState
 from gspo_rl.learner.sft.data import (
     Demonstration,
     DemonstrationError,
@@ -22,6 +21,7 @@ from gspo_rl.learner.sft.data import (
     micro_batches,
     read_demonstrations,
 )
+from gspo_rl.redisq.episodes.store import EpisodeState
 from gspo_rl.server.rollouts.chat.render import render_chat_prompt
 from gspo_rl.server.rollouts.episodes import new_turn_tokens
 from gspo_rl.tiny_model import build_tokenizer

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from gspo_rl.cli import app
-from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
+from gspo_rl.contract.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from gspo_rl.learner.checkpoint.store import SaveDirError, list_checkpoints
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner

@@ -17,7 +17,7 @@ import redis
 import torch
 from transformers import AutoTokenizer
 
-from gspo_rl.contract.queue.schema import Keys, unpack_rollout
+from gspo_rl.contract.schema import Keys, unpack_rollout
 from gspo_rl.learner.sft.config import SFTConfig
 from gspo_rl.learner.sft.data import Layout, read_demonstrations
 from gspo_rl.learner.sft.train import run_sft

@@ -16,14 +16,14 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.queue.evals import eval_entry
-from gspo_rl.contract.queue.schema import READY_STREAM_FIELD, Keys, pack_ready_group
+from gspo_rl.contract.schema import READY_STREAM_FIELD, Keys, pack_ready_group
 from gspo_rl.launch.watch import WAIT_EVENT as UP_READS
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.loop import Learner
 from gspo_rl.learner.runtime.final_eval import WAIT_EVENT, await_final_eval
 from gspo_rl.learner.tracking.metrics import MetricsLogger
 from gspo_rl.learner.weights.base import NoSync
+from gspo_rl.redisq.evals import eval_entry
 from tests.helpers.learner_data import sample_group
 from tests.helpers.wandb_offline import read_run
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gspo_rl.contract.queue.ready.reader import Batch
-from gspo_rl.contract.queue.schema import ReadyGroup, RolloutRecord
+from gspo_rl.contract.schema import ReadyGroup, RolloutRecord
 from gspo_rl.learner.tracking.samples import (
     COLUMNS,
     MAX_CHARS,
@@ -20,6 +19,7 @@ from gspo_rl.learner.tracking.samples import (
     markdown_table,
     sample_rows,
 )
+from gspo_rl.redisq.ready.reader import Batch
 
 
 def fake_decode(ids: list[int]) -> str:

@@ -18,9 +18,9 @@ import redis
 import torch
 from transformers import AutoModelForCausalLM
 
-from gspo_rl.contract.queue.registry import ServerInfo, live_servers, register
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.weights.broadcast import BroadcastSync
+from gspo_rl.redisq.registry import ServerInfo, live_servers, register
 from tests.conftest import free_port
 from tests.helpers.reference_logprobs import sequence_logprobs
 from tests.helpers.serving import ADMIN_KEY, API_KEY, running_server

@@ -36,7 +36,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import gspo_rl.learner.weights.replies as replies_module
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.weights.broadcast import BroadcastSync
 from tests.helpers.serving import ADMIN_KEY, API_KEY, running_server
 from tests.learner.weights.test_broadcast import _perturb, _wait_registered
@@ -49,7 +49,7 @@ LEARNER = """
 import json, logging, sys, time
 import redis, torch
 from transformers import AutoModelForCausalLM
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.weights.broadcast import BroadcastSync
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
 model_dir, redis_url, key, timeout_s = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])

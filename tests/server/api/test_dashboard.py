@@ -24,12 +24,12 @@ import httpx
 import pytest
 import redis
 
-from gspo_rl.contract.queue.ready.reader import GroupReader
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.runtime.progress import ProgressMonitor
 from gspo_rl.learner.runtime.published import Heartbeat, publish_state, state_fields
 from gspo_rl.learner.tracking.metrics import MetricsLogger
+from gspo_rl.redisq.ready.reader import GroupReader
 from tests.conftest import RedisServer, wait_until
 from tests.helpers.serving import API_KEY, Served, running_server
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from tests.conftest import RedisServer
 from tests.helpers.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis
 
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from tests.conftest import RedisServer
 from tests.helpers.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 
@@ -88,7 +88,7 @@ def test_new_groups_refused_at_the_bound_accepted_work_goes_on(
     reward(served, episodes)
     assert gauge(served, "gspo_ready_queue_depth") == BOUND + 2
 
-    # The learner catches up (acknowledges and trims, as gspo_rl.contract.queue.ready.reader does):
+    # The learner catches up (acknowledges and trims, as gspo_rl.redisq.ready.reader does):
     # admitted again.
     client = redis.Redis.from_url(redis_server.url)
     client.xtrim(keys.ready_stream, maxlen=0, approximate=False)
@@ -113,7 +113,7 @@ def test_groups_the_learner_dropped_stale_do_not_fill_the_queue(
     """Stale groups are acknowledged on read but stay on the stream until the learner's next
     trim: counting them refused every new group while the learner had nothing to train (a
     deadlock seen in a run without admission control)."""
-    from gspo_rl.contract.queue.ready.reader import GroupReader
+    from gspo_rl.redisq.ready.reader import GroupReader
 
     for _ in range(BOUND):
         reward(served, sample_group(served))

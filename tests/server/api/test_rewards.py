@@ -13,9 +13,9 @@ import httpx
 import pytest
 import redis
 
-from gspo_rl.contract.queue.groups.store import QueueConfig
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.algorithm.losses import group_advantages
+from gspo_rl.redisq.groups.store import QueueConfig
 from tests.conftest import RedisServer
 from tests.helpers.queue import ApiServer, make_rollout, open_group, ready_groups
 

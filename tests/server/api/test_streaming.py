@@ -26,7 +26,7 @@ import numpy as np
 import openai
 import pytest
 
-from gspo_rl.contract.queue.schema import Keys, RolloutRecord
+from gspo_rl.contract.schema import Keys, RolloutRecord
 from tests.conftest import RedisServer
 from tests.helpers.queue import stored_rollout
 from tests.helpers.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server

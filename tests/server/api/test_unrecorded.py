@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from tests.conftest import RedisServer
 from tests.helpers.serving import API_KEY, MODEL_NAME, RedisKeys, Served, running_server
 from tests.server.rollouts.test_admission import learner_publishes

@@ -303,9 +303,9 @@ def _half_broadcast(stack: Stack, named: list[tuple[str, torch.Tensor]]) -> http
 def test_broadcast_reaches_the_vllm_worker_with_exact_parity(stack: Stack) -> None:
     import redis
 
-    from gspo_rl.contract.queue.registry import live_servers
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
     from gspo_rl.learner.weights.broadcast import BroadcastSync
+    from gspo_rl.redisq.registry import live_servers
 
     client = redis.Redis.from_url(stack.redis_url)
     deadline = time.monotonic() + 30
@@ -393,7 +393,7 @@ def test_disconnected_client_aborts_vllm_request(stack: Stack) -> None:
     """A client that leaves mid-generation: the request is aborted in vLLM (``AsyncLLM``
     aborts on cancellation) and nothing is recorded. The hf engine's counterpart, and the
     reasons, are in ``test_disconnect``."""
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
     from tests.helpers.serving import RedisKeys
 
     rkeys = RedisKeys(stack.redis_url, Keys())
@@ -432,7 +432,7 @@ def test_stream_is_incremental_and_recorded_as_non_streamed(stack: Stack) -> Non
     import numpy as np
     import openai
 
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
     from tests.helpers.serving import RedisKeys
 
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=API_KEY, max_retries=0,
@@ -465,7 +465,7 @@ def test_stream_is_incremental_and_recorded_as_non_streamed(stack: Stack) -> Non
 
 
 def test_client_leaving_a_stream_aborts_it(stack: Stack) -> None:
-    from gspo_rl.contract.queue.schema import Keys
+    from gspo_rl.contract.schema import Keys
     from tests.helpers.serving import RedisKeys
 
     rkeys = RedisKeys(stack.redis_url, Keys())

@@ -24,12 +24,12 @@ from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
 from gspo_rl.client.environment import SingleTurnEnvironment
 from gspo_rl.client.failures import RunStats
 from gspo_rl.client.runner import arun_groups
-from gspo_rl.contract.queue.inflight import PENDING_TTL_S, InFlightCounter
-from gspo_rl.contract.queue.ready.reader import GroupReader
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.runtime.published import Heartbeat, publish_state, state_fields
 from gspo_rl.learner.runtime.target import groups_in_flight
+from gspo_rl.redisq.inflight import PENDING_TTL_S, InFlightCounter
+from gspo_rl.redisq.ready.reader import GroupReader
 from gspo_rl.server.rollouts.admission import POLL_S
 from tests.conftest import RedisServer
 from tests.helpers.serving import API_KEY, Served, running_server

@@ -11,10 +11,10 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gspo_rl.contract.queue.inflight import InFlightCounter
-from gspo_rl.contract.queue.schema import Keys
+from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.runtime.published import publish_state, state_fields
+from gspo_rl.redisq.inflight import InFlightCounter
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.metrics import ServerMetrics
 from gspo_rl.server.rollouts.admission import AdmissionGate

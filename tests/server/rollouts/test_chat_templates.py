@@ -141,8 +141,8 @@ def test_episode_turn_after_a_spelled_end_marker_appends_only_the_new_messages(
 
     import numpy as np
 
-    from gspo_rl.contract.queue.episodes.store import Episode, EpisodeState
-    from gspo_rl.contract.queue.schema import RolloutRecord
+    from gspo_rl.contract.schema import RolloutRecord
+    from gspo_rl.redisq.episodes.store import Episode, EpisodeState
     from gspo_rl.server.config import ServerSettings
     from gspo_rl.server.rollouts.chat.render import template_messages
     from gspo_rl.server.rollouts.episodes import _turn_prompt, digest, ids_hash, produced_message

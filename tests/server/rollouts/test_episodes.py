@@ -30,7 +30,7 @@ from gspo_rl.client.examples.calculator import (
     assistant_message,
     run_tool_call,
 )
-from gspo_rl.contract.queue.schema import Keys, RolloutRecord, unpack_rollout
+from gspo_rl.contract.schema import Keys, RolloutRecord, unpack_rollout
 from tests.conftest import RedisServer
 from tests.helpers.queue import ready_groups
 from tests.helpers.reference_logprobs import sequence_logprobs

@@ -20,7 +20,7 @@ import pytest
 import redis
 from transformers import AutoTokenizer
 
-from gspo_rl.contract.queue.schema import Keys, unpack_rollout
+from gspo_rl.contract.schema import Keys, unpack_rollout
 from tests.conftest import RedisServer, free_port
 from tests.helpers.serving import ADMIN_KEY, API_KEY, MODEL_NAME, Served, running_server, serve_app
 from tests.helpers.template_models import (
