@@ -9,6 +9,6 @@ distribution both samplers and the learner use; ``stall``: the learner's last st
 dashboard reads it; ``weights``: the weight broadcast's data plane (collective, CUDA IPC, LoRA);
 ``chat``: messages and turns; and the few helpers both processes share, here because the
 server and the learner may not import each other (``attention``, ``gc_freeze``; ``net``, which
-``weights`` uses too). It imports no other package of the project (tests/test_import_graph.py),
-so either side can be read and installed without the other.
+``weights`` uses too). It imports no other package of the project
+(tests/checks/test_import_graph.py), so either side can be read and installed without the other.
 """

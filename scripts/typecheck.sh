@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Type-check the whole package with mypy ([tool.mypy] in pyproject.toml: strict on contract/,
-# redisq/ and clients/). Exits with mypy's status; tests/test_types.py runs it in CI.
+# redisq/ and clients/). Exits with mypy's status; tests/checks/test_types.py runs it in CI.
 #
 #     bash scripts/typecheck.sh [MYPY OPTIONS]   # e.g. --warn-unused-ignores
 #

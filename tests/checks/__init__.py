@@ -1,0 +1,1 @@
+"""Static checks of the whole repository: types, the import graph, the docs."""
