@@ -22,7 +22,22 @@ from gspo_rl.contract.net import free_port
 FAST = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.002)
 
 
-class _Flaky(BaseHTTPRequestHandler):
+class _JSONHandler(BaseHTTPRequestHandler):
+    """Answers with JSON; logs nothing."""
+
+    def reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Flaky(_JSONHandler):
     failures_left = 0
     calls = 0
 
@@ -34,15 +49,7 @@ class _Flaky(BaseHTTPRequestHandler):
             cls.failures_left -= 1
         else:
             status, body = 200, {"status": "ok"}
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(status, body)
 
 
 @pytest.fixture
@@ -91,21 +98,13 @@ def test_both_clients_give_up_after_the_policy_attempts(flaky: str) -> None:
     assert _Flaky.calls == FAST.attempts
 
 
-class _Rewards(BaseHTTPRequestHandler):
+class _Rewards(_JSONHandler):
     posts = 0
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         type(self).posts += 1
         self.rfile.read(int(self.headers["Content-Length"]))
-        data = json.dumps({"results": [], "stored": 1, "duplicates": 0}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, {"results": [], "stored": 1, "duplicates": 0})
 
 
 def test_a_reward_post_rides_out_a_server_restart(caplog: pytest.LogCaptureFixture,

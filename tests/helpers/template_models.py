@@ -7,11 +7,13 @@
   (EOS), ``<|eom_id|>`` and ``<|python_tag|>`` as special tokens.
 
 The tiny tokenizer's vocabulary is full, so the model's embeddings are resized to the new
-tokens (``make_template_model``); the weights stay random and seeded.
+tokens (``make_template_model``); the weights stay random and seeded. ``teach_conversation``
+trains a copy on one conversation (``LOOKUP_CONVERSATIONS``, run by ``lookup_episode``).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,9 +68,11 @@ def make_template_model(path: Path, family: Family, seed: int = 0) -> Path:
 
 
 def teach_conversation(path: Path, conversation: list[dict[str, Any]],
-                       tools: list[dict[str, Any]] | None, steps: int = 600) -> None:
+                       tools: list[dict[str, Any]] | None, steps: int = 600,
+                       max_loss: float = 5e-3) -> None:
     """Train the model at ``path`` (supervised, on its assistant turns only: from the
-    generation prompt to the end-of-turn token) until it reproduces ``conversation``."""
+    generation prompt to the end-of-turn token) until it reproduces ``conversation``: its
+    final mean loss must be under ``max_loss``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -110,8 +114,8 @@ def teach_conversation(path: Path, conversation: list[dict[str, Any]],
                     break
     finally:
         torch.set_num_threads(threads)
-    # 5e-3 mean loss: at temperature 0.3 the model then samples the conversation
-    assert loss.item() < 5e-3, f"the tiny model did not learn the conversation: {loss.item()}"
+    # 5e-3 mean loss (the default): at temperature 0.3 the model then samples the conversation
+    assert loss.item() < max_loss, f"the tiny model did not learn the conversation: {loss.item()}"
     model.save_pretrained(path, safe_serialization=True)
 
 
@@ -120,6 +124,41 @@ LOOKUP = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
                    "required": ["key"]}}}
 """The tool of the taught lookup conversations (``teach_conversation``)."""
+LOOKUP_CALL = {"id": "call_0", "type": "function",
+               "function": {"name": "lookup", "arguments": {"key": "k"}}}
+LOOKUP_CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
+    "qwen3": [
+        {"role": "user", "content": "What is the value of k?"},
+        {"role": "assistant", "content": "", "reasoning_content": "I should look k up.",
+         "tool_calls": [LOOKUP_CALL]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "42"},
+        {"role": "assistant", "content": "k is 42.", "reasoning_content": "The tool said 42."},
+    ],
+    "llama3": [
+        {"role": "system", "content": "Use the lookup tool."},
+        {"role": "user", "content": "What is the value of k?"},
+        {"role": "assistant", "content": "", "tool_calls": [LOOKUP_CALL]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "42"},
+        {"role": "assistant", "content": "k is 42."},
+    ],
+}
+"""A conversation that calls ``lookup`` once and answers, per family, in the form chat
+templates read (``teach_conversation`` renders it as is); ``as_sent`` gives the API's form."""
+
+
+def as_sent(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``conversation`` as the OpenAI API carries it: beside tool calls, an assistant's empty
+    content is null and the arguments are a JSON string (the server's ``template_messages``
+    turns it back)."""
+    out = []
+    for m in conversation:
+        if m.get("tool_calls"):
+            m = {**m, "content": m["content"] or None, "tool_calls": [
+                {**c, "function": {**c["function"],
+                                   "arguments": json.dumps(c["function"]["arguments"])}}
+                for c in m["tool_calls"]]}
+        out.append(m)
+    return out
 
 
 def echo_assistant(message: Any) -> dict[str, Any]:
@@ -132,3 +171,33 @@ def echo_assistant(message: Any) -> dict[str, Any]:
     if message.tool_calls:
         out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
     return out
+
+
+def lookup_episode(url: str, family: str) -> tuple[list[Any], str]:
+    """An agent on the rollout server at ``url``: ``LOOKUP_CONVERSATIONS[family]`` up to its
+    first assistant turn, then whatever the model does (two turns at most), ``lookup``
+    answering. Returns the turns' choices and the episode's rollout id."""
+    import httpx
+    import openai
+
+    from tests.helpers.serving import API_KEY, MODEL_NAME
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    g = httpx.post(f"{url}/v1/groups", json={"size": 1}, timeout=30,
+                   headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    rid = g["rollout_ids"][0]
+    conv = LOOKUP_CONVERSATIONS[family]
+    messages = conv[:next(i for i, m in enumerate(conv) if m["role"] == "assistant")]
+    choices: list[Any] = []
+    for _ in range(2):
+        c = client.chat.completions.create(
+            model=MODEL_NAME, messages=messages, tools=[LOOKUP], max_tokens=48,
+            temperature=0.3, seed=1, extra_body={"rollout_id": rid}).choices[0]
+        choices.append(c)
+        if not c.message.tool_calls:
+            break
+        (call,) = c.message.tool_calls
+        value = {"k": "42"}.get(json.loads(call.function.arguments)["key"], "")
+        messages = [*messages, echo_assistant(c.message),
+                    {"role": "tool", "tool_call_id": call.id, "content": value}]
+    return choices, rid

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,14 +140,6 @@ def perturb(ref: torch.nn.Module, names: list[str] | None, seed: int, scale: flo
                 p.add_(scale * torch.randn(p.shape, generator=gen))
                 out.append((name, p.detach().clone()))
     return out
-
-
-async def until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.005)
 
 
 LORA_PROMPT = [5, 17, 42, 99, 7, 300, 12]

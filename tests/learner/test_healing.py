@@ -11,7 +11,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from gspo_rl.learner.loop import Learner
 from gspo_rl.learner.runtime.progress import RedisUnavailable
 from gspo_rl.learner.weights.base import NoSyncReport
 from gspo_rl.redisq.registry import ServerInfo, live_servers, register
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, wait_until
 from tests.helpers.learner_data import sample_group
 from tests.helpers.serving import ADMIN_KEY, running_server
 
@@ -45,14 +44,6 @@ def _publish(client: redis.Redis, sampler, n: int, version: int, seed: int) -> N
         g = sample_group(sampler, group_size=2, prompt_len=3, new_tokens=(2, 4),
                          version=version, seed=seed + k, group_id=f"g{seed + k}")
         client.xadd(KEYS.ready_stream, {READY_STREAM_FIELD: pack_ready_group(g)})
-
-
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout}s")
-        time.sleep(0.1)
 
 
 def _cfg(tiny_model_dir, redis_url: str, tmp_path: Path, **kw) -> LearnerConfig:
@@ -95,13 +86,13 @@ def test_a_restarted_server_gets_the_weights_while_nothing_is_trained(
     cfg = _cfg(tiny_model_dir, redis_url, tmp_path, weight_sync="broadcast",
                admin_key=ADMIN_KEY, sync_timeout_s=30)
     with running_server(tiny_model_dir, redis_url) as served:
-        _wait(lambda: len(live_servers(client, KEYS)) == 1, "server registered")
+        wait_until(lambda: len(live_servers(client, KEYS)) == 1, "server registered", 60)
         learner = Learner(cfg, client=client)
         run = Running(learner)
         try:
             _publish(client, sampler, 2, version=0, seed=0)
-            _wait(lambda: learner.step == 2 and _health_version(served.url) == 2,
-                  "2 steps trained and pushed")
+            wait_until(lambda: learner.step == 2 and _health_version(served.url) == 2,
+                       "2 steps trained and pushed", 60)
         except BaseException:
             run.stop()
             raise
@@ -109,7 +100,8 @@ def test_a_restarted_server_gets_the_weights_while_nothing_is_trained(
         # The server restarts (same id, back at version 0); no group arrives: the learner
         # must notice from the heartbeat and push on its own.
         with running_server(tiny_model_dir, redis_url) as again:
-            _wait(lambda: _health_version(again.url) == 2, "the restarted server healed", 60)
+            wait_until(lambda: _health_version(again.url) == 2, "the restarted server healed",
+                       60)
             assert learner.step == 2 and run.error is None
     finally:
         run.stop()
@@ -134,10 +126,10 @@ def test_the_learner_waits_for_redis_and_survives_its_restart(
         run = Running(learner)
         try:
             _publish(client, sampler, 2, version=0, seed=0)
-            _wait(lambda: learner.step == 2, "2 steps")
+            wait_until(lambda: learner.step == 2, "2 steps", 60)
             redis_aof_server.restart()
             _publish(redis.Redis.from_url(url), sampler, 2, version=learner.version, seed=10)
-            _wait(lambda: learner.step == 4, "2 more steps after the Redis restart")
+            wait_until(lambda: learner.step == 4, "2 more steps after the Redis restart", 60)
         finally:
             run.stop()
     assert run.error is None
@@ -155,7 +147,7 @@ def test_redis_gone_for_good_ends_the_run_after_the_bound_and_keeps_the_steps(
     learner = Learner(cfg, client=client)
     run = Running(learner)
     _publish(client, sampler, 2, version=0, seed=0)
-    _wait(lambda: learner.step == 2, "2 steps")
+    wait_until(lambda: learner.step == 2, "2 steps", 60)
     redis_server.stop()
     run.thread.join(timeout=120)
     assert isinstance(run.error, RedisUnavailable)

@@ -134,12 +134,19 @@ def test_stale_groups_are_dropped_and_counted(tiny_model_dir, redis_url, tmp_pat
     assert pending(client) == 0 and last[-1]["event"] == "stop"
 
 
-def test_resume_moves_past_a_published_version_and_pushes(tiny_model_dir, redis_url,
-                                                          tmp_path, sampler):
+def _one_step_run(tiny_model_dir, redis_url, tmp_path, sampler) -> redis.Redis:
+    """Two groups published and a learner run for one step (its checkpoint in ``ck``);
+    returns the Redis client."""
     client = redis.Redis.from_url(redis_url)
     publish(client, sampler, 2)
     Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=1), client=client,
             sync=RecordingSync()).run()
+    return client
+
+
+def test_resume_moves_past_a_published_version_and_pushes(tiny_model_dir, redis_url,
+                                                          tmp_path, sampler):
+    client = _one_step_run(tiny_model_dir, redis_url, tmp_path, sampler)
     # a dead learner got further than its checkpoint and pushed version 7 to the servers
     client.hset(KEYS.learner_state, "version", 7)
     sync = RecordingSync()
@@ -150,10 +157,7 @@ def test_resume_moves_past_a_published_version_and_pushes(tiny_model_dir, redis_
 
 def test_fresh_start_refuses_a_directory_with_checkpoints(tiny_model_dir, redis_url,
                                                           tmp_path, sampler):
-    client = redis.Redis.from_url(redis_url)
-    publish(client, sampler, 2)
-    Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=1), client=client,
-            sync=RecordingSync()).run()
+    client = _one_step_run(tiny_model_dir, redis_url, tmp_path, sampler)
     with pytest.raises(ValueError, match="--resume"):
         Learner(_cfg(tiny_model_dir, redis_url, tmp_path, max_steps=1), client=client)
 

@@ -51,12 +51,23 @@ class SayObservation(Observation):
     prompt: str = ""
 
 
-class SayWord(Environment):
+class _Game(Environment):
+    """What the games share: concurrent sessions, a ``State`` per session."""
+
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self) -> None:
         super().__init__()
         self._state = State()
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class SayWord(_Game):
+    def __init__(self) -> None:
+        super().__init__()
         self.word, self.seed = "", None
 
     def reset(self, seed: int | None = None, episode_id: str | None = None,
@@ -74,10 +85,6 @@ class SayWord(Environment):
                          "text": action.text, "reward": reward})
         done = self._state.step_count >= STEPS
         return SayObservation(prompt=f"Again: say {self.word}.", reward=reward, done=done)
-
-    @property
-    def state(self) -> State:
-        return self._state
 
 
 class Forgetful(SayWord):
@@ -97,12 +104,10 @@ class GuessObservation(Observation):
     feedback: str = ""
 
 
-class Guess(Environment):
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
+class Guess(_Game):
     def __init__(self) -> None:
         super().__init__()
-        self._state, self.target = State(), 0
+        self.target = 0
 
     def reset(self, seed: int | None = None, episode_id: str | None = None,
               **kwargs: Any) -> GuessObservation:
@@ -117,37 +122,33 @@ class Guess(Environment):
         hint = "right" if right else ("higher" if action.guess < self.target else "lower")
         return GuessObservation(feedback=hint, reward=1.0 if right else 0.0, done=right)
 
-    @property
-    def state(self) -> State:
-        return self._state
+
+def _env_server(env: type[Environment], action: type[Action],
+                observation: type[Observation], **kwargs: Any) -> Iterator[str]:
+    """openenv-core's app for ``env`` under uvicorn: yields its URL."""
+    with serve_app(create_fastapi_app(env, action, observation, **kwargs)) as s:
+        yield s.url
 
 
 @pytest.fixture(scope="module")
 def say_url() -> Iterator[str]:
-    app = create_fastapi_app(SayWord, SayAction, SayObservation, max_concurrent_envs=16)
-    with serve_app(app) as s:
-        yield s.url
+    yield from _env_server(SayWord, SayAction, SayObservation, max_concurrent_envs=16)
 
 
 @pytest.fixture(scope="module")
 def guess_url() -> Iterator[str]:
-    app = create_fastapi_app(Guess, GuessAction, GuessObservation, max_concurrent_envs=4)
-    with serve_app(app) as s:
-        yield s.url
+    yield from _env_server(Guess, GuessAction, GuessObservation, max_concurrent_envs=4)
 
 
 @pytest.fixture(scope="module")
 def single_url() -> Iterator[str]:
     """A server that holds one session (openenv's default ``max_concurrent_envs``)."""
-    with serve_app(create_fastapi_app(SayWord, SayAction, SayObservation)) as s:
-        yield s.url
+    yield from _env_server(SayWord, SayAction, SayObservation)
 
 
 @pytest.fixture(scope="module")
 def forgetful_url() -> Iterator[str]:
-    app = create_fastapi_app(Forgetful, SayAction, SayObservation, max_concurrent_envs=8)
-    with serve_app(app) as s:
-        yield s.url
+    yield from _env_server(Forgetful, SayAction, SayObservation, max_concurrent_envs=8)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ updates, and log-probability parity with a plain forward pass (the learner's vie
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +17,7 @@ from gspo_rl.server.engines.base import Completion, SamplingParams
 from gspo_rl.server.engines.hf.engine import HFEngine
 from gspo_rl.server.engines.hf.requests import ArrivalWindow
 from tests.helpers.reference_logprobs import sequence_logprobs
+from tests.helpers.waiting import until
 
 T = TypeVar("T")
 PROMPTS = [[5, 6, 7], list(range(10, 31)), [100], list(range(200, 212)), [42] * 7]
@@ -26,18 +27,20 @@ def run(coro: Awaitable[T], timeout: float = 120.0) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-async def until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.005)
-
-
 async def started(path: Path, **kw: object) -> HFEngine:
     engine = HFEngine(str(path), **kw)  # type: ignore[arg-type]
     await engine.start()
     return engine
+
+
+@contextlib.asynccontextmanager
+async def running(path: Path, **kw: object) -> AsyncIterator[HFEngine]:
+    """``started``, and shut down on leaving."""
+    engine = await started(path, **kw)
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()
 
 
 async def batched(engine: HFEngine, prompts: list[list[int]], params: list[SamplingParams]
@@ -69,8 +72,7 @@ def perturbed(model: torch.nn.Module, names: list[str], seed: int
 
 def test_max_tokens_seed_and_greedy(tiny_model_dir: Path) -> None:
     async def body() -> None:
-        engine = await started(tiny_model_dir)
-        try:
+        async with running(tiny_model_dir) as engine:
             a = await engine.generate([1, 2, 3], SamplingParams(max_tokens=9, seed=11))
             b = await engine.generate([1, 2, 3], SamplingParams(max_tokens=9, seed=11))
             c = await engine.generate([1, 2, 3], SamplingParams(max_tokens=9, seed=12))
@@ -91,8 +93,6 @@ def test_max_tokens_seed_and_greedy(tiny_model_dir: Path) -> None:
                 logits = engine.model(input_ids=ids).logits[0, 1:-1]
             assert logits.argmax(-1).tolist() == g1.token_ids
             assert max_err(engine.model, [4, 5], g1, 1.0) < 1e-4  # greedy: reported at T = 1
-        finally:
-            await engine.shutdown()
     run(body())
 
 
@@ -100,8 +100,7 @@ def test_stop_token_ids_and_stop_strings(tiny_model_dir: Path) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
 
     async def body() -> None:
-        engine = await started(tiny_model_dir)
-        try:
+        async with running(tiny_model_dir) as engine:
             greedy = SamplingParams(max_tokens=12, temperature=0.0)
             ref = (await engine.generate([9, 8, 7], greedy)).token_ids
             stop_id = ref[4]
@@ -116,15 +115,12 @@ def test_stop_token_ids_and_stop_strings(tiny_model_dir: Path) -> None:
                 max_tokens=12, temperature=0.0, stop=("never-there", stop)))
             assert out.finish_reason == "stop" and out.stop_string == stop
             assert out.token_ids == ref[:first]
-        finally:
-            await engine.shutdown()
     run(body())
 
 
 def test_top_logprobs_top_k_top_p(tiny_model_dir: Path) -> None:
     async def body() -> None:
-        engine = await started(tiny_model_dir)
-        try:
+        async with running(tiny_model_dir) as engine:
             greedy = await engine.generate([3, 1, 4], SamplingParams(max_tokens=8,
                                                                      temperature=0.0))
             k1 = await engine.generate([3, 1, 4], SamplingParams(max_tokens=8, top_k=1, seed=5))
@@ -148,15 +144,12 @@ def test_top_logprobs_top_k_top_p(tiny_model_dir: Path) -> None:
                 assert lp <= values[0] + 1e-6
                 if tok in dict(top):
                     assert dict(top)[tok] == pytest.approx(lp, abs=1e-6)
-        finally:
-            await engine.shutdown()
     run(body())
 
 
 def test_max_model_len_and_bad_input(tiny_model_dir: Path) -> None:
     async def body() -> None:
-        engine = await started(tiny_model_dir, max_model_len=16)
-        try:
+        async with running(tiny_model_dir, max_model_len=16) as engine:
             out = await engine.generate(list(range(1, 11)), SamplingParams(max_tokens=100))
             assert out.finish_reason == "length" and len(out.token_ids) == 6
             for prompt, params in [([], SamplingParams()), ([5000], SamplingParams()),
@@ -167,8 +160,6 @@ def test_max_model_len_and_bad_input(tiny_model_dir: Path) -> None:
                 with pytest.raises(ValueError):
                     await engine.generate(prompt, params)
             assert engine.stats().running == engine.stats().waiting == 0
-        finally:
-            await engine.shutdown()
     run(body())
 
 
@@ -177,22 +168,16 @@ def test_max_model_len_and_bad_input(tiny_model_dir: Path) -> None:
 
 def test_concurrent_requests_share_a_batch_and_cap(tiny_model_dir: Path) -> None:
     async def body() -> None:
-        engine = await started(tiny_model_dir, max_batch_size=3)
-        try:
+        async with running(tiny_model_dir, max_batch_size=3) as engine:
             outs = await batched(engine, PROMPTS, [SamplingParams(max_tokens=5, seed=i)
                                                    for i in range(5)])
             assert all(len(o.token_ids) == 5 for o in outs)
             assert engine.stats().extra["max_batch_size_observed"] == 3  # capped
-        finally:
-            await engine.shutdown()
-        engine = await started(tiny_model_dir)
-        try:
+        async with running(tiny_model_dir) as engine:
             await batched(engine, PROMPTS, [SamplingParams(max_tokens=5) for _ in PROMPTS])
             extra = engine.stats().extra
             assert extra["max_batch_size_observed"] == len(PROMPTS)
             assert extra["prefills"] == 1 and extra["decode_steps"] == 4
-        finally:
-            await engine.shutdown()
     run(body())
 
 
@@ -203,8 +188,7 @@ def test_refills_trickling_in_are_coalesced_into_one_prefill(tiny_model_dir: Pat
     generous = ArrivalWindow(min_gap_s=30.0, max_gap_s=30.0, max_window_s=60.0)
 
     async def body() -> None:
-        engine = await started(tiny_model_dir, arrival_window=generous)
-        try:
+        async with running(tiny_model_dir, arrival_window=generous) as engine:
             alone = [await engine.generate(p, s) for p, s in zip(PROMPTS[:4], seeds, strict=True)]
             await batched(engine, PROMPTS[:4], [SamplingParams(max_tokens=3)] * 4)
             before = dict(engine.stats().extra)
@@ -219,8 +203,6 @@ def test_refills_trickling_in_are_coalesced_into_one_prefill(tiny_model_dir: Pat
             for one, many in zip(alone, refill, strict=True):
                 assert many.token_ids == one.token_ids
                 assert many.logprobs == pytest.approx(one.logprobs, abs=1e-4)
-        finally:
-            await engine.shutdown()
     run(body())
 
 
@@ -228,22 +210,18 @@ def test_a_lone_refill_waits_one_bounded_window(tiny_model_dir: Path) -> None:
     """When fewer replacements come than requests ended, the engine stops waiting for them
     (default bounds: a few steps' time) and does not wait for them again."""
     async def body() -> None:
-        engine = await started(tiny_model_dir)
-        try:
+        async with running(tiny_model_dir) as engine:
             await batched(engine, PROMPTS[:4], [SamplingParams(max_tokens=3)] * 4)
             first = await engine.generate(PROMPTS[0], SamplingParams(max_tokens=3, seed=1))
             second = await engine.generate(PROMPTS[1], SamplingParams(max_tokens=3, seed=2))
             assert len(first.token_ids) == len(second.token_ids) == 3
             assert engine.stats().extra["coalesce_waits"] == 1  # the first, not the second
-        finally:
-            await engine.shutdown()
     run(body())
 
 
 def test_pause_resume_and_cancel(tiny_model_dir: Path) -> None:
     async def body() -> None:
-        engine = await started(tiny_model_dir)
-        try:
+        async with running(tiny_model_dir) as engine:
             task = asyncio.create_task(engine.generate([1, 2], SamplingParams(max_tokens=300)))
             await until(lambda: engine.stats().running == 1)
             await engine.pause()
@@ -257,8 +235,6 @@ def test_pause_resume_and_cancel(tiny_model_dir: Path) -> None:
             doomed.cancel()
             await until(lambda: engine.stats().running == 0)
             assert doomed.cancelled()
-        finally:
-            await engine.shutdown()
     run(body())
 
 
@@ -286,8 +262,7 @@ def test_logprob_parity_batched(tiny_model_dir: Path, tiny_model_untied_dir: Pat
     ref_model = AutoModelForCausalLM.from_pretrained(path).eval()
 
     async def body() -> None:
-        engine = await started(path)
-        try:
+        async with running(path) as engine:
             outs = await batched(engine, PROMPTS, [
                 SamplingParams(max_tokens=8 + 3 * i, temperature=temp, seed=i)
                 for i in range(len(PROMPTS))])
@@ -308,8 +283,6 @@ def test_logprob_parity_batched(tiny_model_dir: Path, tiny_model_untied_dir: Pat
             assert max_err(ref_model, [7, 7], first, temp) < 1e-4
             for prompt, out in zip(joiners, extra, strict=True):
                 assert max_err(ref_model, prompt, out, temp) < 1e-4
-        finally:
-            await engine.shutdown()
     run(body())
 
 
@@ -329,8 +302,7 @@ def test_load_weights_versions_and_parity(tiny_model_dir: Path, tiny_model_untie
     greedy = SamplingParams(max_tokens=10, temperature=0.0)
 
     async def body() -> None:
-        engine = await started(path)
-        try:
+        async with running(path) as engine:
             before = await engine.generate([1, 2, 3], greedy)
             inflight = asyncio.create_task(engine.generate([5, 5], SamplingParams(
                 max_tokens=200, temperature=0.7, seed=2)))
@@ -362,6 +334,4 @@ def test_load_weights_versions_and_parity(tiny_model_dir: Path, tiny_model_untie
             with pytest.raises(ValueError):
                 await engine.load_weights([(names[0], torch.zeros(3))], version=2)
             assert engine.policy_version == 1
-        finally:
-            await engine.shutdown()
     run(body())

@@ -38,8 +38,8 @@ from tests.helpers.vllm_stack import (  # noqa: E402
     max_err,
     perturb,
     serve_vllm,
-    until,
 )
+from tests.helpers.waiting import until  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]  # start-up is slow on a busy box
 PROMPTS = [[5, 17, 42, 99, 7, 300, 12], [1, 2, 3], list(range(10, 40)), [100] * 5]

@@ -11,7 +11,6 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from gspo_rl.learner.runtime.target import groups_in_flight
 from gspo_rl.redisq.inflight import PENDING_TTL_S, InFlightCounter
 from gspo_rl.redisq.ready.reader import GroupReader
 from gspo_rl.server.rollouts.admission import POLL_S
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, wait_until
 from tests.helpers.serving import API_KEY, Served, running_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -59,14 +58,6 @@ def gauge(served: Served, name: str) -> float:
     text = httpx.get(served.url + "/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.split("{")[0].split(" ")[0] == name)
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def learner_publishes(redis_url: str, model: Path, *, max_staleness: int, groups_per_step: int,

@@ -21,7 +21,6 @@ import numpy as np
 import openai
 import pytest
 import redis
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gspo_rl.client.examples.calculator import (
@@ -35,6 +34,7 @@ from tests.conftest import RedisServer
 from tests.helpers.queue import ready_groups
 from tests.helpers.reference_logprobs import sequence_logprobs
 from tests.helpers.serving import API_KEY, MODEL_NAME, Served, running_server
+from tests.helpers.template_models import teach_conversation
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 KEYS = Keys()
@@ -330,40 +330,11 @@ TOOL_CONVERSATION = [
 ]
 
 
-def _teach_tool_use(src: Path, dst: Path, steps: int = 200) -> Path:
+def _teach_tool_use(src: Path, dst: Path) -> Path:
     """A copy of the tiny model trained (supervised, on its assistant tokens only) until it
     reproduces ``TOOL_CONVERSATION``: a model that really calls the calculator."""
     shutil.copytree(src, dst)
-    tok = AutoTokenizer.from_pretrained(dst)
-    model = AutoModelForCausalLM.from_pretrained(dst)
-    ids = tok.apply_chat_template(TOOL_CONVERSATION, tools=[CALCULATOR_TOOL], tokenize=True,
-                                  return_dict=False)
-    im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    mask = torch.zeros(len(ids), dtype=torch.bool)
-    for upto in (2, 4):  # each assistant turn: after its generation prompt, to its <|im_end|>
-        start = len(tok.apply_chat_template(TOOL_CONVERSATION[:upto], tools=[CALCULATOR_TOOL],
-                                            add_generation_prompt=True, tokenize=True,
-                                            return_dict=False))
-        mask[start:ids.index(im_end, start) + 1] = True
-    x = torch.tensor([ids])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-            for _ in range(steps):
-                logits = model(input_ids=x).logits[0, :-1]
-                loss = torch.nn.functional.cross_entropy(logits[mask[1:]], x[0, 1:][mask[1:]])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                if loss.item() < 1e-3:
-                    break
-    finally:
-        torch.set_num_threads(threads)
-    assert loss.item() < 1e-3, f"the tiny model did not learn the conversation: {loss.item()}"
-    model.save_pretrained(dst, safe_serialization=True)
+    teach_conversation(dst, TOOL_CONVERSATION, [CALCULATOR_TOOL], steps=200, max_loss=1e-3)
     return dst
 
 

@@ -9,13 +9,10 @@ ids, whatever the parsers showed the client.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 import pytest
 import redis
 from transformers import AutoTokenizer
@@ -25,30 +22,11 @@ from tests.conftest import RedisServer, free_port
 from tests.helpers.serving import ADMIN_KEY, API_KEY, MODEL_NAME, Served, running_server, serve_app
 from tests.helpers.template_models import (
     LOOKUP,
-    echo_assistant,
+    LOOKUP_CONVERSATIONS,
+    lookup_episode,
     make_template_model,
     teach_conversation,
 )
-
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
-CALL = {"id": "call_0", "type": "function",
-        "function": {"name": "lookup", "arguments": {"key": "k"}}}
-CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
-    "qwen3": [
-        {"role": "user", "content": "What is the value of k?"},
-        {"role": "assistant", "content": "", "reasoning_content": "I should look k up.",
-         "tool_calls": [CALL]},
-        {"role": "tool", "tool_call_id": "call_0", "content": "42"},
-        {"role": "assistant", "content": "k is 42.", "reasoning_content": "The tool said 42."},
-    ],
-    "llama3": [
-        {"role": "system", "content": "Use the lookup tool."},
-        {"role": "user", "content": "What is the value of k?"},
-        {"role": "assistant", "content": "", "tool_calls": [CALL]},
-        {"role": "tool", "tool_call_id": "call_0", "content": "42"},
-        {"role": "assistant", "content": "k is 42."},
-    ],
-}
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama3"])
@@ -56,33 +34,8 @@ def taught(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
            ) -> tuple[str, Path]:
     family = request.param
     path = make_template_model(tmp_path_factory.mktemp(family) / "model", family)
-    teach_conversation(path, CONVERSATIONS[family], [LOOKUP])
+    teach_conversation(path, LOOKUP_CONVERSATIONS[family], [LOOKUP])
     return family, path
-
-
-def _first_messages(family: str) -> list[dict[str, Any]]:
-    conv = CONVERSATIONS[family]
-    return conv[:conv.index(next(m for m in conv if m["role"] == "assistant"))]
-
-
-def _run_episode(url: str, family: str) -> tuple[list[Any], str]:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
-    g = httpx.post(f"{url}/v1/groups", json={"size": 1}, headers=AUTH, timeout=30).json()
-    rid = g["rollout_ids"][0]
-    messages = _first_messages(family)
-    choices = []
-    for _ in range(2):
-        c = client.chat.completions.create(
-            model=MODEL_NAME, messages=messages, tools=[LOOKUP], max_tokens=48,
-            temperature=0.3, seed=1, extra_body={"rollout_id": rid}).choices[0]
-        choices.append(c)
-        if not c.message.tool_calls:
-            break
-        (call,) = c.message.tool_calls
-        value = {"k": "42"}.get(json.loads(call.function.arguments)["key"], "")
-        messages = [*messages, echo_assistant(c.message),
-                    {"role": "tool", "tool_call_id": call.id, "content": value}]
-    return choices, rid
 
 
 @contextlib.contextmanager
@@ -130,7 +83,7 @@ def test_lookup_agent_on_vllm(taught: tuple[str, Path], redis_mod: RedisServer) 
 def _check_episode(url: str, family: str, path: Path, redis_url: str,
                    reasoning_parser: str) -> None:
     tok = AutoTokenizer.from_pretrained(path)
-    (c1, c2), rid = _run_episode(url, family)
+    (c1, c2), rid = lookup_episode(url, family)
     assert c1.finish_reason == "tool_calls", c1.message
     assert c1.message.tool_calls[0].function.name == "lookup"
     reasoning = [(c.message.model_extra or {}).get("reasoning_content") for c in (c1, c2)]
