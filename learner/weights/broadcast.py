@@ -7,8 +7,7 @@ rebuild the group when the set changed or the last push failed (a fresh ``TCPSto
 server asked over HTTP to join epoch ``e``); (2) post ``/admin/weights/update`` to every
 server while broadcasting the buckets; (3) drop a server whose call fails or times out,
 rebuild the group without it and retry once. A server on the learner's own GPU gets CUDA IPC
-handles instead (``/admin/weights/update_ipc``; the choice is
-``gspo_rl.contract.weights.collective.choose_transport``).
+handles (``/admin/weights/update_ipc``; ``contract.weights.collective.choose_transport``).
 
 Every wait is bounded (HTTP by ``timeout_s``, collectives by the group's timeout, the health
 check by ``health_timeout_s``) and ends early when a server's reply says its side failed
