@@ -14,8 +14,9 @@ instruction) and the question. A completion is scored as reasoning-gym's eval sc
 last ``<answer>...</answer>`` is extracted (none: no answer, ``None``) and the generator's own
 ``score_answer`` gives the reward, partial credit kept; a scorer that raises on a malformed
 answer scores it 0.0 unless the task's own answer fails too (a broken task raises).
-``score_entry`` is that scoring as a picklable module-level function (the scorers are cached
-per process) for worker processes; ``judge`` returns a ``Verdict`` (correct: reward >= 1).
+``score_entry`` is that scoring as a picklable function for worker processes, and the library's
+registry, checks and datasets are ``reasoning_gym_library``'s; ``judge`` returns a ``Verdict``
+(correct: reward >= 1).
 
 ``eval_tasks()``: ``eval_size`` tasks per generator from the dataset seeded ``eval_seed``
 (default ``seed + 1_000_003``). Disjointness is kept on the training side: a training draw
@@ -24,8 +25,6 @@ whose question is one of the eval questions is skipped, in every epoch.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import functools
 import json
 import random
@@ -33,13 +32,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gspo_rl.client.adapters import missing
+from gspo_rl.client.adapters.reasoning_gym_library import (
+    PREFIX,
+    check_config,
+    check_name,
+    library,
+    make_dataset,
+    parse_target,
+    registry,
+    score_entry,
+    scorer,
+    suggest,
+)
 from gspo_rl.client.environment import SingleTurnEnvironment
 from gspo_rl.client.selection import TaskSelection
 from gspo_rl.client.tasks.environment import SourceStats
 from gspo_rl.client.verifiers import Verdict
 
-PREFIX = "reasoning-gym"
 DEFAULT_SIZE = 10_000
 DEFAULT_EVAL_SIZE = 50
 EVAL_SEED_OFFSET = 1_000_003
@@ -47,10 +56,6 @@ DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "max_tokens": 1024}
 SETTINGS = ("seed", "size", "group_size", "sampling", "system_prompt", "eval_size",
             "eval_seed", "selection")
 """The adapter's own arguments; any other key names a generator of the spec (its config)."""
-OWN_FIELDS = ("seed", "size")
-"""Config fields the adapter sets itself (the ``seed`` and ``size`` arguments)."""
-UNSUPPORTED = {"composite": "mix generators with the spec's comma list instead "
-                            "(reasoning-gym:NAME:WEIGHT,NAME:WEIGHT)"}
 
 
 @dataclass(frozen=True)
@@ -93,110 +98,6 @@ class Settings:
     eval_seed: int | None = None
     selection: dict[str, Any] = field(default_factory=dict)
     """``TaskSelection``'s settings (``selection.enabled=false`` turns it off)."""
-
-
-def _library() -> Any:
-    try:
-        import reasoning_gym
-    except ImportError as exc:
-        raise missing(PREFIX, exc) from exc
-    return reasoning_gym
-
-
-def _registry() -> dict[str, tuple[type, type]]:
-    """Generator name -> (dataset class, config dataclass), as the library registers them."""
-    _library()
-    from reasoning_gym.factory import DATASETS
-
-    datasets: dict[str, tuple[type, type]] = DATASETS  # (reasoning-gym ships no types)
-    return datasets
-
-
-def _suggest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def parse_target(target: str) -> list[tuple[str, float]]:
-    """``NAME[:WEIGHT][,NAME[:WEIGHT]...]`` -> [(name, weight)]; ValueError when malformed."""
-    out: list[tuple[str, float]] = []
-    for part in (p.strip() for p in target.split(",")):
-        name, sep, weight = part.partition(":")
-        if not name:
-            raise ValueError(f"{PREFIX}:{target}: an empty generator name")
-        try:
-            w = float(weight) if sep else 1.0
-        except ValueError:
-            raise ValueError(f"{PREFIX}:{target}: the weight of {name!r} must be a number, "
-                             f"got {weight!r}") from None
-        if not w > 0:
-            raise ValueError(f"{PREFIX}:{target}: the weight of {name!r} must be > 0")
-        if name in (n for n, _ in out):
-            raise ValueError(f"{PREFIX}:{target}: {name!r} is named twice")
-        out.append((name, w))
-    return out
-
-
-def check_name(name: str) -> None:
-    """ValueError unless ``name`` is a generator this adapter can run."""
-    registry = _registry()
-    if name in UNSUPPORTED:
-        raise ValueError(f"{PREFIX}: {name!r} is not supported: {UNSUPPORTED[name]}")
-    if name not in registry:
-        known = sorted(set(registry) - set(UNSUPPORTED))
-        raise ValueError(f"{PREFIX}: no generator {name!r}{_suggest(name, known)}; the "
-                         f"{len(known)} generators of reasoning-gym: {', '.join(known)}")
-
-
-def check_config(name: str, config: Any) -> None:
-    """ValueError unless ``config`` holds settings of ``name``'s config dataclass."""
-    if not isinstance(config, Mapping):
-        raise ValueError(f"{PREFIX}: the settings of {name!r} must be a mapping "
-                         f"({name}.KEY=VALUE), got {config!r}")
-    fields = [f.name for f in dataclasses.fields(_registry()[name][1])]
-    settable = [f for f in fields if f not in OWN_FIELDS]
-    for key in config:
-        if key in OWN_FIELDS:
-            raise ValueError(f"{PREFIX}: {name}.{key} is set by the adapter: use the "
-                             f"{key!r} argument (--env-arg {key}=...)")
-        if key not in fields:
-            raise ValueError(f"{PREFIX}: {name} has no setting {key!r}"
-                             f"{_suggest(key, settable)}; its settings: {', '.join(settable)}")
-
-
-def make_dataset(name: str, config: Mapping[str, Any], seed: int, size: int) -> Any:
-    """The generator's dataset; ValueError when the library refuses the settings."""
-    reasoning_gym = _library()
-    try:
-        return reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
-    except (AssertionError, TypeError, ValueError) as exc:
-        raise ValueError(f"{PREFIX}: {name} refuses the settings {dict(config)}: "
-                         f"{exc or type(exc).__name__}") from None
-
-
-@functools.lru_cache(maxsize=128)
-def _scorer(name: str, config_json: str) -> Any:
-    """One dataset per generator and config, per process: its ``score_answer`` scores."""
-    return make_dataset(name, json.loads(config_json), seed=0, size=1)
-
-
-def score_entry(name: str, config: dict[str, Any], completion: str,
-                entry: dict[str, Any]) -> float:
-    """The reward of ``completion`` for ``entry`` of generator ``name`` (module docstring).
-    Picklable and free of state but a per-process cache: call it in worker processes."""
-    dataset = _scorer(name, json.dumps(config, sort_keys=True))
-    from reasoning_gym.utils import extract_answer
-
-    answer = extract_answer(completion)
-    try:
-        return float(dataset.score_answer(answer, entry))
-    except Exception as exc:  # noqa: BLE001 - a malformed answer, unless the task is broken
-        try:
-            dataset.score_answer(entry.get("answer"), entry)
-        except Exception as broken:
-            raise ValueError(f"{PREFIX}: {name} cannot score its own answer of this task "
-                             f"({broken!r}): a broken entry") from exc
-        return 0.0
 
 
 def score_task(configs: Mapping[str, dict[str, Any]], task: GymTask, completion: str) -> float:
@@ -334,7 +235,7 @@ class ReasoningGymEnvironment(SingleTurnEnvironment):
 
 def system_prompt_text(prompt: str | None) -> str | None:
     """``prompt``, or the text of reasoning-gym's prompt of that name."""
-    _library()
+    library()
     from reasoning_gym.utils import SYSTEM_PROMPTS
 
     if not prompt or prompt in ("null", "none"):  # --env-arg system_prompt=null: none
@@ -385,24 +286,24 @@ def _selection(raw: Any) -> dict[str, Any]:
 
 def load(target: str, args: dict[str, Any]) -> ReasoningGymEnvironment:
     """The environment of ``reasoning-gym:TARGET`` with ``args`` (module docstring)."""
-    _library()
+    library()
     weights = parse_target(target)
     names = [n for n, _ in weights]
     for name in names:
         check_name(name)
     for key in args:
-        if key in _registry() and key not in names:
+        if key in registry() and key not in names:
             raise ValueError(f"{PREFIX}: settings for {key!r}, which the spec does not name "
                              f"(it names {', '.join(names)})")
         if key not in SETTINGS and key not in names:
             raise ValueError(f"{PREFIX}: unknown argument {key!r}"
-                             f"{_suggest(key, [*SETTINGS, *names])}: the arguments are "
+                             f"{suggest(key, [*SETTINGS, *names])}: the arguments are "
                              f"{', '.join(SETTINGS)}, or a generator of the spec "
                              f"({', '.join(names)}) with its settings ({names[0]}.KEY=VALUE)")
     generators = []
     for name, weight in weights:
         config = args.get(name, {})
         check_config(name, config)
-        _scorer(name, json.dumps(config, sort_keys=True))  # the library checks the values
+        scorer(name, json.dumps(config, sort_keys=True))  # the library checks the values
         generators.append(Generator(name, weight, dict(config)))
     return ReasoningGymEnvironment(generators, settings_of(args))
