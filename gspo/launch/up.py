@@ -9,48 +9,39 @@ bar with reward, throughput and staleness; writes ``metrics.jsonl`` (the learner
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import gc
-import json
 import logging
 import secrets
 import signal
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gspo_rl.contract.net import free_port
 from gspo_rl.launch.aio import run_interruptible
 from gspo_rl.launch.config import LORA_LR, UP_DEFAULTS, UpConfig
+from gspo_rl.launch.drive import drive
 from gspo_rl.launch.processes import Processes, gspo_command, start_redis, wait_http
 from gspo_rl.launch.run_dir import groups_played, set_aside_previous_run
 from gspo_rl.launch.runlog import (
     ENV_WINDOW,
-    JsonlTail,
     moving,
     plot_rewards,
     read_metrics,
     step_records,
     version_curve,
 )
-from gspo_rl.launch.watch import until_exit, watch_learner
 from gspo_rl.launch.workload import Workload, make_workload
 from gspo_rl.learner.tracking.base import check_installed
 
 __all__ = ["LORA_LR", "UP_DEFAULTS", "UpConfig", "UpResult", "run_up"]
 log = logging.getLogger(__name__)
 # With an eval set, the learner waits this long after training for the final evaluation (an
-# evaluation under way, then the final one), and gspo up this long for it to exit after that.
+# evaluation under way, then the final one; gspo_rl.launch.drive).
 FINAL_EVAL_WAIT_S = 900.0
-LEARNER_EXIT_S = 60.0
-# After the clock or the learner ends the run: an evaluation is given this long to finish,
-# and a wait past EVAL_SAY_S is said while it lasts.
-EVAL_WAIT_S, EVAL_SAY_S = 300.0, 30.0
 # after Ctrl-C, each stage of the environment's cancellation gets this long (gspo_rl.launch.aio)
 INTERRUPT_GRACE_S = 20.0
+
 
 @dataclass
 class UpResult:
@@ -184,21 +175,6 @@ def start_stack(cfg: UpConfig, procs: Processes,
     return url, api_key, redis_url, metrics
 
 
-def _status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str, Any]:
-    """Progress figures from the latest learner steps and environment groups."""
-    last = steps[-1] if steps else {}
-    hist = last.get("staleness", {}) or {}
-    n = sum(hist.values())
-    stale = sum(int(k) * v for k, v in hist.items()) / n if n else 0.0
-    recent = [r["reward_mean"] for r in steps if "reward_mean" in r]
-    return {"step": int(last.get("step", 0)),
-            "reward": sum(recent) / len(recent) if recent else float("nan"),
-            "env_reward": sum(env_rewards) / len(env_rewards) if env_rewards else float("nan"),
-            "tok_s": float(last.get("tokens_per_s", 0.0)), "staleness": stale,
-            "trained_fraction": float(last.get("trained_group_fraction", 1.0)),
-            "token_fraction": float(last.get("trained_token_fraction", 1.0))}
-
-
 def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
     """The fate of every group of the run, from Redis
     (``gspo_rl.learner.tracking.metrics.group_fates``)."""
@@ -212,99 +188,6 @@ def group_counts(redis_url: str, prefix: str | None = None) -> dict[str, int]:
         return group_fates(client, Keys(prefix) if prefix else Keys())
     finally:
         client.close()
-
-
-async def _drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics: Path,
-                 procs: Processes, on_status: Any) -> None:
-    """Run the environment until the learner finishes (its step cap, or the target
-    reward: ``gspo_rl.learner.runtime.target``) or the clock runs out; surface any child's crash at
-    once. With an eval set: evaluated every N versions meanwhile, and once more at the end,
-    while the learner waits to log it (``gspo_rl.learner.runtime.final_eval``). The environments'
-    ``serving`` contexts are held throughout (``gspo_rl.client.mixture``)."""
-    from gspo_rl.client.client import AsyncGSPOClient, RetryPolicy
-    from gspo_rl.client.mixture import serving_all
-    from gspo_rl.client.runner import arun_groups
-    from gspo_rl.client.signal import SignalWatch
-
-    stop = asyncio.Event()
-    env_rewards: deque[float] = deque(maxlen=ENV_WINDOW)
-    env_log = open(cfg.run_dir / "env_rewards.jsonl", "a")  # noqa: SIM115 (closed below)
-
-    signal = SignalWatch()  # says when most recent groups carry no signal, and why
-
-    def on_group(g: Any) -> None:
-        signal.on_group(g.rewards)
-        reward = sum(g.rewards) / len(g.rewards)
-        env_rewards.append(reward)
-        env_log.write(json.dumps({"time": time.time(), "group_id": g.group_id,
-                                  "version": min(g.versions) if g.versions else -1,
-                                  "reward": reward, "task": repr(g.task)[:500],
-                                  **({"env": g.env} if g.env else {})}) + "\n")
-        env_log.flush()
-
-    steps = deque[dict[str, Any]](maxlen=5)
-    quiet = RetryPolicy(quiet_when_finished=True)  # the learner's end is the run's end
-    async with serving_all(work.env), AsyncGSPOClient(url, api_key=api_key,
-                                                      retry=quiet) as client:
-        runner = asyncio.create_task(arun_groups(
-            work.env, client, None, concurrency=cfg.concurrency, seed=work.seed, stop=stop,
-            on_group=on_group))
-        evals = asyncio.create_task(work.watcher.run(client, stop)) if work.watcher else None
-        waiting: int | None = None  # the version the learner waits to see evaluated
-        interrupted = True  # until the watch returns
-        try:
-            waiting = await watch_learner(cfg.minutes, runner, procs, JsonlTail(metrics), steps,
-                                          lambda: on_status(_status(steps, env_rewards)))
-            interrupted = False
-        finally:
-            stop.set()
-            await _end_side_tasks(runner, evals, interrupted)
-            env_log.close()
-        if work.watcher is not None and procs.alive("server"):  # after training, unrecorded
-            on_status({**_status(steps, env_rewards), "final_eval": True})
-            try:  # unless the last one was of this version; it must not end the run
-                await _bounded(work.watcher.run_final(client, waiting),
-                               "the final evaluation")
-            except Exception as exc:  # noqa: BLE001 - reported, the run's results stand
-                log.warning("the final evaluation failed: %s: %s", type(exc).__name__, exc)
-        if waiting is not None:  # the learner logs the final evaluation, then exits
-            await until_exit(procs, "learner", LEARNER_EXIT_S)
-    # the subprocess transports a cancelled episode left (verifiers' harness programs) are
-    # collected while the loop still runs: once it is closed they raise at exit
-    gc.collect()
-
-
-async def _end_side_tasks(runner: asyncio.Task[Any], evals: asyncio.Task[Any] | None,
-                          interrupted: bool) -> None:
-    """The groups are cancelled (10 s for it: one that hangs is named at exit,
-    ``gspo_rl.launch.aio``); an evaluation under way finishes within ``EVAL_WAIT_S``, unless
-    the run was interrupted (then it is cancelled too)."""
-    runner.cancel()
-    if evals is not None and interrupted:
-        evals.cancel()
-    side = {runner} if evals is None else {runner, evals}
-    await asyncio.wait(side, timeout=10)
-    if evals is not None and not interrupted:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await _bounded(evals, "the evaluation under way")
-    for t in side:  # retrieved: an environment error was raised by the watch already
-        if t.done() and not t.cancelled():
-            t.exception()
-
-
-async def _bounded(work: Any, what: str) -> Any:
-    """``work`` (a coroutine or task), cancelled after ``EVAL_WAIT_S`` with a warning that
-    says so; a wait past ``EVAL_SAY_S`` is said while it lasts."""
-    task = asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({task}, timeout=EVAL_SAY_S)
-    if not done:
-        log.warning("waiting for %s (at most %g s more)", what, EVAL_WAIT_S - EVAL_SAY_S)
-        done, _ = await asyncio.wait({task}, timeout=EVAL_WAIT_S - EVAL_SAY_S)
-    if not done:
-        task.cancel()
-        log.warning("%s took longer than %g s: cancelled", what, EVAL_WAIT_S)
-        raise TimeoutError(f"{what} took longer than {EVAL_WAIT_S:g} s")
-    return task.result()
 
 
 def run_up(cfg: UpConfig) -> UpResult:
@@ -338,7 +221,7 @@ def run_up(cfg: UpConfig) -> UpResult:
                 cfg, procs, FINAL_EVAL_WAIT_S if work.watcher is not None else 0.0)
             progress, task = make_progress(cfg.max_steps)
             with progress:
-                run_interruptible(_drive(cfg, work, url, api_key, metrics, procs,
+                run_interruptible(drive(cfg, work, url, api_key, metrics, procs,
                                          lambda s: show(progress, task, s, work.status())),
                                   INTERRUPT_GRACE_S)
         except KeyboardInterrupt:

@@ -77,13 +77,13 @@ def test_an_evaluation_after_the_run_is_bounded_and_said(monkeypatch, caplog) ->
     it lasts and cancelled at ``EVAL_WAIT_S``: gspo up always ends."""
     import pytest
 
-    from gspo_rl.launch import up
+    from gspo_rl.launch import drive
 
-    monkeypatch.setattr(up, "EVAL_WAIT_S", 0.4)
-    monkeypatch.setattr(up, "EVAL_SAY_S", 0.1)
-    assert asyncio.run(up._bounded(asyncio.sleep(0.01, result=7), "quick")) == 7
+    monkeypatch.setattr(drive, "EVAL_WAIT_S", 0.4)
+    monkeypatch.setattr(drive, "EVAL_SAY_S", 0.1)
+    assert asyncio.run(drive.bounded(asyncio.sleep(0.01, result=7), "quick")) == 7
     with caplog.at_level("WARNING"), pytest.raises(TimeoutError, match="longer than 0.4 s"):
-        asyncio.run(up._bounded(_idle(), "the final evaluation"))
+        asyncio.run(drive.bounded(_idle(), "the final evaluation"))
     said = [r.getMessage() for r in caplog.records]
     assert any("waiting for the final evaluation" in m for m in said), said
     assert any("cancelled" in m for m in said), said
