@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -31,23 +32,42 @@ DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scancel", "squeue
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
-def free_port() -> int:
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int = 1) -> int:
+    """A port p with p .. p + n - 1 free now, below the kernel's ephemeral range: the jobs
+    bind them seconds later, and a port the kernel hands out meanwhile (a learner's TCPStore
+    binding port 0, a connection's source port) is never one of them (it took a server's port
+    once, and the server could not start)."""
+    top = _ephemeral_start() - n
+    for _ in range(500):
+        p = random.randrange(20000, top)
+        if all(_bindable(p + i) for i in range(n)):
+            return p
+    raise RuntimeError(f"no {n} consecutive free ports found below {top + n}")
+
+
+def free_port() -> int:
+    return free_ports(1)
 
 
 def free_port_pair() -> int:
     """A port p with p and p + 1 free (two servers of one step listen on base + i)."""
-    for _ in range(200):
-        p = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 1))
-            except OSError:
-                continue
-        return p
-    raise RuntimeError("no two consecutive free ports found")
+    return free_ports(2)
 
 
 def port_open(port: int) -> bool:
