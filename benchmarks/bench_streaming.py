@@ -101,6 +101,11 @@ async def cpu_phase(client: httpx.AsyncClient, bodies: list[dict], stream: bool,
     return times, {k: c() - before[k] for k, c in clocks.items()}
 
 
+def _ratio(a: float, b: float) -> float:
+    """a / b; NaN when b is 0 (a phase shorter than the CPU clock's tick: tiny sizes)."""
+    return a / b if b > 0 else float("nan")
+
+
 async def bench(url: str, model: str, server_pid: int,
                 args: argparse.Namespace) -> dict[str, list[float]]:
     prompts = make_prompts(args.concurrency, args.prompt_len, 500)
@@ -121,11 +126,11 @@ async def bench(url: str, model: str, server_pid: int,
             got, cpu = {}, {}
             for s in order:
                 got[s], cpu[s] = await cpu_phase(client, bodies, s, clocks)
-            out["server_cpu"].append(cpu[True]["server"] / cpu[False]["server"])
+            out["server_cpu"].append(_ratio(cpu[True]["server"], cpu[False]["server"]))
             tokens = args.max_tokens * len(bodies)
             out["server_us_s"].append(cpu[True]["server"] / tokens * 1e6)
             out["server_us_p"].append(cpu[False]["server"] / tokens * 1e6)
-            out["client_cpu"].append(cpu[True]["client"] / cpu[False]["client"])
+            out["client_cpu"].append(_ratio(cpu[True]["client"], cpu[False]["client"]))
             ttft_s = statistics.median(t for t, _ in got[True])
             ttft_p = statistics.median(t for t, _ in got[False])
             end_s = statistics.median(e for _, e in got[True])
