@@ -53,6 +53,8 @@ def run_interruptible(main: Coroutine[Any, Any, T], grace_s: float = 30.0) -> T:
             _name_stuck({task}, "the run's main task")
         _cancel_rest(loop, grace_s)
         if interrupts:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the interrupt is what ended the run
             raise KeyboardInterrupt
         return task.result()
     finally:
