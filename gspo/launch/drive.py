@@ -27,7 +27,7 @@ from gspo_rl.launch.runlog import ENV_WINDOW, JsonlTail
 from gspo_rl.launch.watch import until_exit, watch_learner
 from gspo_rl.launch.workload import Workload
 
-log = logging.getLogger("gspo_rl.launch.up")
+log = logging.getLogger(__name__)
 LEARNER_EXIT_S = 60.0
 """After the final evaluation, the learner's time to log it and exit."""
 # After the clock or the learner ends the run: an evaluation is given this long to finish,

@@ -10,7 +10,6 @@ bar with reward, throughput and staleness; writes ``metrics.jsonl`` (the learner
 from __future__ import annotations
 
 import contextlib
-import logging
 import secrets
 import signal
 import time
@@ -35,7 +34,6 @@ from gspo_rl.launch.workload import Workload, make_workload
 from gspo_rl.learner.tracking.base import check_installed
 
 __all__ = ["LORA_LR", "UP_DEFAULTS", "UpConfig", "UpResult", "run_up"]
-log = logging.getLogger(__name__)
 # With an eval set, the learner waits this long after training for the final evaluation (an
 # evaluation under way, then the final one; gspo_rl.launch.drive).
 FINAL_EVAL_WAIT_S = 900.0
