@@ -6,8 +6,8 @@ sampling budget, off against on, in the same run, on three workloads.
 
 Each run is a whole ``gspo up`` (Redis, a server on the tiny model, the learner, the
 environment) of ``--max-steps`` learner steps (or ``--minutes``), no target: "off" is
-``--no-selection --no-signal-hold-s 0`` (every task as drawn; a group without signal leaves
-admission at once: how it was), "on" the defaults. Workloads:
+``--no-selection --no-signal-hold-s 0 --no-signal-drought-s 0`` (every task as drawn; a group
+without signal leaves admission at once: how it was), "on" the defaults. Workloads:
 
 - ``math``: the math tutorial (``clients/examples/math/tasks.toml``: tasks from data, a numeric
   verifier with a format reward, its eval set every 5 versions);
@@ -45,7 +45,7 @@ WORKLOADS = {
            "sampling.max_tokens=16", "--env-arg", "size=200", "--env-arg", "eval_size=0"],
     "tool": ["--env", "calculator", "--env-arg", "pool=64", "--env-arg", "max_tokens=16"],
 }
-OFF = ["--no-selection", "--no-signal-hold-s", "0"]
+OFF = ["--no-selection", "--no-signal-hold-s", "0", "--no-signal-drought-s", "0"]
 
 
 def run(task: str, setting: str, seed: int, args: argparse.Namespace, tmp: Path) -> dict:

@@ -71,4 +71,5 @@ class SignalWatch:
                           if counts[k])
         return (f"{without} of the last {len(self.recent)} groups carried no learning signal "
                 f"({parts}); {ADVICE[cause]}. Such groups are dropped and cost their "
-                "sampling: the server slows new ones (no_signal_hold_s)")
+                "sampling: the server slows new ones (no_signal_hold_s), and to a probe "
+                "when none has carried a signal for a minute (no_signal_drought_s)")

@@ -54,15 +54,26 @@ def capacity(max_staleness: int | None, groups_per_step: int, lag: int = 0) -> i
     return max(0, (max_staleness + 1 - max(0, lag)) * max(1, groups_per_step))
 
 
-def budget_counted(no_signal: int, bound: int | None, groups_per_step: int | None) -> int:
+def budget_counted(no_signal: int, bound: int | None, groups_per_step: int | None,
+                   drought: bool = False) -> int:
     """How many of the groups that ended without a learning signal since the learner's last
     step count as in flight (the sampling budget): all of them, but never so many that fewer
-    than one step's groups (``groups_per_step``) could be sampled. The budget slows an
-    environment whose groups teach nothing; it never starves a learner that waits for the
-    groups that would (docs/learning-signal.md)."""
-    if bound is None or not groups_per_step:
+    than one step's groups (``groups_per_step``) could be sampled, so a learner waiting for
+    the rare group with a signal is never starved (docs/learning-signal.md). In a
+    ``drought`` (no group has carried a signal for ``no_signal_drought_s`` while groups kept
+    ending without one: ``in_drought``) all of them count: the policy cannot change while
+    nothing trains, and the environment slows to ``bound / no_signal_hold_s`` groups a
+    second until one group carries a signal."""
+    if bound is None or not groups_per_step or drought:
         return no_signal
     return min(no_signal, max(0, bound - groups_per_step))
+
+
+def in_drought(no_signal_recent: int, groups_per_step: int | None) -> bool:
+    """Whether ``no_signal_recent`` groups without a signal, ended within the drought window
+    while none with a signal did (``gspo_rl.redisq.inflight``: 0 outside a drought), make a
+    drought: at least one learner step's worth of them."""
+    return no_signal_recent > 0 and no_signal_recent >= max(1, groups_per_step or 1)
 
 
 def admits(in_flight: int, bound: int | None) -> bool:

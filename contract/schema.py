@@ -94,6 +94,12 @@ class Keys:
         return f"{self.prefix}:groups:no_signal"
 
     @property
+    def signal_seen(self) -> str:
+        """When the last group with a learning signal ended (member ``last``, a sorted set
+        kept at its maximum; ``gspo_rl.redisq.tasks``)."""
+        return f"{self.prefix}:groups:signal_seen"
+
+    @property
     def finished_rewards(self) -> str:
         return f"{self.prefix}:rewards:finished"
 

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 import redis.asyncio as aioredis
 
-from gspo_rl.contract.admission import LearnerParams, budget_counted
+from gspo_rl.contract.admission import LearnerParams, budget_counted, in_drought
 from gspo_rl.contract.schema import LEARNER_CONSUMER_GROUP, Keys
 from gspo_rl.redisq.connection import RedisPipe, run_script
 from gspo_rl.redisq.lua import LuaScript
@@ -75,8 +75,8 @@ return new
 
 IN_FLIGHT_FACTS = LuaScript(
     keys=("deadlines_key", "active_key", "complete_key", "stream_key", "learner_key",
-          "counts_key", "seen_key", "total_key", "no_signal_key"),
-    args=("server_id", "consumer_group", "hold_s"),
+          "counts_key", "seen_key", "total_key", "no_signal_key", "signal_key"),
+    args=("server_id", "consumer_group", "hold_s", "drought_s"),
     helpers=_SWEEP,
     body="""
 -- server_id: the reading server ('': none)
@@ -117,27 +117,44 @@ if tonumber(hold_s) > 0 then
   if stepped > since then since = stepped end
   held = redis.call('ZCOUNT', no_signal_key, '(' .. string.format('%.6f', since), '+inf')
 end
+-- a drought: no group with a signal ended within drought_s, and the first group without one
+-- since the last that had one ended drought_s ago or more -> those of the window (else 0)
+local dry = 0
+if tonumber(drought_s) > 0 then
+  local window = now - tonumber(drought_s)
+  local last = tonumber(redis.call('ZSCORE', signal_key, 'last') or '0')
+  if last <= window then
+    local first = redis.call('ZRANGEBYSCORE', no_signal_key, '(' .. string.format('%.6f', last),
+      '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if #first > 0 and tonumber(first[2]) <= window then
+      dry = redis.call('ZCOUNT', no_signal_key, '(' .. string.format('%.6f', window), '+inf')
+    end
+  end
+end
 return {n_open, n_complete, depth, lag, remote, redis.call('HGETALL', learner_key), n_idle,
-  held, string.format('%.3f', now)}
+  held, string.format('%.3f', now), dry}
 """)
 """The facts the in-flight count is made of, in one round trip (``gspo_rl.redisq.inflight``
 reads it for the gate, ``gspo_rl.learner.runtime.target`` to drain); ``in_flight_call`` gives
 its keys and arguments, ``InFlightFacts.from_reply`` reads its reply."""
 
 
-def in_flight_call(keys: Keys, server_id: str = "",
-                   hold_s: float = 0.0) -> tuple[list[str], list[str]]:
+def in_flight_call(keys: Keys, server_id: str = "", hold_s: float = 0.0,
+                   drought_s: float = 0.0) -> tuple[list[str], list[str]]:
     """KEYS and ARGV of ``IN_FLIGHT_FACTS`` for server ``server_id`` (its own pending count is
     left out: its gate knows it exactly; "": every server's counts). ``hold_s``: how long a
-    group dropped for equal rewards holds a place (``InFlightFacts.no_signal``; 0: not)."""
+    group dropped for equal rewards holds a place (``InFlightFacts.no_signal``; 0: not);
+    ``drought_s``: how long without any group with a signal makes a drought
+    (``InFlightFacts.drought``; 0: never)."""
     return IN_FLIGHT_FACTS.slots(
         keys={"deadlines_key": keys.deadlines, "active_key": keys.group_activity,
               "complete_key": keys.complete,
               "stream_key": keys.ready_stream, "learner_key": keys.learner_state,
               "counts_key": keys.admission_pending, "seen_key": keys.admission_seen,
-              "total_key": keys.admission_pending_total, "no_signal_key": keys.no_signal},
+              "total_key": keys.admission_pending_total, "no_signal_key": keys.no_signal,
+              "signal_key": keys.signal_seen},
         args={"server_id": server_id, "consumer_group": LEARNER_CONSUMER_GROUP,
-              "hold_s": hold_s})
+              "hold_s": hold_s, "drought_s": drought_s})
 
 
 @dataclass(frozen=True)
@@ -160,11 +177,20 @@ class InFlightFacts:
     the sampling budget counts them as in flight (``gspo_rl.server.rollouts.admission``)."""
     now: float = 0.0
     """Redis time of the read."""
+    drought: int = 0
+    """Groups without a signal that ended within ``drought_s`` while no group with one did,
+    for ``drought_s`` at least (0: no drought, or not asked)."""
+
+    @property
+    def in_drought(self) -> bool:
+        """``gspo_rl.contract.admission.in_drought``: the budget counts every held group."""
+        return in_drought(self.drought, self.learner.groups_per_step)
 
     def budget_counted(self, bound: int | None) -> int:
         """The ``no_signal`` groups the sampling budget counts under ``bound``
         (``gspo_rl.contract.admission.budget_counted``)."""
-        return budget_counted(self.no_signal, bound, self.learner.groups_per_step)
+        return budget_counted(self.no_signal, bound, self.learner.groups_per_step,
+                              self.in_drought)
 
     @property
     def learner_age_s(self) -> float | None:
@@ -174,14 +200,14 @@ class InFlightFacts:
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> Self:
-        n_open, n_complete, depth, lag, remote, state, n_idle, held, now = reply
+        n_open, n_complete, depth, lag, remote, state, n_idle, held, now, dry = reply
         depth, lag = int(depth), int(lag)
         return cls(open=int(n_open), complete=int(n_complete),
                    undelivered=depth if lag < 0 else lag, remote_pending=int(remote),
                    ready_depth=depth,
                    learner=LearnerParams.from_hash(dict(zip(state[::2], state[1::2],
                                                             strict=True))),
-                   idle=int(n_idle), no_signal=int(held), now=float(now))
+                   idle=int(n_idle), no_signal=int(held), now=float(now), drought=int(dry))
 
     def describe(self) -> str:
         """What the count is made of, for a person: "3 open, 1 complete, ..."; the idle groups
@@ -212,16 +238,19 @@ class InFlightCounter:
     """Reads the global facts; publishes this server's pending count."""
 
     def __init__(self, client: aioredis.Redis, keys: Keys, server_id: str,
-                 pipe: RedisPipe | None = None, no_signal_hold_s: float = 0.0) -> None:
+                 pipe: RedisPipe | None = None, no_signal_hold_s: float = 0.0,
+                 no_signal_drought_s: float = 0.0) -> None:
         """``pipe``: the connection reads go through (the store's); None: ``client``.
-        ``no_signal_hold_s``: ``in_flight_call``'s ``hold_s``."""
+        ``no_signal_hold_s``, ``no_signal_drought_s``: ``in_flight_call``'s ``hold_s`` and
+        ``drought_s``."""
         self.client = client
         self.keys = keys
         self.server_id = server_id
         self.pipe = pipe
         self._facts = client.register_script(IN_FLIGHT_FACTS.source)
         self._publish = client.register_script(PUBLISH_PENDING.source)
-        self._keys, self._args = in_flight_call(keys, server_id, no_signal_hold_s)
+        self._keys, self._args = in_flight_call(keys, server_id, no_signal_hold_s,
+                                                no_signal_drought_s)
 
     async def read(self) -> Snapshot:
         """The facts now, in one round trip (``IN_FLIGHT_FACTS``)."""

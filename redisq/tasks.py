@@ -13,7 +13,8 @@ completed the group): ``UPDATE_TASK`` adds it to the task's hash, atomically:
 
 A task's hash expires ``TASK_TTL_S`` after its last group. A group dropped for equal rewards
 is also noted in ``Keys.no_signal`` (group id -> when), which admission counts as in flight
-for a while (``gspo_rl.redisq.inflight``: the sampling budget). Environments read the
+for a while (``gspo_rl.redisq.inflight``: the sampling budget); a group with a signal
+moves ``Keys.signal_seen`` forward (the budget's drought ends). Environments read the
 statistics through the server (``POST /v1/tasks/stats``: ``read_task_stats``) and choose what
 to sample (``gspo_rl.client.selection``). Advisory: a failure to record is logged, never a
 failed reward post.
@@ -37,6 +38,7 @@ ALPHA = 0.3
 TASK_TTL_S = 30 * 86400
 NO_SIGNAL_KEEP_S = 3600  # how long a no-signal drop stays noted (admission reads the recent ones)
 MAX_TASK_ID = 256
+SIGNAL_MEMBER = "last"  # Keys.signal_seen's one member, scored by when
 
 UPDATE_TASK = LuaScript(
     keys=("task_key",),
@@ -113,6 +115,8 @@ async def record_outcomes(redis: aioredis.Redis, keys: Keys, outcomes: Sequence[
                     await script(keys=k, args=a, client=pipe)
                 if o.fate == "dropped" and o.equal:
                     pipe.zadd(keys.no_signal, {o.group_id: now})
+                elif not o.equal:
+                    pipe.zadd(keys.signal_seen, {SIGNAL_MEMBER: now}, gt=True)
             pipe.zremrangebyscore(keys.no_signal, "-inf", now - NO_SIGNAL_KEEP_S)
             await pipe.execute()
     except Exception as exc:  # noqa: BLE001 - advisory: the rewards are stored either way

@@ -151,6 +151,12 @@ class ServerSettings(BaseSettings):
     an environment whose groups all end so is slowed to the learner's pace instead of
     sampling as fast as the server allows (``gspo_rl.redisq.inflight``). 0: such a
     group leaves the count at once."""
+    no_signal_drought_s: float = Field(default=60.0, ge=0)
+    """The budget's drought: once no group has carried a learning signal for this long while
+    groups kept ending without one, every held group counts (none of the places otherwise
+    left free for one learner step's groups), so an environment whose groups never carry a
+    signal slows to ``bound / no_signal_hold_s`` groups a second; the first group with a
+    signal ends it. 0: never (docs/learning-signal.md)."""
     admission_capacity_without_learner: int = Field(default=12, ge=1)
     """Groups in flight admitted while no learner has published its staleness bound and
     groups per step (12 = (2 + 1) x 4, the demo's); once it has, its bound applies."""

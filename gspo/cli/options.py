@@ -30,7 +30,8 @@ SERVE = {name: name for name in (
     "enforce_eager")}
 SERVE_AFTER_VLLM_ARG = {name: name for name in (
     "max_n", "max_tokens", "max_body_bytes", "max_ready_groups", "admission",
-    "admission_wait_s", "no_signal_hold_s", "admission_capacity_without_learner",
+    "admission_wait_s", "no_signal_hold_s", "no_signal_drought_s",
+    "admission_capacity_without_learner",
     "max_episode_turns",
     "episode_history_rewrite", "tool_call_parser", "reasoning_parser")} | {
     "group_ttl_s": "queue.group_ttl_s", "group_idle_s": "queue.group_idle_s",
@@ -59,7 +60,8 @@ SFT = {name: name for name in (
 UP = {name: name for name in (
     "run_dir", "model", "redis_url", "loss", "max_steps", "groups_per_step", "group_size",
     "tasks", "env")} | {"env_arg": "env_args"} | {name: name for name in (
-        "selection", "no_signal_hold_s", "resume", "data", "verifier", "eval_every", "lr",
+        "selection", "no_signal_hold_s", "no_signal_drought_s", "resume", "data", "verifier",
+        "eval_every", "lr",
         "lora_rank", "read_timeout_s", "max_staleness", "concurrency", "minutes",
         "target_reward", "seed", "device", "engine", "admission", "report_to", "run_name")}
 # ``gspo learn`` and ``gspo up`` read these from the environment (their configs are no

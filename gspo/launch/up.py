@@ -109,6 +109,15 @@ def _server_lora_args(cfg: UpConfig) -> list[str]:
     return []
 
 
+def _budget_args(cfg: UpConfig) -> list[str]:
+    """The server's sampling budget settings that ``gspo up`` was given (else its defaults)."""
+    args = [] if cfg.no_signal_hold_s is None else ["--no-signal-hold-s",
+                                                      str(cfg.no_signal_hold_s)]
+    if cfg.no_signal_drought_s is not None:
+        args += ["--no-signal-drought-s", str(cfg.no_signal_drought_s)]
+    return args
+
+
 def _tracking_args(cfg: UpConfig) -> list[str]:
     """The learner's tracking flags: its trackers write under ``run_dir/tracking``."""
     if not cfg.report_to:
@@ -139,8 +148,7 @@ def start_stack(cfg: UpConfig, procs: Processes,
                                 "--redis-url", redis_url, "--server-id", "up-server",
                                 "--log-level", "warning", *_server_device_args(cfg),
                                 *_server_lora_args(cfg),
-                                *([] if cfg.no_signal_hold_s is None else
-                                  ["--no-signal-hold-s", str(cfg.no_signal_hold_s)]),
+                                *_budget_args(cfg),
                                 *([] if cfg.admission else ["--no-admission"])),
                 env=keys_env)
     url = f"http://127.0.0.1:{port}"

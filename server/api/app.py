@@ -178,7 +178,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.engine, app.state.redis, app.state.keys, app.state.store = (
             engine, redis, keys, store)
         counter = InFlightCounter(redis, keys, settings.server_id, store.pipe,
-                                  no_signal_hold_s=settings.no_signal_hold_s)
+                                  no_signal_hold_s=settings.no_signal_hold_s,
+                                  no_signal_drought_s=settings.no_signal_drought_s)
         gate = AdmissionGate(counter, settings, app.state.metrics,
                              lambda: engine.policy_version,
                              weight_status=app.state.weight_updates.describe)

@@ -57,6 +57,7 @@ class AdmissionGate:
         self.enabled = settings.admission
         self.wait_s = settings.admission_wait_s
         self.fallback = settings.admission_capacity_without_learner
+        self.drought_s = settings.no_signal_drought_s
         self.max_ready_groups = settings.max_ready_groups
         self.metrics = metrics
         self.server_version = server_version
@@ -181,6 +182,10 @@ class AdmissionGate:
         if held < snap.no_signal:
             made_of += (f"; the sampling budget counts {held} of the {snap.no_signal} without "
                         "a learning signal, leaving one learner step's groups free")
+        elif snap.in_drought:
+            made_of += (f"; no group has carried a learning signal for {self.drought_s:g} s "
+                        f"({snap.drought} ended without one): the sampling budget counts all "
+                        f"{held} until one does (no_signal_drought_s)")
         if held * 2 >= counted > 0:
             made_of += (f"; most are groups without a learning signal: the policy solves or "
                         f"fails every sample of most tasks it is given ({NO_SIGNAL_HINT})")

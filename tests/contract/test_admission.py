@@ -3,7 +3,13 @@ flight so that the newest is trained within the learner's staleness bound."""
 
 from __future__ import annotations
 
-from gspo_rl.contract.admission import LearnerParams, admits, budget_counted, capacity
+from gspo_rl.contract.admission import (
+    LearnerParams,
+    admits,
+    budget_counted,
+    capacity,
+    in_drought,
+)
 
 
 def test_capacity_is_staleness_plus_one_steps_of_groups_less_the_servers_lag() -> None:
@@ -43,3 +49,11 @@ def test_the_budget_always_leaves_one_steps_groups_free() -> None:
     assert budget_counted(3, bound=2, groups_per_step=4) == 0  # a lagging server's bound
     assert budget_counted(3, bound=None, groups_per_step=4) == 3  # no bound: counted as is
     assert budget_counted(3, bound=8, groups_per_step=None) == 3  # no learner yet
+
+
+def test_in_a_drought_the_budget_counts_every_held_group() -> None:
+    assert in_drought(4, groups_per_step=4) and in_drought(9, groups_per_step=4)
+    assert not in_drought(3, groups_per_step=4)  # fewer than one step's groups ended dry
+    assert not in_drought(0, groups_per_step=None) and in_drought(1, groups_per_step=None)
+    assert budget_counted(10, bound=12, groups_per_step=4, drought=True) == 10
+    assert budget_counted(3, bound=4, groups_per_step=4, drought=True) == 3

@@ -16,6 +16,7 @@ from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.runtime.published import publish_state, state_fields
 from gspo_rl.redisq.connection import pipe_for
 from gspo_rl.redisq.inflight import InFlightCounter, Snapshot
+from gspo_rl.redisq.tasks import GroupOutcome, record_outcomes
 from tests.conftest import RedisServer
 
 KEYS = Keys()
@@ -129,3 +130,52 @@ def test_a_read_after_redis_forgot_its_scripts(redis_server: RedisServer,
 
     first, second = asyncio.run(go())
     assert (first.open, second.open) == (0, 1)
+
+
+async def _read_drought(url: str, hold_s: float, drought_s: float) -> Snapshot:
+    client = aioredis.Redis.from_url(url)
+    try:
+        return await InFlightCounter(client, KEYS, "me", no_signal_hold_s=hold_s,
+                                     no_signal_drought_s=drought_s).read()
+    finally:
+        await client.aclose()
+
+
+def test_a_drought_counts_every_held_group_and_one_group_with_a_signal_ends_it(
+        redis_server: RedisServer, tiny_model_dir) -> None:
+    """The sampling budget's drought (``no_signal_drought_s``): no group with a signal for
+    that long while groups kept ending without one. Outside it the budget leaves one step's
+    groups free; in it every held group counts; a group with a signal (recorded by
+    ``record_outcomes``) ends it at once."""
+    import time
+
+    url, r = redis_server.url, redis.Redis.from_url(redis_server.url)
+    cfg = LearnerConfig(model=str(tiny_model_dir), redis_url=url, max_staleness=1,
+                        groups_per_step=2)
+    now = time.time()
+    publish_state(r, KEYS, {**state_fields(cfg, 0, 0, 0), "updated_at": now - 100})  # bound 4
+    r.zadd(KEYS.no_signal, {"new1": now - 1, "new2": now - 0.5, "new3": now - 0.2})
+    snap = asyncio.run(_read_drought(url, hold_s=30, drought_s=5))
+    assert (snap.no_signal, snap.drought, snap.in_drought) == (3, 0, False)  # only 1 s dry
+    assert snap.budget_counted(4) == 2  # 4 - 2 places held: one step's groups free
+    r.zadd(KEYS.no_signal, {"old": now - 8})  # groups kept ending without one for 8 s
+    snap = asyncio.run(_read_drought(url, hold_s=30, drought_s=5))
+    assert (snap.no_signal, snap.drought, snap.in_drought) == (4, 3, True)
+    assert snap.budget_counted(4) == 4  # every held group counts
+    assert asyncio.run(_read_drought(url, hold_s=30, drought_s=0)).drought == 0  # off
+    assert asyncio.run(_read_drought(url, hold_s=30, drought_s=20)).drought == 0  # 8 s < 20
+
+    async def one_group_with_a_signal(at: float) -> None:
+        client = aioredis.Redis.from_url(url)
+        try:
+            await record_outcomes(client, KEYS, [
+                GroupOutcome("sig", "published", "", None, [0.0, 1.0])], at)
+        finally:
+            await client.aclose()
+
+    asyncio.run(one_group_with_a_signal(time.time()))
+    snap = asyncio.run(_read_drought(url, hold_s=30, drought_s=5))
+    assert (snap.drought, snap.budget_counted(4)) == (0, 2)
+    asyncio.run(one_group_with_a_signal(now - 60))  # an older time never moves it back
+    assert asyncio.run(_read_drought(url, hold_s=30, drought_s=5)).drought == 0
+    r.close()

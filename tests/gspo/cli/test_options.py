@@ -22,7 +22,7 @@ SERVE_FLAGS = [
     "--max-batch-size", "--dtype", "--max-model-len", "--tensor-parallel-size",
     "--gpu-memory-utilization", "--max-lora-rank", "--enforce-eager",
     "--vllm-arg", "--max-n", "--max-tokens", "--max-body-bytes", "--max-ready-groups",
-    "--admission", "--admission-wait-s", "--no-signal-hold-s",
+    "--admission", "--admission-wait-s", "--no-signal-hold-s", "--no-signal-drought-s",
     "--admission-capacity-without-learner",
     "--max-episode-turns", "--episode-history-rewrite", "--tool-call-parser",
     "--reasoning-parser", "--group-ttl-s", "--group-idle-s", "--finished-ttl-s",
@@ -44,7 +44,8 @@ LEARN_FLAGS = [
 UP_FLAGS = [
     "--config", "--run-dir", "--model", "--redis-url", "--loss", "--max-steps",
     "--groups-per-step", "--group-size", "--tasks", "--env", "--env-arg", "--selection",
-    "--no-signal-hold-s", "--resume", "--data", "--verifier", "--eval-every", "--lr",
+    "--no-signal-hold-s", "--no-signal-drought-s", "--resume", "--data", "--verifier",
+    "--eval-every", "--lr",
     "--lora-rank", "--read-timeout-s", "--max-staleness", "--concurrency", "--minutes",
     "--target-reward", "--seed", "--device", "--engine", "--admission", "--report-to",
     "--run-name"]

@@ -142,6 +142,31 @@ def test_groups_without_signal_hold_their_place_until_a_step_or_the_hold_ends(
             reward(s, sample(s), [0.0, 0.0])
 
 
+def test_in_a_drought_every_held_group_counts_until_one_carries_a_signal(
+        tiny_model_dir: Path, redis_server: RedisServer) -> None:
+    """``no_signal_drought_s``: after that long with groups ending but none with a signal,
+    the budget counts every held group (no place is left free), the 503 says why, and the
+    first group with a signal frees the places again."""
+    url = redis_server.url
+    learner_publishes(url, tiny_model_dir, max_staleness=1, groups_per_step=2)  # bound 4
+    with running_server(tiny_model_dir, url, admission=True, admission_wait_s=0.3,
+                        no_signal_hold_s=60.0, no_signal_drought_s=20.0) as s:
+        live = sample(s)
+        r, now = redis.Redis.from_url(url), time.time()
+        r.hset(KEYS.learner_state, "updated_at", now - 100)  # its last step: long ago
+        # groups without a signal kept ending for 25 s (as the server records them)
+        r.zadd(KEYS.no_signal, {"first": now - 25, **{f"g{i}": now - 1 for i in range(4)}})
+        assert gauge(s, "gspo_groups_in_flight") == 1 + 5  # all five held groups count
+        refused = post(s, "/v1/rollouts", ROLLOUT)
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert "no group has carried a learning signal for 20 s (4 ended without one)" in message
+        reward(s, live, [0.0, 1.0])  # a signal: the drought ends
+        assert gauge(s, "gspo_groups_in_flight") == 1 + 2  # published unread + 4 - 2 held
+        sample(s)
+        r.close()
+
+
 def test_refused_with_503_after_the_longest_hold_and_the_sdk_retries(
         tiny_model_dir: Path, redis_server: RedisServer) -> None:
     url = redis_server.url
