@@ -1,7 +1,8 @@
 """Asynchronous vs synchronous training, each side on its own cores, side by side per seed.
 
-    .venv/bin/python benchmarks/bench_async.py [--task demo|letters] [--seeds 0,1,2,3,4]
-        [--async-staleness 2] [--pin on|off] [--threshold T] [--max-steps N] [--minutes M]
+    .venv/bin/python benchmarks/bench_async.py [--task demo|letters|dialogue]
+        [--seeds 0,1,2,3,4] [--async-staleness 2] [--pin on|off] [--threshold T]
+        [--max-steps N] [--minutes M] [--env-arg turn_credit=true] [--learn-arg '...']
     .venv/bin/python benchmarks/bench_async.py --sweep [--staleness 2,4,8]
         [--losses gspo,grpo,sapo] [--task letters] [--seeds 0,1,2]
     python benchmarks/bench_async.py --device cuda ...   # server and learner on one GPU
@@ -12,9 +13,10 @@ auto``: behaviour log-probs in sync, the decoupled objective in async). ``--pin 
 and Redis get one half of the usable cores, the learner the other, in both modes (as two
 devices would; ``UpConfig.cpus``); the environment (this process) is not pinned. The
 environment keeps ``(K + 1) x groups_per_step`` groups going in both modes, so that the bound
-binds. The modes alternate which runs first. Tasks: "demo" (alphabet, target 0.8) and
-"letters" (``benchmarks/tasks/letters.toml``, target 0.7, a longer curve). A run stops at the
-target (moving mean of the last 32 sampled groups), ``--max-steps`` or ``--minutes``.
+binds. The modes alternate which runs first. Tasks: "demo" (alphabet, target 0.8), "letters"
+(``benchmarks/tasks/letters.toml``, 0.7, a longer curve), "dialogue" (``alphabet_dialogue``,
+multi-turn, 0.8). A run stops at the target (moving mean of the last 32 sampled groups),
+``--max-steps`` or ``--minutes``.
 
 Per run: time from the first sampled group to the target, final sampled reward, trained
 fraction of the finished groups, mean staleness, clip fraction, fraction of importance weights
@@ -46,6 +48,9 @@ TASKS: dict[str, dict[str, Any]] = {
     "demo": {"tasks": None, "threshold": 0.8, "max_steps": 120, "minutes": 6.0},
     "letters": {"tasks": str(Path(__file__).resolve().parent / "tasks" / "letters.toml"),
                 "threshold": 0.7, "max_steps": 400, "minutes": 15.0},
+    # multi-turn: two asks per episode (clients/examples/alphabet_dialogue.py)
+    "dialogue": {"tasks": None, "env": ["alphabet_dialogue"], "threshold": 0.8,
+                 "max_steps": 200, "minutes": 8.0},
 }
 COLUMNS = [("time_to_target_s", "time to target s", 16), ("final_reward", "final reward", 12),
            ("trained_fraction", "trained frac", 12), ("staleness_mean", "staleness", 9),
@@ -95,6 +100,7 @@ def run(name: str, staleness: int, loss: str, seed: int, args: argparse.Namespac
     concurrency (default: this run's)."""
     task = TASKS[args.task]
     extra = [] if args.old_logprobs == "auto" else ["--old-logprobs", args.old_logprobs]
+    extra += args.learn_arg.split()
     if args.device and args.device.startswith("cuda"):  # the server's dtype (as on the CPU)
         extra += ["--param-dtype", "float32"]
     concurrency = args.concurrency or (
@@ -103,7 +109,8 @@ def run(name: str, staleness: int, loss: str, seed: int, args: argparse.Namespac
                    groups_per_step=args.groups_per_step, lr=args.lr, minutes=args.minutes,
                    seed=seed, loss=loss, target_reward=args.threshold, tasks=task["tasks"],
                    concurrency=concurrency, cpus=args.cpus, extra_learn_args=extra,
-                   device=args.device)
+                   device=args.device, env_args=args.env_arg,
+                   **({"env": task["env"]} if task.get("env") else {}))
     t0 = time.monotonic()
     result = run_up(cfg)
     out = figures(cfg.run_dir, result.metrics_path, args.threshold, result.groups)
@@ -192,6 +199,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--old-logprobs", choices=["auto", "behavior", "recompute"],
                     default="auto", help="the learner's --old-logprobs (both modes)")
     ap.add_argument("--pin", choices=["on", "off"], default="on")
+    ap.add_argument("--env-arg", action="append", default=[],
+                    help="the environment's argument, key=value (repeatable; gspo up's)")
+    ap.add_argument("--learn-arg", default="",
+                    help="more learner flags, both modes (e.g. '--minibatches 4')")
     ap.add_argument("--threshold", type=float, help="target reward (default: the task's)")
     ap.add_argument("--max-steps", type=int, help="default: the task's")
     ap.add_argument("--minutes", type=float, help="per run (default: the task's)")

@@ -11,14 +11,16 @@ learning rate and seed for every schedule), one after the other in this process.
 update starts at pi_prox, every ratio is 1 and nothing is clipped. Workloads: ``demo`` (the
 alphabet task), ``math`` (the math tutorial's task file), ``tool`` (the calculator, a
 multi-turn tool-use environment; ``--warm-start`` starts every run from its supervised warm
-start, docs/sft.md, made once), ``long`` (``long_letters``: 256-token completions with partial
-credit, where sequence- and token-level ratios differ most). Per loss and schedule it prints,
-over the seeds: how many reached the target reward (sampled: every group the environment
-scored), the median time to it and its ratio to the baseline's on the same seeds, the final
-sampled reward, the last evaluation's mean reward (workloads with an eval set), the clip
-fraction, ``is_weight_capped_fraction`` and the learner's seconds per step (ratio to the
-baseline's). ``--plot``: every run's sampled reward by policy version, one colour per loss and
-schedule, their mean over the seeds drawn thick. Results: BENCHMARKS.md ("Update schedule").
+start, docs/sft.md, made once), ``dialogue`` (``alphabet_dialogue``: the demo as a two-ask
+conversation, a multi-turn task the tiny model learns), ``long`` (``long_letters``: 256-token
+completions with partial credit, where sequence- and token-level ratios differ most). Per loss
+and schedule it prints, over the seeds: how many reached the target reward (sampled: every
+group the environment scored), the median time to it and its ratio to the baseline's on the
+same seeds, the final sampled reward, the last evaluation's mean reward (workloads with an eval
+set), the clip fraction, ``is_weight_capped_fraction`` and the learner's seconds per step
+(ratio to the baseline's). ``--plot``: every run's sampled reward by policy version, one colour
+per loss and schedule, their mean over the seeds drawn thick. Results: BENCHMARKS.md ("Update
+schedule").
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     # multi-turn tool use: the calculator environment (clients/examples/calculator.py) over a
     # pool of 64 problems, two model turns per episode
     "tool": {"env": ["calculator"], "env_args": ["pool=64", "max_tokens=16"]},
+    # multi-turn: the alphabet demo as a two-ask conversation (clients/examples/
+    # alphabet_dialogue.py), which the tiny model learns from scratch
+    "dialogue": {"env": ["alphabet_dialogue"]},
     # long completions (docs/reference/losses.md: the stability claim)
     "long": {"env": ["long_letters"], "env_args": ["length=256"]},
 }

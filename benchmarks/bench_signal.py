@@ -17,7 +17,8 @@ without signal leaves admission at once: how it was), "on" the defaults. Workloa
   "on".
 
 Per run: groups generated and trained, sampled tokens generated and trained, the trained
-shares, seconds, the last sampled reward and the last eval score (math). Printed per
+shares, seconds, the last sampled reward, the last eval score (math) and the groups scored
+per second in the second half of the run (the pace the budget settled at). Printed per
 workload: the medians over seeds, and the ratios on/off of the trained token share and of the
 time (goal on the tutorial: trained/generated tokens >= 4x off, and at least half the
 generated groups trained; no slower, no lower eval).
@@ -85,8 +86,9 @@ def figures(run_dir: Path, seconds: float, stdout: str) -> dict[str, float]:
     evals = [v for r in recs if r.get("event") == "eval" for k, v in r.items()
              if k.endswith("/mean_reward")]
     env_file = run_dir / "env_rewards.jsonl"
-    env = [json.loads(x)["reward"] for x in
-           (env_file.read_text().splitlines()[-32:] if env_file.exists() else [])]
+    env_recs = [json.loads(x) for x in
+                (env_file.read_text().splitlines() if env_file.exists() else [])]
+    env = [r["reward"] for r in env_recs[-32:]]
     found = SUMMARY.search(stdout)
     g_gen, g_tr, t_gen, t_tr = (int(x) for x in found.groups()) if found else (0, 0, 0, 0)
     return {"steps": len(steps), "seconds": seconds, "groups_generated": g_gen,
@@ -94,7 +96,18 @@ def figures(run_dir: Path, seconds: float, stdout: str) -> dict[str, float]:
             "group_share": g_tr / g_gen if g_gen else 0.0,
             "token_share": t_tr / t_gen if t_gen else 0.0,
             "sampled_reward": sum(env) / max(1, len(env)),
+            "late_groups_per_s": late_rate([float(r["time"]) for r in env_recs if "time" in r]),
             "eval": evals[-1] if evals else float("nan")}
+
+
+def late_rate(times: list[float]) -> float:
+    """Groups scored per second over the second half of the run's sampling (from its first
+    group to its last): the pace it settled at, whatever the run's length."""
+    if len(times) < 2:
+        return float("nan")
+    t0, t1 = min(times), max(times)
+    mid = (t0 + t1) / 2
+    return sum(t >= mid for t in times) / max(t1 - mid, 1e-9)
 
 
 def report(task: str, results: dict[str, list[dict[str, Any]]]) -> None:
@@ -103,7 +116,8 @@ def report(task: str, results: dict[str, list[dict[str, Any]]]) -> None:
 
     print(f"\n{task}: median over {len(results['on'])} seeds", flush=True)
     for key in ("steps", "seconds", "groups_generated", "groups_trained", "tokens_generated",
-                "tokens_trained", "group_share", "token_share", "sampled_reward", "eval"):
+                "tokens_trained", "group_share", "token_share", "sampled_reward", "eval",
+                "late_groups_per_s"):
         print(f"  {key:>16}: off {med('off', key):10.3f}   on {med('on', key):10.3f}")
     ratios = [a["token_share"] / b["token_share"] for a, b in
               zip(results["on"], results["off"], strict=True) if b["token_share"] > 0]
@@ -140,7 +154,8 @@ def main() -> None:
                     print(f"{task} {setting:>3} seed {seed}: {res['steps']} steps in "
                           f"{res['seconds']:.0f} s, {res['groups_generated']} groups "
                           f"generated, {res['groups_trained']} trained, tokens "
-                          f"{res['token_share']:.1%} trained, eval {res['eval']:.3f} "
+                          f"{res['token_share']:.1%} trained, eval {res['eval']:.3f}, "
+                          f"{res['late_groups_per_s']:.2f} groups/s in its second half "
                           f"(load {os.getloadavg()[0]:.1f})", flush=True)
             if args.only is None:
                 report(task, results)

@@ -1,8 +1,9 @@
 """Find the environment a spec names: a built-in example, your own class, or an adapter.
 
-``alphabet`` | ``calculator`` | ``long_letters`` | ``path/to/my_env.py:MyEnv`` |
-``my_package.my_env:MyEnv`` | ``verifiers:MODULE`` | ``reasoning-gym:NAME[:weight],...`` |
-``openenv:URL`` (``gspo_rl.client.adapters``). A class (or a function returning an environment)
+``alphabet`` | ``calculator`` | ``long_letters`` | ``alphabet_dialogue`` |
+``path/to/my_env.py:MyEnv`` | ``my_package.my_env:MyEnv`` | ``verifiers:MODULE`` |
+``reasoning-gym:NAME[:weight],...`` | ``openenv:URL`` (``gspo_rl.client.adapters``).
+A class (or a function returning an environment)
 is called with the spec's arguments as keyword arguments (``--env-arg key=value``: the value
 parsed as JSON when it is JSON other than ``null``, else kept as a string; dotted keys nest:
 ``a.b=1`` -> ``{"a": {"b": 1}}``); an instance named the same way is used as it is and takes no
@@ -29,8 +30,11 @@ from gspo_rl.client.environment import Environment, MultiTurnEnvironment, Single
 
 BUILTIN = {"alphabet": ("gspo_rl.client.examples.alphabet", "AlphabetEnvironment"),
            "calculator": ("gspo_rl.client.examples.calculator", "CalculatorEnvironment"),
-           "long_letters": ("gspo_rl.client.examples.long_letters", "LongLettersEnvironment")}
-SPEC_FORMS = ("alphabet | calculator | long_letters | path/to/module.py:EnvClass | "
+           "long_letters": ("gspo_rl.client.examples.long_letters", "LongLettersEnvironment"),
+           "alphabet_dialogue": ("gspo_rl.client.examples.alphabet_dialogue",
+                                 "AlphabetDialogueEnvironment")}
+SPEC_FORMS = ("alphabet | calculator | long_letters | alphabet_dialogue | "
+              "path/to/module.py:EnvClass | "
               "package.module:EnvClass | "
               "verifiers:MODULE | reasoning-gym:NAME[,NAME...] | openenv:URL")
 

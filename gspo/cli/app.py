@@ -106,6 +106,7 @@ def env(
     names: list[str] = typer.Argument(None, metavar="[SPEC[@WEIGHT]]...",
                                       help="Environment(s), side by side by weight: "
                                       "alphabet (default) | calculator | long_letters | "
+                                      "alphabet_dialogue | "
                                       "path/to/module.py:Cls "
                                       "| package.module:Cls | verifiers:MODULE | "
                                       "reasoning-gym:NAME,... | openenv:URL | tasks.toml "
