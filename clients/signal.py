@@ -72,4 +72,4 @@ class SignalWatch:
         return (f"{without} of the last {len(self.recent)} groups carried no learning signal "
                 f"({parts}); {ADVICE[cause]}. Such groups are dropped and cost their "
                 "sampling: the server slows new ones (no_signal_hold_s), and to a probe "
-                "when none has carried a signal for a minute (no_signal_drought_s)")
+                "when none has carried a signal for 3 minutes (no_signal_drought_s)")

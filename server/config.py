@@ -151,7 +151,7 @@ class ServerSettings(BaseSettings):
     an environment whose groups all end so is slowed to the learner's pace instead of
     sampling as fast as the server allows (``gspo_rl.redisq.inflight``). 0: such a
     group leaves the count at once."""
-    no_signal_drought_s: float = Field(default=60.0, ge=0)
+    no_signal_drought_s: float = Field(default=180.0, ge=0)
     """The budget's drought: once no group has carried a learning signal for this long while
     groups kept ending without one, every held group counts (none of the places otherwise
     left free for one learner step's groups), so an environment whose groups never carry a

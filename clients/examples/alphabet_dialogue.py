@@ -1,19 +1,20 @@
 """A multi-turn task a tiny model learns: the alphabet demo as a conversation of ``turns`` asks.
 
     gspo up --env alphabet_dialogue
-    gspo env alphabet_dialogue --env-arg turns=3
+    gspo env alphabet_dialogue --env-arg turns=3 --env-arg turn_credit=true
 
 Each episode is one conversation through the official ``openai.AsyncOpenAI`` client, every
-chat completion carrying the episode's ``rollout_id``: the user asks for a word from "a to m"
-or "n to z"; after each reply the environment says whether its first letter was in the asked
-half and asks again, for a half drawn anew, until ``turns`` model turns are done. A reply is
-right when its first letter lies in the half asked in that turn (as ``alphabet``). The
-episode's reward is the share of its turns answered right (0, 1/turns, ..., 1); with
-``turn_credit`` it is the last turn's and each turn earns its own (``turn_rewards``: 1/turns
-when right), so the credit rule can tell the turns apart. A random model scores about 0.5 per
-turn, so most groups carry a signal from the first step; to pass 0.8 it has to read the
-latest ask in a growing conversation, which is what the multi-turn machinery serves: one
-trajectory per episode, its turns sampled by whatever policy version the server held then.
+chat completion carrying the episode's ``rollout_id``: the user asks for a word from one half
+of the alphabet; after each reply the environment says whether its first letter was in the
+asked half and asks again, until ``turns`` model turns are done. ``order="alternate"`` (the
+default) asks "a to m", then "n to z", and so on: the right half depends on the turn, which a
+tiny model learns from the conversation's shape (the demo's 0.8 in about 60 steps);
+``order="random"`` draws each ask anew, and the model must read the latest ask through the
+chat template (the tiny model did not learn that in 150 steps). A reply is right when its
+first letter lies in the half asked in that turn. The episode's reward is the share of its
+turns answered right; with ``turn_credit`` it is the last turn's and each earlier turn earns
+its own (``turn_rewards``: 1/turns when right), so the credit rule can tell the turns apart.
+A random model scores about 0.5 per turn, so most groups carry a signal from the first step.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ try:
 except ImportError as exc:  # the SDK itself is httpx-only; this example needs the client
     raise ImportError("the alphabet_dialogue example drives episodes with the official openai "
                       "client: pip install openai") from exc
+
+
+ORDERS = ("alternate", "random")
 
 
 @dataclass(frozen=True)
@@ -57,14 +61,20 @@ class AlphabetDialogueEnvironment(MultiTurnEnvironment):
 
     def __init__(self, group_size: int = 8, turns: int = 2, max_tokens: int = 8,
                  temperature: float = 1.0, turn_credit: bool = False,
-                 timeout_s: float = 120.0) -> None:
+                 order: str = "alternate", timeout_s: float = 120.0) -> None:
         if turns < 1:
             raise ValueError(f"turns must be >= 1, got {turns}")
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.group_size, self.turns, self.max_tokens = group_size, turns, max_tokens
         self.temperature, self.turn_credit, self.timeout_s = temperature, turn_credit, timeout_s
+        self.order = order
 
     def sample_task(self, rng: random.Random) -> DialogueTask:
-        return DialogueTask(tuple(rng.choice(sorted(HALVES)) for _ in range(self.turns)))
+        halves = sorted(HALVES)
+        if self.order == "alternate":
+            return DialogueTask(tuple(halves[k % 2] for k in range(self.turns)))
+        return DialogueTask(tuple(rng.choice(halves) for _ in range(self.turns)))
 
     def group_metadata(self, task: DialogueTask) -> dict[str, Any]:
         return {"task": "alphabet_dialogue", "halves": list(task.halves)}

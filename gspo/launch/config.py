@@ -109,7 +109,7 @@ class UpConfig(BaseModel):
     without a learning signal counts as in flight until the learner's next step, at most
     this long; 0: it leaves at once."""
     no_signal_drought_s: float | None = Field(None, ge=0)
-    """The server's ``no_signal_drought_s`` (60 s): after this long without any group with a
+    """The server's ``no_signal_drought_s`` (180 s): after this long without any group with a
     learning signal, the budget holds every place (sampling slows to a probe); 0: never."""
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """vLLM's share of the GPU when it shares it with the learner."""

@@ -38,10 +38,14 @@ def test_with_turn_credit_each_turn_earns_its_own() -> None:
 
 
 def test_tasks_ask_a_half_per_turn_and_feedback_names_the_letter() -> None:
-    env = AlphabetDialogueEnvironment(turns=4)
+    env = AlphabetDialogueEnvironment(turns=4)  # alternate: the half follows the turn
+    assert env.sample_task(random.Random(0)).halves == ("a to m", "n to z") * 2
+    env = AlphabetDialogueEnvironment(turns=4, order="random")
     tasks = [env.sample_task(random.Random(s)) for s in range(20)]
     assert all(len(t.halves) == 4 and set(t.halves) <= set(HALVES) for t in tasks)
-    assert {h for t in tasks for h in t.halves} == set(HALVES)
+    assert len({t.halves for t in tasks}) > 2
+    with pytest.raises(ValueError, match="order"):
+        AlphabetDialogueEnvironment(order="sorted")
     assert feedback("  Zebra", "a to m", False) == "Wrong: 'z', asked a to m."
     assert feedback("42", "n to z", False) == "Wrong: no letter, asked n to z."
     with pytest.raises(ValueError, match="turns"):
