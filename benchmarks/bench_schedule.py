@@ -13,7 +13,8 @@ alphabet task), ``math`` (the math tutorial's task file), ``tool`` (the calculat
 multi-turn tool-use environment; ``--warm-start`` starts every run from its supervised warm
 start, docs/sft.md, made once), ``dialogue`` (``alphabet_dialogue``: the demo as a two-ask
 conversation, a multi-turn task the tiny model learns), ``long`` (``long_letters``: 256-token
-completions with partial credit, where sequence- and token-level ratios differ most). Per loss
+completions with partial credit, where sequence- and token-level ratios differ most; ``long_fixed``
+the same with one half asked every time). Per loss
 and schedule it prints, over the seeds: how many reached the target reward (sampled: every
 group the environment scored), the median time to it and its ratio to the baseline's on the
 same seeds, the final sampled reward, the last evaluation's mean reward (workloads with an eval
@@ -56,6 +57,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "dialogue": {"env": ["alphabet_dialogue"]},
     # long completions (docs/reference/losses.md: the stability claim)
     "long": {"env": ["long_letters"], "env_args": ["length=256"]},
+    # the same with one half for every prompt: the letters' mix to shift, no condition to carry
+    "long_fixed": {"env": ["long_letters"], "env_args": ["length=256", "half=a to m"]},
 }
 
 

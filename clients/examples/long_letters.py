@@ -10,6 +10,8 @@ characters are skipped; a completion with fewer letters earns only for those it 
 randomly initialised model scores a fraction of 0.5 (about half its letters fall in the right
 half, and not every token is a letter); 1.0 takes ``length`` letters, all from the right half.
 Every sample earns a different reward, so every group carries a learning signal.
+``half="a to m"`` (or "n to z") asks for the same half every time: the condition no longer
+has to be carried across hundreds of tokens, only the letters' mix shifted.
 """
 
 from __future__ import annotations
@@ -29,14 +31,18 @@ def letters_in_half(text: str, half: str, length: int) -> float:
 class LongLettersEnvironment(SingleTurnEnvironment):
     """Single-turn, partial credit in [0, 1], completions of up to ``length`` tokens."""
 
-    def __init__(self, group_size: int = 8, length: int = 256, temperature: float = 1.0):
+    def __init__(self, group_size: int = 8, length: int = 256, temperature: float = 1.0,
+                 half: str = "random"):
         if length < 1:
             raise ValueError(f"length must be >= 1, got {length}")
-        self.group_size, self.length = group_size, length
+        if half != "random" and half not in HALVES:
+            raise ValueError(f"half must be 'random' or one of {sorted(HALVES)}, got {half!r}")
+        self.group_size, self.length, self.half = group_size, length, half
         self.sampling = {"max_tokens": length, "temperature": temperature}
 
     def sample_task(self, rng: random.Random) -> AlphabetTask:
-        return AlphabetTask(half=rng.choice(sorted(HALVES)))
+        return AlphabetTask(half=rng.choice(sorted(HALVES)) if self.half == "random"
+                            else self.half)
 
     def prompt(self, task: AlphabetTask) -> str:
         return f"Write {self.length} letters from {task.half}:"

@@ -36,6 +36,10 @@ def test_the_environment_asks_for_its_length_and_samples_that_many_tokens() -> N
     assert {env.sample_task(random.Random(s)).half for s in range(20)} == set(HALVES)
     with pytest.raises(ValueError, match="length"):
         LongLettersEnvironment(length=0)
+    fixed = LongLettersEnvironment(half="n to z")
+    assert {fixed.sample_task(random.Random(s)).half for s in range(20)} == {"n to z"}
+    with pytest.raises(ValueError, match="half"):
+        LongLettersEnvironment(half="a to z")
 
 
 def test_it_is_a_builtin_spec_with_arguments() -> None:
