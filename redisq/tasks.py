@@ -118,6 +118,8 @@ async def record_outcomes(redis: aioredis.Redis, keys: Keys, outcomes: Sequence[
                 elif not o.equal:
                     pipe.zadd(keys.signal_seen, {SIGNAL_MEMBER: now}, gt=True)
             pipe.zremrangebyscore(keys.no_signal, "-inf", now - NO_SIGNAL_KEEP_S)
+            for key in (keys.no_signal, keys.signal_seen):  # gone after an hour without news
+                pipe.expire(key, NO_SIGNAL_KEEP_S)
             await pipe.execute()
     except Exception as exc:  # noqa: BLE001 - advisory: the rewards are stored either way
         log.warning("task statistics not recorded for %d groups: %s", len(todo), exc)

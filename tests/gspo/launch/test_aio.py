@@ -25,10 +25,11 @@ async def _fails() -> None:
 
 
 def test_without_a_signal_it_is_asyncio_run() -> None:
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler; SIG_IGN under nohup
     assert run_interruptible(_answer()) == 42
     with pytest.raises(ValueError, match="own error"):
         run_interruptible(_fails())
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
 async def _stubborn_cleanup(sig: signal.Signals, cleaned: list[str]) -> None:
@@ -54,6 +55,7 @@ async def _stubborn_cleanup(sig: signal.Signals, cleaned: list[str]) -> None:
 def test_a_signal_ends_the_run_within_its_grace_and_names_what_hung(
         sig: signal.Signals, caplog: pytest.LogCaptureFixture) -> None:
     cleaned: list[str] = []
+    before = signal.getsignal(signal.SIGINT)
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, "gspo_rl.launch.aio"), \
             pytest.raises(KeyboardInterrupt):
@@ -63,4 +65,4 @@ def test_a_signal_ends_the_run_within_its_grace_and_names_what_hung(
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "did not end within its grace" in warning and "the-stuck-one" in warning
     assert "in stuck" in warning  # its stack
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
