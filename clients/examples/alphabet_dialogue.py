@@ -8,7 +8,7 @@ chat completion carrying the episode's ``rollout_id``: the user asks for a word 
 of the alphabet; after each reply the environment says whether its first letter was in the
 asked half and asks again, until ``turns`` model turns are done. ``order="alternate"`` (the
 default) asks "a to m", then "n to z", and so on: the right half depends on the turn, which a
-tiny model learns from the conversation's shape (the demo's 0.8 in about 60 steps);
+tiny model learns from the conversation's shape (0.8 in 20-88 steps, BENCHMARKS.md);
 ``order="random"`` draws each ask anew, and the model must read the latest ask through the
 chat template (the tiny model did not learn that in 150 steps). A reply is right when its
 first letter lies in the half asked in that turn. The episode's reward is the share of its
