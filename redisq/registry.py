@@ -4,7 +4,9 @@ Each server writes its signed registration into the ``servers`` hash and refresh
 heartbeat key with a short TTL. A server that dies stops refreshing; its heartbeat expires
 within ``ttl_s`` and the learner drops it from the broadcast group at its next push (and
 prunes the hash entry, so the hash stays bounded). Each heartbeat also carries the engine's
-current policy version, so the learner sees a server that restarted behind it.
+current policy version, so the learner sees a server that restarted behind it, and what the
+dashboard shows of every server: its load (``Load``) and its last weight update
+(``WeightSync``); readers that do not know these fields ignore them.
 
 Trust: the learner sends its admin key to every server it pushes to, so whoever can write to
 Redis must not be able to point it at their own URL. A registration is
@@ -28,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 import redis
 import redis.asyncio as aredis
@@ -39,8 +41,26 @@ from gspo_rl.contract.schema import Keys
 log = logging.getLogger(__name__)
 
 
+class Load(BaseModel):
+    """The engine's load at the last heartbeat (``EngineStats``)."""
+
+    running: int = 0  # requests being decoded
+    waiting: int = 0  # requests queued
+
+
+class WeightSync(BaseModel):
+    """A server's current or last weight update (``gspo_rl.server.engines.updates``)."""
+
+    version: int  # the version it loads (or loaded, or failed to load)
+    state: Literal["receiving", "loaded", "failed"]
+    started_at: float  # Unix time, the server's clock
+    duration_s: float | None = None  # how long it took (None while receiving)
+    error: str | None = None  # why it failed (at most 200 characters)
+
+
 class ServerInfo(BaseModel):
-    """What the learner needs to reach a server's control plane."""
+    """What the learner needs to reach a server's control plane, and the figures the
+    dashboard shows of it (``load``, ``weight_sync``: None when not reported)."""
 
     server_id: str
     url: str  # base URL of the HTTP API, e.g. http://10.0.0.5:8000
@@ -50,6 +70,8 @@ class ServerInfo(BaseModel):
     # Random per server process: a restart under the same id is a new broadcast member.
     instance: str = ""
     policy_version: int = -1  # the engine's policy version at the last heartbeat
+    load: Load | None = None
+    weight_sync: WeightSync | None = None  # None: no update since the server started
 
     def member(self) -> tuple[str, str, str, int]:
         """What identifies a member of the weight broadcast group (not the version)."""
@@ -73,19 +95,37 @@ def new_instance() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def _beat(info: ServerInfo, version: Callable[[], int] | None,
+          load: Callable[[], Load] | None,
+          weight_sync: Callable[[], WeightSync | None] | None) -> ServerInfo:
+    """``info`` with this beat's figures (those that cannot be read keep their last value)."""
+    update: dict[str, object] = {}
+    try:
+        if version is not None:
+            update["policy_version"] = int(version())
+        if load is not None:
+            update["load"] = load()
+        if weight_sync is not None:
+            update["weight_sync"] = weight_sync()
+    except Exception as exc:  # a figure, not a reason to stop beating
+        log.warning("heartbeat: reading the server's figures failed: %s", exc)
+    return info.model_copy(update=update)
+
+
 async def heartbeat_loop(
     client: aredis.Redis, keys: Keys, info: ServerInfo, interval_s: float = 2.0,
     ttl_s: float = 10.0, *, admin_key: str | None = None,
-    version: Callable[[], int] | None = None,
+    version: Callable[[], int] | None = None, load: Callable[[], Load] | None = None,
+    weight_sync: Callable[[], WeightSync | None] | None = None,
 ) -> None:
     """Register and keep the heartbeat fresh until cancelled; deregister on the way out.
-    ``version`` reads the engine's current policy version for each beat."""
+    ``version``, ``load`` and ``weight_sync`` read the engine's current policy version, load
+    and last weight update for each beat."""
     if not info.instance:
         info = info.model_copy(update={"instance": new_instance()})
     try:
         while True:
-            if version is not None:
-                info = info.model_copy(update={"policy_version": int(version())})
+            info = _beat(info, version, load, weight_sync)
             try:
                 async with client.pipeline(transaction=True) as pipe:
                     pipe.hset(keys.servers, info.server_id, registration(info, admin_key))

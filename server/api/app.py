@@ -41,7 +41,7 @@ from gspo_rl.contract.schema import Keys
 from gspo_rl.redisq.episodes.store import EpisodeStore
 from gspo_rl.redisq.groups.store import make_redis
 from gspo_rl.redisq.inflight import InFlightCounter
-from gspo_rl.redisq.registry import ServerInfo, heartbeat_loop
+from gspo_rl.redisq.registry import Load, ServerInfo, heartbeat_loop
 from gspo_rl.server.api.auth import BearerAuthMiddleware
 from gspo_rl.server.api.dashboard.state import DashboardService
 from gspo_rl.server.api.deps import require_admin_key, require_api_key
@@ -149,6 +149,12 @@ def build_serving(app: FastAPI, engine: Engine, store: EpisodeStore,
                                          state.admission)
 
 
+def engine_load(engine: Engine) -> Load:
+    """The engine's load as the registry's heartbeat carries it (the dashboard's servers)."""
+    stats = engine.stats()
+    return Load(running=stats.running, waiting=stats.waiting)
+
+
 def advertised_url(settings: ServerSettings) -> str:
     """The base URL the learner uses to reach this server's admin routes."""
     if settings.advertise_url:
@@ -195,7 +201,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                           ranks=engine.weight_ranks())
         admin_key = settings.admin_key.get_secret_value() if settings.admin_key else None
         tasks.append(asyncio.create_task(heartbeat_loop(
-            redis, keys, info, admin_key=admin_key, version=lambda: engine.policy_version)))
+            redis, keys, info, admin_key=admin_key, version=lambda: engine.policy_version,
+            load=lambda: engine_load(engine),
+            weight_sync=app.state.weight_updates.sync_state)))
         log.info("serving %s (%s engine) as %r", engine.model_path, engine.name,
                  settings.model_name)
         for warning in settings.security_warnings:

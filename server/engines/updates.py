@@ -6,6 +6,8 @@ or ``update_ipc``): while it lasts it logs a WARNING every ``every_s`` past ``st
 the last update ended. ``describe()`` says, in one clause, an update under way or one that
 failed and was not followed by a successful one: the admission gate appends it when it
 refuses groups, so the refusal names the update that keeps this server behind the learner.
+``sync_state()`` is the same update as the registry's heartbeat carries it to the dashboard
+(``gspo_rl.redisq.registry.WeightSync``: version, state, start, duration, error).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from gspo_rl.redisq.registry import WeightSync
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -29,6 +33,7 @@ class _Update:
     timeout_s: float
     ended: float | None = None
     error: str | None = None
+    started_at: float = 0.0  # Unix time (``started`` is monotonic)
 
 
 class WeightUpdates:
@@ -40,7 +45,8 @@ class WeightUpdates:
 
     async def track(self, version: int, timeout_s: float, wait: Awaitable[T]) -> T:
         """Await ``wait`` (the receive), warning while it lasts; records how it ended."""
-        update = self.last = _Update(version, time.monotonic(), timeout_s)
+        update = self.last = _Update(version, time.monotonic(), timeout_s,
+                                     started_at=time.time())
         warner = asyncio.create_task(self._warn_while(update))
         try:
             out = await wait
@@ -75,3 +81,14 @@ class WeightUpdates:
             return (f"the weight update to version {u.version} failed {now - u.ended:.0f} s "
                     f"ago ({u.error}); the learner retries it")
         return ""
+
+    def sync_state(self) -> WeightSync | None:
+        """The current or last update (None: none since the server started)."""
+        u = self.last
+        if u is None:
+            return None
+        if u.ended is None:
+            return WeightSync(version=u.version, state="receiving", started_at=u.started_at)
+        return WeightSync(version=u.version, state="failed" if u.error else "loaded",
+                          started_at=u.started_at, duration_s=round(u.ended - u.started, 3),
+                          error=None if u.error is None else u.error[:200])

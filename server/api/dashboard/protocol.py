@@ -56,6 +56,25 @@ class LearnerOut(BaseModel):
     """The last stall it published (None: none, or a learner that does not publish them)."""
 
 
+class LoadOut(BaseModel):
+    running: int
+    """Requests being decoded."""
+    waiting: int
+    """Requests queued."""
+
+
+class WeightSyncOut(BaseModel):
+    version: int
+    """The version the update loads (or loaded, or failed to load)."""
+    state: Literal["receiving", "loaded", "failed"]
+    started_at: float
+    """When it started (Unix time, that server's clock)."""
+    duration_s: float | None = None
+    """How long it took (None while receiving)."""
+    error: str | None = None
+    """Why it failed."""
+
+
 class ServerOut(BaseModel):
     server_id: str
     url: str
@@ -66,6 +85,11 @@ class ServerOut(BaseModel):
     """Seconds since its last registry heartbeat (from the heartbeat key's time to live)."""
     verified: bool
     """Its registration verifies with this server's admin key (or neither has one)."""
+    load: LoadOut | None = None
+    """Its engine's load at its last heartbeat (None: a server that does not report it)."""
+    weight_sync: WeightSyncOut | None = None
+    """Its current or last weight update, as of its last heartbeat (None: none since it
+    started, or a server that does not report it)."""
     problem: str | None = None
     this: bool = False
 

@@ -18,7 +18,14 @@ from gspo_rl.contract.schema import Keys, as_str
 from gspo_rl.contract.stall import LastStall
 from gspo_rl.redisq.evals import decode_entries
 from gspo_rl.redisq.registry import parse_registration
-from gspo_rl.server.api.dashboard.protocol import DashboardEval, FatesOut, ServerOut, StallOut
+from gspo_rl.server.api.dashboard.protocol import (
+    DashboardEval,
+    FatesOut,
+    LoadOut,
+    ServerOut,
+    StallOut,
+    WeightSyncOut,
+)
 
 MAX_SERVERS = 64
 N_EVALS = 10
@@ -83,7 +90,8 @@ async def read_sources(redis: Redis, keys: Keys) -> Sources:
 
 def servers_out(src: Sources, admin_key: str | None, this_id: str) -> list[ServerOut]:
     """The registry's servers (``gspo_rl.redisq.registry``), verified with this
-    server's admin key; an entry that does not parse or verify is shown with why."""
+    server's admin key, with the load and weight update each reported at its last heartbeat;
+    an entry that does not parse or verify is shown with why."""
     out = []
     for sid, raw in src.servers.items():
         ttl_ms = src.heartbeats_ms.get(sid, -2)
@@ -96,9 +104,13 @@ def servers_out(src: Sources, admin_key: str | None, this_id: str) -> list[Serve
                                  policy_version=-1, heartbeat_age_s=age, verified=False,
                                  problem=str(exc)[:200], this=sid == this_id))
             continue
-        out.append(ServerOut(server_id=sid, url=info.url, engine=info.engine, model=info.model,
-                             policy_version=info.policy_version, heartbeat_age_s=age,
-                             verified=True, problem=problem, this=sid == this_id))
+        load, sync = info.load, info.weight_sync
+        out.append(ServerOut(
+            server_id=sid, url=info.url, engine=info.engine, model=info.model,
+            policy_version=info.policy_version, heartbeat_age_s=age, verified=True,
+            load=None if load is None else LoadOut(running=load.running, waiting=load.waiting),
+            weight_sync=None if sync is None else WeightSyncOut(**sync.model_dump()),
+            problem=problem, this=sid == this_id))
     return out
 
 

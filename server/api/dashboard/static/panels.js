@@ -120,19 +120,45 @@ window.GSPO_panels = function (H) {
       el("th", { text: "version" }), el("th", { text: "metrics" }))), el("tbody", {}, ...rows))];
   }
 
+  function syncCell(s, w) {
+    if (!w) return el("span", { class: "muted", text: "none yet" });
+    const since = ago(s.time - w.started_at);
+    if (w.state === "receiving") {
+      return el("span", {}, pill("warn", `receiving v${w.version}`),
+                ` for ${fmt(Math.max(0, s.time - w.started_at), 0)} s`);
+    }
+    if (w.state === "failed") {
+      return el("span", { title: w.error || "" }, pill("bad", `v${w.version} failed`),
+                ` ${since}: ${w.error || "no reason given"}`);
+    }
+    return el("span", {}, pill("ok", `v${w.version} loaded`),
+              ` ${since}, in ${fmt(w.duration_s, 2)} s`);
+  }
+
+  function serverRow(s, v) {
+    const load = v.load ? `${fmt(v.load.running)} running, ${fmt(v.load.waiting)} waiting` :
+      "\u2013";
+    return el("tr", { "data-server": v.server_id },
+      el("td", { "data-col": "server", text: v.server_id + (v.this ? " (this)" : ""),
+                 title: v.url }),
+      el("td", { "data-col": "engine", text: v.engine }),
+      el("td", { "data-col": "version", class: "num", text: fmt(v.policy_version) }),
+      el("td", { "data-col": "load", text: load }),
+      el("td", { "data-col": "weight sync" }, syncCell(s, v.weight_sync)),
+      el("td", { "data-col": "heartbeat", text: v.problem ? v.problem : ago(v.heartbeat_age_s) }));
+  }
+
   function servers(s) {
     const e = s.engine;
     const extra = Object.entries(e.extra).map(([k, v]) => `${k} ${fmt(v)}`).join(", ");
-    const rows = s.servers.map((v) => el("tr", {},
-      el("td", { text: v.server_id + (v.this ? " (this)" : ""), title: v.url }),
-      el("td", { text: v.engine }), el("td", { class: "num", text: fmt(v.policy_version) }),
-      el("td", { text: v.problem ? v.problem : ago(v.heartbeat_age_s) })));
+    const head = ["server", "engine", "version", "load", "weight sync", "heartbeat"];
     return [
       el("p", {}, `this server: ${fmt(e.running)} running, ${fmt(e.waiting)} waiting`),
       extra ? note(`engine: ${extra}`) : null,
-      el("table", {}, el("thead", {}, el("tr", {}, el("th", { text: "server" }),
-        el("th", { text: "engine" }), el("th", { text: "version" }),
-        el("th", { text: "heartbeat" }))), el("tbody", {}, ...rows)),
+      el("table", {}, el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { text: h })))),
+         el("tbody", {}, ...s.servers.map((v) => serverRow(s, v)))),
+      note("load and weight sync: as each server reported them at its last heartbeat " +
+           "(every 2 s)"),
     ];
   }
 
