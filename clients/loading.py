@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,37 +63,49 @@ class EnvSpec:
             return Path(rest.partition(":{")[0].rstrip("/\\")).stem or rest
         if prefix == "reasoning-gym":
             return "+".join(part.split(":")[0].strip() for part in rest.split(","))
-        return rest.split("://", 1)[-1].split("/", 1)[0] or rest
+        host = rest.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[2]
+        return host or rest  # without a URL's user:password@
 
 
 def parse_spec(text: str) -> EnvSpec:
-    """``SPEC[@WEIGHT]``; ValueError for a weight that is not a positive number."""
+    """``SPEC[@WEIGHT]``; ValueError for an empty spec or a weight that is not a finite
+    positive number."""
     spec, sep, weight = text.rpartition("@")
     if not sep or "/" in weight or ":" in weight:
-        return EnvSpec(text)
-    try:
-        w = float(weight)
-    except ValueError:
-        return EnvSpec(text)  # an @ that is part of the spec (a URL's user@host)
-    if not w > 0:
-        raise ValueError(f"--env {text}: the weight after @ must be > 0")
+        spec, w = text, 1.0
+    else:
+        try:
+            w = float(weight)
+        except ValueError:  # an @ that is part of the spec (a URL's user@host)
+            spec, w = text, 1.0
+    if not spec.strip():
+        raise ValueError(f"--env {text!r}: name an environment ({SPEC_FORMS})[@WEIGHT]")
+    if not (w > 0 and math.isfinite(w)):
+        raise ValueError(f"--env {text}: the weight after @ must be a finite number > 0")
     return EnvSpec(spec, w)
 
 
 def parse_value(raw: str) -> Any:
     """A ``--env-arg`` value: a JSON number, boolean, object, array or quoted string as
-    such; anything else (``null`` included: ``harness=null`` names the null harness) as the
-    string itself."""
+    such; anything else (``null`` included: ``harness=null`` names the null harness; and
+    ``NaN`` or ``Infinity``, which JSON does not have) as the string itself."""
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_not_json)
     except ValueError:
         return raw
     return raw if value is None else value
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def nest(args: dict[str, Any], key: str, value: Any) -> None:
     """Set ``key`` (dotted: nested dicts) to ``value`` in ``args``."""
     *parents, last = key.split(".")
+    if not all([*parents, last]):
+        raise ValueError(f"--env-arg {key!r}: a key (each part of a dotted one) must not be "
+                         "empty")
     node = args
     for p in parents:
         child = node.setdefault(p, {})
@@ -113,6 +126,9 @@ def with_args(specs: list[EnvSpec], items: list[str]) -> list[EnvSpec]:
         target, colon, bare = key.rpartition(":")
         if colon and target in names:
             chosen = [s for s in specs if s.name == target]
+        elif colon:
+            raise ValueError(f"--env-arg {item!r}: no environment is named {target!r} (the "
+                             f"names: {', '.join(names)})")
         elif len(specs) == 1:
             chosen, bare = specs, key
         else:

@@ -15,6 +15,7 @@ enter it); other environments need nothing.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -40,8 +41,11 @@ class Mix:
         names = [m.name for m in members]
         if len(set(names)) != len(names):
             raise ValueError(f"environment names must differ, got {names}: name them apart")
-        if any(not m.weight > 0 for m in members):
-            raise ValueError("every environment's weight must be > 0")
+        bad = [f"{m.name}@{m.weight}" for m in members
+               if not (m.weight > 0 and math.isfinite(m.weight))]
+        if bad:
+            raise ValueError(f"every environment's weight must be a finite number > 0, got "
+                             f"{', '.join(bad)}")
         self.members = list(members)
         self.live = list(members)
 

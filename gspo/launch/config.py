@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gspo_rl.learner.tracking.base import TrackerNames
 
@@ -131,6 +131,31 @@ class UpConfig(BaseModel):
     """Pin child processes to CPU cores by name ("server", "learner", "redis"), their torch
     threads to as many (``OMP_NUM_THREADS``): each side gets its own cores, as on separate
     devices (``benchmarks/bench_async.py``). Empty (default): no pinning."""
+
+    @field_validator("env")
+    @classmethod
+    def _env_specs(cls, env: list[str]) -> list[str]:
+        """Each spec well formed, its weight a finite number > 0 (nothing is loaded here)."""
+        from gspo_rl.client.loading import parse_spec
+
+        for spec in env:
+            parse_spec(spec)
+        return env
+
+    @model_validator(mode="after")
+    def _env_args_addressed(self) -> UpConfig:
+        """``env_args`` go with an environment, each ``key=value`` addressed to one of them
+        (``NAME:key=value`` with several; ``tasks`` reasoning-gym counts as one)."""
+        from gspo_rl.client.loading import parse_spec, with_args
+
+        specs = list(self.env)
+        if self.tasks is not None and self.tasks.startswith("reasoning-gym:"):
+            specs.insert(0, self.tasks)
+        if self.env_args and not specs:
+            raise ValueError("env_args (--env-arg) go with env (--env): they are its arguments")
+        if self.env_args:
+            with_args([parse_spec(s) for s in specs], list(self.env_args))
+        return self
 
     @classmethod
     def from_toml(cls, path: str | Path | None = None, defaults: dict[str, Any] | None = None,
