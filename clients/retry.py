@@ -2,7 +2,8 @@
 
 ``RetryPolicy``: connection errors, timeouts and 502/503/504 are retried with exponential
 backoff for ``attempts``; 4xx never are. A 503 that holds a new group back (admission:
-``too_many_groups_in_flight``, ``ready_queue_full``, ``training_finished``) is backpressure,
+``too_many_groups_in_flight``, ``ready_queue_full``, ``training_finished``,
+``no_learner_connected``) is backpressure,
 not a failure: retried after the server's ``Retry-After`` for ``admission_patience_s``,
 without using up ``attempts``. A patient request (posting rewards, abandoning a group: both
 idempotent, and the only ways a group ends early) rides out a server restart: retried past
@@ -30,8 +31,9 @@ from gspo_rl.client.errors import ServerUnavailable, error_for_status
 
 RETRY_STATUS = frozenset({502, 503, 504})
 ADMISSION_CODES = frozenset({"too_many_groups_in_flight", "ready_queue_full",
-                             "training_finished"})
+                             "training_finished", "no_learner_connected"})
 FINISHED_CODE = "training_finished"
+NO_LEARNER_CODE = "no_learner_connected"
 SAY_EVERY_S = 30.0
 MAX_RETRY_AFTER_S = 30.0
 log = logging.getLogger("gspo_rl.client.client")
@@ -123,6 +125,10 @@ class Attempts:
         if code == FINISHED_CODE:
             if not self.policy.quiet_when_finished and FINISHED_SAID.due():
                 log.warning("%s: waiting for a learner to start again", error_message(resp))
+        elif code == NO_LEARNER_CODE:
+            if ADMISSION_SAID.due():
+                log.warning("%s: %s; waiting for a learner (%.0f s so far)", self.what,
+                            error_message(resp), waited)
         elif ADMISSION_SAID.due():
             log.warning("%s: the server holds new groups back (%s) for %.0f s: %s; waiting, "
                         "as the learner trains or in-flight groups end", self.what, code,

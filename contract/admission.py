@@ -12,8 +12,9 @@ when the learner keeps everything.
 The learner publishes, in ``Keys.learner_state``: ``max_staleness`` (-1: none),
 ``groups_per_step``, ``training`` (groups of the batch it is training now) and ``finished``
 (empty while it trains; else why it stopped: servers then start no new group, 503
-``training_finished``) and ``seen_at`` (Redis time of its last read of the queue, every few
-seconds while it runs: its heartbeat; ``learner_connected``). The derivation:
+``training_finished``) and ``seen_at`` (its heartbeat: Redis time, written every few seconds
+by a thread while the learner process runs, a long step included; ``learner_connected``).
+The derivation:
 docs/design/admission.md.
 """
 
@@ -29,8 +30,8 @@ FIELD_TRAINING = "training"
 FIELD_FINISHED = "finished"
 FIELD_SEEN_AT = "seen_at"
 LEARNER_GONE_S = 30.0
-"""A learner not seen for this long is not connected (it reads the queue every few seconds
-while it runs: at most ``read_timeout_s`` apart, or a step apart)."""
+"""A learner whose heartbeat is this old is not connected (it beats every 2 s while its
+process runs: ``gspo_rl.learner.runtime.published.Heartbeat``)."""
 
 
 def learner_connected(age_s: float | None) -> bool:
@@ -40,8 +41,8 @@ def learner_connected(age_s: float | None) -> bool:
 
 def no_learner_text(age_s: float | None) -> str:
     """What to tell a person waiting on a queue no learner reads."""
-    when = ("no learner has read the queue yet" if age_s is None else
-            f"no learner has read the queue for {age_s:.0f} s")
+    when = ("no learner has been seen yet" if age_s is None else
+            f"no learner has been seen for {age_s:.0f} s")
     return (f"no learner is connected ({when}): start one (gspo learn), or use "
             "--no-admission to try an environment alone")
 

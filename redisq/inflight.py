@@ -194,7 +194,7 @@ class InFlightFacts:
 
     @property
     def learner_age_s(self) -> float | None:
-        """Seconds since the learner last read the queue (None: no learner ever did)."""
+        """Seconds since the learner's last heartbeat (None: no learner ever beat)."""
         seen = self.learner.seen_at
         return None if seen is None else max(0.0, self.now - seen)
 

@@ -9,7 +9,9 @@ bound is ``admission_capacity_without_learner``; a learner without ``max_stalene
 
 At the bound the request is held (re-checked every ``POLL_S`` and whenever one of this
 server's groups leaves) for at most ``admission_wait_s``, then refused with 503
-``too_many_groups_in_flight`` and ``Retry-After``. Routes that start a group:
+``too_many_groups_in_flight`` and ``Retry-After``; with no learner connected (its heartbeat,
+``learner_connected``) nothing would free a place, so the request is refused at once, 503
+``no_learner_connected``, saying so. Routes that start a group:
 ``POST /v1/completions``, ``/v1/rollouts``, ``/v1/chat/completions`` without a
 ``rollout_id``, ``POST /v1/groups``; work already accepted is never held. Concurrent requests
 share one read of the facts (``AdmissionGate.snapshot``). A learner that has met its goal
@@ -36,6 +38,7 @@ from gspo_rl.server.rollouts.errors import RolloutError, unavailable
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
 ADMISSION_RETRY_AFTER_S = 1
+NO_LEARNER_RETRY_AFTER_S = 2
 POLL_S = 0.05
 WARN_EVERY_S = 10.0
 FINISHED_RETRY_AFTER_S = 10
@@ -133,6 +136,8 @@ class AdmissionGate:
                     fresh = True
                     continue
                 self._check_ready_queue(snap, route)
+                if not learner_connected(snap.learner_age_s):
+                    raise self._refuse_no_learner(snap, route)
                 if not held:
                     held = True
                     self.metrics.admission_held.inc()
@@ -198,6 +203,21 @@ class AdmissionGate:
             f"{bound} that the learner's staleness limit allows; this request waited "
             f"{self.wait_s:g} s for them to end (admission_wait_s): retry",
             code="too_many_groups_in_flight", retry_after_s=ADMISSION_RETRY_AFTER_S)
+
+    def _refuse_no_learner(self, snap: Snapshot, route: str) -> RolloutError:
+        """At the bound with no learner connected: no group in flight will be trained, so
+        holding the request helps nothing; refused at once, saying so."""
+        self.metrics.admission_refused.labels(route).inc()
+        bound = self.bound(snap)
+        counted = snap.others + snap.budget_counted(bound) + self.local
+        said = no_learner_text(snap.learner_age_s)
+        self._warn(f"{said}; {counted} groups in flight ({snap.describe()}; bound {bound}): "
+                   f"refusing new groups on {route} until a learner connects")
+        return unavailable(
+            f"{said}. {counted} groups are in flight ({snap.describe()}, {self.local} being "
+            f"sampled here), at the bound of {bound}; none is trained without a learner, so "
+            "this server starts no new group until one connects (then retry)",
+            code="no_learner_connected", retry_after_s=NO_LEARNER_RETRY_AFTER_S)
 
     def _check_finished(self, snap: Snapshot, route: str) -> None:
         """503 ``training_finished`` once the learner has met its goal (``finished`` in its

@@ -14,7 +14,7 @@ class LearnerHealth(BaseModel):
     connected: bool
     """Its heartbeat is at most 30 s old (``gspo_rl.contract.admission.learner_connected``)."""
     last_seen_s: float | None
-    """Seconds since it last read the queue (None: no learner ever did)."""
+    """Seconds since its last heartbeat (None: no learner ever beat)."""
     version: int
     finished: str
     """Why it stopped taking groups (its goal was met); empty while it trains."""

@@ -71,9 +71,9 @@ def test_unrecorded_requests_are_served_and_leave_redis_untouched(
     assert rkeys.snapshot() == before  # no key, no counter
 
 
-def test_recorded_requests_are_held_and_refused_without_a_learner(served: Served) -> None:
+def test_recorded_requests_are_refused_at_once_without_a_learner(served: Served) -> None:
     r = post(served, "/v1/rollouts", {"prompt": "Hi", "n": 2, "max_tokens": 2})
-    assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_groups_in_flight"
+    assert r.status_code == 503 and r.json()["error"]["code"] == "no_learner_connected"
 
 
 def test_a_plain_chat_call_is_served_unrecorded_and_says_so(served: Served,

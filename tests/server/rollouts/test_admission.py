@@ -8,9 +8,13 @@ on the tiny model, the learner's own reader and state publisher."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,22 @@ from tests.helpers.serving import API_KEY, Served, running_server
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 ROLLOUT = {"prompt_token_ids": [1, 2], "max_tokens": 2, "n": 2}
 KEYS = Keys()
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def learner_alive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The learner's heartbeat while a test stands in for its other writes (without one, a
+    request at the bound is refused at once, 503 ``no_learner_connected``, not held); the
+    no-learner tests run without it."""
+    if "no_learner" in request.node.name:
+        yield
+        return
+    client = redis.Redis.from_url(request.getfixturevalue("redis_server").url)
+    beat = Heartbeat(client, KEYS).start()
+    yield
+    beat.stop()
+    client.close()
 
 
 def post(served: Served, path: str, body: Any, timeout: float = 60) -> httpx.Response:
@@ -307,21 +327,48 @@ def test_in_flight_count_recovers_from_a_crashed_server_and_a_crashed_learner(
         assert members == [b"test-server"]
 
 
+def gspo_env_says(served: Served, text: str, within_s: float = 120) -> str:
+    """Runs ``gspo env`` against ``served`` until a line of its output holds ``text`` (that
+    line), or fails after ``within_s``."""
+    env = {**os.environ, "GSPO_API_KEY": API_KEY, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "gspo_rl.cli", "env", "--url", served.url,
+                             "--groups", "4", "--concurrency", "1"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    timer = threading.Timer(within_s, proc.kill)  # the read below ends when it is killed
+    timer.start()
+    try:
+        for line in proc.stdout or []:
+            lines.append(line)
+            if text in line:
+                return line
+    finally:
+        timer.cancel()
+        proc.kill()
+        proc.wait(timeout=30)
+    raise AssertionError(f"gspo env never said {text!r} in {within_s} s:\n{''.join(lines)}")
+
+
 def test_no_learner_is_said_in_those_words(tiny_model_dir: Path,
                                            redis_server: RedisServer) -> None:
-    """A queue no learner reads: ``/health`` and the 503 say "no learner is connected" and
-    what to do; the learner's heartbeat makes it connected, and its absence disconnected."""
+    """A queue no learner reads: ``/health``, the 503 (at once, not after a hold) and
+    ``gspo env`` say "no learner is connected" and what to do; the learner's heartbeat makes it
+    connected, and its absence disconnected."""
     url = redis_server.url
     with running_server(tiny_model_dir, url, admission=True, admission_wait_s=0.2,
                         admission_capacity_without_learner=1) as s:
         learner = httpx.get(s.url + "/health", timeout=10).json()["learner"]
         assert learner["connected"] is False and learner["last_seen_s"] is None
-        assert "no learner is connected (no learner has read the queue yet)" in learner[
+        assert "no learner is connected (no learner has been seen yet)" in learner[
             "message"] and "gspo learn" in learner["message"]
         sample(s)  # the one place the fallback capacity allows
-        refused = post(s, "/v1/rollouts", ROLLOUT)
-        assert refused.status_code == 503
-        assert "no learner is connected" in refused.json()["error"]["message"]
+        refused = post(s, "/v1/rollouts", ROLLOUT)  # at once: holding it would help nothing
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "2"
+        error = refused.json()["error"]
+        assert error["code"] == "no_learner_connected", error
+        assert "no learner is connected" in error["message"] and "1 open" in error["message"]
+        said = gspo_env_says(s, "no learner is connected")
+        assert "start one (gspo learn)" in said and "waiting for a learner" in said, said
         client = redis.Redis.from_url(url)
         beat = Heartbeat(client, KEYS).start()
         try:

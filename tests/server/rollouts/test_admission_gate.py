@@ -5,6 +5,7 @@ held request that is cancelled (its client left) leaves the gate as it found it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import redis.asyncio as aioredis
 
 from gspo_rl.contract.schema import Keys
 from gspo_rl.learner.config import LearnerConfig
-from gspo_rl.learner.runtime.published import publish_state, state_fields
+from gspo_rl.learner.runtime.published import Heartbeat, publish_state, state_fields
 from gspo_rl.redisq.inflight import InFlightCounter
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.metrics import ServerMetrics
@@ -22,6 +23,16 @@ from gspo_rl.server.rollouts.errors import RolloutError
 from tests.conftest import RedisServer
 
 KEYS = Keys()
+
+
+@pytest.fixture(autouse=True)
+def learner_alive(redis_server: RedisServer) -> Iterator[None]:
+    """The learner's heartbeat (without one, a request at the bound is refused at once)."""
+    client = redis.Redis.from_url(redis_server.url)
+    beat = Heartbeat(client, KEYS).start()
+    yield
+    beat.stop()
+    client.close()
 
 
 class CountingCounter(InFlightCounter):
