@@ -26,6 +26,12 @@ READY_HEAD_FIELD = "head"  # a by-reference entry: pack_ready_group's bytes befo
 READY_COUNT_FIELD = "rollouts"  # ... and the msgpack list of the rollout ids whose records follow
 READY_RECORDS_FIELD = "records"  # ... with the group id whose one records key holds them
 LEARNER_CONSUMER_GROUP = "learners"
+# ``Keys.learner_state`` fields: the mean reward per sample of the groups the learner's last
+# step trained, the same over its last ``REWARD_TRAINED_STEPS`` steps, and that count
+# (``gspo_rl.learner.runtime.published.TrainedRewards``; the dashboard's rewards).
+REWARD_TRAINED = "reward_trained"
+REWARD_TRAINED_RECENT = "reward_trained_recent"
+REWARD_TRAINED_STEPS = "reward_trained_steps"
 
 
 @dataclass(frozen=True)

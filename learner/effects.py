@@ -28,7 +28,7 @@ from gspo_rl.learner.parallel.loading import export_full, load_policy
 from gspo_rl.learner.parallel.protocol import Gather, send
 from gspo_rl.learner.runtime.healing import ServerHealer
 from gspo_rl.learner.runtime.progress import ProgressMonitor
-from gspo_rl.learner.runtime.published import publish_state, state_fields
+from gspo_rl.learner.runtime.published import TrainedRewards, publish_state, state_fields
 from gspo_rl.learner.runtime.target import TargetStop
 from gspo_rl.learner.startup import seed_everything
 from gspo_rl.learner.tracking.metrics import MetricsLogger, read_counters, step_fields
@@ -53,6 +53,7 @@ class LoopEffects:
     version: int
     groups_trained: int
     tokens_trained: int
+    trained_rewards: TrainedRewards
     pending_ack: list[str]
     recent_acked: deque[str]
     lineage: Lineage
@@ -189,7 +190,8 @@ class LoopEffects:
     def _publish_state(self) -> None:
         publish_state(self.client, self.keys, state_fields(
             self.config, self.version, self.step, self.groups_trained,
-            finished=self.target.finished, tokens_trained=self.tokens_trained))
+            finished=self.target.finished, tokens_trained=self.tokens_trained,
+            rewards=self.trained_rewards))
 
     def _record(self, batch: Batch, metrics: dict[str, float], invalid: int,
                 times: dict[str, float | None]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from gspo_rl.learner.runtime.progress import (
 )
 from gspo_rl.learner.runtime.published import (
     Heartbeat,
+    TrainedRewards,
     publish_state,
     publish_training,
 )
@@ -113,6 +114,7 @@ class Learner(LoopEffects):
         self._load_model(ckpt.path if ckpt is not None else Path(config.model), advantage_fn)
         self.step, self.version, self.groups_trained = 0, 0, 0
         self.tokens_trained = 0  # sampled tokens trained on, since the run began
+        self.trained_rewards = TrainedRewards()  # published with the state: the dashboard's
         self.heartbeat = Heartbeat(self.client, self.keys)  # started by run()
         self.pending_ack: list[str] = []
         self._partial_said: float | None = None  # when _say_partial last spoke
@@ -292,6 +294,7 @@ class Learner(LoopEffects):
         self.step += 1
         self.version += 1
         self.groups_trained += len(batch.groups)
+        self.trained_rewards.add(batch.groups)
         self.tokens_trained += int(metrics.get("trained_tokens", 0))
         self.pending_ack.extend(batch.entry_ids)
         self._last_sync_bytes = 0

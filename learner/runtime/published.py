@@ -3,7 +3,9 @@ its policy version and step, groups trained, and the admission parameters the ro
 bound the groups in flight with (``gspo_rl.contract.admission``): ``max_staleness`` (-1: none),
 ``groups_per_step``, ``training`` (groups of the step being trained, 0 between steps) and
 ``finished`` (why it stopped taking groups, ``gspo_rl.learner.runtime.target``; empty while it
-trains); and its heartbeat, ``seen_at`` (Redis time of its latest read of the queue: ``beat``).
+trains); the reward of what it trained (``TrainedRewards``: the mean reward per sample of its
+last step's groups and of its last ``RECENT_STEPS`` steps', absent before its first step); and
+its heartbeat, ``seen_at`` (Redis time of its latest read of the queue: ``beat``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -23,22 +27,52 @@ from gspo_rl.contract.admission import (
     FIELD_TRAINING,
     FIELD_VERSION,
 )
-from gspo_rl.contract.schema import Keys
+from gspo_rl.contract.schema import (
+    REWARD_TRAINED,
+    REWARD_TRAINED_RECENT,
+    REWARD_TRAINED_STEPS,
+    Keys,
+    ReadyGroup,
+)
 from gspo_rl.learner.config import LearnerConfig
 
 log = logging.getLogger("gspo_rl.learner.loop")
+RECENT_STEPS = 20
+
+
+class TrainedRewards:
+    """The rewards of the groups each step trained, over the last ``steps`` steps: the mean
+    per sample of the last step's (``reward_trained`` of its step record) and of them all."""
+
+    def __init__(self, steps: int = RECENT_STEPS) -> None:
+        self._steps: deque[tuple[float, int]] = deque(maxlen=steps)  # (sum, samples)
+
+    def add(self, groups: Sequence[ReadyGroup]) -> None:
+        """A step trained ``groups``."""
+        rewards = [float(r) for g in groups for r in g.rewards]
+        if rewards:
+            self._steps.append((sum(rewards), len(rewards)))
+
+    def fields(self) -> dict[str, Any]:
+        """The state hash's fields ({} before the first step)."""
+        if not self._steps:
+            return {}
+        last, n_last = self._steps[-1]
+        total, n = sum(s for s, _ in self._steps), sum(k for _, k in self._steps)
+        return {REWARD_TRAINED: repr(last / n_last), REWARD_TRAINED_RECENT: repr(total / n),
+                REWARD_TRAINED_STEPS: len(self._steps)}
 
 
 def state_fields(config: LearnerConfig, version: int, step: int, groups_trained: int,
-                 training: int = 0, finished: str = "",
-                 tokens_trained: int = 0) -> dict[str, Any]:
+                 training: int = 0, finished: str = "", tokens_trained: int = 0,
+                 rewards: TrainedRewards | None = None) -> dict[str, Any]:
     stale = config.max_staleness
     return {FIELD_VERSION: version, "step": step, "updated_at": time.time(),
             "consumer": config.consumer, "groups_trained": groups_trained,
             "tokens_trained": tokens_trained,
             FIELD_MAX_STALENESS: -1 if stale is None else stale,
             FIELD_GROUPS_PER_STEP: config.groups_per_step, FIELD_TRAINING: training,
-            FIELD_FINISHED: finished}
+            FIELD_FINISHED: finished, **(rewards.fields() if rewards is not None else {})}
 
 
 def publish_state(client: redis.Redis, keys: Keys, fields: dict[str, Any]) -> None:

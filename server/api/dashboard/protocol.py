@@ -7,8 +7,9 @@ Every number says where it comes from (docs/dashboard.md): the learner's state h
 (``Keys.finished_rewards``), the in-flight facts (``gspo_rl.redisq.inflight``), the
 registry (``gspo_rl.redisq.registry``), the evaluation stream, the ready stream and the
 group records. Rates are measured by this server between the dashboard's reads (``Rates``);
-None where nothing was measured yet. Sampled rewards (what the environment scored) and the
-rewards of published groups (what the learner reads) are separate fields, never one number.
+None where nothing was measured yet. Sampled rewards (what the environment scored), the
+rewards of published groups (what the learner reads) and of trained ones (what its steps
+trained, from its state hash) are separate fields, never one number.
 """
 
 from __future__ import annotations
@@ -149,6 +150,12 @@ class RewardSummary(BaseModel):
     """Mean reward of the recently published groups (ready-stream heads: what the learner
     reads; groups with equal rewards are never published)."""
     published_recent_groups: int
+    trained_last_mean: float | None = None
+    """Mean reward per sample of the groups the learner's last step trained (its state hash's
+    ``reward_trained``; None: no step yet, or a learner that does not publish it)."""
+    trained_recent_mean: float | None = None
+    """The same over its last ``trained_recent_steps`` steps (``reward_trained_recent``)."""
+    trained_recent_steps: int = 0
 
 
 class Rates(BaseModel):

@@ -14,7 +14,13 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gspo_rl.contract.schema import Keys, as_str
+from gspo_rl.contract.schema import (
+    REWARD_TRAINED,
+    REWARD_TRAINED_RECENT,
+    REWARD_TRAINED_STEPS,
+    Keys,
+    as_str,
+)
 from gspo_rl.contract.stall import LastStall
 from gspo_rl.redisq.evals import decode_entries
 from gspo_rl.redisq.registry import parse_registration
@@ -134,6 +140,23 @@ def finished_totals(src: Sources) -> tuple[int, int, float]:
     """(groups, rewards, sum) of ``Keys.finished_rewards``."""
     f = src.finished
     return as_int(f.get("groups", 0)), as_int(f.get("rewards", 0)), as_float(f.get("sum", 0.0))
+
+
+def optional_float(v: str | None) -> float | None:
+    """A hash field's finite float; None when absent, empty or not a finite number."""
+    try:
+        x = float(v) if v else math.nan
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def trained_rewards(src: Sources) -> dict[str, Any]:
+    """``RewardSummary``'s trained fields, from the learner's state hash."""
+    lr = src.learner
+    return {"trained_last_mean": optional_float(lr.get(REWARD_TRAINED)),
+            "trained_recent_mean": optional_float(lr.get(REWARD_TRAINED_RECENT)),
+            "trained_recent_steps": as_int(lr.get(REWARD_TRAINED_STEPS, 0))}
 
 
 def stall_out(src: Sources) -> StallOut | None:

@@ -37,6 +37,7 @@ from gspo_rl.server.api.dashboard.sources import (
     read_sources,
     servers_out,
     stall_out,
+    trained_rewards,
 )
 from gspo_rl.server.config import ServerSettings
 from gspo_rl.server.engines.sampler import SamplingEngine
@@ -88,7 +89,8 @@ class DashboardService:
                                sampled_mean=total / n_rewards if n_rewards else None,
                                sampled_recent_mean=self.history.recent_sampled_mean(),
                                published_recent_mean=published_mean,
-                               published_recent_groups=published_n),
+                               published_recent_groups=published_n,
+                               **trained_rewards(src)),
             rates=self.history.rates(), evals=evals_out(src))
 
     def _sample(self, src: Sources) -> None:

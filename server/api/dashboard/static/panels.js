@@ -101,12 +101,18 @@ window.GSPO_panels = function (H) {
           "that finished with rewards (published or dropped for equal rewards)"],
         ["sampled groups", fmt(w.sampled_groups)],
         ["sampled, recent", fmt(w.sampled_recent_mean), "groups that finished while watched"],
+        ["trained, last step", fmt(w.trained_last_mean),
+          "mean reward per sample of the groups the learner's last step trained"],
+        ["trained, recent steps", w.trained_recent_mean === null ? fmt(null) :
+          `${fmt(w.trained_recent_mean)} over ${fmt(w.trained_recent_steps)} steps`,
+          "the same over its last steps (at most 20)"],
         [`published, last ${w.published_recent_groups}`, fmt(w.published_recent_mean),
           "groups on the ready stream: what the learner reads (never equal-reward groups)"],
       ]),
-      note("Sampled: what the environment scored. Published: the groups with a learning " +
-           "signal the learner reads. The reward of trained batches is in the learner's " +
-           "metrics (JSONL, trackers), not in Redis."),
+      note("Sampled: what the environment scored. Trained: the groups the learner's steps " +
+           "trained, as it publishes them. Published: the groups with a learning signal " +
+           "waiting for it or read by it. " + (w.trained_last_mean === null ?
+             "No trained reward yet (no step, or a learner that does not publish it)." : "")),
     ];
   }
 
