@@ -145,3 +145,12 @@ def test_help_is_grouped_by_the_config_models_sections() -> None:
             block = out.split(f"\n{title}:\n")[1].split("\n\n")[0]
             assert f"  {flag} " in block, (command, title, flag)
         assert "--config" in out.split("\nOptions:\n")[1].split("\n\n")[0]
+
+
+def test_up_help_names_each_environment_variable_once() -> None:
+    """``REDIS_URL`` was listed twice in ``gspo up --help`` (the flag's help and click's
+    ``[env var: ...]``); every variable is named once."""
+    from typer.testing import CliRunner
+
+    out = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "80"}).output
+    assert out.count("REDIS_URL") == 1, out

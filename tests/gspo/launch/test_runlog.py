@@ -106,3 +106,38 @@ def test_plot_rewards_writes_a_png(tmp_path):
     path = plot_rewards(records, sampled, tmp_path / "curve.png", "test")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_rewards([], [], tmp_path / "none.png", "empty") is None
+
+
+def test_the_plot_legend_names_every_line(tmp_path, monkeypatch):
+    """The light raw line (each version's mean) is in the legend beside the two curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(plt, "close", lambda *a, **k: None)  # keep the figure to read it
+    records = [_step(i, float(i), i / 10) for i in range(1, 11)]
+    plot_rewards(records, [(v, v / 10, 4) for v in range(10)], tmp_path / "c.png", "t")
+    ax = plt.gcf().axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(ax.get_lines()) == len(labels) == 3, labels
+    assert any("mean of each version" in label for label in labels), labels
+    plt.close("all")
+
+
+def test_the_summary_says_why_steps_follow_a_reached_target(tmp_path):
+    """"reached at step 25" beside "27 learner steps" read as a contradiction: the summary
+    says the groups in flight at the target were trained too, and a run without a target
+    never says "NOT reached"."""
+    from gspo_rl.launch.up import UpResult
+
+    def result(reached: bool | None) -> list[str]:
+        return UpResult(steps=27, rewards=[0.8] * 27, sampled=[(0, 0.1, 8), (26, 0.9, 8)],
+                        seconds=60.0, metrics_path=tmp_path / "m.jsonl", plot_path=None,
+                        target_reached=reached).summary(0.8)
+
+    reached = "\n".join(result(True))
+    assert "target reward 0.8 (0: none): reached" in reached
+    assert "the groups in flight then were trained too (all 27 learner steps above)" in reached
+    assert "NOT reached in 27 learner steps" in "\n".join(result(False))
+    assert "target" not in "\n".join(result(None))

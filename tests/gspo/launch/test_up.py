@@ -18,9 +18,15 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_gspo_up_learns_the_demo_task(tmp_path):
+def test_gspo_up_learns_the_demo_task(tmp_path, capfd, caplog):
+    """Also what it says: the dashboard's address at the start, and nothing at a successful
+    end about waiting for a learner (the run is ending: the wait is expected)."""
     cfg = UpConfig(run_dir=tmp_path / "run", max_steps=300, minutes=10.0, target_reward=0.8)
     result = run_up(cfg)
+    said = capfd.readouterr()
+    said = said.out + said.err
+    said += "\n".join(r.getMessage() for r in caplog.records)
+    assert "/dashboard#key=" in said and "waiting for a learner" not in said, said[-4000:]
     assert result.target_reached, f"0.8 not reached in {result.seconds:.0f} s"
     assert len(result.rewards) >= 10, f"only {len(result.rewards)} learner steps"
     # The reward of every sampled group, by the policy version that sampled it.
