@@ -2,10 +2,11 @@
 unmodified with gspo's server as the model (``environment.VerifiersEnvironment``).
 
 ``MODULE`` is a verifiers taskset id: an installed package exporting a ``Taskset`` subclass
-(and optionally its own ``Env`` and ``Harness``) through ``__all__``, as verifiers loads it;
-or the path of such a package folder or module file (its folder is put on ``sys.path`` and on
-``PYTHONPATH``, for the tool servers verifiers runs as ``python -m`` subprocesses).
-``JSON`` (optional) is its taskset configuration. ``args`` (``--env-arg``) take:
+(and optionally its own ``Env`` and ``Harness``) through ``__all__``, as verifiers loads it
+(a 0.1.x ``load_environment()`` module is refused at load, ``legacy``); or the path of such a
+package folder or module file (its folder is put on ``sys.path`` and on ``PYTHONPATH``, for
+verifiers' ``python -m`` tool servers). ``JSON`` (optional): its taskset configuration.
+``args`` (``--env-arg``) take:
 
 - ``group_size`` (default 8), ``seed`` (task order), ``sampling`` (``temperature`` 1.0,
   ``max_tokens``, ...: the model calls' settings);
@@ -75,6 +76,7 @@ def load(target: str, args: dict[str, Any]) -> Any:
     try:
         from gspo_rl.client.adapters.verifiers.environment import VerifiersEnvironment
         from gspo_rl.client.adapters.verifiers.hooks import check_version
+        from gspo_rl.client.adapters.verifiers.legacy import check_module
 
         check_version()
     except ImportError as exc:
@@ -84,15 +86,19 @@ def load(target: str, args: dict[str, Any]) -> Any:
     config["taskset"] = {**taskset, **config.get("taskset", {})}
     ev = dict(args.get("eval") or {})
     try:
+        tid = taskset_id(where)
+        check_module(f"verifiers:{target}", "taskset", tid)  # 0.1.x: refused, saying why
+        if config.get("id"):
+            check_module(f"verifiers:{target}", "environment", str(config["id"]))
         return VerifiersEnvironment(
-            taskset_id(where), config, group_size=int(args.get("group_size", 8)),
+            tid, config, group_size=int(args.get("group_size", 8)),
             sampling=args.get("sampling"), seed=int(args.get("seed", 0)),
             hold_out=0 if "taskset" in ev else int(ev.get("limit", 0)),
             eval_taskset=ev.get("taskset"), eval_limit=int(ev.get("limit", 50)),
             eval_every=ev.get("every"), eval_samples=ev.get("samples"),
             runtime_python=str(args.get("runtime_python", "prefork")),
             harness=args.get("harness"))
-    except (ModuleNotFoundError, AttributeError, TypeError) as exc:
+    except (ImportError, AttributeError, TypeError) as exc:
         raise ValueError(f"verifiers:{target}: {exc}") from None
     except Exception as exc:
         if type(exc).__name__ == "ValidationError":
