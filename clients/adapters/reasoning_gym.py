@@ -14,9 +14,10 @@ instruction) and the question. A completion is scored as reasoning-gym's eval sc
 last ``<answer>...</answer>`` is extracted (none: no answer, ``None``) and the generator's own
 ``score_answer`` gives the reward, partial credit kept; a scorer that raises on a malformed
 answer scores it 0.0 unless the task's own answer fails too (a broken task raises).
-``score_entry`` is that scoring as a picklable function for worker processes, and the library's
-registry, checks and datasets are ``reasoning_gym_library``'s; ``judge`` returns a ``Verdict``
-(correct: reward >= 1).
+``score_entry`` is that scoring as a picklable function: with ``score_workers=N`` a group's
+completions are scored in N worker processes, off the event loop (``scorer()``, ``tally``).
+The library's registry, checks and datasets are ``reasoning_gym_library``'s; ``judge``
+returns a ``Verdict`` (correct: reward >= 1).
 
 ``eval_tasks()``: ``eval_size`` tasks per generator from the dataset seeded ``eval_seed``
 (default ``seed + 1_000_003``). Disjointness is kept on the training side: a training draw
@@ -54,7 +55,7 @@ DEFAULT_EVAL_SIZE = 50
 EVAL_SEED_OFFSET = 1_000_003
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 1.0, "max_tokens": 1024}
 SETTINGS = ("seed", "size", "group_size", "sampling", "system_prompt", "eval_size",
-            "eval_seed", "selection")
+            "eval_seed", "selection", "score_workers", "score_timeout_s")
 """The adapter's own arguments; any other key names a generator of the spec (its config)."""
 
 
@@ -98,6 +99,10 @@ class Settings:
     eval_seed: int | None = None
     selection: dict[str, Any] = field(default_factory=dict)
     """``TaskSelection``'s settings (``selection.enabled=false`` turns it off)."""
+    score_workers: int = 0
+    """0: score on the event loop; N: in N worker processes (``scorer()``), off the loop."""
+    score_timeout_s: float = 60.0
+    """With ``score_workers``: a scoring call past this is killed and its group fails."""
 
 
 def score_task(configs: Mapping[str, dict[str, Any]], task: GymTask, completion: str) -> float:
@@ -163,6 +168,7 @@ class ReasoningGymEnvironment(SingleTurnEnvironment):
         self.settings = settings
         self.group_size = settings.group_size
         self.sampling = dict(settings.sampling)
+        self.score_workers, self.score_timeout_s = settings.score_workers, settings.score_timeout_s
         self.system_prompt = system_prompt_text(settings.system_prompt)
         self.eval_seed = (settings.eval_seed if settings.eval_seed is not None
                           else settings.seed + EVAL_SEED_OFFSET)
@@ -270,7 +276,17 @@ def settings_of(args: Mapping[str, Any]) -> Settings:
         system_prompt=prompt or None,
         eval_size=_int(args, "eval_size", DEFAULT_EVAL_SIZE, 0),
         eval_seed=None if eval_seed is None else _int(args, "eval_seed", 0, None),
-        selection=_selection(args.get("selection", {})))
+        selection=_selection(args.get("selection", {})),
+        score_workers=_int(args, "score_workers", 0, 0),
+        score_timeout_s=_positive(args, "score_timeout_s", 60.0))
+
+
+def _positive(args: Mapping[str, Any], key: str, default: float) -> float:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            0 < value < float("inf")):
+        raise ValueError(f"{PREFIX}: {key} must be a number > 0, got {value!r}")
+    return float(value)
 
 
 def _selection(raw: Any) -> dict[str, Any]:

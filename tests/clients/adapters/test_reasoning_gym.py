@@ -1,8 +1,9 @@
 """The reasoning-gym adapter on five fast generators that need nothing but the library: the
 spec and its arguments, seeded draws without repetition, epochs, weights, scoring as
-reasoning-gym scores (in this process and in a worker process), the held-out eval split,
-refusals that say what exists, and three groups against a real server (tiny model, real
-Redis) whose metadata names each group's generator and task."""
+reasoning-gym scores (in this process, in a worker process, with ``score_workers`` in the
+scoring pool), the held-out eval split, refusals that say what exists, and three groups
+against a real server (tiny model, real Redis) whose metadata names each group's generator
+and task."""
 
 from __future__ import annotations
 
@@ -102,6 +103,45 @@ def test_the_scorer_for_worker_processes_carries_no_environment() -> None:
     assert sum(s["samples"] for s in env.summary().values()) == 4
 
 
+def test_score_workers_score_each_group_in_worker_processes_as_in_place() -> None:
+    """``--env-arg score_workers=2``: a group's completions are scored by ``score_group`` (what
+    the runner calls) in two spawned worker processes, never by the environment here, and
+    each reward is the one scoring in place gives; ``stats`` counts them back here."""
+    from gspo_rl.client.environment import score_group
+
+    args = {"eval_size": 0, "seed": 5}
+    pooled = load("leg_counting,basic_arithmetic", {**args, "score_workers": 2,
+                                                    "score_timeout_s": 30})
+    in_place = load("leg_counting,basic_arithmetic", args)
+    assert (pooled.score_workers, pooled.score_timeout_s) == (2, 30.0)
+    assert in_place.score_workers == 0
+    tasks = draw(pooled, 4)
+    assert [t.id for t in tasks] == [t.id for t in draw(in_place, 4)]
+    groups = [[f"<answer>{t.answer}</answer>", f"<answer>x{t.answer}</answer>",
+               "<answer>-1</answer>", "no answer"] for t in tasks]
+    expected = [[in_place.score(t, c) for c in texts] for t, texts in zip(tasks, groups,
+                                                                          strict=True)]
+
+    def not_here(task: GymTask, completion: str) -> float:
+        raise AssertionError("scored in the run's process")
+
+    pooled.score = not_here  # type: ignore[method-assign]
+
+    async def main() -> tuple[list[list[float]], set[str]]:
+        async with pooled.serving():
+            got = [await score_group(pooled, t, texts) for t, texts in zip(tasks, groups,
+                                                                          strict=True)]
+            workers = {p.name for p in multiprocessing.active_children()}
+        return got, workers
+
+    got, workers = asyncio.run(main())
+    assert got == expected
+    assert {r for rewards in expected for r in rewards} >= {0.0, 1.0}  # not all alike
+    assert "gspo-scoring-ReasoningGymEnvironment" in workers
+    assert pooled.summary() == in_place.summary()  # tallied back in this process
+    assert pooled._scoring_pool is None, "the workers stop when the run leaves serving()"
+
+
 def test_a_malformed_answer_scores_zero_and_a_broken_task_raises() -> None:
     from reasoning_gym import create_dataset
 
@@ -177,6 +217,10 @@ def test_system_prompts() -> None:
                                    "eval_size"]),
     ("leg_counting", {"size": 0}, ["size must be an integer >= 1"]),
     ("leg_counting", {"sampling": 1}, ["sampling must be a mapping"]),
+    ("leg_counting", {"score_workers": -1}, ["score_workers must be an integer >= 0"]),
+    ("leg_counting", {"score_workers": 1.5}, ["score_workers must be an integer >= 0"]),
+    ("leg_counting", {"score_timeout_s": 0}, ["score_timeout_s must be a number > 0"]),
+    ("leg_counting", {"score_timeout_s": "soon"}, ["score_timeout_s must be a number > 0"]),
 ])
 def test_refusals_say_what_exists(target: str, args: dict, says: list[str]) -> None:
     with pytest.raises(ValueError) as err:
