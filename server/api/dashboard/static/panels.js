@@ -74,9 +74,12 @@ window.GSPO_panels = function (H) {
       ["trained", `${fmt(f.trained)} (${pct(f.trained_group_fraction)})`],
     ];
     for (const [why, n] of Object.entries(f.dropped)) rows.push([why.replace(/_/g, " "), fmt(n)]);
+    const frac = f.trained_token_fraction;
     rows.push(["in flight", fmt(f.in_flight)],
               ["tokens generated", fmt(f.tokens_generated)],
-              ["tokens trained", `${fmt(f.tokens_trained)} (${pct(f.trained_token_fraction)})`]);
+              ["tokens trained", `${fmt(f.tokens_trained)} (${pct(frac)})`],
+              ["waste, tokens not trained", frac === null ? "\u2013" : pct(Math.max(0, 1 - frac)),
+                "the share of generated tokens not trained: dropped, or still in flight"]);
     const out = [dl(rows)];
     if (r.window_s > 0) {
       out.push(dl([
@@ -84,9 +87,7 @@ window.GSPO_panels = function (H) {
         ["tokens/s trained", fmt(r.tokens_trained_per_s, 1)],
         ["groups/min generated", fmt(r.groups_generated_per_min, 1)],
         ["groups/min trained", fmt(r.groups_trained_per_min, 1)],
-      ]), note(`rates over the last ${fmt(r.window_s, 0)} s this page watched; waste: ` +
-               `${pct(f.trained_token_fraction === null ? null : 1 - f.trained_token_fraction)} ` +
-               "of generated tokens not trained (dropped or in flight)"));
+      ]), note(`rates over the last ${fmt(r.window_s, 0)} s this page watched`));
     } else {
       out.push(note("rates: measuring (they need a few seconds of watching)"));
     }

@@ -83,7 +83,13 @@ window.GSPO_rollouts = function (api, H) {
     label.push(`advantage ${fmt(seg.advantage)}`, `${seg.tokens.length} tokens`);
     const toks = el("div", { class: "tokens" }, ...seg.tokens.map((_, i) => tokenSpan(seg, i)));
     if (seg.truncated) toks.append(el("span", { class: "cut", text: ` [+${seg.truncated} tokens not shown]` }));
-    return el("div", { class: "turn" }, el("div", { class: "label", text: label.join(" \u00b7 ") }), toks);
+    const turn = el("div", { class: "turn", "data-turn": seg.turn },
+                    el("div", { class: "label", text: label.join(" \u00b7 ") }), toks);
+    if (seg.reward !== null && seg.reward !== undefined) turn.dataset.reward = seg.reward;
+    if (seg.advantage !== null && seg.advantage !== undefined) {
+      turn.dataset.advantage = seg.advantage;
+    }
+    return turn;
   }
 
   function draw(d) {
