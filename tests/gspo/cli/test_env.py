@@ -112,7 +112,8 @@ def test_gspo_env_runs_a_module_file_and_keeps_transcripts(
 def test_a_learned_task_stops_sampling_at_the_target(tmp_path: Path, tiny_model_dir: Path,
                                                      redis_server: RedisServer) -> None:
     """--groups 0 (until stopped) with --target-reward: no new group once the last 32
-    average the target; the run ends by itself, exit 0."""
+    average the target; the run ends by itself, exit 0. Every group was solved by every
+    sample (no learning signal): it says so, and why, as the groups end."""
     module = tmp_path / "my_env.py"
     module.write_text(MY_ENV)
     with running_server(tiny_model_dir, redis_server.url) as s:
@@ -122,6 +123,8 @@ def test_a_learned_task_stops_sampling_at_the_target(tmp_path: Path, tiny_model_
     assert "target reward 0.9 reached: the last 32 groups average 1.000" in r.stdout
     done = int(re.search(r"mean reward over (\d+) groups: 1.000", r.stdout).group(1))
     assert 32 <= done <= 32 + 4  # the groups in flight when it stopped (--concurrency 4)
+    assert "32 of the last 32 groups carried no learning signal (32 solved by every sample)" \
+        in r.stderr, r.stderr[-3000:]
 
 
 def test_an_unreachable_server_is_one_line() -> None:
