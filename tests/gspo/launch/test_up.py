@@ -47,12 +47,13 @@ def test_gspo_up_learns_the_demo_task(tmp_path, capfd, caplog):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_ctrl_c_summarises_plots_and_lets_the_last_ack_land(tmp_path):
     """Ctrl-C (SIGINT to `gspo up` alone, as a terminal sends it to the foreground process):
     the processes stop newest first, so the learner checkpoints and acknowledges while Redis
     still runs (no "ack failed"); then the summary and the plot of what ran, exit 130. The
-    learner's log starts with its settings and has no per-request httpx lines."""
+    learner's log starts with its settings and has no per-request httpx lines. Then
+    ``gspo up --resume`` continues the stopped run from its last checkpoint."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gspo_rl.cli", "up", "--run-dir", str(run_dir),
@@ -80,6 +81,17 @@ def test_ctrl_c_summarises_plots_and_lets_the_last_ack_land(tmp_path):
     assert "ack failed" not in learner and "HTTP Request" not in learner
     events = [r.get("event") for r in read_metrics(run_dir / "metrics.jsonl")]
     assert "checkpoint" in events
+    # the stopped run continues: its learner from the checkpoint, its environment past the
+    # groups it played
+    done = [r["step"] for r in step_records(read_metrics(run_dir / "metrics.jsonl"))]
+    more = subprocess.run(
+        [sys.executable, "-m", "gspo_rl.cli", "up", "--resume", "--run-dir", str(run_dir),
+         "--max-steps", str(done[-1] + 2), "--target-reward", "0"],
+        cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    assert f"continuing the run in {run_dir}" in more.stdout
+    steps = [r["step"] for r in step_records(read_metrics(run_dir / "metrics.jsonl"))]
+    assert steps == done + [done[-1] + 1, done[-1] + 2], steps
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """`gspo up` as users run it, end to end (each a real `gspo up`: Redis, server, learner,
-environment): the quick start run twice in one run directory and then continued with
-`--resume`; and three verifiers environments (the real package, tasksets defined in the tests)
-trained side by side for a few steps, each reported apart."""
+environment): the quick start run twice in one run directory (`--resume` after a
+Ctrl-C: tests/gspo/launch/test_up.py); and three verifiers environments (the real package,
+tasksets defined in the tests) trained side by side for a few steps, each reported apart."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess[str
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_quick_start_runs_twice_then_resumes(tmp_path: Path) -> None:
+def test_the_quick_start_runs_twice(tmp_path: Path) -> None:
     run_dir = tmp_path / "up"
     quick = ["bash", "scripts/up.sh", "--run-dir", str(run_dir), "--max-steps", "2",
              "--target-reward", "0", "--minutes", "4"]
@@ -36,12 +36,6 @@ def test_the_quick_start_runs_twice_then_resumes(tmp_path: Path) -> None:
     assert f"the earlier run in {run_dir} was moved to {run_dir}.previous" in second.stdout
     assert (tmp_path / "up.previous" / "up_config.json").is_file()
     assert [r["step"] for r in step_records(read_metrics(run_dir / "metrics.jsonl"))] == [1, 2]
-    more = _run([".venv/bin/gspo", "up", "--resume", "--run-dir", str(run_dir),
-                 "--max-steps", "4"])
-    assert more.returncode == 0, more.stdout[-2000:] + more.stderr[-2000:]
-    assert f"continuing the run in {run_dir}" in more.stdout
-    steps = [r["step"] for r in step_records(read_metrics(run_dir / "metrics.jsonl"))]
-    assert steps == [1, 2, 3, 4], "the resumed learner started from its step-2 checkpoint"
     # a second set-up installs nothing and says so in one line (no pip or setuptools output)
     assert "[setup] up to date" in second.stdout
     assert "setuptools" not in (second.stdout + second.stderr).lower()
