@@ -11,7 +11,8 @@ error never becomes a reward.
 
 Settings differ from verifiers' own defaults in one place: an agent seat with no runtime set
 runs in the local subprocess runtime (verifiers' default is a Prime sandbox, which needs an
-account); set ``agent.runtime.type`` (docker, podman, ...) to isolate it.
+account), so only the ``null`` harness may run there unasked (``seats.check_seats``: a shell
+or coding harness needs its runtime set, ``agent.runtime.type``: docker, podman, ...).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from gspo_rl.client.adapters.verifiers import hooks
+from gspo_rl.client.adapters.verifiers.seats import check_seats
 from gspo_rl.client.environment import EpisodeResult, EpisodeSession, MultiTurnEnvironment
 
 if TYPE_CHECKING:
@@ -109,6 +111,8 @@ class VerifiersEnvironment(MultiTurnEnvironment):
         self.name, self.group_size = taskset_id, group_size
         self.config = env_config(taskset_id, config or {}, harness)
         self.env = load_environment(self.config)
+        check_seats(self.env, self.config, _agent_fields(type(self.config)), config or {},
+                    taskset_id)
         self.sampling = Sampling(**{"temperature": 1.0, **(sampling or {})})
         self.stream = TaskStream(self.env.taskset, seed, hold_out)
         self.eval_set = self.stream.held_out

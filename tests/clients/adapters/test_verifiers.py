@@ -135,14 +135,29 @@ def test_held_out_tasks_are_evaluated_unrecorded(served: Served, rkeys: RedisKey
 @pytest.mark.parametrize(("target", "args", "message"), [
     ("no_such_taskset_xyz", {}, "taskset 'no_such_taskset_xyz' not found"),
     ("/nowhere/gspo_vf_none", {}, "no such taskset module"),
-    (str(ENVS / "gspo_vf_math") + ':{"n": 0}', {}, "no task left to train on"),
+    (str(ENVS / "gspo_vf_math") + ':{"n": 0}', {"harness": "null"}, "no task left to train on"),
     (str(ENVS / "gspo_vf_math"), {"player": {}}, "invalid settings"),
     (str(ENVS / "gspo_vf_math"), {"runtime_python": "conda"}, "runtime_python must be"),
     (str(ENVS / "gspo_vf_math") + ":{oops", {}, "not JSON"),
+    # verifiers' default harness (bash: a shell tool) in the runtime the adapter picks (this
+    # machine): the model's commands would run here unasked
+    (str(ENVS / "gspo_vf_math"), {}, "plays the 'bash' harness, which runs the model's "
+     r"commands .* agent.runtime.type=docker .* or harness=null"),
+    (str(ENVS / "gspo_vf_math"), {"harness": "codex"}, "speaks OpenAI's Responses API"),
+    (str(ENVS / "gspo_vf_math"), {"harness": "claude_code", "agent": {"runtime": {
+        "type": "docker"}}}, "speaks Anthropic's Messages API"),
 ])
 def test_what_cannot_run_is_refused_at_load(target: str, args: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_environment(f"verifiers:{target}", args=args)
+
+
+def test_a_shell_harness_runs_here_only_when_its_runtime_is_set() -> None:
+    """Asked for by its runtime, the bash harness loads (to run on this machine knowingly, or
+    in a container runtime)."""
+    env = load_environment(spec("gspo_vf_math"), args={
+        "group_size": 2, "agent": {"runtime": {"type": "subprocess"}}})
+    assert env.env._agent_harness(env.config.agent).id == "bash"
 
 
 def test_another_verifiers_version_is_refused_saying_what_runs(
