@@ -2,7 +2,8 @@
 
 ``alphabet`` | ``calculator`` | ``long_letters`` | ``alphabet_dialogue`` |
 ``path/to/my_env.py:MyEnv`` | ``my_package.my_env:MyEnv`` | ``verifiers:MODULE`` |
-``reasoning-gym:NAME[:weight],...`` | ``openenv:URL`` (``gspo_rl.client.adapters``).
+``reasoning-gym:NAME[:weight],...`` | ``openenv:URL`` | ``textarena:GAME_ID``
+(``gspo_rl.client.adapters``).
 A class (or a function returning an environment)
 is called with the spec's arguments as keyword arguments (``--env-arg key=value``: the value
 parsed as JSON when it is JSON other than ``null``, else kept as a string; dotted keys nest:
@@ -37,7 +38,8 @@ BUILTIN = {"alphabet": ("gspo_rl.client.examples.alphabet", "AlphabetEnvironment
 SPEC_FORMS = ("alphabet | calculator | long_letters | alphabet_dialogue | "
               "path/to/module.py:EnvClass | "
               "package.module:EnvClass | "
-              "verifiers:MODULE | reasoning-gym:NAME[,NAME...] | openenv:URL")
+              "verifiers:MODULE | reasoning-gym:NAME[,NAME...] | openenv:URL | "
+              "textarena:GAME_ID")
 
 
 @dataclass
@@ -52,7 +54,8 @@ class EnvSpec:
     def name(self) -> str:
         """Its name in metrics and in ``NAME:key=value`` arguments: the built-in's name, the
         class after the last ``:``, or the adapter's target: a verifiers taskset's module
-        (a path's last part), reasoning-gym's generators joined by ``+``, a URL's host:port."""
+        (a path's last part), reasoning-gym's generators joined by ``+``, a URL's host:port, a
+        textarena game's id."""
         if self.spec in BUILTIN:
             return self.spec
         prefix = adapter_prefix(self.spec)
@@ -63,6 +66,8 @@ class EnvSpec:
             return Path(rest.partition(":{")[0].rstrip("/\\")).stem or rest
         if prefix == "reasoning-gym":
             return "+".join(part.split(":")[0].strip() for part in rest.split(","))
+        if prefix == "textarena":
+            return rest
         host = rest.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[2]
         return host or rest  # without a URL's user:password@
 

@@ -1,5 +1,5 @@
-"""Environments from other ecosystems, run unmodified: ``verifiers:``, ``reasoning-gym:`` and
-``openenv:`` specs (``gspo env``, ``gspo up --env``, the Python API).
+"""Environments from other ecosystems, run unmodified: ``verifiers:``, ``reasoning-gym:``,
+``openenv:`` and ``textarena:`` specs (``gspo env``, ``gspo up --env``, the Python API).
 
 An adapter is a module of this package with ``load(target: str, args: dict[str, Any]) ->
 Environment``: ``target`` is what follows the spec's prefix (``verifiers:toy_math`` ->
@@ -18,6 +18,7 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "verifiers": ("gspo_rl.client.adapters.verifiers", "verifiers"),
     "reasoning-gym": ("gspo_rl.client.adapters.reasoning_gym", "reasoning-gym"),
     "openenv": ("gspo_rl.client.adapters.openenv", "openenv"),
+    "textarena": ("gspo_rl.client.adapters.textarena", "textarena"),
 }
 """Spec prefix -> (adapter module, the gspo-rl extra that installs its library)."""
 

@@ -109,7 +109,8 @@ def env(
                                       "alphabet_dialogue | "
                                       "path/to/module.py:Cls "
                                       "| package.module:Cls | verifiers:MODULE | "
-                                      "reasoning-gym:NAME,... | openenv:URL | tasks.toml "
+                                      "reasoning-gym:NAME,... | openenv:URL | "
+                                      "textarena:GAME_ID | tasks.toml "
                                       "(tasks from data) | data (with --data)."),
     env_arg: list[str] = typer.Option(None, "--env-arg", help="An environment's argument, "
                                       "key=value (JSON value; dotted keys nest), repeatable; "

@@ -34,7 +34,8 @@ class UpConfig(BaseModel):
     env: list[str] = Field(default_factory=list)
     """Train on an environment, ``SPEC[@WEIGHT]`` (repeatable: several run side by side, drawn
     by weight): ``path/to/my_env.py:MyEnv`` | ``package.module:MyEnv`` | ``verifiers:MODULE`` |
-    ``reasoning-gym:NAME,...`` | ``openenv:URL`` (docs/environments/index.md)."""
+    ``reasoning-gym:NAME,...`` | ``openenv:URL`` | ``textarena:GAME_ID``
+    (docs/environments/index.md)."""
     env_args: list[str] = Field(default_factory=list)
     """An environment's argument, ``key=value`` (JSON value; dotted keys nest), repeatable;
     ``NAME:key=value`` with several ``env``."""

@@ -1,6 +1,7 @@
 """What ``gspo up`` trains on: the alphabet demo; tasks from data (``--tasks`` a task file,
 or ``--data`` files with a ``--verifier``); or environments (``--env SPEC[@WEIGHT]``, repeatable,
-with ``--env-arg``: your class, ``verifiers:``, ``reasoning-gym:``, ``openenv:``; also
+with ``--env-arg``: your class, ``verifiers:``, ``reasoning-gym:``, ``openenv:``,
+``textarena:``; also
 ``--tasks reasoning-gym:NAME,...``), several side by side as a ``Mix``. Their eval sets (a task
 file's, or an environment's ``eval_tasks()``) run every N policy versions beside the training
 groups and once more after training (unrecorded: served also after the learner's target)."""

@@ -34,6 +34,8 @@ from gspo_rl.client.loading import (
      "reasoning-gym:leg_counting:2,basic_arithmetic", 10.0, "leg_counting+basic_arithmetic"),
     ("openenv:http://127.0.0.1:8000@4", "openenv:http://127.0.0.1:8000", 4.0, "127.0.0.1:8000"),
     ("openenv:ws://box:9/env", "openenv:ws://box:9/env", 1.0, "box:9"),
+    ("textarena:Sudoku-v0-very-easy@2", "textarena:Sudoku-v0-very-easy", 2.0,
+     "Sudoku-v0-very-easy"),
 ])
 def test_a_spec_its_weight_and_its_name(text: str, spec: str, weight: float, name: str) -> None:
     parsed = parse_spec(text)
@@ -83,7 +85,7 @@ def test_the_unknown_spec_message_lists_every_form() -> None:
     with pytest.raises(ValueError) as info:
         load_environment("alphabett")
     for form in ("alphabet", "path/to/module.py:EnvClass", "package.module:EnvClass",
-                 "verifiers:MODULE", "reasoning-gym:NAME", "openenv:URL"):
+                 "verifiers:MODULE", "reasoning-gym:NAME", "openenv:URL", "textarena:GAME_ID"):
         assert form in str(info.value)
 
 

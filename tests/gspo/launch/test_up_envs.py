@@ -1,7 +1,8 @@
 """`gspo up` as users run it, end to end (each a real `gspo up`: Redis, server, learner,
 environment): the quick start run twice in one run directory (`--resume` after a
 Ctrl-C: tests/gspo/launch/test_up.py); and three verifiers environments (the real package,
-tasksets defined in the tests) trained side by side for a few steps, each reported apart."""
+tasksets defined in the tests) and a TextArena game (``textarena:``, the real package) trained
+side by side for a few steps, each reported apart."""
 
 from __future__ import annotations
 
@@ -43,8 +44,10 @@ def test_the_quick_start_runs_twice(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_three_verifiers_environments_train_side_by_side(tmp_path: Path) -> None:
+def test_verifiers_environments_and_a_textarena_game_train_side_by_side(
+        tmp_path: Path) -> None:
     names = ["gspo_vf_math", "gspo_vf_guess", "gspo_vf_tools"]
+    game = "GuessTheNumber-v0"
     args = [".venv/bin/gspo", "up", "--run-dir", str(tmp_path / "run"), "--max-steps", "2",
             "--groups-per-step", "2", "--group-size", "2", "--target-reward", "0",
             "--read-timeout-s", "120", "--minutes", "6"]
@@ -52,6 +55,9 @@ def test_three_verifiers_environments_train_side_by_side(tmp_path: Path) -> None
         args += ["--env", f"verifiers:{VF / n}", "--env-arg", f"{n}:harness=null",
                  "--env-arg", f"{n}:sampling.max_tokens=8"]
     args += ["--env-arg", "gspo_vf_guess:taskset.turns=2"]
+    # one-token replies of the tiny model are often numbers: valid guesses, rewards that vary
+    args += ["--env", f"textarena:{game}", "--env-arg", f"{game}:sampling.max_tokens=1",
+             "--env-arg", f"{game}:game.max_number=999", "--env-arg", f"{game}:max_turns=4"]
     r = _run(args)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     records = step_records(read_metrics(tmp_path / "run" / "metrics.jsonl"))
@@ -60,5 +66,5 @@ def test_three_verifiers_environments_train_side_by_side(tmp_path: Path) -> None
     trained = {n for s in records for n in names if f"env/{n}/groups" in s}
     assert trained, "no step reported its environments"
     played = {line["env"] for line in read_metrics(tmp_path / "run" / "env_rewards.jsonl")}
-    assert played == set(names), f"every environment played groups: {played}"
+    assert played == {*names, game}, f"every environment played groups: {played}"
     assert not re.search(r"Traceback|Event loop is closed", r.stdout + r.stderr)
