@@ -49,6 +49,10 @@ class Keys:
     def episode(self, rollout_id: str) -> str:
         return f"{self.prefix}:episode:{rollout_id}"
 
+    def token_ratios(self, rollout_id: str) -> str:
+        """A trained rollout's per-token log importance ratios (``gspo_rl.contract.ratios``)."""
+        return f"{self.prefix}:rollout:{rollout_id}:ratios"
+
     def rollout_staging(self, rollout_id: str) -> str:
         return f"{self.prefix}:rollout:{rollout_id}:staging"
 

@@ -271,6 +271,11 @@ class LearnerConfig(OptimizerFields, RuntimeFields, TrackingFields):
     batch: one per group (at most 8), prompt and completion decoded (the model's turns apart
     from the environment's), reward, advantage, policy versions, staleness, group and task id
     (``gspo_rl.learner.tracking.samples``). 0: none."""
+    token_ratios: bool = True
+    """After each step, write each trained rollout's per-token log importance ratio
+    log(pi_prox / pi_behavior) to Redis (``Keys.token_ratios``, kept as long as its records:
+    the dashboard's "importance ratio" shading). Recompute mode only (pi_prox exists there);
+    costs one copy to the CPU and one Redis pipeline per step (docs/dashboard.md)."""
     prometheus_port: int = Field(default=9400, ge=0, le=65535)
     """Port of the ``prometheus`` tracker's exporter (``/metrics`` on every interface; 0: a
     free port)."""

@@ -52,7 +52,9 @@ from gspo_rl.learner.runtime.published import (
     Heartbeat,
     TrainedRewards,
     publish_state,
+    publish_token_ratios,
     publish_training,
+    ratios_ttl_s,
 )
 from gspo_rl.learner.runtime.target import (
     TargetStop,
@@ -291,6 +293,8 @@ class Learner(LoopEffects):
         publish_training(self.client, self.keys, len(batch.groups))  # still in flight
         self._say_partial(len(batch.groups))
         metrics = self.trainer.step(batch.groups)
+        publish_token_ratios(self.client, self.keys, self.trainer.log_ratios,
+                             ratios_ttl_s(self.config))
         self.step += 1
         self.version += 1
         self.groups_trained += len(batch.groups)

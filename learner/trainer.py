@@ -12,7 +12,8 @@ at the loss's level (``gspo_rl.learner.algorithm.losses.decoupled_is_weights``: 
 for gspo, per token otherwise). With several minibatches (or epochs) pi_prox is a pass without
 grad before the first update; with one (the default) the only update's own forward is taken at those
 weights, so pi_prox is its log-probabilities, detached, and no extra pass runs (unless the
-model has active dropout, whose draws would differ).
+model has active dropout, whose draws would differ). Setting pi_prox also keeps each rollout's
+per-token log(pi_prox / pi_behavior) (``log_ratios``; ``LearnerConfig.token_ratios``).
 
 A minibatch whose gradient norm is not finite is skipped (``skipped_updates``), never written
 into the weights. Speed (``gspo_rl.learner.model.speed``, decided once here): on CUDA bf16
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from gspo_rl.contract.schema import ReadyGroup
@@ -39,6 +41,7 @@ from gspo_rl.learner.algorithm.step_metrics import (
     combine_minibatches,
     is_sums,
 )
+from gspo_rl.learner.algorithm.token_ratios import LogRatios
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import AdvantageFn, MicroBatch, MiniBatch, plan_step
 from gspo_rl.learner.model.policy import Policy
@@ -106,6 +109,11 @@ class Trainer:
                                           else 1.0))
         self._token_keys = [k for k in TOKEN_WEIGHTED
                             if k != "gate_mean" or config.loss.kind == "sapo"]
+        # Each step's log(pi_prox / pi_behavior) per rollout and sampled token (recompute mode,
+        # ``token_ratios``): filled by ``_set_prox``; ``log_ratios`` holds the last step's on
+        # rank 0 (every rank's rollouts), {} elsewhere.
+        self._ratios: LogRatios | None = None
+        self.log_ratios: dict[str, np.ndarray] = {}
 
     # ---------------------------------------------------------------- state
 
@@ -160,6 +168,8 @@ class Trainer:
         mine = [self._my_share(mb) for mb in plan.minibatches]
         metrics: dict[str, float] = {}
         epochs = self.config.epochs
+        self._ratios = (LogRatios() if self.config.token_ratios
+                        and self.config.pi_old == "recompute" else None)
         fused = (self.config.pi_old == "recompute" and len(mine) == 1 and epochs == 1
                  and not self._dropout())
         if self.config.pi_old == "recompute" and not fused:
@@ -168,6 +178,7 @@ class Trainer:
         per_mb = [self._optimizer_step(s, is_acc) for _ in range(epochs) for s in mine]
         if is_acc is not None:
             metrics.update(self._is_summary(is_acc))
+        self.log_ratios = self._take_ratios()
         if self.policy.device.type == "cuda":
             torch.cuda.synchronize(self.policy.device)
         seconds = time.perf_counter() - t0
@@ -191,6 +202,16 @@ class Trainer:
             return fsdp_share(mb, owners, self.dist.rank, self.dist.world)
         mine = [m for m, r in zip(mb.micro, owners, strict=True) if r == self.dist.rank]
         return Share(mine, 0, None)
+
+    def _take_ratios(self) -> dict[str, np.ndarray]:
+        """The step's log-ratios (``LogRatios.take``), every rank's gathered on rank 0."""
+        if self._ratios is None:
+            return {}
+        mine, self._ratios = self._ratios.take(), None
+        if self.dist is None:
+            return mine
+        parts = self.dist.gather(mine)
+        return {k: v for part in parts or [] for k, v in part.items()}
 
     def _sum(self, acc: dict[str, float]) -> dict[str, float]:
         """``acc`` summed over ranks (same keys in the same order on every rank)."""
@@ -239,6 +260,8 @@ class Trainer:
         cap, kind = self.config.is_weight_cap, self.config.loss.kind
         m.old_BT = prox
         m.is_weights_B = w = decoupled_is_weights(prox, d["behavior"], d["mask"], kind, cap)
+        if self._ratios is not None:
+            self._ratios.add(m.rollout_ids, prox - d["behavior"], m.mask_BT)
         keep = d["mask"] > 0
         valid = keep.any(-1)
         log_w = torch.where(keep, prox - d["behavior"], 0.0).sum(-1) / keep.sum(-1).clamp(min=1)

@@ -51,6 +51,12 @@ class DistContext:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (pickled), in rank order; None on the others."""
+        out: list[Any] | None = [None] * self.world if self.is_main else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
     def sum_floats(self, values: list[float], device: torch.device) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -5,18 +5,23 @@ bound the groups in flight with (``gspo_rl.contract.admission``): ``max_stalenes
 ``finished`` (why it stopped taking groups, ``gspo_rl.learner.runtime.target``; empty while it
 trains); the reward of what it trained (``TrainedRewards``: the mean reward per sample of its
 last step's groups and of its last ``RECENT_STEPS`` steps', absent before its first step); and
-its heartbeat, ``seen_at`` (Redis time of its latest read of the queue: ``beat``).
+its heartbeat, ``seen_at`` (Redis time of its latest read of the queue: ``beat``). After each
+step, each trained rollout's per-token log importance ratios (``publish_token_ratios``:
+``Keys.token_ratios``, one pipeline, kept ``ratios_ttl_s``). A Redis error is logged, never
+raised: the next step publishes again.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import redis
 
 from gspo_rl.contract.admission import (
@@ -27,6 +32,7 @@ from gspo_rl.contract.admission import (
     FIELD_TRAINING,
     FIELD_VERSION,
 )
+from gspo_rl.contract.ratios import pack_log_ratios
 from gspo_rl.contract.schema import (
     REWARD_TRAINED,
     REWARD_TRAINED_RECENT,
@@ -81,6 +87,32 @@ def publish_state(client: redis.Redis, keys: Keys, fields: dict[str, Any]) -> No
         client.hset(keys.learner_state, mapping=fields)  # type: ignore[arg-type]  # redis-py's key type (invariant) refuses dict[str, ...]
     except redis.RedisError as exc:
         log.warning("publishing the learner state failed: %s", exc)
+
+
+def ratios_ttl_s(config: LearnerConfig) -> int:
+    """How long a rollout's ratios stay: as long as its records, which the trim keeps
+    ``keep_trained_s`` after the ack (at the next checkpoint: up to ``save_every_s`` after the
+    step with a ``save_dir``). 0: none written (records deleted with their entry)."""
+    if config.keep_trained_s <= 0:
+        return 0
+    wait = config.save_every_s if config.save_dir is not None and config.save_every_s else 0.0
+    return config.keep_trained_s + int(math.ceil(wait))
+
+
+def publish_token_ratios(client: redis.Redis, keys: Keys, ratios: Mapping[str, np.ndarray],
+                         ttl_s: int) -> None:
+    """SET each rollout's log-ratios (``gspo_rl.contract.ratios``) with a TTL of ``ttl_s``, in
+    one pipeline; nothing when there are none or ``ttl_s`` is 0."""
+    if not ratios or ttl_s <= 0:
+        return
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for rid, values in ratios.items():
+                pipe.set(keys.token_ratios(rid), pack_log_ratios(values), ex=ttl_s)
+            pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("publishing the importance ratios of %d rollouts failed: %s",
+                    len(ratios), exc)
 
 
 def publish_training(client: redis.Redis, keys: Keys, n_groups: int) -> None:

@@ -222,6 +222,12 @@ class SegmentOut(BaseModel):
     """A model turn's tokens, each decoded alone."""
     logprobs: list[float] | None = None
     versions: list[int] | None = None
+    log_ratios: list[float | None] | None = None
+    """Each token's log importance ratio, log(pi_prox / pi_behavior): the learner's
+    probability at the weights its step started from against the sampler's, as the learner
+    wrote it after training the rollout (``Keys.token_ratios``). None: none in Redis (not
+    trained yet, dropped, expired, or a learner that records none); null entries: tokens it
+    did not train."""
     advantage: float | None = None
     """What this turn trains with (published groups only)."""
     reward: float | None = None

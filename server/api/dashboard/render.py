@@ -4,22 +4,25 @@ The records are read as the learner reads them: through the group's ready-stream
 one the dashboard remembers, ``recent``, or the one the group names) when it was published,
 with the advantages of its head (per turn: ``ready_turn_advantages``, the learner's own
 function); otherwise from the rollout records, without advantages. Each model turn's tokens
-are decoded one by one (``TokenTexts``) with their behaviour log-probability and policy
-version; the context between turns (prompt, tool results, template tokens) is decoded whole,
-its middle cut past ``CONTEXT_TOKENS``. The work is bounded: at most ``rollouts`` episodes, at
+are decoded one by one (``TokenTexts``) with their behaviour log-probability, policy version
+and, once the learner trained them, log importance ratio (``Keys.token_ratios``); the context
+between turns (prompt, tool results, template tokens) is decoded whole, its middle cut past
+``CONTEXT_TOKENS``. The work is bounded: at most ``rollouts`` episodes, at
 most ``max_tokens`` model tokens each and ``TOTAL_TOKENS`` in all, decoded off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import msgpack
 import numpy as np
 from redis.asyncio import Redis
 
+from gspo_rl.contract.ratios import at_positions, unpack_log_ratios
 from gspo_rl.contract.schema import (
     READY_STREAM_FIELD,
     ReadyGroup,
@@ -49,6 +52,7 @@ _BAD = (KeyError, TypeError, ValueError, msgpack.UnpackException)  # bytes not w
 class Loaded:
     records: dict[str, RolloutRecord]
     ready: ReadyGroup | None
+    log_ratios: dict[str, np.ndarray] = field(default_factory=dict)  # those in Redis
 
 
 async def _published(redis: Redis, recent: RecentGroups, view: GroupView) -> ReadyGroup | None:
@@ -90,7 +94,23 @@ async def load(store: RolloutStore, recent: RecentGroups, view: GroupView,
             rec = recs.get(rid) or (None if blob is None else _record(blob))
             if rec is not None:
                 records[rid] = rec
-    return Loaded(records, ready)
+    return Loaded(records, ready, await _log_ratios(store, list(records)))
+
+
+async def _log_ratios(store: RolloutStore, rollout_ids: list[str]) -> dict[str, np.ndarray]:
+    """The log-ratios the learner wrote for ``rollout_ids`` (those it trained, unexpired)."""
+    if not rollout_ids:
+        return {}
+    blobs = cast("list[bytes | None]", await store.redis.mget(
+        [store.keys.token_ratios(r) for r in rollout_ids]))
+    out = {}
+    for rid, blob in zip(rollout_ids, blobs, strict=True):
+        try:
+            if blob is not None:
+                out[rid] = unpack_log_ratios(blob)
+        except ValueError:
+            continue  # not what the learner writes: shown without ratios
+    return out
 
 
 def _records(blob: bytes) -> list[RolloutRecord]:
@@ -124,10 +144,15 @@ def _finite(values: np.ndarray) -> list[float]:
                                                        posinf=0.0, neginf=-1e4)]
 
 
+def _optional(values: np.ndarray) -> list[float | None]:
+    return [round(x, 4) if math.isfinite(x) else None for x in values.tolist()]
+
+
 def segments(rec: RolloutRecord, tokenizer: Any, texts: TokenTexts, budget: int,
-             turn_adv: list[float] | None,
-             turn_rewards: list[float] | None) -> list[SegmentOut]:
-    """The record's context and model turns, at most ``budget`` model tokens shown."""
+             turn_adv: list[float] | None, turn_rewards: list[float] | None,
+             log_ratios: np.ndarray | None = None) -> list[SegmentOut]:
+    """The record's context and model turns, at most ``budget`` model tokens shown
+    (``log_ratios``: per position, ``at_positions``)."""
     ids = rec.token_ids.tolist()
     out, prev = [], 0
     for k, (start, end) in enumerate(rec.turns):
@@ -140,6 +165,7 @@ def segments(rec: RolloutRecord, tokenizer: Any, texts: TokenTexts, budget: int,
             kind="model", turn=k, tokens=[texts.text(t) for t in ids[start:stop]],
             logprobs=_finite(rec.logprobs[start:stop]),
             versions=[int(v) for v in rec.versions[start:stop]],
+            log_ratios=None if log_ratios is None else _optional(log_ratios[start:stop]),
             advantage=None if turn_adv is None or k >= len(turn_adv) else turn_adv[k],
             reward=(None if turn_rewards is None or k >= len(turn_rewards)
                     else float(turn_rewards[k])),
@@ -172,12 +198,13 @@ def detail(view: GroupView, loaded: Loaded, tokenizer: Any, texts: TokenTexts,
         rec = loaded.records[rid]
         reward = view.rewards.get(rid) or {}
         seq_adv, turn_adv = advantages.get(rid, (None, None))
+        ratios = loaded.log_ratios.get(rid)
         rollouts.append(RolloutView(
             rollout_id=rid, reward=reward.get("reward"), advantage=seq_adv,
             finish_reason=rec.finish_reason, n_tokens=len(rec.token_ids),
             n_model_tokens=int(rec.loss_mask.sum()),
-            segments=segments(rec, tokenizer, texts, budget, turn_adv,
-                              reward.get("turn_rewards"))))
+            segments=segments(rec, tokenizer, texts, budget, turn_adv, reward.get("turn_rewards"),
+                              None if ratios is None else at_positions(rec.loss_mask, ratios))))
     return GroupDetail(
         group_id=view.group_id, state=view.state, drop_reason=view.drop_reason,
         stream_id=view.stream_id,

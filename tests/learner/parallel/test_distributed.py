@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from gspo_rl.contract.ratios import unpack_log_ratios
 from gspo_rl.contract.schema import (
     LEARNER_CONSUMER_GROUP,
     READY_STREAM_FIELD,
@@ -64,7 +66,8 @@ def _weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
 def test_torchrun_two_ranks_trains_what_one_process_trains(lora, tiny_model_dir, redis_url,
                                                            tmp_path):
     """Every rank's replica starts from the same weights (fresh LoRA adapters are random: each
-    rank draws the same ones) and takes the same update as one process."""
+    rank draws the same ones) and takes the same update as one process; rank 0 writes every
+    rank's rollouts' importance ratios, the ones one process writes."""
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     client = redis.Redis.from_url(redis_url)
     sampler = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
@@ -112,3 +115,7 @@ def test_torchrun_two_ranks_trains_what_one_process_trains(lora, tiny_model_dir,
     assert [x["ranks"] for x in recs if x.get("event") == "step"] == [2, 2]
     pend = client.xpending(Keys("two").ready_stream, LEARNER_CONSUMER_GROUP)
     assert int(pend["pending"]) == 0
+    for r in (r for g in groups for r in g.rollouts):
+        a, b = (client.get(Keys(p).token_ratios(r.rollout_id)) for p in ("one", "two"))
+        assert a is not None and b is not None, r.rollout_id
+        np.testing.assert_allclose(unpack_log_ratios(b), unpack_log_ratios(a), atol=5e-3)

@@ -1,6 +1,7 @@
 // gspo-rl dashboard: the rollout browser. The list polls GET v1/dashboard/groups; a click reads
 // GET v1/dashboard/groups/{id}: each episode's turns, the model's tokens shaded by their
-// log-probability, their turn's advantage or their policy version (the selector).
+// log-probability, their importance ratio pi_prox / pi_behavior (once the learner trained
+// them), their turn's advantage or their policy version (the selector).
 "use strict";
 window.GSPO_rollouts = function (api, H) {
   const { el, fmt, ago, pill } = H;
@@ -19,6 +20,7 @@ window.GSPO_rollouts = function (api, H) {
   let shade = select.value;
   let selected = null;
   let scale = { maxAdv: 1, versions: [] };
+  const RATIO_CLAMP = 0.5; // |log ratio| at which the shading is deepest
 
   select.addEventListener("change", () => { shade = select.value; recolor(); });
 
@@ -70,9 +72,13 @@ window.GSPO_rollouts = function (api, H) {
     s.dataset.lp = seg.logprobs[i];
     s.dataset.v = seg.versions[i];
     if (seg.advantage !== null && seg.advantage !== undefined) s.dataset.a = seg.advantage;
+    const lr = seg.log_ratios ? seg.log_ratios[i] : null;
+    if (lr !== null && lr !== undefined) s.dataset.lr = lr;
     s.title = `${JSON.stringify(seg.tokens[i])}  log p ${fmt(seg.logprobs[i])}  ` +
       `p ${fmt(Math.exp(seg.logprobs[i]))}  version ${seg.versions[i]}  ` +
-      `advantage ${fmt(seg.advantage)}`;
+      `advantage ${fmt(seg.advantage)}  ` +
+      (lr === null || lr === undefined ? "ratio none (not trained yet, or expired)"
+        : `ratio ${Math.exp(lr).toFixed(3)}`);
     return s;
   }
 
@@ -123,6 +129,10 @@ window.GSPO_rollouts = function (api, H) {
       const a = Math.min(1, Math.max(0, -Number(span.dataset.lp) / 5));
       return `rgba(220, 38, 38, ${(0.75 * a).toFixed(3)})`;
     }
+    if (shade === "ratio") {
+      if (span.dataset.lr === undefined) return "transparent";
+      return ratioColor(Number(span.dataset.lr));
+    }
     if (shade === "advantage") {
       if (span.dataset.a === undefined) return "transparent";
       const a = Number(span.dataset.a);
@@ -131,6 +141,14 @@ window.GSPO_rollouts = function (api, H) {
     }
     const i = scale.versions.indexOf(Number(span.dataset.v));
     return PALETTE[Math.max(0, i) % PALETTE.length];
+  }
+
+  // Diverging around ratio 1: blue where the learner gives the token more probability than the
+  // sampler did, orange where less, deepest from |log ratio| = RATIO_CLAMP on.
+  function ratioColor(lr) {
+    const x = Math.max(-1, Math.min(1, lr / RATIO_CLAMP));
+    const t = (0.75 * Math.abs(x)).toFixed(3);
+    return x >= 0 ? `rgba(37, 99, 235, ${t})` : `rgba(234, 88, 12, ${t})`;
   }
 
   function swatch(color, text) {
@@ -144,6 +162,15 @@ window.GSPO_rollouts = function (api, H) {
     if (shade === "logprob") {
       items = [swatch("rgba(220, 38, 38, 0)", "p \u2248 1"), swatch("rgba(220, 38, 38, 0.375)", "log p = -2.5"),
                swatch("rgba(220, 38, 38, 0.75)", "log p \u2264 -5")];
+    } else if (shade === "ratio") {
+      const lo = Math.exp(-RATIO_CLAMP).toFixed(2), hi = Math.exp(RATIO_CLAMP).toFixed(2);
+      const bare = [...box.querySelectorAll(".tok")].filter((t) => t.dataset.lr === undefined);
+      items = [swatch(ratioColor(-RATIO_CLAMP), `\u2264 ${lo}`), swatch(ratioColor(0), "1"),
+               swatch(ratioColor(RATIO_CLAMP), `\u2265 ${hi}`)];
+      if (bare.length) {
+        items.push(el("span", { class: "muted ratio-note",
+          text: `${bare.length} tokens unshaded: no ratio yet (not trained, dropped or expired)` }));
+      }
     } else if (shade === "advantage") {
       items = [swatch("rgba(220, 38, 38, 0.7)", `-${fmt(scale.maxAdv, 2)}`),
                swatch("rgba(22, 163, 74, 0.7)", `+${fmt(scale.maxAdv, 2)}`)];
