@@ -59,7 +59,7 @@ window.GSPO_panels = function (H) {
         ["being sampled", fmt(q.being_sampled)],
         ["no-signal held", fmt(q.no_signal_held), "dropped for equal rewards, holding a place"],
         ["ready stream length", fmt(q.ready_depth)],
-        ["this server behind the learner", `${fmt(Math.max(0, s.learner.version -
+        ["this server behind", `${fmt(Math.max(0, s.learner.version -
           s.engine.policy_version))} versions`, "the bound shrinks by groups per step for each"],
       ]),
     ];
