@@ -55,6 +55,8 @@ def test_verifiers_environments_and_a_textarena_game_train_side_by_side(
         args += ["--env", f"verifiers:{VF / n}", "--env-arg", f"{n}:harness=null",
                  "--env-arg", f"{n}:sampling.max_tokens=8"]
     args += ["--env-arg", "gspo_vf_guess:taskset.turns=2"]
+    # the math taskset's first two tasks held out: evaluated at the start and after training
+    args += ["--env-arg", "gspo_vf_math:eval.limit=2", "--env-arg", "gspo_vf_math:eval.samples=1"]
     # one-token replies of the tiny model are often numbers: valid guesses, rewards that vary
     args += ["--env", f"textarena:{game}", "--env-arg", f"{game}:sampling.max_tokens=1",
              "--env-arg", f"{game}:game.max_number=999", "--env-arg", f"{game}:max_turns=4"]
@@ -67,4 +69,8 @@ def test_verifiers_environments_and_a_textarena_game_train_side_by_side(
     assert trained, "no step reported its environments"
     played = {line["env"] for line in read_metrics(tmp_path / "run" / "env_rewards.jsonl")}
     assert played == {*names, game}, f"every environment played groups: {played}"
+    evals = read_metrics(tmp_path / "run" / "evals.jsonl")
+    versions = [e["policy_version"] for e in evals if e["name"] == "gspo_vf_math"]
+    assert versions and versions[0] < 2 and versions[-1] == 2, evals  # the start; the end
+    assert all(e["metrics"]["tasks"] == 2 for e in evals), evals
     assert not re.search(r"Traceback|Event loop is closed", r.stdout + r.stderr)
