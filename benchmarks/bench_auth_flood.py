@@ -172,14 +172,15 @@ def run(args: argparse.Namespace) -> None:
         tmp = Path(tmp_dir)
         model = str(make_tiny_model(tmp / "tiny", num_layers=1, hidden_size=64))
         redis_url, _ = stack.enter_context(redis_server(tmp))
-        urls = {}
-        for side in SIDES:
+        urls, procs = {}, {}
+        for side in SIDES:  # both start at once (their start-ups overlap), then both answer
             port = free_port()
-            proc = stack.enter_context(process(["--serve", side, "--model", model,
-                                                "--redis-url", redis_url, "--port",
-                                                str(port)]))
+            procs[side] = stack.enter_context(process(["--serve", side, "--model", model,
+                                                       "--redis-url", redis_url, "--port",
+                                                       str(port)]))
             urls[side] = f"http://127.0.0.1:{port}"
-            wait_until(lambda u=urls[side]: _healthy(u), proc, f"the {side} server")
+        for side in SIDES:
+            wait_until(lambda u=urls[side]: _healthy(u), procs[side], f"the {side} server")
         name = Path(model).name
         per_phase = args.posts
         ids = {s: asyncio.run(rollout_ids(urls[s], name, per_phase * (2 * args.rounds + 1)))

@@ -46,23 +46,26 @@ float32 logits' bytes.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gspo_rl.contract.schema import ReadyGroup, RolloutRecord  # noqa: E402
-from gspo_rl.learner.algorithm.losses import group_advantages  # noqa: E402
-from gspo_rl.learner.config import LearnerConfig  # noqa: E402
-from gspo_rl.learner.model.policy import Policy  # noqa: E402
-from gspo_rl.learner.trainer import Trainer  # noqa: E402
+# The learner (transformers with it) is imported where a trainer is made: ``--head`` and its
+# fresh processes that measure peak memory need torch alone.
+if TYPE_CHECKING:
+    from gspo_rl.contract.schema import ReadyGroup
+    from gspo_rl.learner.model.policy import Policy
+    from gspo_rl.learner.trainer import Trainer
 
 # hidden, layers, heads, kv heads, intermediate, vocab (Qwen2.5 configs; both tie embeddings)
 SHAPES = {
@@ -75,23 +78,33 @@ PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0}
 SUITE = (("0.5b", 16384), ("1.5b", 32768), ("0.5b", 65536))
 
 
-class NaivePolicy(Policy):
-    """The baseline: full logits, float32 log-softmax over the vocabulary, then gather."""
+@functools.cache
+def naive_policy_cls() -> type[Policy]:
+    """``NaivePolicy``, a ``Policy`` (made on first use: it imports the learner)."""
+    from gspo_rl.learner.model.policy import Policy
 
-    def token_logprobs(self, tokens_BT, attention_BT, temperature_B, mask_BT=None):
-        tokens_BT, attention_BT = tokens_BT.to(self.device), attention_BT.to(self.device)
-        t = temperature_B.to(self.device, torch.float32)[:, None, None]
-        with self._autocast():
-            logits = self.model(input_ids=tokens_BT[:, :-1],
-                                attention_mask=attention_BT[:, :-1]).logits
-        lp = torch.log_softmax(logits.float() / t, dim=-1)
-        lp = lp.gather(2, tokens_BT[:, 1:, None]).squeeze(-1)
-        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+    class NaivePolicy(Policy):
+        """The baseline: full logits, float32 log-softmax over the vocabulary, then gather."""
+
+        def token_logprobs(self, tokens_BT, attention_BT, temperature_B, mask_BT=None):
+            tokens_BT, attention_BT = tokens_BT.to(self.device), attention_BT.to(self.device)
+            t = temperature_B.to(self.device, torch.float32)[:, None, None]
+            with self._autocast():
+                logits = self.model(input_ids=tokens_BT[:, :-1],
+                                    attention_mask=attention_BT[:, :-1]).logits
+            lp = torch.log_softmax(logits.float() / t, dim=-1)
+            lp = lp.gather(2, tokens_BT[:, 1:, None]).squeeze(-1)
+            return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+    return NaivePolicy
 
 
 def make_groups(vocab: int, n: int, g: int, prompt: int, completion: int,
                 seed: int = 0) -> list[ReadyGroup]:
     """Random tokens; completion lengths vary in [completion/2, completion]."""
+    from gspo_rl.contract.schema import ReadyGroup, RolloutRecord
+    from gspo_rl.learner.algorithm.losses import group_advantages
+
     rng = np.random.default_rng(seed)
     groups = []
     for k in range(n):
@@ -127,6 +140,10 @@ def build_model(args, device: torch.device) -> torch.nn.Module:
 
 
 def make_trainer(naive: bool, args, device: torch.device) -> Trainer:
+    from gspo_rl.learner.config import LearnerConfig
+    from gspo_rl.learner.model.policy import Policy
+    from gspo_rl.learner.trainer import Trainer
+
     model = build_model(args, device)
     ckpt = {"on": True, "off": False, "auto": None}[args.gradient_checkpointing]
     if naive:
@@ -137,7 +154,7 @@ def make_trainer(naive: bool, args, device: torch.device) -> Trainer:
                 model.config, sum(p.numel() for p in model.parameters()),
                 args.micro_batch_tokens, True, torch.cuda.get_device_properties(
                     device).total_memory)
-        policy: Policy = NaivePolicy(model, device, bf16_autocast=True)
+        policy: Policy = naive_policy_cls()(model, device, bf16_autocast=True)
         levers = {"param_dtype": "float32", "packing": "off", "gradient_checkpointing": ckpt,
                   "compile": "off"}
     else:

@@ -40,17 +40,18 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fastapi import FastAPI  # noqa: E402
-
+# Light imports only at the top: every reader process (spawned) imports this module again, and
+# the server's routes import torch. They are imported where the app is made.
 from gspo_rl.redisq.groups.store import RolloutStore, make_redis  # noqa: E402
-from gspo_rl.server.api.errors import install_error_handlers  # noqa: E402
-from gspo_rl.server.api.routes import groups, rewards  # noqa: E402
 from tests.conftest import free_port, wait_for_port  # noqa: E402
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 TOKENS = 1024
 GROUP = 8
@@ -58,6 +59,10 @@ GROUP = 8
 
 def bench_app() -> FastAPI:
     """The app served in part 1 (``uvicorn --factory benchmarks.bench_queue:bench_app``)."""
+    from fastapi import FastAPI
+
+    from gspo_rl.server.api.errors import install_error_handlers
+    from gspo_rl.server.api.routes import groups, rewards
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -76,10 +81,12 @@ def bench_app() -> FastAPI:
     app.include_router(rewards.router)
     app.include_router(groups.router)
 
-    @app.post("/bench/noop")
-    async def noop(body: rewards.RewardsBody) -> dict[str, int]:
+    async def noop(body) -> dict[str, int]:  # noqa: ANN001 - its type is set below
         return {"n": 1 if not isinstance(body, list) else len(body)}
 
+    # the same body model as /v1/rewards (a local name: FastAPI reads annotations as globals)
+    noop.__annotations__["body"] = rewards.RewardsBody
+    app.post("/bench/noop")(noop)
     return app
 
 
@@ -410,8 +417,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=TOKENS)
     ap.add_argument("--codec-groups", type=int, default=200)
     args = ap.parse_args()
-
     import timeit
+
+    # The producers run in this process: it holds the server's modules, as it always has (a
+    # full garbage collection's work depends on what is loaded); the readers do not need them.
+    import gspo_rl.server.api.routes.groups  # noqa: F401
+    import gspo_rl.server.api.routes.rewards  # noqa: F401
 
     calib = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
     print(f"cpus: {os.cpu_count()}, load average before: {os.getloadavg()}, "

@@ -8,7 +8,9 @@ for were printed, not what they say.
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,8 +35,10 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "profile_learner.py": (["--shape", "tiny", "--groups", "2", "--group-size", "2",
                             "--prompt", "8", "--completion", "8", "--minibatches", "1",
                             "--device", "cpu", "--rows", "5"], ["by category", "matmul"]),
+    # two pairs of end-to-end runs (both orders; each run starts a reader process)
     "bench_queue.py": (["--rewards", "64", "--clients", "4", "--groups", "8",
-                        "--concurrency", "2", "--tokens", "32", "--codec-groups", "4"],
+                        "--concurrency", "2", "--pairs", "2", "--tokens", "32",
+                        "--codec-groups", "4"],
                        ["ratio ours / noop", "ratio ours / raw", "msgpack"]),
     "probe_queue_redis.py": (["--groups", "8", "--rounds", "1", "--tokens", "32"],
                              ["ratio 1 SET / 8 SETs", "ratio to the staged record script"]),
@@ -91,8 +95,9 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "bench_schedule.py": (["--losses", "gspo", "--schedules", "2x2", "--seeds", "0",
                            "--max-steps", "2", "--minutes", "2", "--plot", "curves.png"],
                           ["gspo       2x2", "x base", "plot: curves.png"]),
+    # a random tiny model earns nothing on the calculator: each run samples its --minutes
     "bench_signal.py": (["--tasks", "tool", "--seeds", "0", "--max-steps", "1",
-                         "--minutes", "0.2"], ["ratio on/off, seconds"]),
+                         "--minutes", "0.1"], ["ratio on/off, seconds"]),
     "bench_verifiers.py": (["--groups", "2", "--group-size", "2", "--concurrency", "2",
                             "--max-tokens", "4", "--repeats", "1"],
                            ["ratio prefork/this (episodes/s)"]),
@@ -118,6 +123,20 @@ AREAS: dict[str, list[str]] = {
 }
 
 
+def share_compile_cache(tmp: Path) -> None:
+    """torch.compile's cache in ``tmp`` (inductor keeps it, and its precompiled headers, in
+    TMPDIR/torchinductor_USER) as a link to the one a run without that TMPDIR uses: a fresh
+    cache per case would compile again what was compiled before (vLLM's sampler: ~15 s at
+    the first request a server answers)."""
+    try:
+        name = "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):  # no user name: each case compiles on its own
+        return
+    shared = Path(tempfile.gettempdir()) / name
+    shared.mkdir(exist_ok=True)
+    (tmp / name).symlink_to(shared, target_is_directory=True)
+
+
 def run_case(name: str, tmp_path: Path) -> None:
     """Run the smoke case ``name`` (a key of ``CASES``) and check what it printed."""
     args, expected = CASES[name]
@@ -128,6 +147,7 @@ def run_case(name: str, tmp_path: Path) -> None:
     # A short TMPDIR of its own: vLLM puts its ZMQ sockets there, whose paths may not exceed
     # 107 bytes (pytest's tmp_path under xdist, .../popen-gw0/test_benchmark_runs_at_..., does)
     tmp = Path(tempfile.mkdtemp(prefix="gspo-bench-"))
+    share_compile_cache(tmp)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)}
     try:
         proc = subprocess.run([sys.executable, str(script), *args, *extra], cwd=tmp_path,
