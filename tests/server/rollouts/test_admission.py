@@ -8,10 +8,7 @@ on the tiny model, the learner's own reader and state publisher."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -35,12 +32,12 @@ from gspo_rl.redisq.inflight import PENDING_TTL_S, InFlightCounter
 from gspo_rl.redisq.ready.reader import GroupReader
 from gspo_rl.server.rollouts.admission import POLL_S
 from tests.conftest import RedisServer, wait_until
+from tests.helpers.gspo_env import gspo_env_says
 from tests.helpers.serving import API_KEY, Served, running_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 ROLLOUT = {"prompt_token_ids": [1, 2], "max_tokens": 2, "n": 2}
 KEYS = Keys()
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
@@ -325,28 +322,6 @@ def test_in_flight_count_recovers_from_a_crashed_server_and_a_crashed_learner(
         assert post(s, "/v1/rollouts", ROLLOUT).status_code == 503
         members = redis.Redis.from_url(url).zrange(KEYS.admission_seen, 0, -1)
         assert members == [b"test-server"]
-
-
-def gspo_env_says(served: Served, text: str, within_s: float = 120) -> str:
-    """Runs ``gspo env`` against ``served`` until a line of its output holds ``text`` (that
-    line), or fails after ``within_s``."""
-    env = {**os.environ, "GSPO_API_KEY": API_KEY, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "gspo_rl.cli", "env", "--url", served.url,
-                             "--groups", "4", "--concurrency", "1"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    timer = threading.Timer(within_s, proc.kill)  # the read below ends when it is killed
-    timer.start()
-    try:
-        for line in proc.stdout or []:
-            lines.append(line)
-            if text in line:
-                return line
-    finally:
-        timer.cancel()
-        proc.kill()
-        proc.wait(timeout=30)
-    raise AssertionError(f"gspo env never said {text!r} in {within_s} s:\n{''.join(lines)}")
 
 
 def test_no_learner_is_said_in_those_words(tiny_model_dir: Path,
