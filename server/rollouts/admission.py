@@ -61,6 +61,7 @@ class AdmissionGate:
         self.wait_s = settings.admission_wait_s
         self.fallback = settings.admission_capacity_without_learner
         self.drought_s = settings.no_signal_drought_s
+        self.holding = 0  # requests held at the bound now (the admission_held gauge)
         self.max_ready_groups = settings.max_ready_groups
         self.metrics = metrics
         self.server_version = server_version
@@ -140,6 +141,7 @@ class AdmissionGate:
                     raise self._refuse_no_learner(snap, route)
                 if not held:
                     held = True
+                    self.holding += 1
                     self.metrics.admission_held.inc()
                     self.metrics.admission_waited.inc()
                 remaining = deadline - time.monotonic()
@@ -149,6 +151,7 @@ class AdmissionGate:
                     await asyncio.wait_for(changed.wait(), min(POLL_S, remaining))
         finally:
             if held:
+                self.holding -= 1
                 self.metrics.admission_held.dec()
 
     def _try(self, snap: Snapshot, released_since: int) -> bool:

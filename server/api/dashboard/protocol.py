@@ -119,6 +119,9 @@ class QueueOut(BaseModel):
     """Requests being sampled: other servers' published counts plus this server's own."""
     no_signal_held: int
     """Groups dropped for equal rewards that still hold a place (``no_signal_hold_s``)."""
+    requests_held: int = 0
+    """New groups' requests this server holds at the bound now, each for at most
+    ``admission_wait_s`` (the ``gspo_admission_held`` gauge)."""
     ready_depth: int
     in_flight: int
     bound: int | None

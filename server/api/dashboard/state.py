@@ -140,6 +140,7 @@ def _queue(snap: Snapshot, gate: AdmissionGate) -> QueueOut:
     return QueueOut(open=snap.open, idle=snap.idle, complete=snap.complete,
                     published_unread=snap.undelivered, training=snap.learner.training,
                     being_sampled=snap.remote_pending + gate.local,
-                    no_signal_held=held, ready_depth=snap.ready_depth,
+                    no_signal_held=held, requests_held=gate.holding,
+                    ready_depth=snap.ready_depth,
                     in_flight=snap.others + held + gate.local, bound=bound,
                     admission=gate.enabled)

@@ -77,6 +77,12 @@ def gauge(served: Served, name: str) -> float:
                if line.split("{")[0].split(" ")[0] == name)
 
 
+def dashboard_queue(served: Served) -> dict[str, Any]:
+    r = httpx.get(served.url + "/v1/dashboard/state", headers=AUTH, timeout=10)
+    assert r.status_code == 200, r.text
+    return dict(r.json()["queue"])
+
+
 def learner_publishes(redis_url: str, model: Path, *, max_staleness: int, groups_per_step: int,
                       version: int = 0, training: int = 0, finished: str = "") -> None:
     """What the learner writes to ``Keys.learner_state`` (gspo_rl.learner.runtime.published)."""
@@ -105,6 +111,7 @@ def test_a_new_group_is_held_at_the_bound_and_released_when_the_learner_takes_gr
         wait_until(lambda: gauge(s, "gspo_admission_held") == 1, "the request to be held")
         time.sleep(0.3)  # held, not refused: nothing changed, so it is still waiting
         assert held.is_alive() and gauge(s, "gspo_admission_refused_total") == 0
+        assert dashboard_queue(s)["requests_held"] == 1  # the dashboard says so too
 
         # The learner takes the published group: counted as being trained first (the real
         # learner publishes that as its read returns; a test that published it after the
@@ -120,7 +127,7 @@ def test_a_new_group_is_held_at_the_bound_and_released_when_the_learner_takes_gr
                           training=0)  # trained: one group left its place
         held.join(timeout=60)
         assert not held.is_alive() and result["r"].status_code == 200, result
-        assert gauge(s, "gspo_admission_held") == 0
+        assert gauge(s, "gspo_admission_held") == 0 == dashboard_queue(s)["requests_held"]
         assert gauge(s, "gspo_admission_waited_total") == 1
         reward(s, second, [1.0, 1.0])  # equal rewards: dropped by the server, and held by
         assert gauge(s, "gspo_groups_in_flight") == 2  # the sampling budget until a step

@@ -58,6 +58,8 @@ window.GSPO_panels = function (H) {
         ["training", fmt(q.training)],
         ["being sampled", fmt(q.being_sampled)],
         ["no-signal held", fmt(q.no_signal_held), "dropped for equal rewards, holding a place"],
+        ["requests held here", fmt(q.requests_held),
+          "new groups this server holds at the bound (admission_wait_s) until one fits"],
         ["ready stream length", fmt(q.ready_depth)],
         ["this server behind", `${fmt(Math.max(0, s.learner.version -
           s.engine.policy_version))} versions`, "the bound shrinks by groups per step for each"],
