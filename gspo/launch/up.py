@@ -30,6 +30,7 @@ from gspo_rl.launch.runlog import (
     step_records,
     version_curve,
 )
+from gspo_rl.launch.tiny_cache import tiny_model
 from gspo_rl.launch.workload import Workload, make_workload
 from gspo_rl.learner.tracking.base import check_installed
 
@@ -137,10 +138,8 @@ def start_stack(cfg: UpConfig, procs: Processes,
     model = cfg.model
     if model is None and cfg.resume and (cfg.run_dir / "model" / "config.json").is_file():
         model = str(cfg.run_dir / "model")  # the run's own tiny model, as it was made
-    elif model is None:
-        from gspo_rl.tiny_model import make_tiny_model
-
-        model = str(make_tiny_model(cfg.run_dir / "model", seed=cfg.seed))
+    elif model is None:  # built once per machine, copied (gspo_rl.launch.tiny_cache)
+        model = str(tiny_model(cfg.run_dir / "model", seed=cfg.seed))
     api_key, admin_key = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     keys_env = {"GSPO_API_KEY": api_key, "GSPO_ADMIN_KEY": admin_key}
     port = free_port()
