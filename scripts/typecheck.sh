@@ -8,7 +8,9 @@
 # editable finder hook that mypy cannot follow, so this links them into a temporary tree laid
 # out as the installed package (T/gspo_rl/<each entry of gspo/>, T/gspo_rl/{contract,redisq,
 # server,learner}, T/gspo_rl/client -> clients) and maps the paths in mypy's report back to the
-# repository's. The cache is .mypy_cache/ in the checkout (git ignores it): a second run is fast.
+# repository's. The cache is per machine, not per checkout ($GSPO_CACHE_DIR/mypy, else
+# ~/.cache/gspo-rl/mypy): mypy checks each module's source against it, so a second run, or a
+# fresh clone's first, rechecks only what changed (~5 s instead of ~65 s here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -27,6 +29,8 @@ ln -s "$ROOT/clients" "$T/gspo_rl/client"
 # gspo_rl/<x>/ -> <folder>/, any other gspo_rl/<entry> -> gspo/<entry> (also in notes' texts).
 MAP='s#gspo_rl/client/#clients/#g; s#gspo_rl/contract/#contract/#g; s#gspo_rl/redisq/#redisq/#g;'
 MAP+=' s#gspo_rl/server/#server/#g; s#gspo_rl/learner/#learner/#g; s#gspo_rl/#gspo/#g'
+CACHE="${GSPO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gspo-rl}/mypy"
+mkdir -p "$CACHE" 2>/dev/null || CACHE="$ROOT/.mypy_cache"
 (cd "$T" && MYPYPATH="$T" "$ROOT/.venv/bin/mypy" --config-file "$ROOT/pyproject.toml" \
-    --cache-dir "$ROOT/.mypy_cache" "$@" -p gspo_rl) | sed -E "$MAP"
+    --cache-dir "$CACHE" "$@" -p gspo_rl) | sed -E "$MAP"
 exit "${PIPESTATUS[0]}"

@@ -4,7 +4,7 @@ Every module of ``gspo_rl`` is checked as installed (the script lays the folders
 namespace), with ``[tool.mypy]`` in pyproject.toml: strict on ``gspo_rl.contract`` (what both
 sides share) and ``gspo_rl.client`` (the environment SDK), the default checks elsewhere. A
 ``# type: ignore`` names its error code and why (a library's types that are wrong or dynamic).
-Slow: a run without mypy's cache (``.mypy_cache/``) takes about two minutes.
+Slow without mypy's cache (about a minute here; ``scripts/typecheck.sh`` keeps it per machine).
 """
 
 from __future__ import annotations
