@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +48,33 @@ def test_gspo_up_learns_the_demo_task(tmp_path, capfd, caplog):
     assert (tmp_path / "run" / "server.log").exists()
 
 
+def look_at_the_dashboard(said: list[str]) -> None:
+    """The dashboard of the live run, at the address ``gspo up`` printed, in a headless
+    Chromium (where Debian's is installed): the learner connected and stepping, the run's
+    groups in the rollout browser."""
+    pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.helpers.browser import MISSING, chromium
+
+    if MISSING:
+        return
+    url = next(m.group(1) for m in (re.search(r"dashboard: (\S+)", x) for x in said) if m)
+    with chromium() as driver:
+        driver.get(url)
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: d.find_element(By.ID, "conn").text == "live")
+        wait.until(lambda d: "connected" in d.find_element(By.ID, "card-learner").text)
+        learner = driver.find_element(By.ID, "card-learner").text
+        step = int(re.search(r"step\s+(\d+)", learner).group(1))  # type: ignore[union-attr]
+        assert step >= 2, learner
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#group-list [data-group]"))
+        # (clicked by the page's script: the list is redrawn every second)
+        driver.execute_script("document.querySelector('#group-list [data-group]').click();")
+        wait.until(lambda d: "Say a word from" in d.find_element(By.ID, "group-detail").text)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ctrl_c_summarises_plots_and_lets_the_last_ack_land(tmp_path):
@@ -53,26 +82,33 @@ def test_ctrl_c_summarises_plots_and_lets_the_last_ack_land(tmp_path):
     the processes stop newest first, so the learner checkpoints and acknowledges while Redis
     still runs (no "ack failed"); then the summary and the plot of what ran, exit 130. The
     learner's log starts with its settings and has no per-request httpx lines. Then
-    ``gspo up --resume`` continues the stopped run from its last checkpoint."""
+    ``gspo up --resume`` continues the stopped run from its last checkpoint. Before the
+    Ctrl-C, the run's dashboard is read in a headless browser."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gspo_rl.cli", "up", "--run-dir", str(run_dir),
          "--target-reward", "0", "--minutes", "8"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(proc.stdout or []), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 400
         while len(step_records(read_metrics(run_dir / "metrics.jsonl"))) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, "no learner steps"
             time.sleep(0.5)
+        look_at_the_dashboard(said)
         proc.send_signal(signal.SIGINT)
         try:
-            out, _ = proc.communicate(timeout=300)
+            proc.wait(timeout=300)
         except subprocess.TimeoutExpired:  # what it said while it hung, not only the timeout
             proc.kill()
-            pytest.fail(f"no exit within 300 s of the Ctrl-C:\n{proc.communicate()[0][-8000:]}")
+            pytest.fail(f"no exit within 300 s of the Ctrl-C:\n{''.join(said)[-8000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
+    reader.join(timeout=30)
+    out = "".join(said)
     assert proc.returncode == 130, out
     assert "interrupted: stopping every process" in out and "interrupted after" in out
     assert "reward curve:" in out and (run_dir / "reward_curve.png").stat().st_size > 10_000
