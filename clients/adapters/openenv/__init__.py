@@ -27,6 +27,7 @@ and observations), ``client`` (the server: URL, ``/schema``, WebSocket sessions)
 
 from __future__ import annotations
 
+from gspo_rl.client.adapters.chat import OPENAI_KEYS, assistant_message
 from gspo_rl.client.adapters.openenv.args import OpenEnvArgs, parse_args
 from gspo_rl.client.adapters.openenv.client import (
     CAPACITY,
@@ -52,14 +53,12 @@ from gspo_rl.client.adapters.openenv.codec import (
     schema_fields,
 )
 from gspo_rl.client.adapters.openenv.environment import (
-    OPENAI_KEYS,
     PROBE_WAIT_S,
     SAMPLING,
     SEEDS,
     OpenEnvEnvironment,
     OpenEnvSession,
     Turn,
-    assistant_message,
     check_sessions,
     load,
     reset_kwargs,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gspo_rl.client.adapters.chat import check_seed, validated
 
 
 class OpenEnvArgs(BaseModel):
@@ -49,19 +51,9 @@ class OpenEnvArgs(BaseModel):
     timeout_s: float = Field(120.0, gt=0.0)
     """Time limit of one chat completion, of one reply of the environment server."""
 
-    @field_validator("seed")
-    @classmethod
-    def _seed_not_negative(cls, seed: bool | int) -> bool | int:
-        if type(seed) is int and seed < 0:
-            raise ValueError(f"seed must be true, false or an int >= 0, not {seed}")
-        return seed
+    seed_rule = field_validator("seed")(check_seed)
 
 
 def parse_args(args: dict[str, Any]) -> OpenEnvArgs:
     """The validated settings; ValueError naming every bad key."""
-    try:
-        return OpenEnvArgs.model_validate(args)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'args'}: {e['msg']}"
-                             for e in exc.errors())
-        raise ValueError(f"openenv: bad --env-arg ({problems})") from None
+    return validated(OpenEnvArgs, args, "openenv")

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from openai import AsyncOpenAI
 
+from gspo_rl.client.adapters.chat import chat_reply
 from gspo_rl.client.adapters.openenv.args import OpenEnvArgs, parse_args
 from gspo_rl.client.adapters.openenv.client import (
     CAPACITY,
@@ -46,10 +47,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 64}
-OPENAI_KEYS = frozenset({"temperature", "top_p", "max_tokens", "max_completion_tokens", "stop",
-                         "seed", "frequency_penalty", "presence_penalty", "logprobs",
-                         "top_logprobs"})
-"""Sampling keys the openai client takes as arguments; the others go in ``extra_body``."""
 SEEDS = 2**31
 PROBE_WAIT_S = 2.0
 """``load``'s sessions wait this long for the server's capacity (sessions closed just before
@@ -142,7 +139,7 @@ class OpenEnvEnvironment(MultiTurnEnvironment):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         rewards: list[float] = []
         for _ in range(self.args.max_turns):
-            text, assistant = await self._reply(llm, messages, session)
+            text, assistant = await chat_reply(llm, messages, session, self.sampling)
             messages.append(assistant)
             turn = await env.act(text)
             rewards.append(turn.reward)
@@ -150,16 +147,6 @@ class OpenEnvEnvironment(MultiTurnEnvironment):
                 break
             messages.append({"role": "user", "content": turn.text})
         return rewards
-
-    async def _reply(self, llm: AsyncOpenAI, messages: list[dict[str, Any]],
-                     session: EpisodeSession) -> tuple[str, dict[str, Any]]:
-        options = {k: v for k, v in self.sampling.items() if k in OPENAI_KEYS}
-        extra = {k: v for k, v in self.sampling.items() if k not in OPENAI_KEYS}
-        response = await llm.chat.completions.create(
-            model=session.model, messages=messages,  # type: ignore[arg-type]  # plain dicts
-            extra_body={**extra, **session.extra_body}, **options)
-        message = response.choices[0].message
-        return message.content or "", assistant_message(message)
 
     @contextlib.asynccontextmanager
     async def session(self, seed: int | None = None,
@@ -220,17 +207,6 @@ def reset_kwargs(seed: int | None, episode_id: str | None) -> dict[str, Any]:
     """What a reset sends (a server passes on what its environment's ``reset`` takes)."""
     kwargs: dict[str, Any] = {"seed": seed, "episode_id": episode_id}
     return {k: v for k, v in kwargs.items() if v is not None}
-
-
-def assistant_message(message: Any) -> dict[str, Any]:
-    """The assistant message as returned, to send back unchanged in the next turn."""
-    out: dict[str, Any] = {"role": "assistant", "content": message.content}
-    reasoning = getattr(message, "reasoning_content", None)
-    if reasoning is not None:
-        out["reasoning_content"] = reasoning
-    if message.tool_calls:
-        out["tool_calls"] = [c.model_dump(exclude_none=True) for c in message.tool_calls]
-    return out
 
 
 def check_sessions(env: OpenEnvEnvironment, results: list[Any]) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gspo_rl.client.adapters.chat import check_seed, validated
 
 SYSTEM_PROMPT = ("You are playing a text game. Read the rules, then answer each turn with your "
                  "move in square brackets, exactly as the game asks (for example [5] or [A C]): "
@@ -55,19 +57,9 @@ class TextArenaArgs(BaseModel):
     timeout_s: float = Field(120.0, gt=0.0)
     """Time limit of one chat completion."""
 
-    @field_validator("seed")
-    @classmethod
-    def _seed_not_negative(cls, seed: bool | int) -> bool | int:
-        if type(seed) is int and seed < 0:
-            raise ValueError(f"seed must be true, false or an int >= 0, not {seed}")
-        return seed
+    seed_rule = field_validator("seed")(check_seed)
 
 
 def parse_args(args: dict[str, Any]) -> TextArenaArgs:
     """The validated settings; ValueError naming every bad key."""
-    try:
-        return TextArenaArgs.model_validate(args)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'args'}: {e['msg']}"
-                             for e in exc.errors())
-        raise ValueError(f"textarena: bad --env-arg ({problems})") from None
+    return validated(TextArenaArgs, args, "textarena")

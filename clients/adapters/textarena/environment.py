@@ -14,7 +14,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from gspo_rl.client.adapters.openenv.environment import OPENAI_KEYS, assistant_message
+from gspo_rl.client.adapters.chat import chat_reply
 from gspo_rl.client.adapters.textarena.args import TextArenaArgs, parse_args
 from gspo_rl.client.adapters.textarena.game import Game, check, library
 from gspo_rl.client.environment import EpisodeResult, EpisodeSession, MultiTurnEnvironment
@@ -85,7 +85,7 @@ class TextArenaEnvironment(MultiTurnEnvironment):
             messages.insert(0, {"role": "system", "content": self.args.system_prompt})
         rewards: list[float] = []
         for _ in range(self.args.max_turns):
-            text, assistant = await self._reply(llm, messages, session)
+            text, assistant = await chat_reply(llm, messages, session, self.sampling)
             messages.append(assistant)
             step = game.step(text)
             rewards.append(-self.args.invalid_penalty if step.refused else 0.0)
@@ -93,16 +93,6 @@ class TextArenaEnvironment(MultiTurnEnvironment):
                 return True, rewards
             messages.append({"role": "user", "content": step.text})
         return False, rewards
-
-    async def _reply(self, llm: AsyncOpenAI, messages: list[dict[str, Any]],
-                     session: EpisodeSession) -> tuple[str, dict[str, Any]]:
-        options = {k: v for k, v in self.sampling.items() if k in OPENAI_KEYS}
-        extra = {k: v for k, v in self.sampling.items() if k not in OPENAI_KEYS}
-        response = await llm.chat.completions.create(
-            model=session.model, messages=messages,  # type: ignore[arg-type]  # plain dicts
-            extra_body={**extra, **session.extra_body}, **options)
-        message = response.choices[0].message
-        return message.content or "", assistant_message(message)
 
 
 def load(target: str, args: dict[str, Any]) -> TextArenaEnvironment:
