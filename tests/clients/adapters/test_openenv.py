@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 import redis
-from openai.resources.chat.completions import AsyncCompletions
 from openenv.core.env_server import Action, Environment, Observation, State, create_fastapi_app
 from pydantic import Field
 
@@ -33,9 +32,9 @@ from gspo_rl.client.client import AsyncGSPOClient
 from gspo_rl.client.environment import GroupOutcome
 from gspo_rl.client.evals import evaluate
 from gspo_rl.client.runner import arun_groups
-from gspo_rl.contract.schema import Keys, unpack_rollout
 from tests.conftest import RedisServer, free_port
 from tests.helpers.serving import API_KEY, RedisKeys, Served, serve_app
+from tests.helpers.spies import spy_on_chat
 
 WORDS = ("apple", "river", "stone", "cloud", "tiger", "maple")
 STEPS = 3
@@ -156,25 +155,6 @@ def r(redis_mod: RedisServer) -> Iterator[redis.Redis]:
     c = redis.Redis.from_url(redis_mod.url, socket_timeout=10)
     yield c
     c.close()
-
-
-def spy_on_chat(monkeypatch: pytest.MonkeyPatch, r: redis.Redis) -> list[dict[str, Any]]:
-    """Record every chat completion the episodes make (its body, the ids it returned) and the
-    episode's record in Redis right after it (a group dropped for equal rewards loses its
-    records once rewarded)."""
-    calls: list[dict[str, Any]] = []
-    real = AsyncCompletions.create
-
-    async def create(self: AsyncCompletions, **kwargs: Any) -> Any:
-        messages = [dict(m) for m in kwargs["messages"]]
-        response = await real(self, **kwargs)
-        rid = kwargs["extra_body"]["rollout_id"]
-        calls.append({"rid": rid, "messages": messages, "response": response,
-                      "record": unpack_rollout(r.get(Keys().rollout(rid)))})
-        return response
-
-    monkeypatch.setattr(AsyncCompletions, "create", create)
-    return calls
 
 
 def run_groups(served: Served, env: Any, n: int) -> list[GroupOutcome]:

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import redis
 import textarena as ta
-from openai.resources.chat.completions import AsyncCompletions
 
 from gspo_rl.client.adapters import AdapterUnavailable, load_adapter
 from gspo_rl.client.adapters.textarena import (
@@ -37,9 +36,9 @@ from gspo_rl.client.client import AsyncGSPOClient
 from gspo_rl.client.environment import EpisodeResult, EpisodeSession, GroupOutcome
 from gspo_rl.client.evals import evaluate
 from gspo_rl.client.runner import arun_groups
-from gspo_rl.contract.schema import Keys, unpack_rollout
 from tests.conftest import RedisServer
 from tests.helpers.serving import API_KEY, RedisKeys, Served
+from tests.helpers.spies import spy_on_chat
 
 GAMES = {"GuessTheNumber-v0": ({"max_turns": 3, "min_number": 0, "max_number": 999}, 1),
          "TowerOfHanoi-v0": ({"max_turns": 4}, 6)}
@@ -53,24 +52,6 @@ def r(redis_mod: RedisServer) -> Iterator[redis.Redis]:
     c = redis.Redis.from_url(redis_mod.url, socket_timeout=10)
     yield c
     c.close()
-
-
-def spy_on_chat(monkeypatch: pytest.MonkeyPatch, r: redis.Redis) -> list[dict[str, Any]]:
-    """Every chat completion the episodes make: its messages, its response and the episode's
-    record in Redis right after it (a group dropped for equal rewards loses its records)."""
-    calls: list[dict[str, Any]] = []
-    real = AsyncCompletions.create
-
-    async def create(self: AsyncCompletions, **kwargs: Any) -> Any:
-        messages = [dict(m) for m in kwargs["messages"]]
-        response = await real(self, **kwargs)
-        rid = kwargs["extra_body"]["rollout_id"]
-        calls.append({"rid": rid, "messages": messages, "response": response,
-                      "record": unpack_rollout(r.get(Keys().rollout(rid)))})
-        return response
-
-    monkeypatch.setattr(AsyncCompletions, "create", create)
-    return calls
 
 
 def spy_on_games(monkeypatch: pytest.MonkeyPatch,

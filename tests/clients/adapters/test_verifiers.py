@@ -9,8 +9,6 @@ unrecorded; what the adapter cannot run is refused with a message that says why.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from gspo_rl.client.runner import arun_groups
 from gspo_rl.contract.schema import Keys, unpack_rollout
 from tests.conftest import RedisServer
 from tests.helpers.serving import API_KEY, RedisKeys, Served
+from tests.helpers.spies import relay_calls
 
 pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
 
@@ -42,34 +41,8 @@ def returned() -> Iterator[dict[str, list[list[int]]]]:
     """The sampled token ids our server returned to the harness, per rollout, in order: a spy
     on the relay (verifiers' chat program streams; the final event of each answer carries the
     sampled ``token_ids``), which passes the request and the answer through unchanged."""
-    from gspo_rl.client.adapters.verifiers import hooks
-
-    hooks.install()
-    relay = hooks._CLASSES[0][1]
-    original = relay.relay
-    seen: dict[str, list[list[int]]] = defaultdict(list)
-
-    async def spy(self: Any, dialect: Any, body: dict, session_id: str | None = None,
-                  headers: Any = None) -> Any:
-        reply = await original(self, dialect, body, session_id, headers)
-        binding = hooks._BINDINGS.get(session_id or "")
-        chunks = reply.chunks
-
-        async def watched() -> Any:
-            async for chunk in chunks:
-                for line in chunk.decode().splitlines():
-                    if binding and binding.rollout_id and line.startswith("data: {"):
-                        for choice in json.loads(line[6:]).get("choices", []):
-                            if choice.get("token_ids") is not None:
-                                seen[binding.rollout_id].append(list(choice["token_ids"]))
-                yield chunk
-
-        reply.chunks = watched()
-        return reply
-
-    relay.relay = spy
-    yield seen
-    relay.relay = original
+    with relay_calls() as seen:
+        yield seen.sampled
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from gspo_rl.contract.schema import Keys, unpack_rollout
 from gspo_rl.redisq.groups.types import QueueConfig
 from tests.conftest import RedisServer
 from tests.helpers.serving import API_KEY, running_server
+from tests.helpers.spies import Calls, relay_calls
 from tests.helpers.template_models import make_template_model, teach_conversation
 
 pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed")
@@ -49,52 +48,10 @@ SERVER = {"tool_call_parser": "hermes", "reasoning_parser": "qwen3", "max_tokens
           "queue": QueueConfig(drop_zero_variance=False)}
 
 
-@dataclass
-class Calls:
-    """What went through verifiers' model relay, per rollout: each request body, and each
-    answer's sampled token ids and streamed events."""
-
-    bodies: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
-    sampled: dict[str, list[list[int]]] = field(default_factory=lambda: defaultdict(list))
-    events: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-
-
 @pytest.fixture
 def calls() -> Iterator[Calls]:
-    """A spy on the relay (as test_verifiers.py's ``returned``): the request and the streamed
-    answer pass through unchanged."""
-    from gspo_rl.client.adapters.verifiers import hooks
-
-    hooks.install()
-    relay = hooks._CLASSES[0][1]
-    original = relay.relay
-    seen = Calls()
-
-    async def spy(self: Any, dialect: Any, body: dict, session_id: str | None = None,
-                  headers: Any = None) -> Any:
-        binding = hooks._BINDINGS.get(session_id or "")
-        rid = binding.rollout_id if binding and binding.rollout_id else None
-        if rid is not None:
-            seen.bodies[rid].append(json.loads(json.dumps(body)))
-        reply = await original(self, dialect, body, session_id, headers)
-        chunks = reply.chunks
-
-        async def watched() -> Any:
-            async for chunk in chunks:
-                for line in chunk.decode().splitlines():
-                    if rid is not None and line.startswith("data: {"):
-                        seen.events[rid].append(line[6:])
-                        for choice in json.loads(line[6:]).get("choices", []):
-                            if choice.get("token_ids") is not None:
-                                seen.sampled[rid].append(list(choice["token_ids"]))
-                yield chunk
-
-        reply.chunks = watched()
-        return reply
-
-    relay.relay = spy
-    yield seen
-    relay.relay = original
+    with relay_calls() as seen:
+        yield seen
 
 
 def environment(seed: int = 0, max_tokens: int = 96) -> Any:
