@@ -56,6 +56,10 @@ class RetryPolicy:
     quiet_when_finished: bool = False
     """Wait for a new learner after ``training_finished`` without saying so (``gspo up``:
     the run is ending, the wait is expected)."""
+    no_learner_grace_s: float = 0.0
+    """Say "no learner is connected" (503 ``no_learner_connected``) only once a request has
+    waited this long (``gspo up``: its own learner is starting, and it reports one that
+    exits)."""
 
     def delays(self) -> Iterator[float]:
         for i in range(self.attempts - 1):
@@ -126,7 +130,7 @@ class Attempts:
             if not self.policy.quiet_when_finished and FINISHED_SAID.due():
                 log.warning("%s: waiting for a learner to start again", error_message(resp))
         elif code == NO_LEARNER_CODE:
-            if ADMISSION_SAID.due():
+            if waited >= self.policy.no_learner_grace_s and ADMISSION_SAID.due():
                 log.warning("%s: %s; waiting for a learner (%.0f s so far)", self.what,
                             error_message(resp), waited)
         elif ADMISSION_SAID.due():

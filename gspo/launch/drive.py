@@ -30,6 +30,9 @@ from gspo_rl.launch.workload import Workload
 log = logging.getLogger(__name__)
 LEARNER_EXIT_S = 60.0
 """After the final evaluation, the learner's time to log it and exit."""
+LEARNER_START_GRACE_S = 120.0
+"""How long the environment waits for the learner gspo up started before it says "no learner
+is connected" (its start-up on a loaded machine; a learner that exits is said at once)."""
 # After the clock or the learner ends the run: an evaluation is given this long to finish,
 # and a wait past EVAL_SAY_S is said while it lasts.
 EVAL_WAIT_S, EVAL_SAY_S = 300.0, 30.0
@@ -79,7 +82,8 @@ async def drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics: 
         env_log.flush()
 
     steps = deque[dict[str, Any]](maxlen=5)
-    quiet = RetryPolicy(quiet_when_finished=True)  # the learner's end is the run's end
+    # the learner's end is the run's end; its start-up is expected (one that exits is said)
+    quiet = RetryPolicy(quiet_when_finished=True, no_learner_grace_s=LEARNER_START_GRACE_S)
     async with serving_all(work.env), AsyncGSPOClient(url, api_key=api_key,
                                                       retry=quiet) as client:
         runner = asyncio.create_task(arun_groups(

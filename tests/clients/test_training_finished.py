@@ -58,3 +58,28 @@ def test_other_503s_are_not_admission_waits() -> None:
     attempts = Attempts(RetryPolicy())
     assert attempts.admission_delay(answer("engine_dead")) is None
     assert attempts.admission_delay(httpx.Response(502, text="bad gateway")) is None
+
+
+def test_no_learner_is_said_at_once_or_after_a_grace(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """503 ``no_learner_connected``: said at the first refusal by default; with
+    ``no_learner_grace_s`` (``gspo up``, whose own learner is starting) only once a request has
+    waited that long."""
+    clock = [1000.0]
+    monkeypatch.setattr(retry_module.time, "monotonic", lambda: clock[0])
+    refused = answer("no_learner_connected", "no learner is connected (no learner has been "
+                     "seen yet): start one (gspo learn)")
+    for grace, said_at in ((0.0, 0.0), (120.0, 120.0)):
+        monkeypatch.setattr(retry_module, "ADMISSION_SAID", Throttle())
+        caplog.clear()
+        start = clock[0]
+        attempts = Attempts(RetryPolicy(no_learner_grace_s=grace), "POST /v1/rollouts")
+        first: float | None = None
+        with caplog.at_level(logging.WARNING, logger="gspo_rl.client.client"):
+            for _ in range(15):  # 150 s of 10 s waits
+                assert attempts.admission_delay(refused) is not None
+                if first is None and caplog.records:
+                    first = clock[0] - start
+                clock[0] += 10.0
+        assert first == said_at, (grace, first)
+        assert "no learner is connected" in caplog.records[0].getMessage()
