@@ -11,6 +11,9 @@ its process lives on is never restarted. So, for every engine (``Engine.dead_rea
   sets ``app.state.exit_code`` to ``ENGINE_DEAD_EXIT_CODE`` and, after
   ``settings.engine_dead_exit_delay_s`` (health probes and a last scrape see the state; new
   requests get 503s meanwhile), asks the HTTP server to stop.
+- ``run_server`` binds its port before the lifespan loads the model (uvicorn binds after):
+  a port that is taken fails at once, not after minutes of loading, and no other process
+  (vLLM's engine picks ports for itself while it starts) can take it meanwhile.
 - The stop is uvicorn's graceful shutdown: no new connections, the requests in flight are
   answered (with errors: the engine is dead) within the graceful timeout, the lifespan shuts
   the engine and Redis down, and ``run_server`` returns the exit code, which ``gspo serve``
@@ -25,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from typing import Any
 
 from fastapi import FastAPI
@@ -56,20 +60,54 @@ async def watch_engine(app: FastAPI, engine: SamplingEngine, exit_delay_s: float
         stop()
 
 
+def bind_port(host: str, port: int) -> socket.socket:
+    """A TCP socket bound (not yet listening) to ``host:port``, as uvicorn would bind it."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def run_server(app: FastAPI, **uvicorn_config: Any) -> int:
     """``uvicorn.run(app, ...)`` that can be stopped from inside; returns the process's exit
     status: 0 after a normal shutdown, ``ENGINE_DEAD_EXIT_CODE`` when the engine died, 3 (as
-    uvicorn) when the app failed to start."""
+    uvicorn) when the app failed to start or its port could not be bound."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_config))
+    config = uvicorn.Config(app, **uvicorn_config)
+    try:
+        sock = bind_port(config.host, config.port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+        return STARTUP_FAILURE_EXIT_CODE
+    server = _server_class()(config)
 
     def stop() -> None:
         server.should_exit = True
 
     app.state.stop_server = stop
-    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
-        server.run()
+    with sock, contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
+        server.run(sockets=[sock])
     if app.state.exit_code:
         return int(app.state.exit_code)
     return 0 if server.started else STARTUP_FAILURE_EXIT_CODE  # start-up failed: uvicorn logged it
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, which says where it listens once started from given sockets too
+        (uvicorn says it only for the sockets it binds itself)."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if sockets is not None and self.started:
+                self._log_started_message(sockets)
+
+    return Server
