@@ -69,7 +69,7 @@ def make_template_model(path: Path, family: Family, seed: int = 0) -> Path:
 
 def teach_conversation(path: Path, conversation: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None, steps: int = 600,
-                       max_loss: float = 5e-3) -> None:
+                       max_loss: float = 5e-3, lr: float = 3e-3) -> None:
     """Train the model at ``path`` (supervised, on its assistant turns only: from the
     generation prompt to the end-of-turn token) until it reproduces ``conversation``: its
     final mean loss must be under ``max_loss``."""
@@ -99,9 +99,9 @@ def teach_conversation(path: Path, conversation: list[dict[str, Any]],
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-            # cosine from 1e-2 down: Adam at 1e-2 hovers around the minimum, and where it
-            # lands differs between CPUs (their kernels round differently)
+            opt = torch.optim.Adam(model.parameters(), lr=lr)
+            # cosine from 3e-3 down: Adam at 1e-2 leapt out of the minimum it had found and
+            # settled above it on some CPUs (their kernels round differently)
             sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=1e-5)
             for _ in range(steps):
                 logits = model(input_ids=x).logits[0, :-1]

@@ -334,7 +334,7 @@ def _teach_tool_use(src: Path, dst: Path) -> Path:
     """A copy of the tiny model trained (supervised, on its assistant tokens only) until it
     reproduces ``TOOL_CONVERSATION``: a model that really calls the calculator."""
     shutil.copytree(src, dst)
-    teach_conversation(dst, TOOL_CONVERSATION, [CALCULATOR_TOOL], steps=200, max_loss=1e-3)
+    teach_conversation(dst, TOOL_CONVERSATION, [CALCULATOR_TOOL], steps=400, max_loss=1e-3)
     return dst
 
 
