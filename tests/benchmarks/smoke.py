@@ -96,8 +96,9 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                            "--max-steps", "2", "--minutes", "2", "--plot", "curves.png"],
                           ["gspo       2x2", "x base", "plot: curves.png"]),
     # a random tiny model earns nothing on the calculator: each run samples its --minutes
+    # one setting (a whole gspo up run); the report of both: tests/benchmarks/test_signal.py
     "bench_signal.py": (["--tasks", "tool", "--seeds", "0", "--max-steps", "1",
-                         "--minutes", "0.1"], ["ratio on/off, seconds"]),
+                         "--minutes", "0.1", "--only", "on"], ["tool  on seed 0:"]),
     "bench_verifiers.py": (["--groups", "2", "--group-size", "2", "--concurrency", "2",
                             "--max-tokens", "4", "--repeats", "1"],
                            ["ratio prefork/this (episodes/s)"]),
