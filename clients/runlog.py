@@ -15,6 +15,8 @@ the tokens that are trained), one request per group, only when a path is given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import time
 from collections import deque
@@ -31,13 +33,24 @@ from gspo_rl.client.signal import SignalWatch
 ENV_WINDOW = 32
 
 
-def jsonable(x: Any) -> Any:
-    """``x`` when JSON can write it as it is, else its ``repr``."""
+def jsonable(x: Any, depth: int = 2) -> Any:
+    """``x`` when JSON can write it as it is; else its fields where it has them (a pydantic
+    model's dump, a dataclass's fields, or the ``data`` of an object with the default
+    ``<... object at 0x...>`` repr, as a verifiers ``Task``); else its ``repr``."""
     try:
         json.dumps(x)
+        return x
     except (TypeError, ValueError):
-        return repr(x)
-    return x
+        pass
+    if depth > 0:
+        with contextlib.suppress(Exception):  # a model that cannot dump itself: its repr
+            if hasattr(x, "model_dump"):
+                return jsonable(x.model_dump(mode="json", exclude_none=True), depth - 1)
+            if dataclasses.is_dataclass(x) and not isinstance(x, type):
+                return jsonable(dataclasses.asdict(x), depth - 1)
+            if type(x).__repr__ is object.__repr__ and hasattr(x, "data"):
+                return jsonable(x.data, depth - 1)
+    return repr(x)
 
 
 class LiveSummary:

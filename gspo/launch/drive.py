@@ -38,6 +38,16 @@ is connected" (its start-up on a loaded machine; a learner that exits is said at
 EVAL_WAIT_S, EVAL_SAY_S = 300.0, 30.0
 
 
+def task_json(task: Any, limit: int = 1000) -> Any:
+    """A group's task for ``env_rewards.jsonl``: its JSON form (``gspo_rl.client.runlog``),
+    or, over ``limit`` characters, the start of that JSON as a string."""
+    from gspo_rl.client.runlog import jsonable
+
+    value = jsonable(task)
+    text = json.dumps(value)
+    return value if len(text) <= limit else text[:limit]
+
+
 def status(steps: deque[dict[str, Any]], env_rewards: deque[float]) -> dict[str, Any]:
     """Progress figures from the latest learner steps and environment groups."""
     last = steps[-1] if steps else {}
@@ -77,7 +87,7 @@ async def drive(cfg: UpConfig, work: Workload, url: str, api_key: str, metrics: 
         env_rewards.append(reward)
         env_log.write(json.dumps({"time": time.time(), "group_id": g.group_id,
                                   "version": min(g.versions) if g.versions else -1,
-                                  "reward": reward, "task": repr(g.task)[:500],
+                                  "reward": reward, "task": task_json(g.task),
                                   **({"env": g.env} if g.env else {})}) + "\n")
         env_log.flush()
 

@@ -71,8 +71,12 @@ def test_verifiers_environments_and_a_textarena_game_train_side_by_side(
     assert trained, "no step reported its environments"
     assert all(sum(s.get(f"env/{n}/groups", 0) for n in [*names, game]) == s["groups"]
                for s in records), records
-    played = {line["env"] for line in read_metrics(tmp_path / "run" / "env_rewards.jsonl")}
+    lines = read_metrics(tmp_path / "run" / "env_rewards.jsonl")
+    played = {line["env"] for line in lines}
     assert played == {*names, game}, f"every environment played groups: {played}"
+    # a verifiers task is logged as its data, not as <... object at 0x...>
+    assert all(isinstance(line["task"], dict) and line["task"]["prompt"]
+               for line in lines if line["env"] in names), lines
     evals = read_metrics(tmp_path / "run" / "evals.jsonl")
     versions = [e["policy_version"] for e in evals if e["name"] == "gspo_vf_math"]
     assert versions and versions[0] < 2 and versions[-1] == 2, evals  # the start; the end
