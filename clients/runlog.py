@@ -48,7 +48,7 @@ def jsonable(x: Any, depth: int = 2) -> Any:
                 return jsonable(x.model_dump(mode="json", exclude_none=True), depth - 1)
             if dataclasses.is_dataclass(x) and not isinstance(x, type):
                 return jsonable(dataclasses.asdict(x), depth - 1)
-            if type(x).__repr__ is object.__repr__ and hasattr(x, "data"):
+            if getattr(type(x), "__repr__", None) is object.__repr__ and hasattr(x, "data"):
                 return jsonable(x.data, depth - 1)
     return repr(x)
 
