@@ -4,8 +4,10 @@ Debian's ``chromium`` and ``chromium-driver`` (``scripts/setup.sh`` with ``GSPO_
 ``MISSING`` says why they cannot run (None when they can), for a module-level skip. Import
 this module only after ``pytest.importorskip("selenium.webdriver")``. ``chromium()`` starts
 one browser in a throw-away profile and always quits it; ``text``, ``number`` and
-``wait_for`` read what the page shows (``wait_for`` for at most ``WAIT_S``); ``save_page``
-saves the whole page as a PNG.
+``wait_for`` read what the page shows (``wait_for`` for at most ``WAIT_S``), ``click``
+clicks; ``save_page`` saves the whole page as a PNG. The page redraws its cards and group
+list on every poll, so an element found may be replaced before it is read: these helpers
+find it again (``STALE_TRIES`` times) rather than read a detached one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -27,6 +30,7 @@ MISSING = None if (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X
     "Debian's chromium and chromium-driver are not installed (scripts/setup.sh with "
     "GSPO_BROWSER=1)")
 WAIT_S = 20
+STALE_TRIES = 10
 
 
 @contextlib.contextmanager
@@ -49,15 +53,35 @@ def chromium(width: int = 1366, height: int = 900) -> Iterator[Any]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def _fresh(read: Callable[[], Any]) -> Any:
+    """``read()``, run again while what it found is replaced by the page's next redraw."""
+    for attempt in range(STALE_TRIES):
+        try:
+            return read()
+        except StaleElementReferenceException:
+            if attempt == STALE_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def text(driver: Any, css: str) -> str:
-    return driver.find_element(By.CSS_SELECTOR, css).text
+    return str(_fresh(lambda: driver.find_element(By.CSS_SELECTOR, css).text))
+
+
+def click(driver: Any, css: str) -> None:
+    """Click the first element matching ``css`` once it is there (found again if redrawn)."""
+    wait_for(driver, css)
+    _fresh(lambda: driver.find_element(By.CSS_SELECTOR, css).click())
 
 
 def number(driver: Any, css: str) -> float | None:
     """The number the first element matching ``css`` shows (None: none, or not a number)."""
-    found = driver.find_elements(By.CSS_SELECTOR, css)
+    def read() -> str | None:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        return found[0].text if found else None
+    shown = _fresh(read)
     try:
-        return float(found[0].text.replace(",", "")) if found else None
+        return float(shown.replace(",", "")) if shown is not None else None
     except ValueError:
         return None
 
@@ -67,7 +91,8 @@ def wait_for(driver: Any, css: str, pred: Callable[[str], bool] = bool) -> Any:
     def ready(d: Any) -> Any:
         found = d.find_elements(By.CSS_SELECTOR, css)
         return found[0] if found and pred(found[0].text) else False
-    return WebDriverWait(driver, WAIT_S).until(ready, f"{css} within {WAIT_S} s")
+    return WebDriverWait(driver, WAIT_S, ignored_exceptions=(
+        StaleElementReferenceException,)).until(ready, f"{css} within {WAIT_S} s")
 
 
 def save_page(browser: Any, path: Path) -> None:

@@ -46,6 +46,7 @@ pytest.importorskip("selenium.webdriver")
 from tests.helpers.browser import (  # noqa: E402
     MISSING,
     chromium,
+    click,
     number,
     save_page,
     text,
@@ -208,7 +209,7 @@ def test_the_page_shows_the_run_and_shades_the_tokens(run: dict[str, Any], brows
     wait_for(browser, "#group-list .group-row")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#group-list .group-row")) == 3
     gid = run["groups"]["signal"][0]
-    browser.find_element(By.CSS_SELECTOR, f'.group-row[data-group="{gid}"]').click()
+    click(browser, f'.group-row[data-group="{gid}"]')
     wait_for(browser, f'#group-detail .rollout[data-rollout="{gid}:0"] .tok')
     assert "Say alpha:" in text(browser, "#group-detail .context")
     token = browser.find_element(By.CSS_SELECTOR, "#group-detail .tok")
@@ -336,8 +337,7 @@ def test_a_multi_turn_episode_shows_each_turn(run: dict[str, Any], browser: Any)
         {"rollout_id": rids[0], "reward": 1.0, "turn_rewards": [1.0, 0.0]},
         {"rollout_id": rids[1], "reward": 1.0, "turn_rewards": [0.0, 1.0]}])
     browser.get(f"{served.url}/dashboard#key={API_KEY}")
-    row = wait_for(browser, f'.group-row[data-group="{gid}"]')
-    row.click()
+    click(browser, f'.group-row[data-group="{gid}"]')
     turns = f'#group-detail .rollout[data-rollout="{rids[1]}"] .turn'
     wait_for(browser, f'{turns}[data-turn="1"] .tok')
     for rid, rewards, advantages in ((rids[0], [1.0, 0.0], [0.0, -1.0]),
