@@ -47,7 +47,8 @@ sys.path.insert(0, str(REPO))
 
 # Light imports only at the top: every reader process (spawned) imports this module again, and
 # the server's routes import torch. They are imported where the app is made.
-from gspo_rl.redisq.groups.store import RolloutStore, make_redis  # noqa: E402
+from gspo_rl.redisq.client import make_redis  # noqa: E402
+from gspo_rl.redisq.groups.store import RolloutStore  # noqa: E402
 from tests.conftest import free_port, wait_for_port  # noqa: E402
 
 if TYPE_CHECKING:

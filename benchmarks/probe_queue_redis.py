@@ -41,9 +41,10 @@ import redis  # noqa: E402
 
 from benchmarks.bench_queue import GROUP, cpu_s, start_redis, stop  # noqa: E402
 from gspo_rl.contract.schema import RolloutRecord, member_rollout_id, pack_rollout  # noqa: E402
+from gspo_rl.redisq.client import make_redis  # noqa: E402
 from gspo_rl.redisq.connection import run_script  # noqa: E402
 from gspo_rl.redisq.groups.scripts import CREATE_GROUP, RECORD_ROLLOUTS  # noqa: E402
-from gspo_rl.redisq.groups.store import RewardItem, RolloutStore, make_redis  # noqa: E402
+from gspo_rl.redisq.groups.store import RewardItem, RolloutStore  # noqa: E402
 from gspo_rl.redisq.ready.reader import GroupReader  # noqa: E402
 from tests.helpers.queue import make_rollout  # noqa: E402
 

@@ -18,7 +18,8 @@ rm -rf "$DOCS_SITE"
 # Two workers (pytest-xdist), each taking whole modules (module fixtures start servers once):
 # most tests wait on processes and sockets, so two share 2 cores well (15 -> 9 minutes here).
 # GSPO_TEST_WORKERS=0 runs in one process; extra args (-n N included) override.
+# --durations=30: the slowest tests end the report, so a CI log shows where the time went.
 # --no-loadscope-reorder: modules in collection order, where tests/conftest.py puts the
 # minutes-long ones first (xdist would order them by their count of tests).
 exec .venv/bin/python -m pytest -n "${GSPO_TEST_WORKERS:-2}" --dist loadfile \
-    --no-loadscope-reorder "$@"
+    --no-loadscope-reorder --durations=30 "$@"

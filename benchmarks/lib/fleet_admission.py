@@ -27,7 +27,8 @@ async def _cpu(client: object) -> RedisCpu:
 
 async def _per_read(url: str, servers: int, reads: int) -> float:
     from gspo_rl.contract.schema import Keys
-    from gspo_rl.redisq.groups.store import RolloutStore, make_redis
+    from gspo_rl.redisq.client import make_redis
+    from gspo_rl.redisq.groups.store import RolloutStore
     from gspo_rl.redisq.inflight import InFlightCounter
 
     client = make_redis(url)

@@ -51,7 +51,8 @@ def used_memory(client: redis.Redis) -> int:
 
 
 async def _with_store(url: str, fn: Callable[[Any], Awaitable[None]]) -> None:
-    from gspo_rl.redisq.groups.store import RolloutStore, make_redis
+    from gspo_rl.redisq.client import make_redis
+    from gspo_rl.redisq.groups.store import RolloutStore
 
     client = make_redis(url)
     store = RolloutStore(client)

@@ -112,7 +112,8 @@ async def serve_ours(spec: ServerSpec, run: RunSpec, pool: Any, tally: Tally,
                      gate: Gate) -> None:
     """One server and its environment through the real store (module docstring)."""
     from gspo_rl.contract.schema import Keys
-    from gspo_rl.redisq.groups.store import RewardItem, RolloutStore, make_redis
+    from gspo_rl.redisq.client import make_redis
+    from gspo_rl.redisq.groups.store import RewardItem, RolloutStore
     from gspo_rl.redisq.inflight import InFlightCounter
 
     client = make_redis(run.url, max_connections=8)

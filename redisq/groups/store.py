@@ -45,6 +45,7 @@ from gspo_rl.redisq.groups.finish import (
     publish_result,
     read_snapshot,
 )
+from gspo_rl.redisq.groups.reads import read_group
 from gspo_rl.redisq.groups.rewards import POST_REWARDS, PUBLISH_GROUP
 from gspo_rl.redisq.groups.scripts import (
     ABANDON_GROUP,
@@ -60,29 +61,16 @@ from gspo_rl.redisq.groups.types import (
     RewardResult,
     RewardsOutcome,
     pack_reward,
+    pack_rewards,
 )
 from gspo_rl.redisq.lua import LuaScript, template_args
 from gspo_rl.redisq.ready.entry import pack_group_records
 from gspo_rl.redisq.tasks import GroupOutcome, record_outcomes, snapshot_outcome
 
 __all__ = ["GroupView", "QueueConfig", "RewardItem", "RewardResult", "RewardsOutcome",
-           "RolloutStore", "StoreError", "make_redis", "pack_reward"]
+           "RolloutStore", "StoreError", "pack_reward"]
 
 logger = logging.getLogger(__name__)
-
-def make_redis(url: str, max_connections: int = 256) -> aioredis.Redis:
-    """An asyncio client that retries briefly on connection errors (Redis restarting): every
-    store operation is idempotent, so a retried script that had already run is harmless."""
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
-
-    return aioredis.Redis.from_url(
-        url, decode_responses=False, max_connections=max_connections,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=5),
-        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
-        socket_connect_timeout=2.0, socket_timeout=10.0, health_check_interval=10,
-    )
-
 
 class RolloutStore:
     """Every operation on groups and rollouts in Redis (see the module docstring)."""
@@ -250,12 +238,7 @@ class RolloutStore:
         the same script publishes (or drops) the groups they completed, unless a group needs
         the Python credit rule (turn rewards), which then runs here, followed by the publish
         script. See ``server/api/routes/rewards.py``."""
-        packed: dict[str, bytes] = {}
-        in_call_conflict: set[str] = set()
-        for it in items:
-            p = pack_reward(it.reward, it.turn_rewards, it.n_turns)
-            if packed.setdefault(it.rollout_id, p) != p:
-                in_call_conflict.add(it.rollout_id)
+        packed, in_call_conflict = pack_rewards(items)
         if in_call_conflict:
             return RewardsOutcome([
                 RewardResult(it.rollout_id,
@@ -384,24 +367,7 @@ class RolloutStore:
             await asyncio.sleep(interval_s)
 
     async def get_group(self, group_id: str) -> GroupView | None:
-        k = self.keys
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(k.group(group_id))
-            pipe.lrange(k.group_rollouts(group_id), 0, -1)
-            pipe.hgetall(k.group_rewards(group_id))
-            h, rids, rewards = await pipe.execute()
-        if not h:
-            return None
-        h = {as_str(a): as_str(b) if a != b"metadata" else b for a, b in h.items()}
-        return GroupView(
-            group_id=group_id, state=h["state"], size=int(h["size"]),
-            n_rewarded=int(h.get("n_rewarded") or 0), created_at=float(h["created_at"]),
-            deadline=float(h["deadline"]), metadata=msgpack.unpackb(h["metadata"]),
-            rollout_ids=[as_str(r) for r in rids],
-            rewards={as_str(r): msgpack.unpackb(v) for r, v in rewards.items()},
-            partial=h.get("partial") == "1", stream_id=h.get("stream_id"),
-            drop_reason=h.get("drop_reason"),
-        )
+        return await read_group(self.redis, self.keys, group_id)
 
     async def counters(self) -> dict[str, int]:
         raw = await self.redis.hgetall(self.keys.counters)

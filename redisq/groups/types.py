@@ -115,3 +115,15 @@ def pack_reward(reward: float, turn_rewards: Sequence[float] | None,
     turns = None if turn_rewards is None else [float(t) + 0.0 for t in turn_rewards]
     return cast(bytes, msgpack.packb({"reward": float(reward) + 0.0,  # (untyped msgpack)
                                       "turn_rewards": turns, "n_turns": n_turns}))
+
+
+def pack_rewards(items: Sequence[RewardItem]) -> tuple[dict[str, bytes], set[str]]:
+    """Each rollout's ``pack_reward`` bytes (one per rollout id, in order of first mention)
+    and the ids given two different rewards in the same call (the call is then refused)."""
+    packed: dict[str, bytes] = {}
+    conflicts: set[str] = set()
+    for it in items:
+        p = pack_reward(it.reward, it.turn_rewards, it.n_turns)
+        if packed.setdefault(it.rollout_id, p) != p:
+            conflicts.add(it.rollout_id)
+    return packed, conflicts

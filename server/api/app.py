@@ -38,8 +38,8 @@ from fastapi import Depends, FastAPI
 from gspo_rl.contract.chat.sanitize import warm as warm_chat_encoders
 from gspo_rl.contract.gc_freeze import freeze_startup_objects
 from gspo_rl.contract.schema import Keys
+from gspo_rl.redisq.client import make_redis
 from gspo_rl.redisq.episodes.store import EpisodeStore
-from gspo_rl.redisq.groups.store import make_redis
 from gspo_rl.redisq.inflight import InFlightCounter
 from gspo_rl.redisq.registry import Load, ServerInfo, heartbeat_loop
 from gspo_rl.server.api.auth import BearerAuthMiddleware

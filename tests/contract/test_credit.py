@@ -15,7 +15,8 @@ from gspo_rl.contract.credit import AdvantageConfig, group_credit, group_turn_ad
 from gspo_rl.contract.schema import Keys, pack_ready_group, unpack_ready_group
 from gspo_rl.learner.algorithm.advantages import TurnAdvantages
 from gspo_rl.learner.algorithm.losses import group_advantages
-from gspo_rl.redisq.groups.store import QueueConfig, RewardItem, RolloutStore, make_redis
+from gspo_rl.redisq.client import make_redis
+from gspo_rl.redisq.groups.store import QueueConfig, RewardItem, RolloutStore
 from tests.helpers.queue import aready_records, open_group
 
 KEYS = Keys()

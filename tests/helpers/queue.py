@@ -31,7 +31,8 @@ from gspo_rl.contract.schema import (
     unpack_ready_group,
     unpack_rollout,
 )
-from gspo_rl.redisq.groups.store import QueueConfig, RewardItem, RolloutStore, make_redis
+from gspo_rl.redisq.client import make_redis
+from gspo_rl.redisq.groups.store import QueueConfig, RewardItem, RolloutStore
 from gspo_rl.redisq.ready.entry import (
     entry_record_bytes,
     ready_entry_refs,

@@ -20,12 +20,12 @@ from gspo_rl.contract.schema import (
     pack_ready_group,
     unpack_ready_group,
 )
+from gspo_rl.redisq.client import make_redis
 from gspo_rl.redisq.groups.store import (
     QueueConfig,
     RewardItem,
     RolloutStore,
     StoreError,
-    make_redis,
 )
 from gspo_rl.redisq.ready.entry import pack_group_records
 from gspo_rl.redisq.ready.reader import KEEP_TRAINED_S, GroupReader

@@ -17,13 +17,13 @@ import redis
 
 from gspo_rl.contract.credit import AdvantageConfig, group_credit
 from gspo_rl.contract.schema import READY_COUNT_FIELD, READY_HEAD_FIELD, Keys
+from gspo_rl.redisq.client import make_redis
 from gspo_rl.redisq.groups.credit import CREDIT_LUA
 from gspo_rl.redisq.groups.finish import Snapshot, decide_finish, ready_group_head
 from gspo_rl.redisq.groups.store import (
     QueueConfig,
     RewardItem,
     RolloutStore,
-    make_redis,
     pack_reward,
 )
 from tests.helpers.queue import make_rollout

@@ -13,12 +13,12 @@ import redis.asyncio as aioredis
 
 from gspo_rl.contract.errors import StoreReason
 from gspo_rl.contract.schema import Keys, pack_ready_group, unpack_ready_group
+from gspo_rl.redisq.client import make_redis
 from gspo_rl.redisq.groups.store import (
     QueueConfig,
     RewardItem,
     RolloutStore,
     StoreError,
-    make_redis,
     pack_reward,
 )
 from gspo_rl.server.api.errors import STORE_STATUS, store_status

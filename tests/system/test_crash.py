@@ -27,7 +27,8 @@ import redis
 
 from gspo_rl.contract.schema import LEARNER_CONSUMER_GROUP, Keys, RolloutRecord
 from gspo_rl.learner.tracking.metrics import trained_history
-from gspo_rl.redisq.groups.store import RewardItem, RolloutStore, make_redis
+from gspo_rl.redisq.client import make_redis
+from gspo_rl.redisq.groups.store import RewardItem, RolloutStore
 from tests.learner.test_loop import _spawn, _toml
 
 KEYS = Keys()

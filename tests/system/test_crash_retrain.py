@@ -24,7 +24,8 @@ import pytest
 import redis
 
 from gspo_rl.learner.tracking.metrics import trained_history
-from gspo_rl.redisq.groups.store import RewardItem, RolloutStore, make_redis
+from gspo_rl.redisq.client import make_redis
+from gspo_rl.redisq.groups.store import RewardItem, RolloutStore
 from tests.learner.test_loop import _spawn, _toml
 from tests.system.test_crash import KEYS, _counter, _idle, _rollout, _run_steps, _wait
 

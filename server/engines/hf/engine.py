@@ -39,9 +39,10 @@ from gspo_rl.server.engines.base import (
     SamplingParams,
     validate_request,
 )
-from gspo_rl.server.engines.errors import EngineUnavailable, InvalidWeights
+from gspo_rl.server.engines.errors import EngineUnavailable
 from gspo_rl.server.engines.hf import attention as hf_attention
 from gspo_rl.server.engines.hf import batch as hf_batch
+from gspo_rl.server.engines.hf.loading import check_weights, load_model, resolve_device
 from gspo_rl.server.engines.hf.requests import (
     ArrivalWindow,
     Outcome,
@@ -58,15 +59,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 LOCK_TIMEOUT_S = 120.0  # longest wait for a running step before pause / load_weights give up
 IDLE_POLL_S = 0.5  # the scheduler re-checks its flags at least this often
-
-
-def _resolve_device(device: str | None) -> torch.device:
-    """The engine's device with its CUDA index filled in ("cuda" -> "cuda:<current>"): every
-    tensor, generator and transfer buffer of the engine is then made on exactly that GPU."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
 
 
 class HFEngine(Engine):
@@ -99,7 +91,7 @@ class HFEngine(Engine):
 
             self._base_path, *self._adapter = read_peft_adapter(self.model_path)
         self.max_batch_size = max_batch_size
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         self.dtype = dtype
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         # The scheduler thread decodes for stop strings with its own instance: a Rust tokenizer
@@ -138,26 +130,12 @@ class HFEngine(Engine):
     async def start(self) -> None:
         if self._thread is not None:
             return
-        self.model = await asyncio.to_thread(self._load_model)
-        self._kv = RunningKV(self.model, self._pad_id, self.device)
+        model, self._base_copy = await asyncio.to_thread(
+            load_model, self._base_path, self.dtype, self.device, self._adapter, self.model_path)
+        self.model = model
+        self._kv = RunningKV(model, self._pad_id, self.device)
         self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
         self._thread.start()
-
-    def _load_model(self) -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(
-            self._base_path, dtype=self.dtype, attn_implementation=hf_attention.register()
-        ).to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to unbound
-        if self._adapter is not None:  # merged into a kept copy of the base, as pushes are
-            from gspo_rl.contract.weights.lora import BaseCopy
-
-            named, spec = self._adapter
-            self._base_copy = BaseCopy()
-            self._base_copy.merge_into(dict(model.named_parameters()), named, spec)
-            log.info("serving %s: base %s with its LoRA adapter (rank %d) merged",
-                     self.model_path, self._base_path, spec.rank)
-        return model
 
     async def shutdown(self) -> None:
         with self._cond:
@@ -165,8 +143,8 @@ class HFEngine(Engine):
             self._cond.notify_all()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, LOCK_TIMEOUT_S)
-        with self._cond:  # normally the thread did this; not if it is stuck in a step
-            leftover = list(self._waiting) + list(self._rows)
+        with self._cond:  # normally the thread did this; not if it is stuck in a step (its
+            leftover = list(self._waiting) + list(self._rows)  # rows stay: it may still use them)
             self._waiting.clear()
         deliver((req, req.completion("abort")) for req in leftover)
 
@@ -263,12 +241,7 @@ class HFEngine(Engine):
 
     def _load_weights_sync(self, items: list[tuple[str, torch.Tensor]], version: int) -> None:
         params = self.named_weights()
-        for name, tensor in items:
-            if name not in params:
-                raise KeyError(f"unknown parameter {name!r}")
-            if tuple(tensor.shape) != tuple(params[name].shape):
-                raise InvalidWeights(f"{name}: shape {tuple(tensor.shape)}, expected "
-                                 f"{tuple(params[name].shape)}")
+        check_weights(params, items)
         self._between_steps(version, self._copy_in, params, items)
 
     @torch.no_grad()
@@ -324,17 +297,18 @@ class HFEngine(Engine):
             log.exception("hf engine scheduler failed")
             with self._cond:
                 self._error = exc
-                doomed = list(self._waiting) + self._rows
-                self._waiting.clear()
-                self._rows = []
             failed = EngineUnavailable(f"engine failed: {exc!r}")
-            deliver((req, failed) for req in doomed)
+            deliver((req, failed) for req in self._take_all())
             return
+        deliver((req, req.completion("abort")) for req in self._take_all())
+
+    def _take_all(self) -> list[Request]:
+        """Every request, waiting or running, taken out of the engine (to be ended)."""
         with self._cond:
-            doomed = list(self._waiting) + self._rows
+            taken = list(self._waiting) + self._rows
             self._waiting.clear()
             self._rows = []
-        deliver((req, req.completion("abort")) for req in doomed)
+        return taken
 
     def _interrupted(self) -> bool:
         return self._paused or self._stopping
@@ -392,13 +366,7 @@ class HFEngine(Engine):
         ends: list[Outcome] = []
         finished = [False] * offset
         for i, req in enumerate(rows):
-            req.token_ids.append(got.token_ids[i])
-            req.logprobs.append(got.logprobs[i])
-            req.versions.append(self._version)
-            top = got.top_logprobs[i]
-            if top is not None:
-                req.top.append(top)
-            req.produced = len(req.token_ids)
+            req.record(got.token_ids[i], got.logprobs[i], self._version, got.top_logprobs[i])
             end = finish_reason(req, self._stop_tokenizer, self.max_model_len)
             finished.append(end is not None)
             if end is not None:

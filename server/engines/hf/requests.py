@@ -46,6 +46,17 @@ class Request:
     progress: asyncio.Event | None = None  # set when tokens were added (streamed requests)
     produced: int = 0  # tokens recorded in every list (set after the step appended them)
 
+    def record(self, token_id: int, logprob: float, version: int,
+               top: list[tuple[int, float]] | None) -> None:
+        """The token a step sampled: every list appended, then ``produced`` (what a streaming
+        reader may report) moved past it."""
+        self.token_ids.append(token_id)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        if top is not None:
+            self.top.append(top)
+        self.produced = len(self.token_ids)
+
     def completion(self, reason: FinishReason, stop_string: str | None = None) -> Completion:
         return Completion(
             token_ids=self.token_ids, logprobs=self.logprobs, policy_versions=self.versions,

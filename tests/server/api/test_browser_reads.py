@@ -28,7 +28,7 @@ function draw() {
 }
 draw(); setInterval(draw, 250);
 </script>"""
-READS, CLICKS = 150, 15
+READS, CLICKS = 60, 15
 
 
 @pytest.fixture(scope="module")
