@@ -31,7 +31,7 @@ START_TIMEOUT_S = 600.0
 
 
 def cpu_worker_cls() -> str:
-    from gspo_rl.server.engines.vllm.engine import CPU_WORKER_CLS
+    from gspo_rl.server.engines.vllm.args import CPU_WORKER_CLS
 
     return CPU_WORKER_CLS
 

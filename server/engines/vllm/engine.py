@@ -42,6 +42,7 @@ from gspo_rl.server.engines.base import (
 )
 from gspo_rl.server.engines.errors import EngineUnavailable, InvalidWeights, RequestRefused
 from gspo_rl.server.engines.vllm import native_lora
+from gspo_rl.server.engines.vllm.args import WORKER_EXTENSION, engine_kwargs
 from gspo_rl.server.engines.vllm.broadcast import VLLMWeightUpdates, runtime_errors
 from gspo_rl.server.engines.vllm.convert import (
     canonical,
@@ -54,16 +55,6 @@ from gspo_rl.server.engines.vllm.convert import (
     vllm_params,
 )
 
-# AsyncEngineArgs the engine's contract depends on (log-prob semantics, weight transfer,
-# batching limits it validates against): ``engine_args`` may not override them.
-RESERVED_ENGINE_ARGS = frozenset({
-    "model", "tokenizer", "max_model_len", "max_num_seqs", "logprobs_mode",
-    "generation_config", "worker_extension_cls", "weight_transfer_config", "worker_cls",
-    "enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras",  # max_lora_rank here
-})
-WORKER_EXTENSION = "gspo_rl.server.engines.vllm.worker.GspoWorkerExtension"
-# On CPU: vLLM's worker with seeded requests fixed for chunked prefill (see that module).
-CPU_WORKER_CLS = "gspo_rl.server.engines.vllm.cpu_worker.GspoCPUWorker"
 RPC_TIMEOUT_S = 120.0  # bound on any control RPC to the workers (pause, load, status)
 
 
@@ -110,24 +101,12 @@ class VLLMEngine(VLLMWeightUpdates, Engine):
         limit = int(config.max_position_embeddings)
         self.max_model_len = min(max_model_len or limit, limit)
         self._config = config
-        on_cpu = not torch.cuda.is_available()
-        if kv_cache_gib is None and on_cpu:
-            kv_cache_gib = 1.0
-        self._engine_kw: dict[str, Any] = dict(
-            dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
-            kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30))
-        if on_cpu:  # without it a seeded request split by chunked prefill kills the engine
-            self._engine_kw["worker_cls"] = CPU_WORKER_CLS
-        if gpu_memory_utilization is not None:
-            self._engine_kw["gpu_memory_utilization"] = gpu_memory_utilization
-        reserved = sorted(RESERVED_ENGINE_ARGS & set(engine_args or {}))
-        if reserved:
-            raise ValueError(f"engine args {reserved} are set by the gspo vLLM engine itself")
-        self._engine_kw.update(engine_args or {})
+        self._engine_kw = engine_kwargs(
+            on_cpu=not torch.cuda.is_available(), dtype=dtype, seed=seed,
+            tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
+            kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
+            engine_args=engine_args, max_lora_rank=max_lora_rank)
         self.lora_native = max_lora_rank is not None
-        if max_lora_rank is not None:  # (lora_native)
-            self._engine_kw.update(native_lora.engine_kwargs(int(max_lora_rank)))
         self._lora_request: Any = None  # every request names the served adapter (native)
         self._ranks = tensor_parallel_size
         self.llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
