@@ -34,7 +34,7 @@ import redis
 from gspo_rl.contract.admission import FIELD_TRAINING, capacity
 from gspo_rl.contract.gc_freeze import freeze_startup_objects
 from gspo_rl.contract.schema import Keys
-from gspo_rl.learner.checkpoint.store import LearnerState
+from gspo_rl.learner.checkpoint.store import Checkpoint, LearnerState
 from gspo_rl.learner.config import LearnerConfig
 from gspo_rl.learner.data.batching import AdvantageFn, split_invalid
 from gspo_rl.learner.effects import LoopEffects
@@ -129,6 +129,12 @@ class Learner(LoopEffects):
         if ckpt is not None:
             self._restore(ckpt)
         self.resumed_from = self.step
+        self._init_reporting()
+        self._join_queue(ckpt)
+
+    def _init_reporting(self) -> None:
+        """Metrics and trackers, stall reports, samples, Redis retries and server healing."""
+        config = self.config
         self.metrics = MetricsLogger(config.metrics_path, config.console,
                                      open_tracking(config, self.run_id, self.step), self.step)
         self.progress = ProgressMonitor(  # stalls also in the state hash: the dashboard's
@@ -143,6 +149,11 @@ class Learner(LoopEffects):
         key = config.admin_key.get_secret_value() if config.admin_key else None
         self.healer = None if isinstance(self.sync, NoSync) else ServerHealer(
             self.client, self.keys, key, self.progress, _HEAL_INTERVAL_S)
+
+    def _join_queue(self, ckpt: Checkpoint | None) -> None:
+        """The ready queue read as this run's consumer (the checkpoint's groups acked again),
+        the servers brought to the run's weights, and the start recorded."""
+        config = self.config
         self.reader = self._retrying(lambda: GroupReader(
             self.client, self.keys, config.consumer, config.max_staleness,
             keep_trained_s=config.keep_trained_s))
