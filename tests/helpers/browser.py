@@ -3,7 +3,9 @@
 Debian's ``chromium`` and ``chromium-driver`` (``scripts/setup.sh`` with ``GSPO_BROWSER=1``);
 ``MISSING`` says why they cannot run (None when they can), for a module-level skip. Import
 this module only after ``pytest.importorskip("selenium.webdriver")``. ``chromium()`` starts
-one browser in a throw-away profile and always quits it; ``text``, ``number`` and
+one browser in a throw-away profile and always quits it; ``load`` opens a page afresh (a
+``get`` of the URL already shown, ``#key=`` included, only moves to its fragment: the old
+page and its state stay); ``text``, ``number`` and
 ``wait_for`` read what the page shows (``wait_for`` for at most ``WAIT_S``), ``click``
 clicks; ``save_page`` saves the whole page as a PNG. The page redraws its cards and group
 list on every poll, so an element found may be replaced before it is read: these helpers
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -64,6 +66,12 @@ def _fresh(read: Callable[[], Any]) -> Any:
     raise AssertionError("unreachable")
 
 
+def load(driver: Any, url: str) -> None:
+    """``url`` loaded as a new page, whatever the browser showed before."""
+    driver.get("about:blank")
+    driver.get(url)
+
+
 def text(driver: Any, css: str) -> str:
     return str(_fresh(lambda: driver.find_element(By.CSS_SELECTOR, css).text))
 
@@ -91,8 +99,12 @@ def wait_for(driver: Any, css: str, pred: Callable[[str], bool] = bool) -> Any:
     def ready(d: Any) -> Any:
         found = d.find_elements(By.CSS_SELECTOR, css)
         return found[0] if found and pred(found[0].text) else False
-    return WebDriverWait(driver, WAIT_S, ignored_exceptions=(
-        StaleElementReferenceException,)).until(ready, f"{css} within {WAIT_S} s")
+    try:
+        return WebDriverWait(driver, WAIT_S, ignored_exceptions=(
+            StaleElementReferenceException,)).until(ready, f"{css} within {WAIT_S} s")
+    except TimeoutException as e:  # what the page showed instead, for the report
+        shown = driver.execute_script("return document.body ? document.body.innerText : ''")
+        raise AssertionError(f"{e.msg}; the page showed:\n{str(shown)[:1500]}") from None
 
 
 def save_page(browser: Any, path: Path) -> None:

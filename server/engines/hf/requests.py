@@ -1,6 +1,6 @@
 """The transformers engine's requests: their state, when they end, their hand-off to the
 event loop, and when the scheduler admits them. No tensors here but a request's generator:
-the batch lives in ``engine`` and ``batch``.
+the batch lives in ``scheduler`` and ``batch``.
 
 Hand-off: the scheduler thread settles the futures of every request that ended in a step with
 one ``call_soon_threadsafe`` per event loop (``deliver``), not one per request.

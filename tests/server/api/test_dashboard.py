@@ -47,6 +47,7 @@ from tests.helpers.browser import (  # noqa: E402
     MISSING,
     chromium,
     click,
+    load,
     number,
     save_page,
     text,
@@ -194,7 +195,7 @@ def test_the_json_says_what_redis_holds(run: dict[str, Any]) -> None:
 
 def test_the_page_shows_the_run_and_shades_the_tokens(run: dict[str, Any], browser: Any) -> None:
     served = run["served"]
-    browser.get(f"{served.url}/dashboard#key={API_KEY}")
+    load(browser, f"{served.url}/dashboard#key={API_KEY}")
     wait_for(browser, "#learner-activity", lambda t: "waiting for groups" in t
              or "between steps" in t)
     assert browser.execute_script("return location.hash") == ""  # the key left the URL
@@ -227,7 +228,7 @@ def test_the_page_shows_the_run_and_shades_the_tokens(run: dict[str, Any], brows
 
 def test_the_page_shows_the_servers_rewards_and_waste(run: dict[str, Any],
                                                       browser: Any) -> None:
-    browser.get(f"{run['served'].url}/dashboard#key={API_KEY}")
+    load(browser, f"{run['served'].url}/dashboard#key={API_KEY}")
     wait_for(browser, '#card-learner dd[data-field="step"]', lambda t: t == "3")
     assert text(browser, '#card-fates dd[data-field="tokens trained"]') == "24 (50%)"
     assert text(browser, '#card-fates dd[data-field="waste, tokens not trained"]') == "50%"
@@ -251,7 +252,7 @@ def test_the_page_shows_the_servers_rewards_and_waste(run: dict[str, Any],
 @pytest.mark.parametrize("width", [1280, 640])
 def test_the_page_fits_the_window(run: dict[str, Any], browser: Any, width: int) -> None:
     browser.set_window_size(width, 900)
-    browser.get(f"{run['served'].url}/dashboard#key={API_KEY}")  # the page alone, keyed
+    load(browser, f"{run['served'].url}/dashboard#key={API_KEY}")  # the page alone, keyed
     wait_for(browser, "#group-detail .tok")
     overflow = browser.execute_script(
         "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
@@ -259,7 +260,7 @@ def test_the_page_fits_the_window(run: dict[str, Any], browser: Any, width: int)
 
 
 def test_without_a_key_the_page_asks_for_it(run: dict[str, Any], browser: Any) -> None:
-    browser.get(f"{run['served'].url}/dashboard")
+    load(browser, f"{run['served'].url}/dashboard")
     browser.execute_script("sessionStorage.clear()")
     browser.refresh()
     form = wait_for(browser, "#key-form", lambda t: "needs its API key" in t)
@@ -299,7 +300,7 @@ def test_the_page_follows_redis_live(run: dict[str, Any], browser: Any) -> None:
     """The learner trains a step and the peer loads its weights: the open page shows both
     within ``LIVE_S``, and its rates (they need 10 s of watching, which the tests above did)."""
     served, client = run["served"], run["client"]
-    browser.get(f"{served.url}/dashboard#key={API_KEY}")
+    load(browser, f"{served.url}/dashboard#key={API_KEY}")
     wait_for(browser, '#card-learner dd[data-field="step"]', lambda t: t == "3")
     publish_learner(client, run["cfg"], 4, 36, (0.75, 0.5))
     register_peer(client, WeightSync(version=4, state="loaded", started_at=time.time() - 2,
@@ -336,7 +337,7 @@ def test_a_multi_turn_episode_shows_each_turn(run: dict[str, Any], browser: Any)
     post(served, "/v1/rewards", [
         {"rollout_id": rids[0], "reward": 1.0, "turn_rewards": [1.0, 0.0]},
         {"rollout_id": rids[1], "reward": 1.0, "turn_rewards": [0.0, 1.0]}])
-    browser.get(f"{served.url}/dashboard#key={API_KEY}")
+    load(browser, f"{served.url}/dashboard#key={API_KEY}")
     click(browser, f'.group-row[data-group="{gid}"]')
     turns = f'#group-detail .rollout[data-rollout="{rids[1]}"] .turn'
     wait_for(browser, f'{turns}[data-turn="1"] .tok')
@@ -361,7 +362,7 @@ def test_a_server_without_keys_serves_the_dashboard_without_one(
     with running_server(tiny_model_dir, redis_mod.url, api_key=None, admin_key=None,
                         key_prefix="keyless", server_id="keyless-server") as served:
         assert get(served, "/v1/dashboard/state").status_code == 200
-        browser.get(f"{served.url}/dashboard")
+        load(browser, f"{served.url}/dashboard")
         browser.execute_script("sessionStorage.clear()")
         browser.refresh()
         wait_for(browser, "#conn", lambda t: t == "live")

@@ -23,7 +23,7 @@ from gspo_rl.learner.runtime.published import publish_token_ratios
 from tests.helpers.serving import API_KEY, running_server
 
 pytest.importorskip("selenium.webdriver")
-from tests.helpers.browser import MISSING, chromium, click, text, wait_for  # noqa: E402
+from tests.helpers.browser import MISSING, chromium, click, load, text, wait_for  # noqa: E402
 
 if MISSING:
     pytest.skip(MISSING, allow_module_level=True)
@@ -61,7 +61,7 @@ def test_tokens_are_shaded_by_their_importance_ratio(tiny_model_dir: Path,
         turns = model_turns(served, gid)
         assert turns[trained]["log_ratios"] == LOG_RATIOS and turns[other]["log_ratios"] is None
 
-        browser.get(f"{served.url}/dashboard#key={API_KEY}")
+        load(browser, f"{served.url}/dashboard#key={API_KEY}")
         click(browser, f'.group-row[data-group="{gid}"]')
         wait_for(browser, f'#group-detail .rollout[data-rollout="{other}"] .tok')
         Select(browser.find_element(By.ID, "shade")).select_by_value("ratio")

@@ -368,9 +368,10 @@ def test_engine_stopping_mid_stream_is_an_error_event(tiny_model_dir: Path,
             for chunk in stream:
                 assert chunk.choices[0].finish_reason is None, "it ran to its end"
                 if chunk.choices[0].delta.content:
-                    with engine._cond:  # what shutdown() does first: the scheduler stops
-                        engine._stopping = True
-                        engine._cond.notify_all()
+                    sched = engine._sched
+                    with sched.cond:  # what shutdown() does first: the scheduler stops
+                        sched.stopping = True
+                        sched.cond.notify_all()
         assert err.value.body is not None and err.value.body["code"] == "generation_aborted"
     assert rkeys.snapshot() == before, "an aborted stream records nothing"
     rkeys.close()
